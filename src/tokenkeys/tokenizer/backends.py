@@ -166,7 +166,8 @@ class TransformersBackend:
             import transformers
         except ImportError as exc:
             raise TokenizerLoadError(
-                "backend 'transformers' needs the optional extra: pip install 'tokenkeys[transformers]'",
+                "backend 'transformers' needs the optional extra: "
+                "pip install 'tokenkeys[transformers]'",
                 field="backend",
             ) from exc
         self.library_version = transformers.__version__

@@ -79,7 +79,9 @@ class TokenizerFolder:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise TokenizerLoadError(f"{self.root / name}: not valid UTF-8 ({exc})", field=name)
+            raise TokenizerLoadError(
+                f"{self.root / name}: not valid UTF-8 ({exc})", field=name
+            ) from exc
 
 
 def read_folder(root: str | os.PathLike[str]) -> TokenizerFolder:
