@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from support import ServerThread
 
 from tokenkeys.limits import Limits
 from tokenkeys.server.models import ModelRegistry
+
+from support import ServerThread
 
 
 @pytest.fixture

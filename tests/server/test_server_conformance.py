@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import tokenizers
 
-from support import run_cli, shared_path
 from tokenkeys.client import TokenizerClient
 from tokenkeys.limits import Limits
 from tokenkeys.server.loading import ModelSource, load_models
-from tokenkeys.tokenizer import TokenizerOptions
+from tokenkeys.tokenizer import DEFAULT_MODEL_NAME, TokenizerOptions
+
+from support import run_cli, shared_path
 
 LOADABLE = ["smollm2-135m-instruct", "qwen2.5-instruct", "phi-3-mini", "gpt2", "t5-small"]
 # llama.cpp vocabulary name -> our tokenizer folder
@@ -55,9 +56,7 @@ def server():
     from support import ServerThread
 
     base = shared_path("tokenizers")
-    models = load_models(
-        [ModelSource(n, base / n) for n in LOADABLE], TokenizerOptions(), Limits()
-    )
+    models = load_models([ModelSource(n, base / n) for n in LOADABLE], TokenizerOptions(), Limits())
     with ServerThread(models) as srv, TokenizerClient(srv.target) as client:
         yield base, client
 
@@ -82,9 +81,8 @@ def test_llama_cpp_expected_ids(server, vocab: str, name: str) -> None:
     _, client = server
     cases = llama_cpp_cases(vocab)
     got = client.tokenize([s for s, _ in cases], model=name, add_special_tokens=False)
-    mismatches = [
-        (s, e, list(r.ids)) for (s, e), r in zip(cases, got.results, strict=True) if list(r.ids) != e
-    ]
+    pairs = zip(cases, got.results, strict=True)
+    mismatches = [(s, e, list(r.ids)) for (s, e), r in pairs if list(r.ids) != e]
     assert not mismatches, f"{len(mismatches)}/{len(cases)} differ, first: {mismatches[0]}"
 
 
@@ -123,6 +121,6 @@ def test_cli_remote_equals_in_process(server, tmp_path: Path) -> None:
     (tmp_path / "in.json").write_text(json.dumps(strings))
     args = ("tokenize", "--json", "--input", "in.json")
     local = run_cli(*args, cwd=tmp_path)
-    remote = run_cli(*args, "--remote", client.target, "--name", "smollm2-135m-instruct", cwd=tmp_path)
+    remote = run_cli(*args, "--remote", client.target, "--name", DEFAULT_MODEL_NAME, cwd=tmp_path)
     assert json.loads(local.stdout) == json.loads(remote.stdout)
     assert json.loads(local.stdout)[0] == {"ids": [19556, 905], "count": 2}

@@ -8,9 +8,8 @@ import random
 import grpc
 import pytest
 
-from tokenkeys._gen.openengine.v1 import cache_keys_pb2
+from tokenkeys._gen.openengine.v1 import cache_keys_pb2, tokenizer_pb2_grpc
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
-from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, LimitExceeded, NotFound
 from tokenkeys.limits import Limits
@@ -145,9 +144,7 @@ def test_nul_handling_per_request(stub) -> None:
     text = "a\x00b"
     keep = stub.Tokenize(pb.TokenizeRequest(texts=[text], return_offsets=True)).results[0]
     strip = stub.Tokenize(
-        pb.TokenizeRequest(
-            texts=[text], nul_handling=pb.NUL_HANDLING_STRIP, return_offsets=True
-        )
+        pb.TokenizeRequest(texts=[text], nul_handling=pb.NUL_HANDLING_STRIP, return_offsets=True)
     ).results[0]
     assert list(strip.ids) == list(stub.Tokenize(pb.TokenizeRequest(texts=["ab"])).results[0].ids)
     assert list(keep.ids) != list(strip.ids)

@@ -7,10 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import shared_path
 
 from tokenkeys.errors import TokenizerLoadError
 from tokenkeys.tokenizer import Tokenizer, default_tokenizer_path
+
+from support import shared_path
 
 
 @pytest.fixture
