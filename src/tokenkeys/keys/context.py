@@ -140,7 +140,7 @@ class KeyContext:
         for item in items:
             if not isinstance(item, MMItem):
                 raise InvalidArgument("mm_items must be MMItem values", field="mm_items")
-        for before, after in zip(items, items[1:]):
+        for before, after in zip(items, items[1:], strict=False):
             if after.offset < before.end:
                 raise InvalidArgument(
                     f"mm items must be sorted by offset and must not overlap: "

@@ -8,7 +8,7 @@ constructor; a profile is built on first use and cached. An unknown id raises
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from tokenkeys.errors import NotFound
 from tokenkeys.keys import dynamo, llmd, sglang, vllm
@@ -23,7 +23,7 @@ def _constructors() -> dict[str, Callable[[], Profile]]:
     return table
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_profile(profile_id: str) -> Profile:
     """The profile named ``profile_id`` (e.g. ``"vllm/sha256_cbor@0.31"``)."""
     constructor = _constructors().get(profile_id)
