@@ -19,7 +19,7 @@ def test_checked_in_vectors_match_regeneration(tmp_path: Path) -> None:
     written = write_vectors(tmp_path)
     checked_in = REPO / "testvectors"
     assert sorted(p.name for p in written) == sorted(p.name for p in checked_in.glob("*.json")), (
-        "testvectors/ lists other profiles; run: python3 -c 'from tokenkeys.keys.vectors import write_vectors; write_vectors(\"testvectors\")'"
+        "testvectors/ lists other profiles; regenerate with write_vectors('testvectors')"
     )
     for path in written:
         assert path.read_text() == (checked_in / path.name).read_text(), (
