@@ -30,6 +30,7 @@ SALT = "tenant-a"
 MM_HEX_ID = hashlib.sha256(b"tokenkeys image 1").hexdigest()
 MM_UUID = "user-image-2"
 
+
 def file_spec_params(profile_id: str) -> dict[str, Any]:
     """Parameters of the spec used for ``testvectors/<profile>.json``."""
     profile = get_profile(profile_id)
