@@ -72,10 +72,14 @@ def _key_order(pair: tuple[bytes, bytes]) -> tuple[int, bytes]:
     return len(pair[0]), pair[0]
 
 
+_TABLE_LIMIT = 1 << 18  # covers the vocabularies of current models (<= 262144 ids)
+
+
 @lru_cache(maxsize=1)
-def _small_uint_table() -> tuple[bytes, ...]:
-    # Encodings of 0..65535: built once, shared by every call (a cache, not configuration).
-    return tuple(head(0, n) for n in range(0x10000))
+def _uint_table() -> tuple[bytes, ...]:
+    # Encodings of 0..2**18-1, built once on first use and shared by every call: a cache of
+    # constants, not configuration. It lets the per-token work run as one C-level map().
+    return tuple(head(0, n) for n in range(_TABLE_LIMIT))
 
 
 def token_encodings(tokens: Sequence[int]) -> tuple[bytes, list[int]]:
@@ -83,8 +87,13 @@ def token_encodings(tokens: Sequence[int]) -> tuple[bytes, list[int]]:
 
     Block ``b`` of size ``bs`` is ``data[offsets[b*bs]:offsets[(b+1)*bs]]``.
     """
-    table = _small_uint_table()
-    u32 = _U32.pack
-    parts = [table[t] if t < 0x10000 else b"\x1a" + u32(t) for t in tokens]
+    table = _uint_table()
+    if not tokens:
+        return b"", [0]
+    if max(tokens) < _TABLE_LIMIT:
+        parts = list(map(table.__getitem__, tokens))
+    else:
+        u32 = _U32.pack
+        parts = [table[t] if t < _TABLE_LIMIT else b"\x1a" + u32(t) for t in tokens]
     offsets = [0, *accumulate(map(len, parts))]
     return b"".join(parts), offsets

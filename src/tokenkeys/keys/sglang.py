@@ -118,15 +118,18 @@ class SglangProfile(Profile):
         """Fast path: one little-endian buffer for all tokens, one SHA-256 call per page."""
         bs = spec.hash_unit
         n = len(tokens) // bs
-        data = le_bytes(tokens[: n * bs])
         step = bs * 4
-        prior = self._prior(ctx)
+        data = le_bytes(tokens[: n * bs])
+        pages = [data[i : i + step] for i in range(0, n * step, step)]
         sha = hashlib.sha256
-        out = []
-        for b in range(n):
-            prior = sha(prior + data[b * step : (b + 1) * step]).digest()
-            out.append(BlockKey(prior, int.from_bytes(prior[:8], "big", signed=True)))
-        return out
+        prior = self._prior(ctx)
+        digests = []
+        append = digests.append
+        for page in pages:
+            prior = sha(prior + page).digest()
+            append(prior)
+        from_bytes = int.from_bytes
+        return [BlockKey(d, from_bytes(d[:8], "big", signed=True)) for d in digests]
 
     def reference_unit_keys(
         self, tokens: array, spec: CacheKeySpec, ctx: KeyContext

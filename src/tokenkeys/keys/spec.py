@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from tokenkeys.errors import InvalidArgument
 
@@ -26,9 +26,11 @@ def canonical_json(value: Any) -> bytes:
     ).encode("utf-8")
 
 
-@dataclass(frozen=True)
-class BlockKey:
-    """One full block's key: the full digest bytes and the integer the engine's events carry."""
+class BlockKey(NamedTuple):
+    """One full block's key: the full digest bytes and the integer the engine's events carry.
+
+    Immutable (a named tuple: cheap to build, which matters at one key per block).
+    """
 
     digest: bytes
     event_key: int

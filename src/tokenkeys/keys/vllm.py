@@ -237,7 +237,12 @@ class VllmProfile(Profile):
         return parent
 
     def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
-        """Fast path: hand-rolled canonical CBOR for the *_cbor algorithms."""
+        """Fast path: hand-rolled canonical CBOR for the *_cbor algorithms.
+
+        Per call, every token is encoded once (a C-level table lookup) and each block's
+        ``array head + tokens + extra keys`` body is cut from that buffer; the chain loop then
+        only concatenates the parent and hashes.
+        """
         if not self.cbor:
             return self.reference_unit_keys(tokens, spec, ctx)
         bs = spec.hash_unit
@@ -245,28 +250,29 @@ class VllmProfile(Profile):
         if n == 0:
             return []
         data, offs = cbor.token_encodings(tokens[: n * bs])
-        digest = self._digest
         arr_head = cbor.head(4, bs)
         plain = not (ctx.adapter or ctx.mm_items or ctx.prompt_embeds_digests or ctx.cache_salt)
+        if plain:
+            bodies = [
+                arr_head + data[offs[b * bs] : offs[b * bs + bs]] + cbor.NULL for b in range(n)
+            ]
+        else:
+            encode, extra_keys = cbor.encode, self.extra_keys
+            bodies = [
+                arr_head
+                + data[offs[b * bs] : offs[b * bs + bs]]
+                + encode(extra_keys(ctx, b, b * bs, b * bs + bs))
+                for b in range(n)
+            ]
         parent = self._parent(spec, ctx)
-        parent_head = cbor.head(2, len(parent))
+        digest = self._digest
+        digests = [digest(b"\x83" + cbor.head(2, len(parent)) + parent + bodies[0])]
         step_head = b"\x83" + cbor.head(2, self.digest_size)
-        out: list[BlockKey] = []
-        append = out.append
+        append = digests.append
+        for body in bodies[1:]:
+            append(digest(step_head + digests[-1] + body))
         from_bytes = int.from_bytes
-        for b in range(n):
-            lo, hi = offs[b * bs], offs[(b + 1) * bs]
-            if plain:
-                extra = cbor.NULL
-            else:
-                extra = cbor.encode(self.extra_keys(ctx, b, b * bs, (b + 1) * bs))
-            if b == 0:
-                prefix = b"\x83" + parent_head + parent
-            else:
-                prefix = step_head + parent
-            parent = digest(prefix + arr_head + data[lo:hi] + extra)
-            append(BlockKey(parent, from_bytes(parent[-8:], "big")))
-        return out
+        return [BlockKey(d, from_bytes(d[-8:], "big")) for d in digests]
 
     def reference_unit_keys(
         self, tokens: array, spec: CacheKeySpec, ctx: KeyContext
