@@ -102,8 +102,8 @@ def run(quick: bool) -> str:
             ref_keys = reference_block_keys(tokens, spec, ctx)
             if fast_keys != ref_keys:
                 raise AssertionError(f"{profile_id}: fast path differs from the reference at {n}")
-            fast = _best(lambda: block_keys(tokens, spec, ctx), repeat)
-            ref = _best(lambda: reference_block_keys(tokens, spec, ctx), repeat)
+            fast = _best(lambda t=tokens, s=spec, c=ctx: block_keys(t, s, c), repeat)
+            ref = _best(lambda t=tokens, s=spec, c=ctx: reference_block_keys(t, s, c), repeat)
             floor = _best(_floor(profile_id, tokens, fast_keys, spec), repeat)
             rows.append(
                 f"| `{profile_id}` | {n:,} | {fast * 1e3:,.2f} | {ref * 1e3:,.2f} | "
