@@ -11,10 +11,13 @@ to ``cbor2.dumps(..., canonical=True)``.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
-from functools import lru_cache
+import sys
+from array import array
+from collections.abc import Mapping
 from itertools import accumulate
 from typing import Any
+
+import cbor2
 
 from tokenkeys.errors import InvalidArgument
 
@@ -72,28 +75,56 @@ def _key_order(pair: tuple[bytes, bytes]) -> tuple[int, bytes]:
     return len(pair[0]), pair[0]
 
 
-_TABLE_LIMIT = 1 << 18  # covers the vocabularies of current models (<= 262144 ids)
+_NONZERO = bytes([0] + [1] * 255)
+_AT_LEAST_24 = bytes([0] * 24 + [1] * 232)
 
 
-@lru_cache(maxsize=1)
-def _uint_table() -> tuple[bytes, ...]:
-    # Encodings of 0..2**18-1, built once on first use and shared by every call: a cache of
-    # constants, not configuration. It lets the per-token work run as one C-level map().
-    return tuple(head(0, n) for n in range(_TABLE_LIMIT))
+def _encoded_widths(tokens: array) -> bytes:
+    """Per token, the byte length of its canonical CBOR encoding (1, 2, 3 or 5), C-level only.
 
-
-def token_encodings(tokens: Sequence[int]) -> tuple[bytes, list[int]]:
-    """All token encodings concatenated, and the cumulative byte offsets (offsets[0] == 0).
-
-    Block ``b`` of size ``bs`` is ``data[offsets[b*bs]:offsets[(b+1)*bs]]``.
+    The tokens' big-endian bytes are split into four byte lanes; big-integer ORs and
+    ``bytes.translate`` turn them into per-token flags (>= 24, >= 256, >= 65536) without a
+    Python-level step per token.
     """
-    table = _uint_table()
-    if not tokens:
+    n = len(tokens)
+    be = array("I", tokens)
+    if sys.byteorder == "little":
+        be.byteswap()
+    raw = be.tobytes()
+    lane = [int.from_bytes(raw[i::4], "little") for i in range(4)]
+    ge65536 = int.from_bytes(
+        (lane[0] | lane[1]).to_bytes(n, "little").translate(_NONZERO), "little"
+    )
+    ge256 = int.from_bytes(
+        (lane[0] | lane[1] | lane[2]).to_bytes(n, "little").translate(_NONZERO), "little"
+    )
+    ge24 = ge256 | int.from_bytes(raw[3::4].translate(_AT_LEAST_24), "little")
+    ones = int.from_bytes(b"\x01" * n, "little")
+    # Each byte lane holds at most 1 + 1 + 1 + 2 = 5: no carries between lanes.
+    return (ones + ge24 + ge256 + 2 * ge65536).to_bytes(n, "little")
+
+
+def token_blocks(tokens: array, block_size: int) -> tuple[bytes, list[int]]:
+    """Canonical CBOR of every token, concatenated, and the byte offset of each block.
+
+    ``tokens`` holds whole blocks only. Block ``b`` is ``data[offsets[b]:offsets[b + 1]]``.
+    The integers are encoded by cbor2's C encoder in one call; block boundaries come from
+    :func:`_encoded_widths`, summed per block with one big-integer multiplication.
+    """
+    n = len(tokens)
+    if n == 0:
         return b"", [0]
-    if max(tokens) < _TABLE_LIMIT:
-        parts = list(map(table.__getitem__, tokens))
+    data = cbor2.dumps(tokens.tolist(), canonical=True)[len(head(4, n)) :]
+    widths = _encoded_widths(tokens)
+    if block_size * 5 < 256:
+        # Multiplying by 1 + 256 + ... + 256**(bs-1) puts each block's width sum in the byte at
+        # the block's last position (sums stay below 256, so nothing carries).
+        ones = int.from_bytes(b"\x01" * block_size, "little")
+        product = (int.from_bytes(widths, "little") * ones).to_bytes(n + block_size, "little")
+        sums = product[block_size - 1 : n : block_size]
     else:
-        u32 = _U32.pack
-        parts = [table[t] if t < _TABLE_LIMIT else b"\x1a" + u32(t) for t in tokens]
-    offsets = [0, *accumulate(map(len, parts))]
-    return b"".join(parts), offsets
+        sums = [sum(widths[i : i + block_size]) for i in range(0, n, block_size)]
+    offsets = [0, *accumulate(sums)]
+    if offsets[-1] != len(data):  # pragma: no cover - guards the width arithmetic
+        raise AssertionError("CBOR token widths disagree with the encoder output")
+    return data, offsets

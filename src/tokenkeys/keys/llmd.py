@@ -180,17 +180,13 @@ class LlmdProfile(Profile):
                 key = self._xxh(key, data[b * step : (b + 1) * step], self._extras(ctx, b, bs))
                 out.append(BlockKey(key.to_bytes(8, "big"), key))
             return out
-        data, offs = cbor.token_encodings(tokens[: n * bs])
+        data, offs = cbor.token_blocks(tokens[: n * bs], bs)
         arr_head = cbor.head(4, bs)
         for b in range(n):
             extras = self._extras(ctx, b, bs)
             extra = cbor.encode([{"Hash": s} for s in extras]) if extras else cbor.NULL
             payload = (
-                b"\x83"
-                + cbor.encode_int(key)
-                + arr_head
-                + data[offs[b * bs] : offs[(b + 1) * bs]]
-                + extra
+                b"\x83" + cbor.encode_int(key) + arr_head + data[offs[b] : offs[b + 1]] + extra
             )
             key = fnv1a64(payload)
             out.append(BlockKey(key.to_bytes(8, "big"), key))

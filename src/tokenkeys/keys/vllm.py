@@ -239,7 +239,7 @@ class VllmProfile(Profile):
     def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
         """Fast path: hand-rolled canonical CBOR for the *_cbor algorithms.
 
-        Per call, every token is encoded once (a C-level table lookup) and each block's
+        Per call, every token is encoded once (one C-level encoder call) and each block's
         ``array head + tokens + extra keys`` body is cut from that buffer; the chain loop then
         only concatenates the parent and hashes.
         """
@@ -249,18 +249,17 @@ class VllmProfile(Profile):
         n = len(tokens) // bs
         if n == 0:
             return []
-        data, offs = cbor.token_encodings(tokens[: n * bs])
+        data, offs = cbor.token_blocks(tokens[: n * bs], bs)
         arr_head = cbor.head(4, bs)
         plain = not (ctx.adapter or ctx.mm_items or ctx.prompt_embeds_digests or ctx.cache_salt)
         if plain:
-            bodies = [
-                arr_head + data[offs[b * bs] : offs[b * bs + bs]] + cbor.NULL for b in range(n)
-            ]
+            tail = cbor.NULL
+            bodies = [arr_head + data[offs[b] : offs[b + 1]] + tail for b in range(n)]
         else:
             encode, extra_keys = cbor.encode, self.extra_keys
             bodies = [
                 arr_head
-                + data[offs[b * bs] : offs[b * bs + bs]]
+                + data[offs[b] : offs[b + 1]]
                 + encode(extra_keys(ctx, b, b * bs, b * bs + bs))
                 for b in range(n)
             ]
