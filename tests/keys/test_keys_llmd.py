@@ -11,12 +11,13 @@ import json
 
 import cbor2
 import pytest
-from support import shared_path
 
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys import Adapter, KeyContext, MMItem, block_keys, make_spec
 from tokenkeys.keys.compute import reference_block_keys
 from tokenkeys.keys.llmd import fnv1a64
+
+from support import shared_path
 
 CBOR_FNV = "llmd/cbor-fnv64@0.10"
 XXH64 = "llmd/xxh64@c027acf"

@@ -8,11 +8,12 @@ import cbor2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import shared_path
 
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys import Adapter, KeyContext, MMItem, block_keys, get_profile, make_spec
 from tokenkeys.keys.compute import reference_block_keys
+
+from support import shared_path
 
 VLLM_IDS = [
     f"vllm/{a}@{e}"
