@@ -8,6 +8,9 @@ Behaviour matched (transformers 5.24, ``src/transformers/utils/chat_template_uti
 ``strftime_now``, ``dict`` (a constructor only) and ``namespace`` (which refuses names starting
 with an underscore).
 
+Refused here although transformers renders them as empty text: dunder and interpreter-internal
+attributes (``__class__``, ``__globals__``, ``gi_frame``), which only hostile templates read.
+
 Added here, and invisible to any template that stays within its limits: a :class:`RenderGuard`
 active during one render bounds sequence repetition and concatenation, integer powers, the items
 produced by ``range`` and the wall time spent (checked cooperatively on every attribute, item,
@@ -30,7 +33,7 @@ import jinja2.nodes
 import jinja2.parser
 import jinja2.utils
 from jinja2.exceptions import SecurityError, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, is_internal_attribute
 
 from tokenkeys.errors import LimitExceeded
 
@@ -153,6 +156,20 @@ class ChatSandbox(ImmutableSandboxedEnvironment):
         """Sandboxed item access, counted against the render time."""
         _tick()
         return super().getitem(obj, argument)
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        """Refuse dunder and interpreter-internal attributes at once (a deliberate difference).
+
+        transformers' sandbox returns an undefined value that prints as empty text, so
+        ``{{ ''.__class__ }}`` renders nothing; here it is an error, because no chat template
+        reads interpreter internals and a template that tries is hostile. Other unsafe
+        attributes (single-underscore names, mutating methods) keep jinja's behaviour.
+        """
+        if attribute.startswith("__") or is_internal_attribute(obj, attribute):
+            raise SecurityError(
+                f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is refused"
+            )
+        return super().unsafe_undefined(obj, attribute)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         """Sandboxed call, counted against the render time (jinja's double-underscore names)."""

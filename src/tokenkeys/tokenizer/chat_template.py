@@ -96,8 +96,9 @@ def _translate(exc: BaseException) -> TokenkeysError:
         )
     if isinstance(exc, SecurityError):
         return InvalidArgument(
-            f"chat_template was stopped by the sandbox{where}: {exc}. Templates may not reach "
-            "private attributes, interpreter internals or mutate their inputs",
+            f"chat_template was stopped by the sandbox{where}: {str(exc).rstrip('.')}. "
+            "Templates may not reach private attributes, interpreter internals or mutate their "
+            "inputs",
             field="chat_template",
         )
     if isinstance(exc, UndefinedError):
@@ -188,7 +189,7 @@ class ChatTemplateRenderer:
             raise InvalidArgument(
                 f"chat_template does not compile: {exc}", field="chat_template"
             ) from exc
-        self.variables: frozenset[str] = free_variables(ast)
+        self.variables: frozenset[str] = free_variables(template)
         self.content_format: ContentFormat = detect_content_format(ast)
 
     def render(

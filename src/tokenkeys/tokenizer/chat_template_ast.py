@@ -18,8 +18,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+import jinja2.ext
 import jinja2.meta
 import jinja2.nodes as nodes
+
+from tokenkeys.tokenizer.chat_env import ChatSandbox, GenerationTag
 
 ContentFormat = Literal["string", "openai"]
 
@@ -28,9 +31,19 @@ class _Unsupported(Exception):
     """A shape vLLM's detection asserts against (a tuple target); it then falls back."""
 
 
-def free_variables(ast: nodes.Template) -> frozenset[str]:
-    """Names a template reads without defining them (jinja's own analysis)."""
-    return frozenset(jinja2.meta.find_undeclared_variables(ast))
+def free_variables(source: str) -> frozenset[str]:
+    """Names a template reads without defining them, as vLLM computes them.
+
+    vLLM parses with a plain sandbox that lacks transformers' globals, so ``raise_exception``
+    and ``strftime_now`` count as free (a request may shadow them), while jinja's own globals
+    (``range``, ``dict``, ``namespace``, ...) do not.
+    """
+    # ChatSandbox rather than a plain sandbox: it intercepts ``**`` and friends, so analysing a
+    # template never constant-folds an enormous power (which a plain sandbox would compute).
+    env = ChatSandbox(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols]
+    )
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
 
 
 def _is_name(node: nodes.Node, name: str) -> bool:
