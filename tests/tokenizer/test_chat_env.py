@@ -19,7 +19,7 @@ def render(template: str, limits: RenderLimits | None = None, **variables) -> st
     return ChatTemplateRenderer(template, limits=limits).render(USER, variables=variables)
 
 
-# --- transformers features -------------------------------------------------------------------
+# --- transformers features ---
 
 
 def test_trim_and_lstrip_blocks() -> None:
@@ -96,7 +96,7 @@ def test_dict_and_namespace_globals() -> None:
     assert render(template) == '{"a": 1, "b": 2} {"x": 0} 1'
 
 
-# --- the sandbox -------------------------------------------------------------------------------
+# --- the sandbox ---
 
 ESCAPES = [
     "{{ ''.__class__.__mro__[1].__subclasses__() }}",
@@ -136,7 +136,7 @@ def test_inputs_are_not_mutated_by_a_template() -> None:
     assert messages == [{"role": "user", "content": "hi"}]
 
 
-# --- limits ------------------------------------------------------------------------------------
+# --- limits ---
 
 
 def test_megabyte_outputs_are_bounded() -> None:
