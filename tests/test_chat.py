@@ -166,6 +166,9 @@ def test_kwargs_merge_over_server_defaults() -> None:
         default_chat_template_kwargs=defaults,
     )
     assert "|custom=server|" in out
+    # Frozen server defaults reach the template as the JSON they were (lists, not tuples).
+    out = run({"messages": USER}, default_chat_template_kwargs={"custom": [1, {"a": [2]}]})
+    assert "|custom=[1, {'a': [2]}]|" in out
 
 
 def test_reasoning_effort_sets_enable_thinking_unless_given() -> None:
@@ -212,6 +215,8 @@ def test_documents_from_field_or_kwargs() -> None:
     docs = [{"title": "T", "text": "body"}]
     assert '|docs=[{"title": "T", "text": "body"}]|' in run({"messages": USER, "documents": docs})
     out = run({"messages": USER, "chat_template_kwargs": {"documents": docs}})
+    assert '|docs=[{"title": "T", "text": "body"}]|' in out
+    out = run({"messages": USER}, default_chat_template_kwargs={"documents": docs})
     assert '|docs=[{"title": "T", "text": "body"}]|' in out
     with pytest.raises(InvalidArgument, match="documents"):
         prologue().prepare({"messages": USER, "documents": "text"})

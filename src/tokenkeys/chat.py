@@ -273,6 +273,7 @@ def _check_tool_choice(value: Any) -> None:
 def _documents(value: Any) -> list[dict[str, Any]] | None:
     if value is None:
         return None
+    value = _thaw(value)  # server defaults are stored frozen
     if not isinstance(value, list) or not all(isinstance(d, Mapping) for d in value):
         raise InvalidArgument(
             "documents must be a list of objects (with 'title' and 'text')", field="documents"
