@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenkeys.chat import ChatOptions, ChatPrologue, normalize_tools, unsupported_reason
+from tokenkeys.chat import ChatOptions, ChatPrologue, unsupported_reason
 from tokenkeys.errors import ConfigError, InvalidArgument, Unsupported, status_of
 
 TOKENIZERS = (Path(__file__).resolve().parents[1] / ".." / "shared" / "tokenizers").resolve()
@@ -223,34 +223,6 @@ def test_documents_from_field_or_kwargs() -> None:
 
 
 # --- tools ---
-
-
-def test_tools_are_dumped_like_vllm() -> None:
-    tools = [
-        {"type": "function", "function": {"name": "f", "extra": 1}},
-        {
-            "function": {"name": "g", "description": "G", "parameters": {"type": "object"}},
-            "defer_loading": True,
-        },
-        {"type": "function", "function": {"name": "h", "strict": False}},
-    ]
-    assert normalize_tools(tools) == [
-        {"type": "function", "function": {"name": "f", "description": None, "parameters": None}},
-        {
-            "type": "function",
-            "function": {
-                "name": "g",
-                "description": "G",
-                "parameters": {"type": "object"},
-                "defer_loading": True,
-            },
-            "defer_loading": True,
-        },
-        {
-            "type": "function",
-            "function": {"name": "h", "description": None, "parameters": None, "strict": False},
-        },
-    ]
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ follow vLLM's chat path (0.33-era ``main``: ``ChatCompletionRequest.build_chat_p
    ``reasoning_effort`` (which also sets ``enable_thinking`` unless the kwargs do), all laid
    over the server's ``default_chat_template_kwargs``; a null or ``"auto"`` value never
    overrides. Only names the template reads are kept.
-4. Tools are normalized to vLLM's ``ChatCompletionToolsParam`` dump; ``tool_choice: "none"``
+4. Tools are normalized by :func:`~tokenkeys.chat_tools.normalize_tools`; ``tool_choice: "none"``
    drops them only with ``exclude_tools_when_tool_choice_none``.
 5. The template is chosen by :func:`~tokenkeys.tokenizer.chat_template_select.select_template`,
    messages are normalized by :func:`~tokenkeys.chat_messages.normalize_messages` for the
@@ -29,7 +29,6 @@ honour them, because a count must equal what generation would use.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -39,6 +38,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from tokenkeys.chat_messages import media_kind, normalize_messages
+from tokenkeys.chat_tools import check_tool_choice, normalize_tools, optional
 from tokenkeys.errors import ConfigError, InvalidArgument, TokenkeysError, Unsupported
 from tokenkeys.tokenizer.chat_template import ChatTemplateRenderer, RenderLimits
 from tokenkeys.tokenizer.chat_template_select import select_template
@@ -60,7 +60,6 @@ TOKENIZATION_KWARGS: Mapping[str, Any] = MappingProxyType(
 # Names that would collide with apply_chat_template's own arguments.
 _COLLIDING_KWARGS = frozenset({"conversation", "messages", "tools", "self", "tokenize"})
 _REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
-_TOOL_CHOICES = frozenset({"none", "auto", "required"})
 ContentFormatOption = Literal["auto", "string", "openai"]
 
 
@@ -206,70 +205,6 @@ def _object(value: Any, name: str) -> Mapping[str, Any]:
     return value
 
 
-def _optional(value: Any, kinds: type | tuple[type, ...], where: str) -> Any:
-    if value is not None and not isinstance(value, kinds):
-        raise InvalidArgument(f"{where} has the wrong type ({type(value).__name__})", field=where)
-    return value
-
-
-def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Tools as vLLM dumps ``ChatCompletionToolsParam`` for the template.
-
-    ``{"type": "function", "function": {"name", "description", "parameters"[, "strict"]
-    [, "defer_loading"]}[, "defer_loading"]}``: description and parameters are always present
-    (null when absent), unknown keys are dropped, a top-level ``defer_loading`` is copied into
-    the function when the function has none.
-    """
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise InvalidArgument("tools must be a list of tools", field="tools")
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, Mapping):
-            raise InvalidArgument(f"{where} must be an object", field=where)
-        if tool.get("type", "function") != "function":
-            raise InvalidArgument(
-                f"{where}.type must be 'function', got {tool.get('type')!r}", field=where
-            )
-        function = tool.get("function")
-        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-            raise InvalidArgument(f"{where}.function.name must be a string", field=where)
-        top_defer = _optional(tool.get("defer_loading"), bool, f"{where}.defer_loading")
-        dumped: dict[str, Any] = {
-            "name": function["name"],
-            "description": _optional(function.get("description"), str, f"{where}.description"),
-            "parameters": _optional(function.get("parameters"), Mapping, f"{where}.parameters"),
-        }
-        strict = _optional(function.get("strict"), bool, f"{where}.function.strict")
-        defer = _optional(function.get("defer_loading"), bool, f"{where}.function.defer_loading")
-        if defer is None:
-            defer = top_defer
-        if strict is not None:
-            dumped["strict"] = strict
-        if defer is not None:
-            dumped["defer_loading"] = defer
-        entry: dict[str, Any] = {"type": "function", "function": copy.deepcopy(dumped)}
-        if top_defer is not None:
-            entry["defer_loading"] = top_defer
-        out.append(entry)
-    return out
-
-
-def _check_tool_choice(value: Any) -> None:
-    if value is None or (isinstance(value, str) and value in _TOOL_CHOICES):
-        return
-    function = value.get("function") if isinstance(value, Mapping) else None
-    if isinstance(function, Mapping) and isinstance(function.get("name"), str):
-        return
-    raise InvalidArgument(
-        "tool_choice must be 'none', 'auto', 'required' or "
-        '{"type": "function", "function": {"name": ...}}',
-        field="tool_choice",
-    )
-
-
 def _documents(value: Any) -> list[dict[str, Any]] | None:
     if value is None:
         return None
@@ -343,7 +278,7 @@ class ChatPrologue:
                 field="continue_final_message",
             )
         request_kwargs = _object(request.get("chat_template_kwargs"), "chat_template_kwargs")
-        template_name = _optional(request.get("chat_template"), str, "chat_template")
+        template_name = optional(request.get("chat_template"), str, "chat_template")
         kwargs_template = request_kwargs.get("chat_template")
         if not self.options.trust_request_chat_template and (
             template_name is not None or kwargs_template is not None
@@ -381,7 +316,7 @@ class ChatPrologue:
         kwargs_template = merged.pop("chat_template", None)
 
         tool_choice = request.get("tool_choice")
-        _check_tool_choice(tool_choice)
+        check_tool_choice(tool_choice)
         tools = normalize_tools(request.get("tools"))
         if tool_choice == "none" and self.options.exclude_tools_when_tool_choice_none:
             tools = None
