@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from tokenkeys.chat import ChatOptions
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
 from tokenkeys.server.models import ModelRegistry, ServedModel
@@ -37,12 +43,45 @@ class ModelSource:
         return cls(DEFAULT_MODEL_NAME, default_tokenizer_path())
 
 
+def chat_config_digest(chat: ChatOptions) -> str | None:
+    """SHA-256 of the server-side chat settings that change rendered prompts, or None.
+
+    A ``--chat-template`` override, default template kwargs, the content format and the
+    tool_choice=none rule all change the tokens a chat request produces, so they enter the
+    tokenizer fingerprint (as ``TokenizerOptions.chat_template_sha256``).
+    """
+    if chat == ChatOptions():
+        return None
+    doc = {
+        "chat_template": chat.chat_template,
+        "default_chat_template_kwargs": _plain(chat.default_chat_template_kwargs),
+        "content_format": chat.content_format,
+        "exclude_tools_when_tool_choice_none": chat.exclude_tools_when_tool_choice_none,
+    }
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
 def load_models(
-    sources: list[ModelSource], options: TokenizerOptions, limits: Limits
+    sources: list[ModelSource],
+    options: TokenizerOptions,
+    limits: Limits,
+    chat: ChatOptions | None = None,
 ) -> ModelRegistry:
     """Load every model or raise on the first that fails; nothing is served half-loaded."""
+    chat = chat or ChatOptions()
+    options = dataclasses.replace(options, chat_template_sha256=chat_config_digest(chat))
     registry = ModelRegistry()
     for source in sources or [ModelSource.default()]:
         tokenizer = Tokenizer.load(source.path, options)
-        registry.add(ServedModel(source.name, tokenizer, Preprocessor(tokenizer, limits)))
+        preprocessor = Preprocessor(tokenizer, limits, chat)
+        registry.add(ServedModel(source.name, tokenizer, preprocessor))
     return registry
