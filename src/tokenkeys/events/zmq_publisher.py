@@ -115,6 +115,7 @@ class ZmqEventPublisher:
         endpoint, replay_endpoint = self._requested
         try:
             pub = self._ctx.socket(zmq.PUB)
+            self._pub = pub
             pub.set_hwm(self._hwm)
             pub.setsockopt(zmq.LINGER, 0)
             if self._connect:
@@ -125,7 +126,10 @@ class ZmqEventPublisher:
                 self.endpoint = routable_endpoint(_last_endpoint(pub), self._advertise_host)
             self._pub = pub
             if replay_endpoint is not None:
-                router = self._ctx.socket(zmq.ROUTER)
+                # Owned by an asyncio view of the same context (a wrapped sync socket would
+                # close the handle when garbage collected).
+                router = zmq.asyncio.Context(shadow=self._ctx).socket(zmq.ROUTER)
+                self._router = router
                 # vLLM sizes the replay HWM so a full buffer plus end marker fits.
                 router.setsockopt(zmq.SNDHWM, 2 * (self._buffer_steps + 1))
                 router.setsockopt(zmq.LINGER, 0)
@@ -133,7 +137,6 @@ class ZmqEventPublisher:
                 self.replay_endpoint = routable_endpoint(
                     _last_endpoint(router), self._advertise_host
                 )
-                self._router = zmq.asyncio.Socket.from_socket(router)
                 self._replay_task = asyncio.get_running_loop().create_task(
                     self._serve_replay(), name="kv-events-replay"
                 )

@@ -101,13 +101,14 @@ class ZmqEventSubscriber:
         self._pending: deque[Delivery] = deque()
         self._sub: zmq.asyncio.Socket | None = None
         self._dealer: zmq.asyncio.Socket | None = None
+        self._accepting: asyncio.Future[None] | None = None
         self.stats = SubscriberStats()
 
     async def start(self) -> None:
         """Open the SUB socket and subscribe to the topic."""
         if self._sub is not None:
             return
-        sock = self._ctx.socket(zmq.SUB)
+        sock = zmq.asyncio.Context(shadow=self._ctx).socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode("utf-8"))
         try:
@@ -121,7 +122,7 @@ class ZmqEventSubscriber:
                 f"cannot open KV-event subscription at {self.endpoint!r}: {exc}",
                 field="endpoint",
             ) from exc
-        self._sub = zmq.asyncio.Socket.from_socket(sock)
+        self._sub = sock
 
     @property
     def last_seq(self) -> int | None:
@@ -133,16 +134,27 @@ class ZmqEventSubscriber:
         if self._sub is None:
             raise FailedPrecondition("subscriber is not started; call `await sub.start()`")
         while not self._pending:
-            frames = await self._sub.recv_multipart()
-            if len(frames) != 3 or len(frames[1]) != 8:
-                self.stats.malformed_messages += 1
-                continue
+            if self._accepting is None:
+                frames = await self._sub.recv_multipart()
+                if len(frames) != 3 or len(frames[1]) != 8:
+                    self.stats.malformed_messages += 1
+                    continue
+                try:
+                    topic = frames[0].decode("utf-8")
+                except UnicodeDecodeError:
+                    self.stats.malformed_messages += 1
+                    continue
+                self._accepting = asyncio.ensure_future(
+                    self._accept(topic, int.from_bytes(frames[1], "big"), frames[2])
+                )
+            # A caller's timeout must not abandon a replay half way (its replies would leak
+            # into the next one): the accept step runs on and the next recv() picks it up.
+            accepting = self._accepting
             try:
-                topic = frames[0].decode("utf-8")
-            except UnicodeDecodeError:
-                self.stats.malformed_messages += 1
-                continue
-            await self._accept(topic, int.from_bytes(frames[1], "big"), frames[2])
+                await asyncio.shield(accepting)
+            finally:
+                if accepting.done():
+                    self._accepting = None
         return self._pending.popleft()
 
     def __aiter__(self) -> ZmqEventSubscriber:
@@ -179,10 +191,10 @@ class ZmqEventSubscriber:
             return []
         self.stats.replay_requests += 1
         if self._dealer is None:
-            dealer = self._ctx.socket(zmq.DEALER)
+            dealer = zmq.asyncio.Context(shadow=self._ctx).socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.connect(self.replay_endpoint)
-            self._dealer = zmq.asyncio.Socket.from_socket(dealer)
+            self._dealer = dealer
         got: dict[int, tuple[str, int, bytes]] = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._replay_timeout
@@ -216,6 +228,11 @@ class ZmqEventSubscriber:
 
     async def close(self) -> None:
         """Close both sockets (idempotent)."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._accepting
+            self._accepting = None
         for sock in (self._sub, self._dealer):
             if sock is not None:
                 with contextlib.suppress(zmq.ZMQError):
