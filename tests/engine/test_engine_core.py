@@ -143,8 +143,14 @@ async def test_block_aligned_prompt_recomputes_and_restores_its_last_block():
     # Like vLLM, the recomputed block is stored again (no de-duplication).
     assert events_of(batches) == [
         BlockStored(
-            (keys[1].event_key,), keys[0].event_key, tuple(range(4, 8)), BS, medium="GPU",
-            extra_keys=(None,), group_idx=0, kv_cache_spec_kind="full_attention",
+            (keys[1].event_key,),
+            keys[0].event_key,
+            tuple(range(4, 8)),
+            BS,
+            medium="GPU",
+            extra_keys=(None,),
+            group_idx=0,
+            kv_cache_spec_kind="full_attention",
         )
     ]
 
@@ -160,7 +166,10 @@ async def test_eviction_under_capacity_pressure_emits_block_removed_in_lru_order
     ka, kb = standin_block_keys(a), standin_block_keys(b)
     removed = [e for e in step.events if isinstance(e, BlockRemoved)]
     assert [e.block_hashes for e in removed] == [
-        (ka[1].event_key,), (ka[0].event_key,), (kb[1].event_key,), (kb[0].event_key,)
+        (ka[1].event_key,),
+        (ka[0].event_key,),
+        (kb[1].event_key,),
+        (kb[0].event_key,),
     ]
     assert all(e.medium == "GPU" and e.group_idx == 0 for e in removed)
     # Evictions happen at allocation, before the new blocks are stored, in the same step.
@@ -221,7 +230,9 @@ async def test_output_tokens_are_deterministic_per_prompt_and_seed():
 
 async def test_stop_token_ends_the_request():
     engine, _ = make_engine(output_vocab=[5])
-    outs = [o async for o in engine.generate([1], GenerationParams(max_tokens=9, stop_token_ids=(5,)))]
+    outs = [
+        o async for o in engine.generate([1], GenerationParams(max_tokens=9, stop_token_ids=(5,)))
+    ]
     assert len(outs) == 1 and outs[0].finish_reason == "stop"
 
 
@@ -230,7 +241,9 @@ async def test_lora_and_event_extra_keys_are_reported():
         return ("Alice",) if context == "lora:Alice" else None
 
     engine, batches = make_engine(event_extra_keys=extra)
-    await run(engine, list(range(8)), max_tokens=1, context="lora:Alice", lora_name="Alice", lora_id=1)
+    await run(
+        engine, list(range(8)), max_tokens=1, context="lora:Alice", lora_name="Alice", lora_id=1
+    )
     (event,) = events_of(batches)
     assert event.lora_name == "Alice" and event.lora_id == 1
     assert event.extra_keys == (("Alice",), ("Alice",))

@@ -117,14 +117,14 @@ def test_spec_is_stamped_on_decode_and_never_written():
 def _msgspec_structs(array_like: bool, stored_fields: int, removed_fields: int):
     """vLLM's event structs re-declared from the 0.33 source layout (test oracle only)."""
     msgspec = pytest.importorskip("msgspec")
-    from typing import Any, Union
+    from typing import Any
 
-    ExternalBlockHash = Union[int, bytes]
+    ExternalBlockHash = int | bytes
 
     class EventBatchM(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
         ts: float
         events: list[Any]
-        data_parallel_rank: Union[int, None] = None
+        data_parallel_rank: int | None = None
 
     class KVCacheEventM(
         msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False, tag=True
@@ -133,20 +133,20 @@ def _msgspec_structs(array_like: bool, stored_fields: int, removed_fields: int):
 
     stored_ann: dict[str, Any] = {
         "block_hashes": list[ExternalBlockHash],
-        "parent_block_hash": Union[ExternalBlockHash, None],
+        "parent_block_hash": ExternalBlockHash | None,
         "token_ids": list[int],
         "block_size": int,
-        "lora_id": Union[int, None],
-        "medium": Union[str, None],
-        "lora_name": Union[str, None],
-        "extra_keys": Union[list[Union[tuple, None]], None],
-        "group_idx": Union[int, None],
-        "kv_cache_spec_kind": Union[str, None],
-        "kv_cache_spec_sliding_window": Union[int, None],
-        "locality": Union[str, None],
-        "ownership": Union[str, None],
-        "session_id": Union[str, None],
-        "lookahead_token_ids": Union[list[list[int]], None],
+        "lora_id": int | None,
+        "medium": str | None,
+        "lora_name": str | None,
+        "extra_keys": list[tuple | None] | None,
+        "group_idx": int | None,
+        "kv_cache_spec_kind": str | None,
+        "kv_cache_spec_sliding_window": int | None,
+        "locality": str | None,
+        "ownership": str | None,
+        "session_id": str | None,
+        "lookahead_token_ids": list[list[int]] | None,
     }
     names = STORED_FIELDS[:stored_fields]
     stored = msgspec.defstruct(
@@ -156,10 +156,10 @@ def _msgspec_structs(array_like: bool, stored_fields: int, removed_fields: int):
     )
     removed_ann = [
         ("block_hashes", list[ExternalBlockHash]),
-        ("medium", Union[str, None]),
-        ("group_idx", Union[int, None], None),
-        ("locality", Union[str, None], None),
-        ("ownership", Union[str, None], None),
+        ("medium", str | None),
+        ("group_idx", int | None, None),
+        ("locality", str | None, None),
+        ("ownership", str | None, None),
     ][:removed_fields]
     removed = msgspec.defstruct("BlockRemoved", removed_ann, bases=(KVCacheEventM,))
     cleared = msgspec.defstruct("AllBlocksCleared", [], bases=(KVCacheEventM,))
@@ -397,8 +397,16 @@ def test_skew_mixed_map_and_array_events_in_one_batch():
 
 
 def test_integer_ts_and_bytes_hashes():
-    raw = {"type": "BlockStored", "block_hashes": [b"\x01" * 32], "parent_block_hash": b"\x02",
-           "token_ids": [1], "block_size": 1, "lora_id": None, "medium": None, "lora_name": None}
+    raw = {
+        "type": "BlockStored",
+        "block_hashes": [b"\x01" * 32],
+        "parent_block_hash": b"\x02",
+        "token_ids": [1],
+        "block_size": 1,
+        "lora_id": None,
+        "medium": None,
+        "lora_name": None,
+    }
     batch = VllmMsgpackCodec().decode(_payload([raw], ts=1700000000))
     assert batch.ts == 1700000000.0 and isinstance(batch.ts, float)
     assert batch.events[0].block_hashes == (b"\x01" * 32,)
@@ -409,7 +417,12 @@ def test_integer_ts_and_bytes_hashes():
 
 def test_unknown_event_types_are_dropped_and_counted():
     codec = VllmMsgpackCodec()
-    events = [["CacheOffloaded", 1], {"type": "BlockPinned"}, {"type": "BlockPinned"}, ["AllBlocksCleared"]]
+    events = [
+        ["CacheOffloaded", 1],
+        {"type": "BlockPinned"},
+        {"type": "BlockPinned"},
+        ["AllBlocksCleared"],
+    ]
     batch = codec.decode(_payload(events))
     assert batch.events == (AllBlocksCleared(),)
     assert codec.stats.unknown_types == {"CacheOffloaded": 1, "BlockPinned": 2}
@@ -424,10 +437,20 @@ def test_unknown_event_types_are_dropped_and_counted():
         {"type": "BlockStored", "block_hashes": [1.5], "token_ids": [], "block_size": 1},
         {"type": "BlockStored", "block_hashes": [1], "token_ids": [True], "block_size": 1},
         {"type": "BlockStored", "block_hashes": [1], "token_ids": [], "block_size": None},
-        {"type": "BlockStored", "block_hashes": [1], "token_ids": [], "block_size": 1,
-         "lora_name": {"cache_salt": "x"}},  # SGLang's metadata map at vLLM's lora_name slot
-        {"type": "BlockStored", "block_hashes": [1], "token_ids": [], "block_size": 1,
-         "extra_keys": [{"a": 1}]},
+        {
+            "type": "BlockStored",
+            "block_hashes": [1],
+            "token_ids": [],
+            "block_size": 1,
+            "lora_name": {"cache_salt": "x"},
+        },  # SGLang's metadata map at vLLM's lora_name slot
+        {
+            "type": "BlockStored",
+            "block_hashes": [1],
+            "token_ids": [],
+            "block_size": 1,
+            "extra_keys": [{"a": 1}],
+        },
         {"type": 7},
         ["BlockStored", [1]],
         [],
@@ -498,9 +521,15 @@ def test_fuzz_truncated_and_flipped_payloads_never_crash(batch, data):
 @settings(max_examples=200, deadline=None)
 @given(
     st.recursive(
-        st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5)
-        | st.binary(max_size=5) | st.floats(),
-        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**63), 2**64 - 1)
+        | st.text(max_size=5)
+        | st.binary(max_size=5)
+        | st.floats(),
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+        ),
         max_leaves=30,
     )
 )

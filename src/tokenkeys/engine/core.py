@@ -201,8 +201,15 @@ class Engine:
         return self.cache.allocate(count)
 
     def _store(
-        self, blocks: list[Block], keys: Sequence[BlockKeyLike], tokens: Sequence[int],
-        first: int, stop: int, context: Any, lora_name: str | None, lora_id: int | None,
+        self,
+        blocks: list[Block],
+        keys: Sequence[BlockKeyLike],
+        tokens: Sequence[int],
+        first: int,
+        stop: int,
+        context: Any,
+        lora_name: str | None,
+        lora_id: int | None,
     ) -> None:
         """Cache blocks ``first..stop-1`` of the request (one BlockStored)."""
         if stop <= first:
@@ -210,7 +217,9 @@ class Engine:
         bs = self.block_size
         extra = None
         if self.event_extra_keys is not None:
-            extra = [self.event_extra_keys(context, i * bs, (i + 1) * bs) for i in range(first, stop)]
+            extra = [
+                self.event_extra_keys(context, i * bs, (i + 1) * bs) for i in range(first, stop)
+            ]
         self.cache.cache_blocks(
             blocks[first:stop],
             keys[first:stop],
@@ -254,7 +263,9 @@ class Engine:
             fresh = -(-prompt_len // bs) - len(hits)
             blocks += self._allocate(fresh)
             reserved -= fresh
-            self._store(blocks, keys, prompt, len(hits), prompt_len // bs, context, lora_name, lora_id)
+            self._store(
+                blocks, keys, prompt, len(hits), prompt_len // bs, context, lora_name, lora_id
+            )
             self._flush()
             ttft = self.latency.time_to_first_token(prompt_len - cached_tokens)
             total = ttft

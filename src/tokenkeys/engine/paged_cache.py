@@ -171,7 +171,7 @@ class PagedPrefixCache:
                 f"cache_blocks got {len(blocks)} blocks, {len(keys)} keys and "
                 f"{len(token_ids)} tokens (block size {self.block_size})"
             )
-        for block, key in zip(blocks, keys):
+        for block, key in zip(blocks, keys, strict=True):
             block.key = key
             self._cached.setdefault(key.digest, {})[block.block_id] = block
         self._events.append(

@@ -18,7 +18,9 @@ class TokenSampler:
 
     def __init__(self, vocab: Sequence[int]) -> None:
         if len(vocab) == 0:
-            raise ConfigError("output vocabulary is empty; give at least one token id", field="vocab")
+            raise ConfigError(
+                "output vocabulary is empty; give at least one token id", field="vocab"
+            )
         self.vocab = tuple(vocab)
 
     def rng(self, prompt_token_ids: Sequence[int], seed: int | None) -> random.Random:

@@ -16,12 +16,12 @@ frames and a three-element batch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 #: A block hash as events carry it: vLLM's ``ExternalBlockHash`` (``bytes | int``). With vLLM's
 #: default ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`` it is the last 8 digest bytes read as an
 #: unsigned big-endian integer (0 <= h < 2**64); otherwise the raw digest bytes.
-ExternalBlockHash = Union[int, bytes]
+ExternalBlockHash = int | bytes
 
 #: vLLM's ``MEDIUM_GPU``; offloading connectors use "CPU" and "STORAGE".
 MEDIUM_GPU = "GPU"
@@ -103,7 +103,7 @@ class AllBlocksCleared:
     """The whole prefix cache was reset (vLLM ``AllBlocksCleared``, no fields)."""
 
 
-KvEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 #: Event classes by the tag vLLM writes (the class name).
 EVENT_TYPES: dict[str, type[BlockStored] | type[BlockRemoved] | type[AllBlocksCleared]] = {
@@ -148,4 +148,3 @@ class EventSourceInfo:
     medium: str = MEDIUM_GPU
     wire_format: str = "vllm-msgpack"
     wire_version: str = "0.33"
-

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 
 from tokenkeys.errors import ConfigError, LimitExceeded
-from tokenkeys.events.model import EventBatch, SpecRef
+from tokenkeys.events.model import EventBatch, EventSourceInfo, SpecRef
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_publisher import ZmqEventPublisher
 
@@ -60,6 +60,23 @@ class EventStream:
         """The sequence number the next batch gets."""
         return self._next_seq
 
+    def source_info(self) -> EventSourceInfo | None:
+        """What discovery advertises for the ZMQ side of this stream (None without ZMQ).
+
+        Call after ``await publisher.start()`` so the addresses are the resolved, routable ones.
+        """
+        pub = self.publisher
+        if pub is None:
+            return None
+        return EventSourceInfo(
+            endpoint=pub.endpoint,
+            topic=pub.topic,
+            spec=self.spec,
+            replay_endpoint=pub.replay_endpoint,
+            data_parallel_rank=self.data_parallel_rank,
+            wire_version=self.codec.version,
+        )
+
     def __call__(self, batch: EventBatch) -> int:
         """Publish one batch (the engine's sink); return its sequence number."""
         return self.emit(batch)
@@ -86,7 +103,9 @@ class EventStream:
             sub.wake.set()
         return seq
 
-    async def subscribe(self, start_seq: int | None = None) -> AsyncIterator[tuple[int, EventBatch]]:
+    async def subscribe(
+        self, start_seq: int | None = None
+    ) -> AsyncIterator[tuple[int, EventBatch]]:
         """Yield (seq, batch) in order: buffered ones from ``start_seq`` on, then live ones.
 
         With ``start_seq=None`` only live batches come. A ``start_seq`` older than the buffer

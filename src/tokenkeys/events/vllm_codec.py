@@ -86,6 +86,7 @@ _STORED_MAP = (((0, 24), 11), ((0, 26), 12), ((0, 33), 15))
 _REMOVED_MAP = (((0, 24), 3), ((0, 26), 4), ((0, 33), 5))
 
 _U64_LIMIT = 1 << 64
+_INT_TYPES = frozenset({int})
 _I64_MIN = -(1 << 63)
 
 
@@ -237,6 +238,9 @@ def _hash(value: Any) -> int | bytes:
 def _hashes(value: Any) -> tuple[int | bytes, ...]:
     if not isinstance(value, list):
         raise _Malformed(f"block_hashes is {type(value).__name__}, expected a list")
+    # msgpack-python yields ints only within [-2**63, 2**64), so plain ints need no range check.
+    if _INT_TYPES.issuperset(map(type, value)):
+        return tuple(value)
     return tuple(_hash(v) for v in value)
 
 
@@ -245,7 +249,8 @@ def _opt_hash(value: Any) -> int | bytes | None:
 
 
 def _ints(value: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(_is_int(v) for v in value):
+    # Exact type `int` also refuses bools (msgpack true/false); map(type) runs at C speed.
+    if type(value) is not list or not _INT_TYPES.issuperset(map(type, value)):
         raise _Malformed(f"{name} is not a list of integers")
     return tuple(value)
 
@@ -426,7 +431,7 @@ class VllmMsgpackCodec:
             if known is None:
                 return tag, {}
             self.stats.ignored_fields += max(0, len(raw) - 1 - len(known))
-            return tag, dict(zip(known, raw[1:]))
+            return tag, dict(zip(known, raw[1:], strict=False))
         raise _Malformed(f"event is {_describe(raw)}, expected a tagged map or array")
 
 

@@ -185,7 +185,9 @@ class ZmqEventPublisher:
                 frames = await router.recv_multipart()
                 if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
                     self.stats.bad_replay_requests += 1
-                    log.warning("ignoring malformed KV-event replay request of %d frames", len(frames))
+                    log.warning(
+                        "ignoring malformed KV-event replay request of %d frames", len(frames)
+                    )
                     continue
                 client, _, start = frames
                 start_seq = int.from_bytes(start, "big")

@@ -73,7 +73,8 @@ class ZmqEventSubscriber:
 
     ``topic`` is the SUB prefix filter ("" = everything). ``start_seq``: when given, the first
     live batch triggers a replay of ``start_seq`` onwards (catching up on what was published
-    before this subscriber connected). ``bind=True`` binds ``endpoint`` for publishers that
+    before this subscriber connected). ``hwm`` is the SUB receive high-water mark (vLLM's
+    publisher default is 100,000 batches). ``bind=True`` binds ``endpoint`` for publishers that
     connect (vLLM connects when its endpoint has no wildcard).
     """
 
@@ -85,6 +86,7 @@ class ZmqEventSubscriber:
         topic: str = "",
         start_seq: int | None = None,
         replay_timeout: float = 2.0,
+        hwm: int = 100_000,
         bind: bool = False,
         context: zmq.Context | None = None,
     ) -> None:
@@ -95,6 +97,7 @@ class ZmqEventSubscriber:
         self.replay_endpoint = replay_endpoint
         self.topic = topic
         self._bind = bind
+        self._hwm = hwm
         self._replay_timeout = replay_timeout
         self._ctx = context or zmq.Context.instance()
         self._last: int | None = None if start_seq is None else start_seq - 1
@@ -110,6 +113,7 @@ class ZmqEventSubscriber:
             return
         sock = zmq.asyncio.Context(shadow=self._ctx).socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, self._hwm)
         sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode("utf-8"))
         try:
             if self._bind:
@@ -144,11 +148,16 @@ class ZmqEventSubscriber:
                 except UnicodeDecodeError:
                     self.stats.malformed_messages += 1
                     continue
+                seq = int.from_bytes(frames[1], "big")
+                restarted, expected = self._position(seq)
+                if seq <= expected or self.replay_endpoint is None:
+                    self._deliver(topic, seq, frames[2], restarted, expected, [])
+                    continue
                 self._accepting = asyncio.ensure_future(
-                    self._accept(topic, int.from_bytes(frames[1], "big"), frames[2])
+                    self._replay_then_deliver(topic, seq, frames[2], restarted, expected)
                 )
             # A caller's timeout must not abandon a replay half way (its replies would leak
-            # into the next one): the accept step runs on and the next recv() picks it up.
+            # into the next one): the replay runs on and the next recv() picks it up.
             accepting = self._accepting
             try:
                 await asyncio.shield(accepting)
@@ -163,23 +172,37 @@ class ZmqEventSubscriber:
     async def __anext__(self) -> Delivery:
         return await self.recv()
 
-    async def _accept(self, topic: str, seq: int, payload: bytes) -> None:
-        restarted = self._last is not None and seq <= self._last
-        if restarted:
+    def _position(self, seq: int) -> tuple[bool, int]:
+        """Return (publisher restarted?, the seq expected next) for an arriving ``seq``."""
+        if self._last is not None and seq <= self._last:
             self.stats.restarts += 1
-            expected = 0
-        else:
-            expected = seq if self._last is None else self._last + 1
+            return True, 0
+        return False, seq if self._last is None else self._last + 1
+
+    async def _replay_then_deliver(
+        self, topic: str, seq: int, payload: bytes, restarted: bool, expected: int
+    ) -> None:
+        replayed = await self._replay(expected, seq, topic)
+        self._deliver(topic, seq, payload, restarted, expected, replayed)
+
+    def _deliver(
+        self,
+        topic: str,
+        seq: int,
+        payload: bytes,
+        restarted: bool,
+        expected: int,
+        replayed: list[tuple[str, int, bytes]],
+    ) -> None:
+        """Queue the replayed batches, then the live one, noting what stayed missing."""
         prev = expected - 1
-        if seq > expected:
-            for r_topic, r_seq, r_payload in await self._replay(expected, seq, topic):
-                self._pending.append(
-                    Delivery(r_topic, r_seq, r_payload, True, restarted, r_seq - prev - 1)
-                )
-                self.stats.replayed += 1
-                self.stats.lost += r_seq - prev - 1
-                restarted = False
-                prev = r_seq
+        for r_topic, r_seq, r_payload in replayed:
+            lost = r_seq - prev - 1
+            self._pending.append(Delivery(r_topic, r_seq, r_payload, True, restarted, lost))
+            self.stats.replayed += 1
+            self.stats.lost += lost
+            restarted = False
+            prev = r_seq
         self.stats.lost += seq - prev - 1
         self.stats.received += 1
         self._pending.append(Delivery(topic, seq, payload, False, restarted, seq - prev - 1))
