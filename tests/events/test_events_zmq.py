@@ -326,3 +326,75 @@ async def test_malformed_messages_are_skipped():
     finally:
         await sub.close()
         pub.close(linger=0)
+
+
+class RawPublisher:
+    """A hand-driven PUB + ROUTER pair, for replay formats and failures the project never sends."""
+
+    def __init__(self) -> None:
+        self.pub = _ctx().socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind("tcp://127.0.0.1:0")
+        self.endpoint = self.pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.router = _actx().socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind("tcp://127.0.0.1:0")
+        self.replay_endpoint = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    def send(self, seq: int, payload: bytes) -> None:
+        self.pub.send_multipart([b"t", seq.to_bytes(8, "big"), payload])
+
+    def close(self) -> None:
+        self.pub.close(linger=0)
+        self.router.close(linger=0)
+
+
+async def _warm_at(raw: RawPublisher, sub: ZmqEventSubscriber, seq: int) -> None:
+    for _ in range(400):
+        raw.send(seq, b"first")
+        with contextlib.suppress(asyncio.TimeoutError):
+            got = await asyncio.wait_for(sub.recv(), 0.05)
+            assert got.seq == seq
+            return
+    raise AssertionError("subscriber never connected")
+
+
+async def test_skew_replay_without_topic_frame_vllm_0_25():
+    raw = RawPublisher()
+    sub = ZmqEventSubscriber(raw.endpoint, replay_endpoint=raw.replay_endpoint, topic="t")
+    await sub.start()
+    try:
+        await _warm_at(raw, sub, 0)
+        raw.send(3, b"three")
+        pending = asyncio.ensure_future(sub.recv())
+        client, empty, start = await raw.router.recv_multipart()
+        assert empty == b"" and int.from_bytes(start, "big") == 1
+        for seq in (1, 2):  # vLLM <= 0.25: [id, "", seq, payload], end [id, "", END, ""]
+            await raw.router.send_multipart([client, b"", seq.to_bytes(8, "big"), b"old-%d" % seq])
+        await raw.router.send_multipart([client, b"", END_SEQ, b""])
+        got = [await pending, await sub.recv(), await sub.recv()]
+    finally:
+        await sub.close()
+        raw.close()
+    assert [(d.seq, d.payload, d.replayed, d.topic) for d in got] == [
+        (1, b"old-1", True, "t"),
+        (2, b"old-2", True, "t"),
+        (3, b"three", False, "t"),
+    ]
+
+
+async def test_replay_timeout_counts_the_batches_as_lost():
+    raw = RawPublisher()
+    sub = ZmqEventSubscriber(
+        raw.endpoint, replay_endpoint=raw.replay_endpoint, topic="t", replay_timeout=0.2
+    )
+    await sub.start()
+    try:
+        await _warm_at(raw, sub, 10)
+        raw.send(14, b"late")
+        got = await sub.recv()  # nobody answers the replay request
+    finally:
+        await sub.close()
+        raw.close()
+    assert got.seq == 14 and got.lost_before == 3 and not got.replayed
+    assert sub.stats.replay_failures == 1 and sub.stats.lost == 3
