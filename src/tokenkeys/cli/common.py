@@ -1,0 +1,57 @@
+"""Arguments shared by several subcommands: which tokenizer, with which behaviour options."""
+
+from __future__ import annotations
+
+import argparse
+
+from tokenkeys.limits import Limits
+from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.models import ModelRegistry
+from tokenkeys.tokenizer import TokenizerOptions
+
+
+def add_tokenizer_options(parser: argparse.ArgumentParser, *, many: bool) -> None:
+    """--model (repeatable for serve), --backend and the behaviour defaults."""
+    parser.add_argument(
+        "--model",
+        action="append" if many else "store",
+        default=[] if many else None,
+        metavar="[NAME=]DIR",
+        help="tokenizer folder to serve, optionally under NAME (default: the embedded "
+        "smollm2-135m-instruct)" + (" ; repeat to serve several" if many else ""),
+    )
+    parser.add_argument("--backend", choices=("tokenizers", "transformers"), default="tokenizers")
+    parser.add_argument(
+        "--nul",
+        choices=("keep", "strip"),
+        default="keep",
+        help="NUL characters in text: keep them (vLLM) or strip them (Dynamo)",
+    )
+    parser.add_argument(
+        "--no-completion-special-tokens",
+        action="store_true",
+        help="bare prompts default to add_special_tokens=false (Dynamo's /v1/completions)",
+    )
+    parser.add_argument(
+        "--split-special-tokens",
+        action="store_true",
+        help="encode special-token text inside user text as plain text",
+    )
+
+
+def tokenizer_options(args: argparse.Namespace) -> TokenizerOptions:
+    """Behaviour options from parsed arguments."""
+    return TokenizerOptions(
+        backend=args.backend,
+        add_special_tokens_completion=not args.no_completion_special_tokens,
+        nul=args.nul,
+        split_special_tokens=args.split_special_tokens,
+    )
+
+
+def local_models(args: argparse.Namespace, limits: Limits | None = None) -> ModelRegistry:
+    """Load the models named by the arguments in this process."""
+    specs = args.model if isinstance(args.model, list) else [args.model] if args.model else []
+    return load_models(
+        [ModelSource.parse(s) for s in specs], tokenizer_options(args), limits or Limits()
+    )

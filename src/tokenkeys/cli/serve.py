@@ -1,0 +1,69 @@
+"""``tokenkeys serve``: load the tokenizers, then serve gRPC until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
+from tokenkeys.cli.common import add_tokenizer_options, local_models
+from tokenkeys.limits import Limits
+from tokenkeys.server.grpc_server import start_grpc_server
+from tokenkeys.server.tokenizer_service import TokenizerService
+
+log = logging.getLogger("tokenkeys.serve")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve tokenizers over gRPC")
+    add_tokenizer_options(p, many=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--grpc-port", type=int, default=50051)
+    p.add_argument("--max-request-bytes", type=int, default=Limits.max_request_bytes)
+    p.add_argument("--max-texts-per-request", type=int, default=Limits.max_texts_per_request)
+    p.add_argument("--max-tokens-per-request", type=int, default=Limits.max_tokens_per_request)
+    p.add_argument("--max-chars-per-text", type=int, default=Limits.max_chars_per_text)
+    p.set_defaults(func=run)
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    return Limits(
+        max_request_bytes=args.max_request_bytes,
+        max_texts_per_request=args.max_texts_per_request,
+        max_chars_per_text=args.max_chars_per_text,
+        max_tokens_per_request=args.max_tokens_per_request,
+    )
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    limits = limits_from(args)
+    models = local_models(args, limits)
+    service = TokenizerService(models)
+    server, port = await start_grpc_server(
+        [lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s)],
+        args.host,
+        args.grpc_port,
+        limits,
+    )
+    for model in models:
+        print(
+            f"serving {model.name} (fingerprint {model.tokenizer.fingerprint}, "
+            f"backend {model.tokenizer.options.backend})",
+            flush=True,
+        )
+    print(f"gRPC listening on {args.host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(grace=5.0)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    return asyncio.run(_serve(args))

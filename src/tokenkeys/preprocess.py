@@ -1,0 +1,118 @@
+"""The Preprocessor: the one path from a request to the token ids an engine receives.
+
+One instance per served model is shared by every consumer: generation (/v1/completions,
+/v1/chat/completions, Inference.Generate) and every report of it (/tokenize, gRPC Tokenize).
+Nothing else in tokenkeys calls a tokenizer's encode, so a count reported for a request is, by
+construction, the count generation produces for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tokenkeys.errors import InvalidArgument
+from tokenkeys.limits import Limits
+from tokenkeys.tokenizer import Tokenizer, Truncation
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    """The ids of one text, with token strings and offsets when they were asked for."""
+
+    ids: list[int]
+    token_strs: list[str] | None = None
+    offsets: list[tuple[int, int]] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
+
+
+def _strip_nul(text: str) -> tuple[str, list[int] | None]:
+    """Remove NUL characters; return the text and, if any were removed, a map to original indices.
+
+    The map sends each index of the stripped text (and its end) to the original text, so
+    offsets reported to the caller refer to the text the caller sent.
+    """
+    if "\x00" not in text:
+        return text, None
+    kept = [i for i, ch in enumerate(text) if ch != "\x00"]
+    kept.append(len(text))
+    return text.replace("\x00", ""), kept
+
+
+@dataclass
+class Preprocessor:
+    """Normalize, (template,) encode: shared by generation and by every tokenize report.
+
+    ``add_special_tokens=None`` means the served default for that path, read from the
+    tokenizer's options (which are part of its fingerprint).
+    """
+
+    tokenizer: Tokenizer
+    limits: Limits = field(default_factory=Limits)
+
+    def normalize(self, text: str, nul: str | None = None) -> tuple[str, list[int] | None]:
+        """Apply the text normalization of this deployment (NUL handling)."""
+        if (nul or self.tokenizer.options.nul) == "strip":
+            return _strip_nul(text)
+        return text, None
+
+    def tokenize_prompts(
+        self,
+        texts: Sequence[str],
+        *,
+        add_special_tokens: bool | None = None,
+        truncation: Truncation | None = None,
+        nul: str | None = None,
+        offsets: bool = False,
+        token_strs: bool = False,
+        field_name: str = "texts",
+    ) -> list[Tokenized]:
+        """Encode bare prompts exactly as /v1/completions sends them to the engine."""
+        limits = self.limits
+        limits.check_count(field_name, len(texts))
+        if nul not in (None, "keep", "strip"):
+            raise InvalidArgument(f"nul handling {nul!r} is not 'keep' or 'strip'", field="nul")
+        normalized: list[str] = []
+        maps: list[list[int] | None] = []
+        for i, text in enumerate(texts):
+            limits.check_chars(field_name, i, len(text))
+            norm, index_map = self.normalize(text, nul)
+            normalized.append(norm)
+            maps.append(index_map)
+        if add_special_tokens is None:
+            add_special_tokens = self.tokenizer.options.add_special_tokens_completion
+        encoded = self.tokenizer.encode(
+            normalized,
+            add_special_tokens=add_special_tokens,
+            offsets=offsets,
+            truncation=truncation,
+        )
+        limits.check_tokens(field_name, sum(len(e.ids) for e in encoded))
+        results = []
+        for enc, index_map in zip(encoded, maps, strict=True):
+            spans = enc.offsets
+            if spans is not None and index_map is not None:
+                spans = [
+                    (index_map[s], index_map[e - 1] + 1) if e > s else (s, e) for s, e in spans
+                ]
+            strs = self.tokenizer.token_strs(enc.ids) if token_strs else None
+            results.append(Tokenized(enc.ids, strs, spans))
+        return results
+
+    def detokenize(
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        skip_special_tokens: bool | None = None,
+        field_name: str = "sequences",
+    ) -> list[str]:
+        """Decode id sequences; unset ``skip_special_tokens`` keeps special tokens (vLLM)."""
+        self.limits.check_count(field_name, len(sequences))
+        self.limits.check_tokens(field_name, sum(len(s) for s in sequences))
+        self.tokenizer.check_ids(sequences, field=field_name)
+        return self.tokenizer.backend.decode_batch(
+            sequences, skip_special_tokens=bool(skip_special_tokens)
+        )

@@ -1,0 +1,71 @@
+"""The models a server serves, by name: each with its tokenizer and its one Preprocessor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenkeys.errors import ConfigError, FailedPrecondition, NotFound
+from tokenkeys.preprocess import Preprocessor
+from tokenkeys.tokenizer import Tokenizer
+
+
+@dataclass
+class ServedModel:
+    """One served model: its name, tokenizer and the Preprocessor every path shares.
+
+    ``extensions`` holds per-model parts that later layers attach (cache-key spec, engine),
+    keyed by their owner's name, so this module does not depend on them.
+    """
+
+    name: str
+    tokenizer: Tokenizer
+    preprocessor: Preprocessor
+    extensions: dict[str, Any] = field(default_factory=dict)
+
+    def check_fingerprint(self, expected: str | None, field_name: str) -> None:
+        """FAILED_PRECONDITION carrying the current fingerprint when ``expected`` is stale."""
+        if expected and expected != self.tokenizer.fingerprint:
+            raise FailedPrecondition(
+                f"{field_name} {expected!r} does not match the served tokenizer of model "
+                f"{self.name!r}, whose fingerprint is now {self.tokenizer.fingerprint!r}: "
+                "the tokenizer changed; pull the new revision (tokenkeys pull) and retry",
+                field=field_name,
+                fingerprint=self.tokenizer.fingerprint,
+            )
+
+
+class ModelRegistry:
+    """Served models by name; the first one added is the default for requests naming none."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, ServedModel] = {}
+
+    def add(self, model: ServedModel) -> None:
+        """Register a model; two models may not share a name."""
+        if model.name in self._models:
+            raise ConfigError(f"model name {model.name!r} is served twice", field="model")
+        self._models[model.name] = model
+
+    def get(self, name: str | None) -> ServedModel:
+        """The named model, or the default when ``name`` is empty; NotFound lists the names."""
+        if not self._models:
+            raise NotFound("this server serves no model", field="model")
+        if not name:
+            return next(iter(self._models.values()))
+        try:
+            return self._models[name]
+        except KeyError:
+            raise NotFound(
+                f"model {name!r} is not served here; served models: {', '.join(self._models)}",
+                field="model",
+                served=list(self._models),
+            ) from None
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self._models.values())

@@ -1,0 +1,119 @@
+"""A loaded tokenizer: one folder, one backend, one fingerprint."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tokenkeys.errors import InvalidArgument
+from tokenkeys.tokenizer.backends import Encoded, TokenizerBackend, Truncation, load_backend
+from tokenkeys.tokenizer.fingerprint import fingerprint
+from tokenkeys.tokenizer.folder import TokenizerFolder, read_folder
+from tokenkeys.tokenizer.options import TokenizerOptions
+from tokenkeys.tokenizer.specials import Specials, read_chat_templates, read_specials
+
+# How many preceding tokens give a token its context when decoding it alone: enough for a
+# SentencePiece leading space and for a UTF-8 sequence split over up to four byte tokens.
+_TOKEN_STR_CONTEXT = 4
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A tokenizer folder loaded whole through one backend; immutable after :meth:`load`.
+
+    Loading either yields a complete tokenizer or raises
+    :class:`~tokenkeys.errors.TokenizerLoadError` naming the file and the cause.
+    """
+
+    folder: TokenizerFolder
+    options: TokenizerOptions
+    backend: TokenizerBackend
+    specials: Specials
+    chat_templates: dict[str, str]
+    fingerprint: str
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], options: TokenizerOptions | None = None
+    ) -> Tokenizer:
+        """Read and load a tokenizer folder with the given behaviour options."""
+        options = options or TokenizerOptions()
+        folder = read_folder(path)
+        backend = load_backend(
+            options.backend, folder, split_special_tokens=options.split_special_tokens
+        )
+        specials = read_specials(folder, backend)
+        templates = read_chat_templates(folder)
+        fp = fingerprint(folder.entries, options, backend.behaviour)
+        return cls(folder, options, backend, specials, templates, fp)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of valid ids, added tokens included."""
+        return self.backend.vocab_size()
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        add_special_tokens: bool,
+        offsets: bool = False,
+        truncation: Truncation | None = None,
+    ) -> list[Encoded]:
+        """Encode texts exactly as the backend does; no normalization happens here."""
+        if truncation is not None:
+            floor = self.backend.num_special_tokens() if add_special_tokens else 0
+            if truncation.max_tokens < max(floor, 1) or truncation.side not in ("left", "right"):
+                raise InvalidArgument(
+                    f"truncation.max_tokens must be at least {max(floor, 1)} (the special "
+                    f"tokens added) and side 'left' or 'right'; got {truncation.max_tokens}, "
+                    f"{truncation.side!r}",
+                    field="truncation",
+                )
+        return self.backend.encode_batch(
+            texts, add_special_tokens=add_special_tokens, offsets=offsets, truncation=truncation
+        )
+
+    def check_ids(self, sequences: Sequence[Sequence[int]], field: str = "ids") -> None:
+        """Raise InvalidArgument naming the first id outside the vocabulary and its position."""
+        size = self.vocab_size
+        for seq_index, seq in enumerate(sequences):
+            for pos, token_id in enumerate(seq):
+                if not 0 <= token_id < size:
+                    raise InvalidArgument(
+                        f"{field}[{seq_index}][{pos}] = {token_id} is outside the vocabulary "
+                        f"(valid ids are 0..{size - 1})",
+                        field=field,
+                        index=seq_index,
+                        position=pos,
+                        id=token_id,
+                    )
+
+    def decode(self, sequences: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
+        """Decode id sequences after checking every id is in the vocabulary."""
+        self.check_ids(sequences)
+        return self.backend.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
+
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """The decoded text of each token in context (``" world"``, not ``"Ġworld"``).
+
+        Each token's text is what decoding it adds after the few tokens before it, so that
+        leading spaces survive SentencePiece decoders that strip them at sequence start. Bytes
+        of a character split over several tokens decode as U+FFFD on the incomplete tokens.
+        """
+        self.check_ids([ids])
+        windows: list[list[int]] = []
+        for i in range(len(ids)):
+            start = max(0, i - _TOKEN_STR_CONTEXT)
+            windows.append(list(ids[start:i]))
+            windows.append(list(ids[start : i + 1]))
+        texts = self.backend.decode_batch(windows, skip_special_tokens=False)
+        out = []
+        for i in range(len(ids)):
+            before, with_token = texts[2 * i], texts[2 * i + 1]
+            if with_token.startswith(before):
+                out.append(with_token[len(before) :])
+            else:
+                out.append(self.backend.decode_batch([[ids[i]]], skip_special_tokens=False)[0])
+        return out

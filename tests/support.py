@@ -1,0 +1,100 @@
+"""Helpers shared by the tests: the ../shared conformance data and real loopback servers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
+from tokenkeys.limits import Limits
+from tokenkeys.server.grpc_server import start_grpc_server
+from tokenkeys.server.models import ModelRegistry
+from tokenkeys.server.tokenizer_service import TokenizerService
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+def shared_path(*parts: str) -> Path:
+    """A path under ../shared, or skip the test with the reason when it is absent."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent (conformance data lives in ../shared beside the checkout)")
+    return path
+
+
+class ServerThread:
+    """A real asyncio gRPC server on a loopback port, run on its own thread and event loop.
+
+    Tests talk to it with ordinary blocking clients, as a router would.
+    """
+
+    def __init__(self, models: ModelRegistry, limits: Limits | None = None) -> None:
+        self.models = models
+        self.limits = limits or Limits()
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.port = 0
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            service = TokenizerService(self.models)
+            self.server, self.port = self.loop.run_until_complete(
+                start_grpc_server(
+                    [
+                        lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(
+                            service, s
+                        )
+                    ],
+                    "127.0.0.1",
+                    0,
+                    self.limits,
+                )
+            )
+        except BaseException as exc:  # reported to the starting test
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fut = asyncio.run_coroutine_threadsafe(self.server.stop(None), self.loop)
+        fut.result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def run_cli(*args: str, cwd: Path | None = None, check: bool = True):  # noqa: ANN201
+    """Run ``tokenkeys ARGS`` in a subprocess on this checkout's sources."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "tokenkeys.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=120,
+    )
