@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import msgpack
 import zmq
 import zmq.asyncio
+from timing import pct, us
 
 from tokenkeys.engine.core import Engine, GenerationParams
 from tokenkeys.events.model import BlockRemoved, BlockStored, EventBatch, SpecRef
@@ -261,11 +262,6 @@ async def _engine_latency(n: int) -> list[float]:
             await sub.close()
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
-
-
 async def _run_async(quick: bool) -> str:
     n_batches = 3_000 if quick else 30_000
     n_requests = 200 if quick else 2_000
@@ -288,15 +284,15 @@ async def _run_async(quick: bool) -> str:
         f"| events published and received over ZMQ (encode+send+recv+decode) | "
         f"{full_eps:,.0f} events/s | {raw_bps * events_per_batch:,.0f} (raw pyzmq, "
         f"pre-encoded) | {full_eps / (raw_bps * events_per_batch):.2f} |",
-        f"| request -> first event on subscriber, p50 | {_pct(eng_lat, 0.5):,.0f} us | "
-        f"{_pct(raw_lat, 0.5):,.0f} us (raw PUB->SUB hop) | "
-        f"{_pct(eng_lat, 0.5) / _pct(raw_lat, 0.5):.1f} |",
-        f"| request -> first event on subscriber, p99 | {_pct(eng_lat, 0.99):,.0f} us | "
-        f"{_pct(raw_lat, 0.99):,.0f} us | {_pct(eng_lat, 0.99) / _pct(raw_lat, 0.99):.1f} |",
+        f"| request -> first event on subscriber, p50 | {us(pct(eng_lat, 50))} | "
+        f"{us(pct(raw_lat, 50))} (raw PUB->SUB hop) | "
+        f"{pct(eng_lat, 50) / pct(raw_lat, 50):.1f} |",
+        f"| request -> first event on subscriber, p99 | {us(pct(eng_lat, 99))} | "
+        f"{us(pct(raw_lat, 99))} | {pct(eng_lat, 99) / pct(raw_lat, 99):.1f} |",
         "",
         f"{got:,} of {n_batches * events_per_batch:,} events received; {n_requests} requests of "
         f"256 prompt tokens (16 blocks, stand-in keys) for latency; mean request latency "
-        f"{statistics.fmean(eng_lat) * 1e6:,.0f} us.",
+        f"{us(statistics.fmean(eng_lat))}.",
         "",
     ]
     return "\n".join(lines)
