@@ -168,11 +168,16 @@ async def test_malformed_replay_requests_are_ignored():
         dealer = _actx().socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(pub.replay_endpoint)
-        await dealer.send_multipart([b"", b"\x00\x01"])  # short start_seq
-        await dealer.send_multipart([b"", b"x", b"y"])  # too many frames
-        dealer.close(linger=0)
-        replies = await _raw_replay(pub.replay_endpoint, 0)
-        assert len(replies) == 2
+        try:
+            await dealer.send_multipart([b"", b"\x00\x01"])  # short start_seq
+            await dealer.send_multipart([b"", b"x", b"y"])  # too many frames
+            await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            # Requests are served in order: the valid one's answer comes after both are judged.
+            first = await asyncio.wait_for(dealer.recv_multipart(), 5)
+            end = await asyncio.wait_for(dealer.recv_multipart(), 5)
+        finally:
+            dealer.close(linger=0)
+        assert first[3] == b"a" and end == [b"", b"", END_SEQ, b""]
         assert pub.stats.bad_replay_requests == 2
 
 
