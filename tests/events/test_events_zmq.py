@@ -14,7 +14,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from tokenkeys.errors import ConfigError, FailedPrecondition
+from tokenkeys.errors import ConfigError, FailedPrecondition, Unavailable
 from tokenkeys.events.zmq_endpoint import check_endpoint, is_wildcard, routable_endpoint
 from tokenkeys.events.zmq_publisher import END_SEQ, ZmqEventPublisher, make_topic
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
@@ -293,7 +293,14 @@ async def test_publisher_restart_is_signalled_and_the_new_run_replayed():
         while sub.last_seq < first.next_seq - 1:
             await sub.recv()
         await first.close()
-        async with ZmqEventPublisher(endpoints[0], replay_endpoint=endpoints[1]) as second:
+        second = ZmqEventPublisher(endpoints[0], replay_endpoint=endpoints[1])
+        for _ in range(100):  # ZMQ releases a closed socket's port in its I/O thread, later
+            try:
+                await second.start()
+                break
+            except Unavailable:
+                await asyncio.sleep(0.02)
+        async with second:
             got = None
             for _ in range(400):
                 second.publish(b"new")

@@ -112,6 +112,7 @@ class ZmqEventPublisher:
         """Open the sockets and start serving replays; resolves the advertised addresses."""
         if self._pub is not None:
             return
+        self._closed = False
         endpoint, replay_endpoint = self._requested
         try:
             pub = self._ctx.socket(zmq.PUB)
