@@ -64,6 +64,13 @@ async def test_live_subscription_then_backlog_and_oldest_available():
     # start_seq older than the buffer: starts at the oldest kept batch (seq 3).
     assert [s for s, _ in await take(stream.subscribe(0), 3)] == [3, 4, 5]
     await live.aclose()
+    # A start_seq not reached yet skips the batches before it.
+    future = stream.subscribe(8)
+    pending = asyncio.ensure_future(future.__anext__())
+    await asyncio.sleep(0)
+    for i in range(6, 9):
+        stream.emit(batch(i))
+    assert (await pending)[0] == 8
 
 
 async def test_slow_subscriber_gets_its_backlog_then_limit_exceeded():

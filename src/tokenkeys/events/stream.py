@@ -108,7 +108,8 @@ class EventStream:
     ) -> AsyncIterator[tuple[int, EventBatch]]:
         """Yield (seq, batch) in order: buffered ones from ``start_seq`` on, then live ones.
 
-        With ``start_seq=None`` only live batches come. A ``start_seq`` older than the buffer
+        With ``start_seq=None`` only live batches come; a future ``start_seq`` waits for it.
+        A ``start_seq`` older than the buffer
         starts at the oldest buffered batch (the first seq shows the gap, as in vLLM's replay).
         A subscriber that falls ``subscriber_backlog`` batches behind gets its buffered items
         and then :class:`~tokenkeys.errors.LimitExceeded`; it resubscribes from the next seq.
@@ -119,9 +120,12 @@ class EventStream:
         try:
             for item in backlog:
                 yield item
+            floor = start_seq or 0
             while True:
                 while sub.items:
-                    yield sub.items.popleft()
+                    item = sub.items.popleft()
+                    if item[0] >= floor:
+                        yield item
                 if sub.overflow:
                     raise LimitExceeded(
                         f"KV-event subscriber fell more than {self._backlog} batches behind; "
