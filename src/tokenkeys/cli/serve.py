@@ -1,4 +1,4 @@
-"""``tokenkeys serve``: load the tokenizers, then serve gRPC until SIGINT/SIGTERM."""
+"""``tokenkeys serve``: load the tokenizers, then serve gRPC and HTTP until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.cli.common import add_tokenizer_options, local_models
+from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
 from tokenkeys.limits import Limits
 from tokenkeys.server.grpc_server import start_grpc_server
 from tokenkeys.server.tokenizer_service import TokenizerService
@@ -18,7 +19,9 @@ log = logging.getLogger("tokenkeys.serve")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve tokenizers over gRPC")
+    p = sub.add_parser(
+        "serve", help="serve tokenizers over gRPC and an OpenAI-compatible HTTP frontend"
+    )
     add_tokenizer_options(p, many=True)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--grpc-port", type=int, default=50051)
@@ -26,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-texts-per-request", type=int, default=Limits.max_texts_per_request)
     p.add_argument("--max-tokens-per-request", type=int, default=Limits.max_tokens_per_request)
     p.add_argument("--max-chars-per-text", type=int, default=Limits.max_chars_per_text)
+    add_http_options(p)
     p.set_defaults(func=run)
 
 
@@ -40,7 +44,8 @@ def limits_from(args: argparse.Namespace) -> Limits:
 
 async def _serve(args: argparse.Namespace) -> int:
     limits = limits_from(args)
-    models = local_models(args, limits)
+    http = http_config(args, limits)
+    models = local_models(args, limits, chat_options(args))
     service = TokenizerService(models)
     server, port = await start_grpc_server(
         [lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s)],
@@ -55,12 +60,17 @@ async def _serve(args: argparse.Namespace) -> int:
             flush=True,
         )
     print(f"gRPC listening on {args.host}:{port}", flush=True)
+    try:
+        http_server = await start_http(args, models, http)
+    except BaseException:
+        await server.stop(grace=None)
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await server.stop(grace=5.0)
+    await asyncio.gather(http_server.stop(), server.stop(grace=5.0))
     return 0
 
 
