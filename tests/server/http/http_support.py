@@ -44,15 +44,18 @@ def attach_engines(
 
 
 def registry(
-    *paths: Path,
+    *sources: Path | ModelSource,
     options: TokenizerOptions | None = None,
     chat: ChatOptions | None = None,
     limits: Limits | None = None,
     engines: bool = True,
 ) -> ModelRegistry:
-    """Load tokenizer folders (none: the embedded default) into a registry, engines attached."""
+    """Load tokenizer folders (none: the embedded default) into a registry, engines attached.
+
+    A path is served under its folder name; a :class:`ModelSource` under its own name.
+    """
     models = load_models(
-        [ModelSource(p.name, p) for p in paths],
+        [s if isinstance(s, ModelSource) else ModelSource(s.name, s) for s in sources],
         options or TokenizerOptions(),
         limits or Limits(),
         chat,
@@ -100,3 +103,37 @@ class HttpServerThread:
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(15)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+
+
+def bos_variant(folder: Path) -> Path:
+    """A copy of the embedded tokenizer whose post-processor adds a BOS (``<|endoftext|>``).
+
+    The embedded SmolLM2 tokenizer adds no special tokens, so ``add_special_tokens`` would
+    change nothing; this variant makes the completion default observable without ../shared.
+    """
+    import json
+
+    from tokenkeys.tokenizer import default_tokenizer_path
+
+    src = default_tokenizer_path()
+    spec = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
+        "special_tokens": {
+            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}
+        },
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    config = (src / "tokenizer_config.json").read_text(encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(config, encoding="utf-8")
+    return folder
