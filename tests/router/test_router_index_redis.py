@@ -14,6 +14,7 @@ import redis
 from tokenkeys.errors import ConfigError, FailedPrecondition, Unavailable
 from tokenkeys.router.index import PrefixMatch
 from tokenkeys.router.index_redis import RedisPrefixIndex
+from tokenkeys.router.scorer import score_workers
 
 GPU = ("gpu",)
 
@@ -122,6 +123,13 @@ async def test_redis_stopped_then_restarted_fails_with_unavailable_then_recovers
             with pytest.raises(Unavailable, match="route by load") as info:
                 await call
             assert info.value.details["backend"] == "redis"
+        # Meanwhile a router routes by load: no matches, the least loaded worker first.
+        try:
+            matches = await index.lookup([1, 2, 3])
+        except Unavailable:
+            matches = {}
+        ranked = score_workers(matches, 3, {"w": 4, "idle": 0})
+        assert [s.worker for s in ranked] == ["idle", "w"]
         server.start()  # same port, empty: no persistence
         assert await index.lookup([1, 2, 3]) == {}  # reconnected; scripts reloaded
         await index.add("w", [1, 2, 3])  # re-ingestion rebuilds it

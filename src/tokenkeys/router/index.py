@@ -20,11 +20,12 @@ u64, SGLang's signed int64, raw digest bytes) into one. Tiers are lowercase name
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from tokenkeys.errors import InvalidArgument
+from tokenkeys.keys.spec import BlockKey
 
 U64_MASK = (1 << 64) - 1
 #: The tier of an event without ``medium``: vLLM's ``MEDIUM_GPU`` (llm-d's
@@ -117,6 +118,11 @@ def index_key(value: int | bytes) -> int:
     raise InvalidArgument(
         f"block hash must be an integer or bytes, got {type(value).__name__}", field="keys"
     )
+
+
+def prompt_keys(keys: Iterable[BlockKey]) -> list[int]:
+    """The index keys of a prompt's block keys (from ``tokenkeys.keys.block_keys``), in order."""
+    return [index_key(k.event_key) for k in keys]
 
 
 def medium_tier(medium: str | None) -> str:
