@@ -120,6 +120,14 @@ def index_key(value: int | bytes) -> int:
     )
 
 
+def index_keys(values: Sequence[int | bytes]) -> list[int]:
+    """:func:`index_key` of each value; fast when all are already u64 (vLLM's default)."""
+    if values and _INT.issuperset(map(type, values)) and min(values) >= 0:
+        if max(values) <= U64_MASK:
+            return list(values)
+    return [index_key(v) for v in values]
+
+
 def prompt_keys(keys: Iterable[BlockKey]) -> list[int]:
     """The index keys of a prompt's block keys (from ``tokenkeys.keys.block_keys``), in order."""
     return [index_key(k.event_key) for k in keys]

@@ -141,32 +141,35 @@ class MemoryPrefixIndex:
         first = entries.get(keys[0])
         if not first:
             return {}
-        # Per worker: its segments as [count, tiers] lists, the last one still growing.
-        runs = {w: [[1, t]] for w, t in first.items() if allowed is None or w in allowed}
-        if not runs:
+        candidates = [(w, t) for w, t in first.items() if allowed is None or w in allowed]
+        if not candidates:
             return {}
-        entries.move_to_end(keys[0])
-        active = list(runs.items())
-        for i in range(1, len(keys)):
-            entry = entries.get(keys[i])
+        # The prompt's entries up to the first key nobody holds, fetched once for all workers.
+        rows = []
+        for key in keys[1:]:
+            entry = entries.get(key)
             if entry is None:
                 break
-            still = []
-            for item in active:
-                tiers = entry.get(item[0])
+            rows.append(entry)
+        out, longest = {}, 0
+        for worker, tiers in candidates:
+            segments, count, current, blocks = [], 1, tiers, 1
+            for entry in rows:
+                tiers = entry.get(worker)
                 if tiers is None:
-                    continue
-                last = item[1][-1]
-                if last[1] is tiers or last[1] == tiers:
-                    last[0] += 1
+                    break
+                if tiers is current or tiers == current:  # usually shared (see _tiers)
+                    count += 1
                 else:
-                    item[1].append([1, tiers])
-                still.append(item)
-            if not still:
-                break
-            entries.move_to_end(keys[i])
-            active = still
-        return {w: PrefixMatch(w, tuple((c, t) for c, t in segs)) for w, segs in runs.items()}
+                    segments.append((count, current))
+                    count, current = 1, tiers
+                blocks += 1
+            segments.append((count, current))
+            out[worker] = PrefixMatch(worker, tuple(segments))
+            longest = max(longest, blocks)
+        for key in keys[:longest]:  # what a lookup used is recently used
+            entries.move_to_end(key)
+        return out
 
     async def workers(self) -> frozenset[str]:
         """The workers holding at least one block."""

@@ -37,7 +37,7 @@ from tokenkeys.events.model import (
     KvEvent,
     SpecRef,
 )
-from tokenkeys.router.index import PrefixIndex, check_worker, index_key, medium_tier
+from tokenkeys.router.index import PrefixIndex, check_worker, index_keys, medium_tier
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class EventIngestor:
                 await self.reset(worker, "all_blocks_cleared")
                 pending = None
                 continue
-            keys.extend(index_key(h) for h in hashes)
+            keys.extend(index_keys(hashes))
         if keys:
             await self._flush(worker, pending, keys)
         return applied
