@@ -118,6 +118,14 @@ async def test_lookup_filter_restricts_the_answer_to_named_workers(backend):
     assert await index.lookup([1, 2], workers=frozenset({"b"})) == {"b": run("b", (2, GPU))}
 
 
+async def test_a_filter_naming_many_workers_gives_the_same_answer(backend):
+    index = backend.new()
+    await index.add("a", [1, 2])
+    await index.add("b", [1])
+    names = [f"absent-{i}" for i in range(1500)] + ["a"]  # longer than a Lua unpack allows
+    assert await index.lookup([1, 2], workers=names) == {"a": run("a", (2, GPU))}
+
+
 async def test_full_u64_key_range_and_key_conversion(backend):
     index = backend.new()
     keys = [0, 1 << 63, TOP, index_key(-1), index_key(b"\x01" * 32)]

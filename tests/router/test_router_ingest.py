@@ -7,6 +7,8 @@ semantics (../shared/reference/engines/vllm.md §4, §8).
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tokenkeys.errors import Unavailable
 from tokenkeys.events.model import (
@@ -167,3 +169,37 @@ async def test_index_errors_propagate_and_are_counted():
     with pytest.raises(Unavailable):
         await ing.apply("w", batch(stored(1)))
     assert sample(ing, "tokenkeys_router_kv_batches_total", worker="w", outcome="failed") == 1
+
+
+# ----------------------------------------------------------------------------- properties
+
+HASHES = st.lists(st.integers(0, 5), min_size=1, max_size=4).map(tuple)
+MEDIA = st.sampled_from(["GPU", "CPU", None])
+EVENTS = st.lists(
+    st.one_of(
+        st.builds(lambda h, m: stored(*h, medium=m), HASHES, MEDIA),
+        st.builds(BlockRemoved, HASHES, MEDIA),
+        st.just(AllBlocksCleared()),
+    ),
+    max_size=12,
+)
+
+
+@given(st.lists(EVENTS, min_size=1, max_size=4))
+async def test_coalesced_batches_equal_events_applied_one_by_one(batches):
+    index = MemoryPrefixIndex()
+    ingestor = EventIngestor(index, SPEC)
+    facts: set[tuple[str, int]] = set()  # (tier, key) of worker "w"
+    for events in batches:
+        await ingestor.apply("w", batch(*events))
+        for event in events:
+            if isinstance(event, AllBlocksCleared):
+                facts.clear()
+                continue
+            tier = (event.medium or "GPU").lower()
+            change = {(tier, h) for h in event.block_hashes}
+            facts = facts | change if isinstance(event, BlockStored) else facts - change
+    for key in range(6):
+        got = await index.lookup([key])
+        want = tuple(sorted(t for t, k in facts if k == key))
+        assert (got["w"].segments[0][1] if got else ()) == want

@@ -50,7 +50,8 @@ T = TypeVar("T")
 #: Keys per script call: bounds how long one call holds Redis (a script blocks the server).
 CHUNK = 2048
 #: Longest worker filter sent to the lookup script (Lua's ``unpack`` stops near 8000 values);
-#: a longer filter is applied to the answer instead, which gives the same result.
+#: a longer filter is applied to the answer instead, which gives the same result. (The same
+#: limit bounds the workers holding one prompt's first block: thousands, far beyond a pool.)
 MAX_SCRIPT_FILTER = 1024
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
