@@ -246,11 +246,11 @@ def run(quick: bool) -> str:
             "## Prefix index (`bench_router_index`)",
             "",
             f"Ingest: {len(WORKERS)} workers, {blocks_per_worker:,} blocks each "
-            f"({total:,} blocks) as vLLM-encoded-shape `BlockStored` batches of {STEP_BLOCKS} "
-            "blocks, applied through `EventIngestor` (validation, u64 conversion, index update; "
-            "Redis: one atomic Lua call per batch).",
+            f"({total:,} blocks) in decoded `BlockStored` batches of {STEP_BLOCKS} blocks (a "
+            "512-token prefill step), applied through `EventIngestor` (spec check, u64 keys, "
+            "index update, metrics; Redis: one atomic Lua call per batch).",
             "",
-            "| backend | blocks/s | reference blocks/s | ratio |",
+            "| backend | blocks/s | reference blocks/s | rate / reference |",
             "|---|---:|---:|---:|",
             *ingest_rows,
             "",
@@ -260,7 +260,7 @@ def run(quick: bool) -> str:
             f"{n_score} calls. Redis answers in one script call that stops when no worker "
             "continues.",
             "",
-            "| backend | p50 | p90 | reference p50 | ratio |",
+            "| backend | p50 | p90 | reference p50 | p50 / reference |",
             "|---|---:|---:|---:|---:|",
             *score_rows,
             *(["", *notes] if notes else []),
