@@ -35,10 +35,13 @@ def served():
     assert proc.wait(20) == 0, "serve must exit 0 on SIGTERM"
 
 
-def test_remote_tokenize_equals_in_process(served: str) -> None:
+def test_remote_tokenize_equals_in_process(served: str, tmp_path) -> None:
     texts = ["Hello world", "", "NUL\x00inside", "<|im_start|>user", "Ünïcödé 漢字 🎉"]
-    local = run_cli("tokenize", "--json", *texts)
-    remote = run_cli("tokenize", "--json", "--remote", served, *texts)
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    local = run_cli("tokenize", "--json", "--input", "texts.json", cwd=tmp_path)
+    remote = run_cli(
+        "tokenize", "--json", "--input", "texts.json", "--remote", served, cwd=tmp_path
+    )
     assert json.loads(local.stdout) == json.loads(remote.stdout)
     info = json.loads(run_cli("info", "--json", "--remote", served).stdout)
     assert info["model"] == "smollm2-135m-instruct"
