@@ -1,0 +1,33 @@
+/**
+ * Error classes of the key client. `code` names the category the vector files use
+ * ("InvalidArgument", "Unsupported") plus "NotFound" for unknown profile ids.
+ */
+
+export class KeyError extends Error {
+  /** @param {string} message */
+  constructor(message) {
+    super(message);
+    this.name = this.constructor.name;
+  }
+}
+
+/** The caller sent a value that is malformed or outside what the profile allows. */
+export class InvalidArgument extends KeyError {
+  get code() {
+    return 'InvalidArgument';
+  }
+}
+
+/** The input is well formed but the profile (or this client) cannot key it. */
+export class Unsupported extends KeyError {
+  get code() {
+    return 'Unsupported';
+  }
+}
+
+/** The profile id or version is not known to this client. */
+export class NotFound extends KeyError {
+  get code() {
+    return 'NotFound';
+  }
+}
