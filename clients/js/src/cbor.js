@@ -116,7 +116,10 @@ function encodeInto(w, value) {
   } else if (Array.isArray(value)) {
     w.head(4, value.length);
     for (const item of value) encodeInto(w, item);
-  } else if (value instanceof Map || Object.getPrototypeOf(value) === Object.prototype) {
+  } else if (
+    value instanceof Map ||
+    (typeof value === 'object' && Object.getPrototypeOf(value) === Object.prototype)
+  ) {
     const entries = value instanceof Map ? [...value.entries()] : Object.entries(value);
     // Deterministic order: keys sorted by their encoded bytes (length first, then bytewise),
     // the rule cbor2 canonical=True and fxamacker CanonicalEncOptions share.
@@ -128,7 +131,7 @@ function encodeInto(w, value) {
       encodeInto(w, v);
     }
   } else {
-    throw new InvalidArgument(`CBOR: cannot encode a value of type ${typeof value}`);
+    throw new InvalidArgument(`CBOR: cannot encode ${String(value)} (${typeof value})`);
   }
 }
 

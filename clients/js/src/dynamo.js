@@ -10,7 +10,10 @@ import { xxh3_64With } from './hashes.js';
 import { overlapping } from './context.js';
 
 const BASE_SEED = 1337n;
-const PROCESSOR_HASH = /^[0-9a-fA-F]{64}$/;
+const PROCESSOR_HASH = /^[0-9a-f]{64}$/;
+// §4 says "64 hex digits" without naming the case; vLLM processor hashes are lowercase
+// hexdigests, so identifiers that would match only case-insensitively are refused.
+const UPPER_HASH = /^(?=.*[A-F])[0-9a-fA-F]{64}$/;
 
 /**
  * @param {number[]} tokens
@@ -24,6 +27,14 @@ export async function dynamoUnitKeys(tokens, spec, ctx) {
     throw new InvalidArgument(
       `context.parent: expected the 8-byte big-endian sequence hash, got ${ctx.parent.length} bytes`,
     );
+  }
+  for (const m of ctx.mm_items ?? []) {
+    if (UPPER_HASH.test(m.identifier)) {
+      throw new Unsupported(
+        `${id}: multimodal identifier ${m.identifier} is 64 hex digits with upper-case letters; ` +
+          'whether Dynamo reads it as a processor hash is not pinned, give it in lower case',
+      );
+    }
   }
   const seed0 = await xxh3_64With(0n);
   let seed = BASE_SEED;

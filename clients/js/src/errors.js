@@ -8,26 +8,16 @@ export class KeyError extends Error {
   constructor(message) {
     super(message);
     this.name = this.constructor.name;
+    /** @type {string} */
+    this.code = this.constructor.name;
   }
 }
 
 /** The caller sent a value that is malformed or outside what the profile allows. */
-export class InvalidArgument extends KeyError {
-  get code() {
-    return 'InvalidArgument';
-  }
-}
+export class InvalidArgument extends KeyError {}
 
 /** The input is well formed but the profile (or this client) cannot key it. */
-export class Unsupported extends KeyError {
-  get code() {
-    return 'Unsupported';
-  }
-}
+export class Unsupported extends KeyError {}
 
 /** The profile id or version is not known to this client. */
-export class NotFound extends KeyError {
-  get code() {
-    return 'NotFound';
-  }
-}
+export class NotFound extends KeyError {}
