@@ -37,7 +37,7 @@ def test_real_manifest_passes_and_recomputes_the_fingerprint(
     assert m.fingerprint == tokenizer.fingerprint
     assert m.files == tokenizer.folder.entries
     assert m.options == tokenizer.options and m.behaviour == tokenizer.backend.behaviour
-    assert m.total_size == m.stream_size == sum(e.size for e in tokenizer.folder.entries)
+    assert m.tokenizer_size == m.stream_size == sum(e.size for e in tokenizer.folder.entries)
 
 
 def _rename(path: str) -> Callable[[pb.ArtifactManifest], None]:

@@ -13,6 +13,7 @@ from faulty_streams import Abort, FaultyStreamer, data_indices, identity, leftov
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
 from tokenkeys.artifacts import ArtifactCache, PullSettings, fetch, pull
 from tokenkeys.client import TokenizerClient
+from tokenkeys.errors import FailedPrecondition
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
 from tokenkeys.server.loading import ModelSource, load_models
@@ -139,3 +140,12 @@ def test_other_models_are_pulled_by_name(grpc_server, tmp_path: Path) -> None:
 def client_info_ops(target: str) -> list[int]:
     with TokenizerClient(target) as client:
         return list(client.info().supported_operations)
+
+
+def test_unwritable_cache_is_a_clear_error(grpc_server, tmp_path: Path) -> None:
+    server = grpc_server(load_models([ModelSource.default()], TokenizerOptions(), Limits()))
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file where the cache folder should be")
+    with pytest.raises(FailedPrecondition, match="cannot write the tokenizer cache") as info:
+        fetch(server.target, cache=not_a_folder)
+    assert info.value.field == "cache"

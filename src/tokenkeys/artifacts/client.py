@@ -27,7 +27,13 @@ from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.artifacts.cache import ArtifactCache, Installed
 from tokenkeys.artifacts.install import Receiver
 from tokenkeys.artifacts.manifest import ArtifactLimits
-from tokenkeys.errors import DeadlineExceeded, TokenkeysError, Unavailable, from_grpc
+from tokenkeys.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    TokenkeysError,
+    Unavailable,
+    from_grpc,
+)
 from tokenkeys.tokenizer import Tokenizer
 
 # The info answer of a large vocabulary (many added tokens) can exceed gRPC's 4 MiB default.
@@ -104,7 +110,9 @@ async def fetch_async(
         left = deadline - loop.time()
         if left <= 0:
             raise DeadlineExceeded(
-                f"{target}: the pull's {settings.timeout} s deadline passed", field="timeout"
+                f"the pull's {settings.timeout} s deadline passed",
+                field="timeout",
+                grpc_code="DEADLINE_EXCEEDED",
             )
         return left
 
@@ -131,11 +139,18 @@ async def fetch_async(
                 store.touch(fingerprint, served, target)
                 return hit
         origin = (served, target) if served else None
-        with Receiver(
-            store, limits=settings.limits, expected_fingerprint=fingerprint, origin=origin
-        ) as receiver:
-            await _receive(stub, target, served, receiver, settings, remaining, progress)
-            return receiver.install()
+        try:
+            with Receiver(
+                store, limits=settings.limits, expected_fingerprint=fingerprint, origin=origin
+            ) as receiver:
+                await _receive(stub, target, served, receiver, settings, remaining, progress)
+                return receiver.install()
+        except OSError as exc:
+            raise FailedPrecondition(
+                f"{store.root}: cannot write the tokenizer cache ({exc}); free space or choose "
+                "another cache folder (--cache, $TOKENKEYS_CACHE)",
+                field="cache",
+            ) from exc
 
 
 async def _receive(
@@ -158,13 +173,19 @@ async def _receive(
         point = receiver.resume_point()
         if point is not None:
             request.resume.path, request.resume.offset = point
-        call = stub.GetTokenizerArtifacts(request, timeout=remaining())
+        try:
+            timeout = remaining()
+        except DeadlineExceeded as error:
+            raise _in_context(error, target, receiver, attempts) from None
+        call = stub.GetTokenizerArtifacts(request, timeout=timeout)
         try:
             async for chunk in call:
                 if receiver.feed(chunk) and progress is not None:
                     assert receiver.manifest is not None
                     progress(
-                        Progress(chunk.data.path, receiver.received, receiver.manifest.total_size)
+                        Progress(
+                            chunk.data.path, receiver.received, receiver.manifest.tokenizer_size
+                        )
                     )
             return
         except grpc.RpcError as exc:

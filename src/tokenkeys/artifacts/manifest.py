@@ -63,7 +63,7 @@ class Manifest:
     chunk_size: int
 
     @property
-    def total_size(self) -> int:
+    def tokenizer_size(self) -> int:
         """Size of every file of the tokenizer, in bytes."""
         return sum(e.size for e in self.files)
 
