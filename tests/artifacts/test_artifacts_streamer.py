@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
-from tokenkeys.artifacts import MAX_CHUNK_SIZE, ArtifactStreamer
+from tokenkeys.artifacts import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, ArtifactStreamer
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound
 from tokenkeys.limits import Limits
 from tokenkeys.server.loading import ModelSource, load_models
@@ -22,10 +22,13 @@ from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, default_tokenizer_p
 
 from support import ServerThread
 
+_TOKENIZER = Tokenizer.load(default_tokenizer_path())
+_STREAMER = ArtifactStreamer(_TOKENIZER, tokenizer_identity(_TOKENIZER))
+
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return Tokenizer.load(default_tokenizer_path())
+    return _TOKENIZER
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +90,7 @@ def test_full_stream_layout(stub, tokenizer: Tokenizer) -> None:
 
 def test_default_chunk_size_and_supported_operation(stub) -> None:
     chunks = collect(stub)
-    assert chunks[0].manifest.chunk_size == 1024 * 1024
+    assert chunks[0].manifest.chunk_size == DEFAULT_CHUNK_SIZE
     info = stub.GetTokenizerInfo(pb.GetTokenizerInfoRequest())
     assert pb.TOKENIZER_OPERATION_ARTIFACTS in info.supported_operations
 
@@ -231,7 +234,3 @@ def test_only_the_fingerprinted_files_can_ever_be_planned(paths: list[str]) -> N
         return
     assert set(plan.paths) <= set(_SERVABLE)
     assert set(plan.paths) == (set(paths) or set(_SERVABLE))
-
-
-_TOKENIZER = Tokenizer.load(default_tokenizer_path())
-_STREAMER = ArtifactStreamer(_TOKENIZER, tokenizer_identity(_TOKENIZER))

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="BYTES",
-        help="default bytes per GetTokenizerArtifacts chunk (default 1 MiB; at most 4,128,768)",
+        help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
     )
     p.set_defaults(func=run)
 

@@ -50,7 +50,7 @@ def load_models(
     """Load every model or raise on the first that fails; nothing is served half-loaded.
 
     Every model serves its files (GetTokenizerArtifacts) in chunks of ``artifact_chunk_size``
-    bytes by default (None: 1 MiB, or less when messages are capped lower); a request may ask
+    bytes by default (None: 512 KiB, or less when messages are capped lower); a request may ask
     for any size up to what one gRPC message may carry.
     """
     registry = ModelRegistry()
