@@ -22,6 +22,13 @@ _MESSAGE, _ENUM, _SERVICE = 4, 5, 6
 _FIELD, _NESTED_ENUM, _VALUE, _METHOD = 2, 4, 2, 2
 
 
+def _well_known() -> str:
+    """The folder of google/protobuf/*.proto shipped inside grpcio-tools."""
+    from importlib import resources
+
+    return str(resources.files("grpc_tools") / "_proto")
+
+
 def _comments(file) -> dict[tuple[int, ...], str]:  # noqa: ANN001 - FileDescriptorProto
     out = {}
     for loc in file.source_code_info.location:
@@ -42,6 +49,7 @@ def proto_markdown() -> str:
         args = [
             "protoc",
             f"-I{PROTO_ROOT}",
+            f"-I{_well_known()}",
             "--include_source_info",
             f"--descriptor_set_out={out}",
             *protos,

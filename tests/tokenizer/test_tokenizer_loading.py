@@ -87,11 +87,27 @@ def test_generation_config_eos_outside_vocab(folder: Path) -> None:
         Tokenizer.load(folder)
 
 
-def test_chat_template_files_override_config(folder: Path) -> None:
+def test_chat_template_files_replace_config_templates(folder: Path) -> None:
+    """transformers 5: chat_template.jinja and additional_chat_templates/ replace the config's."""
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": "json {{ 1 }}"}))
-    assert Tokenizer.load(folder).chat_templates["default"] == "json {{ 1 }}"
+    config_template = Tokenizer.load(folder).chat_templates["default"]
+    assert config_template.startswith("{% for message in messages %}")
     (folder / "chat_template.jinja").write_text("jinja {{ 2 }}")
-    assert Tokenizer.load(folder).chat_templates["default"] == "jinja {{ 2 }}"
+    (folder / "additional_chat_templates").mkdir()
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text("tools {{ 3 }}")
+    tok = Tokenizer.load(folder)
+    assert tok.chat_templates == {"default": "jinja {{ 2 }}", "tool_use": "tools {{ 3 }}"}
+    assert "additional_chat_templates/tool_use.jinja" in {e.path for e in tok.folder.entries}
+
+
+def test_processor_template_is_the_fallback(folder: Path) -> None:
+    """vLLM falls back to chat_template.json only when the tokenizer has no template."""
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    assert Tokenizer.load(folder).chat_templates == {}
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": "json {{ 1 }}"}))
+    assert Tokenizer.load(folder).chat_templates == {"default": "json {{ 1 }}"}
 
 
 def test_named_templates_from_config(folder: Path) -> None:
@@ -102,6 +118,10 @@ def test_named_templates_from_config(folder: Path) -> None:
     ]
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     assert Tokenizer.load(folder).chat_templates == {"default": "a", "tool_use": "b"}
+    config["chat_template"] = [{"template": "nameless"}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(TokenizerLoadError, match="needs a string 'name'"):
+        Tokenizer.load(folder)
 
 
 def test_token_strs_are_decoded_text() -> None:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import grpc
 
+from tokenkeys._gen.openengine.v1 import generation_pb2, tokenizer_pb2_grpc
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
-from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.errors import from_grpc
 
 
@@ -73,7 +73,7 @@ class TokenizerClient:
     ) -> pb.DetokenizeResponse:
         """Detokenize several id sequences."""
         request = pb.DetokenizeRequest(
-            model=model, sequences=[pb.TokenIds(ids=list(s)) for s in sequences]
+            model=model, sequences=[generation_pb2.TokenIds(ids=list(s)) for s in sequences]
         )
         if skip_special_tokens is not None:
             request.skip_special_tokens = skip_special_tokens

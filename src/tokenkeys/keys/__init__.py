@@ -1,1 +1,22 @@
-"""keys package."""
+"""Cache-key profiles: versioned, byte-exact block keys of LLM engines and routers."""
+
+from tokenkeys.keys.compute import block_keys, make_spec
+from tokenkeys.keys.context import Adapter, KeyContext, MMItem
+from tokenkeys.keys.profile import ProfileInfo
+from tokenkeys.keys.registry import get_profile, list_profiles
+from tokenkeys.keys.spec import BlockKey, CacheKeySpec, KeyGroup, Vector
+
+__all__ = [
+    "Adapter",
+    "BlockKey",
+    "CacheKeySpec",
+    "KeyContext",
+    "KeyGroup",
+    "MMItem",
+    "ProfileInfo",
+    "Vector",
+    "block_keys",
+    "get_profile",
+    "list_profiles",
+    "make_spec",
+]

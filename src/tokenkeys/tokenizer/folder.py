@@ -30,6 +30,9 @@ TOKENIZER_FILES: tuple[str, ...] = (
 
 REQUIRED_FILES: tuple[str, ...] = ("tokenizer.json",)
 
+# Named chat templates beside the default one (transformers 4.51+: one .jinja file per name).
+TEMPLATE_DIR = "additional_chat_templates"
+
 
 @dataclass(frozen=True, slots=True)
 class FileEntry:
@@ -98,7 +101,8 @@ def read_folder(root: str | os.PathLike[str]) -> TokenizerFolder:
         )
     entries: list[FileEntry] = []
     contents: dict[str, bytes] = {}
-    for name in TOKENIZER_FILES:
+    extra = sorted(p.name for p in (folder / TEMPLATE_DIR).glob("*.jinja"))
+    for name in (*TOKENIZER_FILES, *(f"{TEMPLATE_DIR}/{n}" for n in extra)):
         path = folder / name
         try:
             st = path.lstat()

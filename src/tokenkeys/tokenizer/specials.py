@@ -7,7 +7,7 @@ from typing import Any
 
 from tokenkeys.errors import TokenizerLoadError
 from tokenkeys.tokenizer.backends import TokenizerBackend
-from tokenkeys.tokenizer.folder import TokenizerFolder
+from tokenkeys.tokenizer.folder import TEMPLATE_DIR, TokenizerFolder
 
 # transformers' VERY_LARGE_INTEGER: a tokenizer_config.json without a real limit stores this.
 _NO_LIMIT = int(1e20)
@@ -107,34 +107,72 @@ def read_specials(folder: TokenizerFolder, backend: TokenizerBackend) -> Special
     return Specials(refs["bos"], tuple(eos), refs["pad"], refs["unk"], added, max_len)
 
 
-def read_chat_templates(folder: TokenizerFolder) -> dict[str, str]:
-    """Collect named chat templates; later sources override earlier ones, as in transformers.
+# The named tokens transformers passes to chat templates (its ``special_tokens_map``).
+TEMPLATE_TOKEN_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
-    Order: tokenizer_config.json ``chat_template`` (a string, or a list of {name, template}),
-    then chat_template.json, then chat_template.jinja (the default template).
+
+def template_special_tokens(folder: TokenizerFolder) -> dict[str, str]:
+    """``{"bos_token": "<s>", ...}`` as transformers hands them to a chat template.
+
+    Only tokens the tokenizer files declare by role; generation_config's extra EOS ids are
+    not template variables.
+    """
+    config = folder.json("tokenizer_config.json")
+    smap = folder.json("special_tokens_map.json")
+    out = {}
+    for role in TEMPLATE_TOKEN_ROLES:
+        key = f"{role}_token"
+        content = _content(config[key]) if key in config else _content(smap.get(key))
+        if content:
+            out[key] = content
+    return out
+
+
+def read_chat_templates(folder: TokenizerFolder) -> dict[str, str]:
+    """Collect named chat templates the way transformers 5 and vLLM find them.
+
+    - tokenizer_config.json ``chat_template``: a string (the default) or a list of
+      ``{name, template}`` (transformers ``PreTrainedTokenizerBase.__init__``);
+    - chat_template.jinja and additional_chat_templates/NAME.jinja, when present, *replace*
+      those entirely (transformers ``from_pretrained`` passes them as the ``chat_template``
+      init argument);
+    - chat_template.json belongs to a multimodal processor; vLLM falls back to it only when the
+      tokenizer has no template (``resolve_hf_chat_template``), and so do we.
     """
     templates: dict[str, str] = {}
-
-    def add(value: Any, source: str) -> None:
-        if isinstance(value, str):
-            templates["default"] = value
-        elif isinstance(value, list):
-            for item in value:
-                if not (isinstance(item, dict) and isinstance(item.get("template"), str)):
-                    raise TokenizerLoadError(
-                        f"{source}: chat_template list items need 'name' and 'template'",
-                        field=source,
-                    )
-                templates[str(item.get("name", "default"))] = item["template"]
-        elif value is not None:
-            raise TokenizerLoadError(
-                f"{source}: chat_template must be a string or a list, got {type(value).__name__}",
-                field=source,
-            )
-
-    add(folder.json("tokenizer_config.json").get("chat_template"), "tokenizer_config.json")
-    add(folder.json("chat_template.json").get("chat_template"), "chat_template.json")
-    jinja = folder.text("chat_template.jinja")
-    if jinja is not None:
-        templates["default"] = jinja
+    value = folder.json("tokenizer_config.json").get("chat_template")
+    if isinstance(value, str):
+        templates["default"] = value
+    elif isinstance(value, list):
+        for item in value:
+            if not (
+                isinstance(item, dict)
+                and isinstance(item.get("name"), str)
+                and isinstance(item.get("template"), str)
+            ):
+                raise TokenizerLoadError(
+                    "tokenizer_config.json: every chat_template list item needs a string "
+                    "'name' and 'template'",
+                    field="tokenizer_config.json",
+                )
+            templates[item["name"]] = item["template"]
+    elif value is not None:
+        raise TokenizerLoadError(
+            "tokenizer_config.json: chat_template must be a string or a list, "
+            f"got {type(value).__name__}",
+            field="tokenizer_config.json",
+        )
+    from_files = {
+        ("default" if path == "chat_template.jinja" else path.split("/", 1)[1][: -len(".jinja")]): (
+            folder.text(path) or ""
+        )
+        for path in folder.contents
+        if path == "chat_template.jinja" or path.startswith(f"{TEMPLATE_DIR}/")
+    }
+    if from_files:
+        return from_files
+    if not templates:
+        processor = folder.json("chat_template.json").get("chat_template")
+        if isinstance(processor, str):
+            templates["default"] = processor
     return templates

@@ -57,6 +57,18 @@ class CacheKeySpec(_message.Message):
     fingerprint: str
     def __init__(self, profile_id: _Optional[str] = ..., profile_version: _Optional[str] = ..., hash_unit: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[KeyGroup, _Mapping]]] = ..., root: _Optional[bytes] = ..., root_derivation: _Optional[str] = ..., serialization: _Optional[str] = ..., digest: _Optional[str] = ..., event_encoding: _Optional[str] = ..., extra_keys: _Optional[str] = ..., partial_block: _Optional[str] = ..., client_computable: _Optional[bool] = ..., required_context: _Optional[_Iterable[str]] = ..., spec_json: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
+class CacheKeySpecRef(_message.Message):
+    __slots__ = ("profile_id", "profile_version", "spec_fingerprint", "client_computable")
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_COMPUTABLE_FIELD_NUMBER: _ClassVar[int]
+    profile_id: str
+    profile_version: str
+    spec_fingerprint: str
+    client_computable: bool
+    def __init__(self, profile_id: _Optional[str] = ..., profile_version: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., client_computable: _Optional[bool] = ...) -> None: ...
+
 class MultimodalItem(_message.Message):
     __slots__ = ("identifier", "offset", "length")
     IDENTIFIER_FIELD_NUMBER: _ClassVar[int]

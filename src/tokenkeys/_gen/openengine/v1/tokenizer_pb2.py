@@ -24,65 +24,64 @@ _sym_db = _symbol_database.Default()
 
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2 as openengine_dot_v1_dot_cache__keys__pb2
+from tokenkeys._gen.openengine.v1 import generation_pb2 as openengine_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dopenengine/v1/tokenizer.proto\x12\ropenengine.v1\x1a\x1eopenengine/v1/cache_keys.proto\"(\n\x17GetTokenizerInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"+\n\x0cSpecialToken\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\r\":\n\nAddedToken\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0f\n\x07special\x18\x03 \x01(\x08\"\x88\x02\n\rSpecialTokens\x12-\n\x03\x62os\x18\x01 \x01(\x0b\x32\x1b.openengine.v1.SpecialTokenH\x00\x88\x01\x01\x12(\n\x03\x65os\x18\x02 \x03(\x0b\x32\x1b.openengine.v1.SpecialToken\x12-\n\x03pad\x18\x03 \x01(\x0b\x32\x1b.openengine.v1.SpecialTokenH\x01\x88\x01\x01\x12-\n\x03unk\x18\x04 \x01(\x0b\x32\x1b.openengine.v1.SpecialTokenH\x02\x88\x01\x01\x12(\n\x05\x61\x64\x64\x65\x64\x18\x05 \x03(\x0b\x32\x19.openengine.v1.AddedTokenB\x06\n\x04_bosB\x06\n\x04_padB\x06\n\x04_unk\":\n\x0c\x41rtifactFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"\xf2\x01\n\x0eOptionDefaults\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x01 \x01(\x08\x12\x1f\n\x17\x61\x64\x64_special_tokens_chat\x18\x02 \x01(\x08\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\x12\x30\n\x0cnul_handling\x18\x04 \x01(\x0e\x32\x1a.openengine.v1.NulHandling\x12\x36\n\x0ftruncation_side\x18\x05 \x01(\x0e\x32\x1d.openengine.v1.TruncationSide\x12\x1c\n\x14split_special_tokens\x18\x06 \x01(\x08\"\x8f\x01\n\x11TokenizerIdentity\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x11\n\tbehaviour\x18\x02 \x01(\t\x12/\n\x08\x64\x65\x66\x61ults\x18\x03 \x01(\x0b\x32\x1d.openengine.v1.OptionDefaults\x12%\n\x1d\x63hat_template_override_sha256\x18\x04 \x01(\t\"\xfa\x03\n\rTokenizerInfo\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x17\n\x0f\x62\x61\x63kend_version\x18\x03 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x14\n\x0cserved_names\x18\x06 \x03(\t\x12\x12\n\nvocab_size\x18\x07 \x01(\r\x12\x34\n\x0especial_tokens\x18\x08 \x01(\x0b\x32\x1c.openengine.v1.SpecialTokens\x12/\n\x08\x64\x65\x66\x61ults\x18\t \x01(\x0b\x32\x1d.openengine.v1.OptionDefaults\x12\x1a\n\x12max_context_length\x18\n \x01(\r\x12\x1c\n\x14\x63hat_template_sha256\x18\x0b \x01(\t\x12\x1b\n\x13\x63hat_template_names\x18\x0c \x03(\t\x12.\n\tartifacts\x18\r \x03(\x0b\x32\x1b.openengine.v1.ArtifactFile\x12?\n\x14supported_operations\x18\x0e \x03(\x0e\x32!.openengine.v1.TokenizerOperation\x12\x32\n\x08identity\x18\x0f \x01(\x0b\x32 .openengine.v1.TokenizerIdentity\"M\n\nTruncation\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12+\n\x04side\x18\x02 \x01(\x0e\x32\x1d.openengine.v1.TruncationSide\"\xe1\x02\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x32\n\ntruncation\x18\x04 \x01(\x0b\x32\x19.openengine.v1.TruncationH\x01\x88\x01\x01\x12\x35\n\x0cnul_handling\x18\x05 \x01(\x0e\x32\x1a.openengine.v1.NulHandlingH\x02\x88\x01\x01\x12\x16\n\x0ereturn_offsets\x18\x06 \x01(\x08\x12\x19\n\x11return_token_strs\x18\x07 \x01(\x08\x12!\n\x14\x65xpected_fingerprint\x18\x08 \x01(\tH\x03\x88\x01\x01\x42\x15\n\x13_add_special_tokensB\r\n\x0b_truncationB\x0f\n\r_nul_handlingB\x17\n\x15_expected_fingerprint\"$\n\x06Offset\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\"g\n\rTokenizedText\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x12\n\ntoken_strs\x18\x03 \x03(\t\x12&\n\x07offsets\x18\x04 \x03(\x0b\x32\x15.openengine.v1.Offset\"l\n\x10TokenizeResponse\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12-\n\x07results\x18\x02 \x03(\x0b\x32\x1c.openengine.v1.TokenizedText\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x04\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xc4\x01\n\x11\x44\x65tokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12*\n\tsequences\x18\x02 \x03(\x0b\x32\x17.openengine.v1.TokenIds\x12 \n\x13skip_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12!\n\x14\x65xpected_fingerprint\x18\x04 \x01(\tH\x01\x88\x01\x01\x42\x16\n\x14_skip_special_tokensB\x17\n\x15_expected_fingerprint\"8\n\x12\x44\x65tokenizeResponse\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\".\n\x0e\x41rtifactResume\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"\xdf\x01\n\x1cGetTokenizerArtifactsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12!\n\x14\x65xpected_fingerprint\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05paths\x18\x03 \x03(\t\x12\x17\n\nchunk_size\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x32\n\x06resume\x18\x05 \x01(\x0b\x32\x1d.openengine.v1.ArtifactResumeH\x02\x88\x01\x01\x42\x17\n\x15_expected_fingerprintB\r\n\x0b_chunk_sizeB\t\n\x07_resume\"\xed\x01\n\x10\x41rtifactManifest\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12*\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x1b.openengine.v1.ArtifactFile\x12\x12\n\ntotal_size\x18\x03 \x01(\x04\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\t\x12\x32\n\x08identity\x18\x05 \x01(\x0b\x32 .openengine.v1.TokenizerIdentity\x12\x16\n\x0estreamed_paths\x18\x06 \x03(\t\x12\x14\n\x0cstart_offset\x18\x07 \x01(\x04\x12\x12\n\nchunk_size\x18\x08 \x01(\r\":\n\x0c\x41rtifactData\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"=\n\x0f\x41rtifactFileEnd\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"\xb6\x01\n\x16TokenizerArtifactChunk\x12\x33\n\x08manifest\x18\x01 \x01(\x0b\x32\x1f.openengine.v1.ArtifactManifestH\x00\x12+\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x1b.openengine.v1.ArtifactDataH\x00\x12\x32\n\x08\x66ile_end\x18\x03 \x01(\x0b\x32\x1e.openengine.v1.ArtifactFileEndH\x00\x42\x06\n\x04kind*f\n\x0eTruncationSide\x12\x1f\n\x1bTRUNCATION_SIDE_UNSPECIFIED\x10\x00\x12\x19\n\x15TRUNCATION_SIDE_RIGHT\x10\x01\x12\x18\n\x14TRUNCATION_SIDE_LEFT\x10\x02*Z\n\x0bNulHandling\x12\x1c\n\x18NUL_HANDLING_UNSPECIFIED\x10\x00\x12\x15\n\x11NUL_HANDLING_KEEP\x10\x01\x12\x16\n\x12NUL_HANDLING_STRIP\x10\x02*\xf6\x01\n\x12TokenizerOperation\x12#\n\x1fTOKENIZER_OPERATION_UNSPECIFIED\x10\x00\x12 \n\x1cTOKENIZER_OPERATION_TOKENIZE\x10\x01\x12\"\n\x1eTOKENIZER_OPERATION_DETOKENIZE\x10\x02\x12!\n\x1dTOKENIZER_OPERATION_ARTIFACTS\x10\x03\x12&\n\"TOKENIZER_OPERATION_CACHE_KEY_SPEC\x10\x04\x12*\n&TOKENIZER_OPERATION_COMPUTE_CACHE_KEYS\x10\x05\x32\xba\x04\n\x13OpenEngineTokenizer\x12X\n\x10GetTokenizerInfo\x12&.openengine.v1.GetTokenizerInfoRequest\x1a\x1c.openengine.v1.TokenizerInfo\x12m\n\x15GetTokenizerArtifacts\x12+.openengine.v1.GetTokenizerArtifactsRequest\x1a%.openengine.v1.TokenizerArtifactChunk0\x01\x12K\n\x08Tokenize\x12\x1e.openengine.v1.TokenizeRequest\x1a\x1f.openengine.v1.TokenizeResponse\x12Q\n\nDetokenize\x12 .openengine.v1.DetokenizeRequest\x1a!.openengine.v1.DetokenizeResponse\x12U\n\x0fGetCacheKeySpec\x12%.openengine.v1.GetCacheKeySpecRequest\x1a\x1b.openengine.v1.CacheKeySpec\x12\x63\n\x10\x43omputeCacheKeys\x12&.openengine.v1.ComputeCacheKeysRequest\x1a\'.openengine.v1.ComputeCacheKeysResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dopenengine/v1/tokenizer.proto\x12\ropenengine.v1\x1a\x1eopenengine/v1/cache_keys.proto\x1a\x1eopenengine/v1/generation.proto\"(\n\x17GetTokenizerInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"+\n\x0cSpecialToken\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\r\":\n\nAddedToken\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0f\n\x07special\x18\x03 \x01(\x08\"\x88\x02\n\rSpecialTokens\x12-\n\x03\x62os\x18\x01 \x01(\x0b\x32\x1b.openengine.v1.SpecialTokenH\x00\x88\x01\x01\x12(\n\x03\x65os\x18\x02 \x03(\x0b\x32\x1b.openengine.v1.SpecialToken\x12-\n\x03pad\x18\x03 \x01(\x0b\x32\x1b.openengine.v1.SpecialTokenH\x01\x88\x01\x01\x12-\n\x03unk\x18\x04 \x01(\x0b\x32\x1b.openengine.v1.SpecialTokenH\x02\x88\x01\x01\x12(\n\x05\x61\x64\x64\x65\x64\x18\x05 \x03(\x0b\x32\x19.openengine.v1.AddedTokenB\x06\n\x04_bosB\x06\n\x04_padB\x06\n\x04_unk\":\n\x0c\x41rtifactFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"\xf2\x01\n\x0eOptionDefaults\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x01 \x01(\x08\x12\x1f\n\x17\x61\x64\x64_special_tokens_chat\x18\x02 \x01(\x08\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\x12\x30\n\x0cnul_handling\x18\x04 \x01(\x0e\x32\x1a.openengine.v1.NulHandling\x12\x36\n\x0ftruncation_side\x18\x05 \x01(\x0e\x32\x1d.openengine.v1.TruncationSide\x12\x1c\n\x14split_special_tokens\x18\x06 \x01(\x08\"\x8f\x01\n\x11TokenizerIdentity\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x11\n\tbehaviour\x18\x02 \x01(\t\x12/\n\x08\x64\x65\x66\x61ults\x18\x03 \x01(\x0b\x32\x1d.openengine.v1.OptionDefaults\x12%\n\x1d\x63hat_template_override_sha256\x18\x04 \x01(\t\"\xfa\x03\n\rTokenizerInfo\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x17\n\x0f\x62\x61\x63kend_version\x18\x03 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x14\n\x0cserved_names\x18\x06 \x03(\t\x12\x12\n\nvocab_size\x18\x07 \x01(\r\x12\x34\n\x0especial_tokens\x18\x08 \x01(\x0b\x32\x1c.openengine.v1.SpecialTokens\x12/\n\x08\x64\x65\x66\x61ults\x18\t \x01(\x0b\x32\x1d.openengine.v1.OptionDefaults\x12\x1a\n\x12max_context_length\x18\n \x01(\r\x12\x1c\n\x14\x63hat_template_sha256\x18\x0b \x01(\t\x12\x1b\n\x13\x63hat_template_names\x18\x0c \x03(\t\x12.\n\tartifacts\x18\r \x03(\x0b\x32\x1b.openengine.v1.ArtifactFile\x12?\n\x14supported_operations\x18\x0e \x03(\x0e\x32!.openengine.v1.TokenizerOperation\x12\x32\n\x08identity\x18\x0f \x01(\x0b\x32 .openengine.v1.TokenizerIdentity\"M\n\nTruncation\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12+\n\x04side\x18\x02 \x01(\x0e\x32\x1d.openengine.v1.TruncationSide\"\xe1\x02\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x32\n\ntruncation\x18\x04 \x01(\x0b\x32\x19.openengine.v1.TruncationH\x01\x88\x01\x01\x12\x35\n\x0cnul_handling\x18\x05 \x01(\x0e\x32\x1a.openengine.v1.NulHandlingH\x02\x88\x01\x01\x12\x16\n\x0ereturn_offsets\x18\x06 \x01(\x08\x12\x19\n\x11return_token_strs\x18\x07 \x01(\x08\x12!\n\x14\x65xpected_fingerprint\x18\x08 \x01(\tH\x03\x88\x01\x01\x42\x15\n\x13_add_special_tokensB\r\n\x0b_truncationB\x0f\n\r_nul_handlingB\x17\n\x15_expected_fingerprint\"$\n\x06Offset\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\"g\n\rTokenizedText\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x12\n\ntoken_strs\x18\x03 \x03(\t\x12&\n\x07offsets\x18\x04 \x03(\x0b\x32\x15.openengine.v1.Offset\"l\n\x10TokenizeResponse\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12-\n\x07results\x18\x02 \x03(\x0b\x32\x1c.openengine.v1.TokenizedText\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x04\"\xc4\x01\n\x11\x44\x65tokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12*\n\tsequences\x18\x02 \x03(\x0b\x32\x17.openengine.v1.TokenIds\x12 \n\x13skip_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12!\n\x14\x65xpected_fingerprint\x18\x04 \x01(\tH\x01\x88\x01\x01\x42\x16\n\x14_skip_special_tokensB\x17\n\x15_expected_fingerprint\"8\n\x12\x44\x65tokenizeResponse\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\".\n\x0e\x41rtifactResume\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"\xdf\x01\n\x1cGetTokenizerArtifactsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12!\n\x14\x65xpected_fingerprint\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05paths\x18\x03 \x03(\t\x12\x17\n\nchunk_size\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x32\n\x06resume\x18\x05 \x01(\x0b\x32\x1d.openengine.v1.ArtifactResumeH\x02\x88\x01\x01\x42\x17\n\x15_expected_fingerprintB\r\n\x0b_chunk_sizeB\t\n\x07_resume\"\xed\x01\n\x10\x41rtifactManifest\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12*\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x1b.openengine.v1.ArtifactFile\x12\x12\n\ntotal_size\x18\x03 \x01(\x04\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\t\x12\x32\n\x08identity\x18\x05 \x01(\x0b\x32 .openengine.v1.TokenizerIdentity\x12\x16\n\x0estreamed_paths\x18\x06 \x03(\t\x12\x14\n\x0cstart_offset\x18\x07 \x01(\x04\x12\x12\n\nchunk_size\x18\x08 \x01(\r\":\n\x0c\x41rtifactData\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"=\n\x0f\x41rtifactFileEnd\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"\xb6\x01\n\x16TokenizerArtifactChunk\x12\x33\n\x08manifest\x18\x01 \x01(\x0b\x32\x1f.openengine.v1.ArtifactManifestH\x00\x12+\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x1b.openengine.v1.ArtifactDataH\x00\x12\x32\n\x08\x66ile_end\x18\x03 \x01(\x0b\x32\x1e.openengine.v1.ArtifactFileEndH\x00\x42\x06\n\x04kind*f\n\x0eTruncationSide\x12\x1f\n\x1bTRUNCATION_SIDE_UNSPECIFIED\x10\x00\x12\x19\n\x15TRUNCATION_SIDE_RIGHT\x10\x01\x12\x18\n\x14TRUNCATION_SIDE_LEFT\x10\x02*Z\n\x0bNulHandling\x12\x1c\n\x18NUL_HANDLING_UNSPECIFIED\x10\x00\x12\x15\n\x11NUL_HANDLING_KEEP\x10\x01\x12\x16\n\x12NUL_HANDLING_STRIP\x10\x02*\xf6\x01\n\x12TokenizerOperation\x12#\n\x1fTOKENIZER_OPERATION_UNSPECIFIED\x10\x00\x12 \n\x1cTOKENIZER_OPERATION_TOKENIZE\x10\x01\x12\"\n\x1eTOKENIZER_OPERATION_DETOKENIZE\x10\x02\x12!\n\x1dTOKENIZER_OPERATION_ARTIFACTS\x10\x03\x12&\n\"TOKENIZER_OPERATION_CACHE_KEY_SPEC\x10\x04\x12*\n&TOKENIZER_OPERATION_COMPUTE_CACHE_KEYS\x10\x05\x32\xba\x04\n\x13OpenEngineTokenizer\x12X\n\x10GetTokenizerInfo\x12&.openengine.v1.GetTokenizerInfoRequest\x1a\x1c.openengine.v1.TokenizerInfo\x12m\n\x15GetTokenizerArtifacts\x12+.openengine.v1.GetTokenizerArtifactsRequest\x1a%.openengine.v1.TokenizerArtifactChunk0\x01\x12K\n\x08Tokenize\x12\x1e.openengine.v1.TokenizeRequest\x1a\x1f.openengine.v1.TokenizeResponse\x12Q\n\nDetokenize\x12 .openengine.v1.DetokenizeRequest\x1a!.openengine.v1.DetokenizeResponse\x12U\n\x0fGetCacheKeySpec\x12%.openengine.v1.GetCacheKeySpecRequest\x1a\x1b.openengine.v1.CacheKeySpec\x12\x63\n\x10\x43omputeCacheKeys\x12&.openengine.v1.ComputeCacheKeysRequest\x1a\'.openengine.v1.ComputeCacheKeysResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'openengine.v1.tokenizer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRUNCATIONSIDE']._serialized_start=3246
-  _globals['_TRUNCATIONSIDE']._serialized_end=3348
-  _globals['_NULHANDLING']._serialized_start=3350
-  _globals['_NULHANDLING']._serialized_end=3440
-  _globals['_TOKENIZEROPERATION']._serialized_start=3443
-  _globals['_TOKENIZEROPERATION']._serialized_end=3689
-  _globals['_GETTOKENIZERINFOREQUEST']._serialized_start=80
-  _globals['_GETTOKENIZERINFOREQUEST']._serialized_end=120
-  _globals['_SPECIALTOKEN']._serialized_start=122
-  _globals['_SPECIALTOKEN']._serialized_end=165
-  _globals['_ADDEDTOKEN']._serialized_start=167
-  _globals['_ADDEDTOKEN']._serialized_end=225
-  _globals['_SPECIALTOKENS']._serialized_start=228
-  _globals['_SPECIALTOKENS']._serialized_end=492
-  _globals['_ARTIFACTFILE']._serialized_start=494
-  _globals['_ARTIFACTFILE']._serialized_end=552
-  _globals['_OPTIONDEFAULTS']._serialized_start=555
-  _globals['_OPTIONDEFAULTS']._serialized_end=797
-  _globals['_TOKENIZERIDENTITY']._serialized_start=800
-  _globals['_TOKENIZERIDENTITY']._serialized_end=943
-  _globals['_TOKENIZERINFO']._serialized_start=946
-  _globals['_TOKENIZERINFO']._serialized_end=1452
-  _globals['_TRUNCATION']._serialized_start=1454
-  _globals['_TRUNCATION']._serialized_end=1531
-  _globals['_TOKENIZEREQUEST']._serialized_start=1534
-  _globals['_TOKENIZEREQUEST']._serialized_end=1887
-  _globals['_OFFSET']._serialized_start=1889
-  _globals['_OFFSET']._serialized_end=1925
-  _globals['_TOKENIZEDTEXT']._serialized_start=1927
-  _globals['_TOKENIZEDTEXT']._serialized_end=2030
-  _globals['_TOKENIZERESPONSE']._serialized_start=2032
-  _globals['_TOKENIZERESPONSE']._serialized_end=2140
-  _globals['_TOKENIDS']._serialized_start=2142
-  _globals['_TOKENIDS']._serialized_end=2165
-  _globals['_DETOKENIZEREQUEST']._serialized_start=2168
-  _globals['_DETOKENIZEREQUEST']._serialized_end=2364
-  _globals['_DETOKENIZERESPONSE']._serialized_start=2366
-  _globals['_DETOKENIZERESPONSE']._serialized_end=2422
-  _globals['_ARTIFACTRESUME']._serialized_start=2424
-  _globals['_ARTIFACTRESUME']._serialized_end=2470
-  _globals['_GETTOKENIZERARTIFACTSREQUEST']._serialized_start=2473
-  _globals['_GETTOKENIZERARTIFACTSREQUEST']._serialized_end=2696
-  _globals['_ARTIFACTMANIFEST']._serialized_start=2699
-  _globals['_ARTIFACTMANIFEST']._serialized_end=2936
-  _globals['_ARTIFACTDATA']._serialized_start=2938
-  _globals['_ARTIFACTDATA']._serialized_end=2996
-  _globals['_ARTIFACTFILEEND']._serialized_start=2998
-  _globals['_ARTIFACTFILEEND']._serialized_end=3059
-  _globals['_TOKENIZERARTIFACTCHUNK']._serialized_start=3062
-  _globals['_TOKENIZERARTIFACTCHUNK']._serialized_end=3244
-  _globals['_OPENENGINETOKENIZER']._serialized_start=3692
-  _globals['_OPENENGINETOKENIZER']._serialized_end=4262
+  _globals['_TRUNCATIONSIDE']._serialized_start=3253
+  _globals['_TRUNCATIONSIDE']._serialized_end=3355
+  _globals['_NULHANDLING']._serialized_start=3357
+  _globals['_NULHANDLING']._serialized_end=3447
+  _globals['_TOKENIZEROPERATION']._serialized_start=3450
+  _globals['_TOKENIZEROPERATION']._serialized_end=3696
+  _globals['_GETTOKENIZERINFOREQUEST']._serialized_start=112
+  _globals['_GETTOKENIZERINFOREQUEST']._serialized_end=152
+  _globals['_SPECIALTOKEN']._serialized_start=154
+  _globals['_SPECIALTOKEN']._serialized_end=197
+  _globals['_ADDEDTOKEN']._serialized_start=199
+  _globals['_ADDEDTOKEN']._serialized_end=257
+  _globals['_SPECIALTOKENS']._serialized_start=260
+  _globals['_SPECIALTOKENS']._serialized_end=524
+  _globals['_ARTIFACTFILE']._serialized_start=526
+  _globals['_ARTIFACTFILE']._serialized_end=584
+  _globals['_OPTIONDEFAULTS']._serialized_start=587
+  _globals['_OPTIONDEFAULTS']._serialized_end=829
+  _globals['_TOKENIZERIDENTITY']._serialized_start=832
+  _globals['_TOKENIZERIDENTITY']._serialized_end=975
+  _globals['_TOKENIZERINFO']._serialized_start=978
+  _globals['_TOKENIZERINFO']._serialized_end=1484
+  _globals['_TRUNCATION']._serialized_start=1486
+  _globals['_TRUNCATION']._serialized_end=1563
+  _globals['_TOKENIZEREQUEST']._serialized_start=1566
+  _globals['_TOKENIZEREQUEST']._serialized_end=1919
+  _globals['_OFFSET']._serialized_start=1921
+  _globals['_OFFSET']._serialized_end=1957
+  _globals['_TOKENIZEDTEXT']._serialized_start=1959
+  _globals['_TOKENIZEDTEXT']._serialized_end=2062
+  _globals['_TOKENIZERESPONSE']._serialized_start=2064
+  _globals['_TOKENIZERESPONSE']._serialized_end=2172
+  _globals['_DETOKENIZEREQUEST']._serialized_start=2175
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2371
+  _globals['_DETOKENIZERESPONSE']._serialized_start=2373
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2429
+  _globals['_ARTIFACTRESUME']._serialized_start=2431
+  _globals['_ARTIFACTRESUME']._serialized_end=2477
+  _globals['_GETTOKENIZERARTIFACTSREQUEST']._serialized_start=2480
+  _globals['_GETTOKENIZERARTIFACTSREQUEST']._serialized_end=2703
+  _globals['_ARTIFACTMANIFEST']._serialized_start=2706
+  _globals['_ARTIFACTMANIFEST']._serialized_end=2943
+  _globals['_ARTIFACTDATA']._serialized_start=2945
+  _globals['_ARTIFACTDATA']._serialized_end=3003
+  _globals['_ARTIFACTFILEEND']._serialized_start=3005
+  _globals['_ARTIFACTFILEEND']._serialized_end=3066
+  _globals['_TOKENIZERARTIFACTCHUNK']._serialized_start=3069
+  _globals['_TOKENIZERARTIFACTCHUNK']._serialized_end=3251
+  _globals['_OPENENGINETOKENIZER']._serialized_start=3699
+  _globals['_OPENENGINETOKENIZER']._serialized_end=4269
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,355 @@
+"""The chat prologue: from a chat request to the prompt text, shared by every path.
+
+Generation (/v1/chat/completions, Generate) and counting (/tokenize, gRPC Tokenize) both call
+:meth:`ChatPrologue.prepare` then :meth:`ChatPrologue.render`, so a chat is rendered one way.
+The request is the JSON object a client sent (absent fields take vLLM's defaults). The steps
+follow vLLM's chat path (0.33-era ``main``: ``ChatCompletionRequest.build_chat_params``,
+``ChatParams.with_defaults``, ``OnlineRenderer.render_chat``, ``resolve_chat_template_kwargs``):
+
+1. :func:`unsupported_reason` — anything rendered here could not match the engine exactly
+   (media parts, ``mm_processor_kwargs``, ``media_io_kwargs``, tokenizer options smuggled in
+   ``chat_template_kwargs``) is refused with :class:`~tokenkeys.errors.Unsupported`.
+2. A request ``chat_template`` (or ``chat_template_kwargs.chat_template``) needs
+   ``trust_request_chat_template``; otherwise 400, as in vLLM.
+3. Template variables: the request's ``chat_template_kwargs``, overridden by the request fields
+   ``add_generation_prompt``, ``continue_final_message``, ``documents`` and
+   ``reasoning_effort`` (which also sets ``enable_thinking`` unless the kwargs do), all laid
+   over the server's ``default_chat_template_kwargs``; a null or ``"auto"`` value never
+   overrides. Only names the template reads are kept.
+4. Tools are normalized by :func:`~tokenkeys.chat_tools.normalize_tools`; ``tool_choice: "none"``
+   drops them only with ``exclude_tools_when_tool_choice_none``.
+5. The template is chosen by :func:`~tokenkeys.tokenizer.chat_template_select.select_template`,
+   messages are normalized by :func:`~tokenkeys.chat_messages.normalize_messages` for the
+   template's content format, and the result is a frozen :class:`ChatRender`.
+
+One deliberate difference from vLLM: vLLM's /tokenize ignores ``documents``,
+``reasoning_effort`` and ``tool_choice`` while its chat completions honour them; here both
+honour them, because a count must equal what generation would use.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any, Literal
+
+from tokenkeys.chat_messages import media_kind, normalize_messages
+from tokenkeys.chat_tools import check_tool_choice, normalize_tools, optional
+from tokenkeys.errors import ConfigError, InvalidArgument, TokenkeysError, Unsupported
+from tokenkeys.tokenizer.chat_template import ChatTemplateRenderer, RenderLimits
+from tokenkeys.tokenizer.chat_template_select import select_template
+
+# transformers' apply_chat_template parameters that change tokenization, with their defaults.
+# vLLM forwards chat_template_kwargs with these names to apply_chat_template, where they pad,
+# truncate or re-encode; a non-default value is refused rather than ignored.
+TOKENIZATION_KWARGS: Mapping[str, Any] = MappingProxyType(
+    {
+        "padding": False,
+        "truncation": False,
+        "max_length": None,
+        "return_tensors": None,
+        "return_assistant_tokens_mask": False,
+        "tokenizer_kwargs": None,
+        "sanitize_control_tokens": False,
+    }
+)
+# Names that would collide with apply_chat_template's own arguments.
+_COLLIDING_KWARGS = frozenset({"conversation", "messages", "tools", "self", "tokenize"})
+_REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
+ContentFormatOption = Literal["auto", "string", "openai"]
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    # Frozen values came from JSON, whose arrays are lists: tuples go back to lists.
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _unset(value: Any) -> bool:
+    # vLLM merge_kwargs: None and "auto" never override a default.
+    return value is None or (isinstance(value, str) and value == "auto")
+
+
+def _merge(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    return {**defaults, **{k: v for k, v in overrides.items() if not _unset(v)}}
+
+
+def _kwargs_problem(kwargs: Mapping[str, Any], where: str) -> str | None:
+    for name, default in TOKENIZATION_KWARGS.items():
+        if name in kwargs and kwargs[name] != default:
+            return (
+                f"{where}.{name} is a tokenizer option of transformers' apply_chat_template; "
+                "this deployment does not apply it to chat prompts, so the count would not be "
+                f"the engine's; remove {name}"
+            )
+    return None
+
+
+def unsupported_reason(request: Mapping[str, Any]) -> str | None:
+    """Why this chat request cannot be rendered exactly here, or None when it can.
+
+    Both the generation path and the counting path consult it, so neither approximates:
+    ``mm_processor_kwargs`` and ``media_io_kwargs`` (no multimodal processor runs here),
+    media content parts (placeholder expansion is the engine's), and tokenizer options inside
+    ``chat_template_kwargs``. Malformed fields are not judged here (``prepare`` reports them).
+    """
+    for key in ("mm_processor_kwargs", "media_io_kwargs"):
+        if request.get(key):
+            return (
+                f"{key} is not supported: this deployment renders text-only chats and runs no "
+                f"multimodal processor; remove {key}"
+            )
+    kwargs = request.get("chat_template_kwargs")
+    if isinstance(kwargs, Mapping):
+        problem = _kwargs_problem(kwargs, "chat_template_kwargs")
+        if problem:
+            return problem
+    messages = request.get("messages")
+    if isinstance(messages, list):
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, list):
+                for j, part in enumerate(content):
+                    kind = media_kind(part)
+                    if kind is not None:
+                        return (
+                            f"content part type {kind!r} at messages[{i}].content[{j}] is not "
+                            "supported: this deployment renders text-only chats and cannot "
+                            "reproduce the engine's multimodal placeholder expansion exactly; "
+                            "send text parts only"
+                        )
+    return None
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """Server-side chat settings (vLLM's flags of the same names).
+
+    ``chat_template`` is the ``--chat-template`` text (or the name of one of the tokenizer's
+    templates); ``content_format`` is ``--chat-template-content-format``.
+    """
+
+    chat_template: str | None = None
+    default_chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    trust_request_chat_template: bool = False
+    exclude_tools_when_tool_choice_none: bool = False
+    content_format: ContentFormatOption = "auto"
+    limits: RenderLimits = field(default_factory=RenderLimits)
+
+    def __post_init__(self) -> None:
+        defaults = self.default_chat_template_kwargs
+        if not isinstance(defaults, Mapping) or not all(isinstance(k, str) for k in defaults):
+            raise ConfigError(
+                "default_chat_template_kwargs must be a JSON object with string keys",
+                field="default_chat_template_kwargs",
+            )
+        bad = sorted((_COLLIDING_KWARGS | {"chat_template"}) & defaults.keys())
+        if bad:
+            raise ConfigError(
+                f"default_chat_template_kwargs may not set {', '.join(bad)}",
+                field="default_chat_template_kwargs",
+            )
+        problem = _kwargs_problem(defaults, "default_chat_template_kwargs")
+        if problem:
+            raise ConfigError(problem, field="default_chat_template_kwargs")
+        if self.content_format not in ("auto", "string", "openai"):
+            raise ConfigError(
+                f"content_format must be auto, string or openai, got {self.content_format!r}",
+                field="content_format",
+            )
+        object.__setattr__(self, "default_chat_template_kwargs", _freeze(defaults))
+
+
+@dataclass(frozen=True)
+class ChatRender:
+    """Everything one chat render depends on, frozen: same value, same prompt text."""
+
+    template: str
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...] | None
+    documents: tuple[Mapping[str, Any], ...] | None
+    variables: Mapping[str, Any]
+    add_generation_prompt: bool
+    continue_final_message: bool
+
+
+def _flag(request: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = request.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be true or false, got {value!r}", field=name)
+    return value
+
+
+def _object(value: Any, name: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise InvalidArgument(f"{name} must be a JSON object", field=name)
+    return value
+
+
+def _documents(value: Any) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    value = _thaw(value)  # server defaults are stored frozen
+    if not isinstance(value, list) or not all(isinstance(d, Mapping) for d in value):
+        raise InvalidArgument(
+            "documents must be a list of objects (with 'title' and 'text')", field="documents"
+        )
+    return [dict(d) for d in value]
+
+
+class ChatPrologue:
+    """The one chat path of a served model: request → :class:`ChatRender` → prompt text.
+
+    ``templates`` are the tokenizer's named chat templates (``{"default": text}`` for one),
+    ``special_tokens`` transformers' ``special_tokens_map`` (``bos_token``, ``eos_token``, ...,
+    named tokens only, as transformers 5 passes them). Compiled templates are cached.
+    """
+
+    def __init__(
+        self,
+        templates: Mapping[str, str],
+        special_tokens: Mapping[str, str],
+        options: ChatOptions | None = None,
+        *,
+        clock: Callable[[], datetime] = datetime.now,
+        cache_size: int = 32,
+    ) -> None:
+        self.templates = MappingProxyType(dict(templates))
+        self.special_tokens = MappingProxyType(dict(special_tokens))
+        self.options = options or ChatOptions()
+        self._clock = clock
+        self._cache: OrderedDict[str, ChatTemplateRenderer] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        server = self.options.chat_template
+        if server is not None and server not in self.templates:
+            try:
+                self.renderer(server)
+            except TokenkeysError as exc:
+                raise ConfigError(f"--chat-template: {exc.message}", field="chat_template") from exc
+
+    def renderer(self, template: str) -> ChatTemplateRenderer:
+        """The compiled renderer of a template text (compiled once, then cached)."""
+        with self._lock:
+            found = self._cache.get(template)
+            if found is not None:
+                self._cache.move_to_end(template)
+                return found
+        compiled = ChatTemplateRenderer(template, limits=self.options.limits, clock=self._clock)
+        with self._lock:
+            self._cache[template] = compiled
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def prepare(self, request: Mapping[str, Any]) -> ChatRender:
+        """Validate and normalize a chat request (see the module docstring for the steps)."""
+        if not isinstance(request, Mapping):
+            raise InvalidArgument("the request body must be a JSON object", field="body")
+        reason = unsupported_reason(request)
+        if reason is not None:
+            raise Unsupported(reason)
+        add_generation_prompt = _flag(request, "add_generation_prompt", True)
+        continue_final_message = _flag(request, "continue_final_message", False)
+        if add_generation_prompt and continue_final_message:
+            raise InvalidArgument(
+                "continue_final_message and add_generation_prompt cannot both be true (and "
+                "add_generation_prompt defaults to true); send add_generation_prompt: false to "
+                "continue the final message",
+                field="continue_final_message",
+            )
+        request_kwargs = _object(request.get("chat_template_kwargs"), "chat_template_kwargs")
+        template_name = optional(request.get("chat_template"), str, "chat_template")
+        kwargs_template = request_kwargs.get("chat_template")
+        if not self.options.trust_request_chat_template and (
+            template_name is not None or kwargs_template is not None
+        ):
+            raise InvalidArgument(
+                "chat_template was sent with the request, but this server does not trust "
+                "request chat templates (start it with --trust-request-chat-template)",
+                field="chat_template",
+            )
+        bad = sorted(_COLLIDING_KWARGS & request_kwargs.keys())
+        if bad:
+            raise InvalidArgument(
+                f"chat_template_kwargs may not set {', '.join(bad)}; send messages and tools "
+                "as the request's own fields",
+                field="chat_template_kwargs",
+            )
+        effort = request.get("reasoning_effort")
+        if effort is not None and effort not in _REASONING_EFFORTS:
+            raise InvalidArgument(
+                f"reasoning_effort must be one of {', '.join(sorted(_REASONING_EFFORTS))}",
+                field="reasoning_effort",
+            )
+        fields: dict[str, Any] = {
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+            "documents": request.get("documents"),
+            "reasoning_effort": effort,
+        }
+        if effort is not None and "enable_thinking" not in request_kwargs:
+            fields["enable_thinking"] = effort != "none"
+        merged = _merge(self.options.default_chat_template_kwargs, _merge(request_kwargs, fields))
+        documents = _documents(merged.pop("documents", None))
+        merged.pop("add_generation_prompt", None)
+        merged.pop("continue_final_message", None)
+        kwargs_template = merged.pop("chat_template", None)
+
+        tool_choice = request.get("tool_choice")
+        check_tool_choice(tool_choice)
+        tools = normalize_tools(request.get("tools"))
+        if tool_choice == "none" and self.options.exclude_tools_when_tool_choice_none:
+            tools = None
+
+        name = template_name or self.options.chat_template or kwargs_template
+        template = select_template(self.templates, tools is not None, name)
+        renderer = self.renderer(template)
+        fmt = self.options.content_format
+        content_format = renderer.content_format if fmt == "auto" else fmt
+        messages = normalize_messages(request.get("messages"), content_format)
+        variables = {
+            k: v
+            for k, v in merged.items()
+            if k in renderer.variables and k not in TOKENIZATION_KWARGS and k != "return_dict"
+        }
+        return ChatRender(
+            template=template,
+            messages=_freeze(messages),
+            tools=_freeze(tools),
+            documents=_freeze(documents),
+            variables=_freeze(variables),
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
+
+    def render(self, chat: ChatRender) -> str:
+        """Render a prepared chat to prompt text (pure given the clock for ``strftime_now``)."""
+        return self.renderer(chat.template).render(
+            _thaw(chat.messages),
+            tools=_thaw(chat.tools),
+            documents=_thaw(chat.documents),
+            add_generation_prompt=chat.add_generation_prompt,
+            continue_final_message=chat.continue_final_message,
+            special_tokens=self.special_tokens,
+            variables=_thaw(chat.variables),
+        )

@@ -1,0 +1,115 @@
+"""The one pure entry point for keys: :func:`block_keys`, and :func:`make_spec`.
+
+``block_keys`` validates the inputs, lets the spec's profile refuse what it does not support,
+computes every full hash unit and, for a group whose block spans several hash units, keeps the
+key at each group block's last hash unit (vLLM >= 0.24). Nothing here holds state: the root,
+seed and block size all come from the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenkeys.errors import FailedPrecondition, InvalidArgument
+from tokenkeys.keys.context import KeyContext
+from tokenkeys.keys.profile import Profile, check_tokens
+from tokenkeys.keys.registry import get_profile
+from tokenkeys.keys.spec import BlockKey, CacheKeySpec
+
+
+def make_spec(
+    profile_id: str,
+    block_size: int | None,
+    *,
+    root_seed: str | None = None,
+    root_hex: str | None = None,
+    groups: object = None,
+    vectors: bool = True,
+) -> CacheKeySpec:
+    """A sealed deployment spec for ``profile_id``.
+
+    ``block_size`` is the hash unit. With ``groups`` (block sizes, dicts or ``KeyGroup`` values;
+    vLLM profiles only) it is the configured ``prefix_match_unit``, or ``None`` for the gcd of
+    the group block sizes. ``root_seed`` is the engine's seed string (vLLM: ``PYTHONHASHSEED``;
+    llm-d: ``hashSeed``), ``root_hex`` explicit root bytes an engine published. With
+    ``vectors`` the spec carries test vectors computed for exactly these parameters.
+    """
+    profile = get_profile(profile_id)
+    spec = profile.make_spec(block_size, root_seed=root_seed, root_hex=root_hex, groups=groups)
+    if not vectors:
+        return spec.sealed()
+    from tokenkeys.keys.vectors import generate_vectors  # vectors import this module
+
+    return spec.with_vectors(generate_vectors(spec))
+
+
+def profile_for(spec: CacheKeySpec) -> Profile:
+    """The registered profile a spec names, checked against the spec's own description."""
+    if not isinstance(spec, CacheKeySpec):
+        raise InvalidArgument(
+            f"spec must be a CacheKeySpec, got {type(spec).__name__}", field="spec"
+        )
+    profile = get_profile(spec.profile_id)
+    if (spec.engine, spec.algorithm, spec.engine_version) != (
+        profile.engine,
+        profile.algorithm,
+        profile.engine_version,
+    ):
+        raise FailedPrecondition(
+            f"spec {spec.profile_id} says engine={spec.engine} algorithm={spec.algorithm} "
+            f"version={spec.engine_version}, which is not what that profile pins",
+            field="spec",
+        )
+    return profile
+
+
+def block_keys(
+    tokens: Sequence[int],
+    spec: CacheKeySpec,
+    context: KeyContext | None = None,
+    parent: object = None,
+) -> list[BlockKey]:
+    """Keys of every full block of ``tokens`` under ``spec``; the partial tail gets none.
+
+    ``parent`` (a :class:`BlockKey` or digest bytes) continues a chain, overriding
+    ``context.parent``. ``context.group`` selects a KV-cache group; without it the keys are at
+    the hash unit. An empty prompt has no keys.
+    """
+    profile = profile_for(spec)
+    ctx = context if context is not None else KeyContext()
+    if not isinstance(ctx, KeyContext):
+        raise InvalidArgument(
+            f"context must be a KeyContext, got {type(ctx).__name__}", field="context"
+        )
+    if parent is not None:
+        ctx = KeyContext(**{**_fields(ctx), "parent": getattr(parent, "digest", parent)})
+    arr = check_tokens(tokens)
+    unit = spec.hash_unit
+    n_units = len(arr) // unit
+    profile.check_context(spec, ctx, n_units)
+    step = 1
+    if ctx.group is not None:
+        step = spec.group(ctx.group).block_size // unit
+    if n_units == 0:
+        return []
+    keys = profile.unit_keys(arr, spec, ctx)
+    return keys if step == 1 else keys[step - 1 :: step]
+
+
+def reference_block_keys(
+    tokens: Sequence[int], spec: CacheKeySpec, context: KeyContext | None = None
+) -> list[BlockKey]:
+    """The same keys as :func:`block_keys` through the profile's straightforward reference."""
+    profile = profile_for(spec)
+    ctx = context if context is not None else KeyContext()
+    arr = check_tokens(tokens)
+    profile.check_context(spec, ctx, len(arr) // spec.hash_unit)
+    keys = profile.reference_unit_keys(arr, spec, ctx)
+    if ctx.group is None:
+        return keys
+    step = spec.group(ctx.group).block_size // spec.hash_unit
+    return keys[step - 1 :: step]
+
+
+def _fields(ctx: KeyContext) -> dict:
+    return {name: getattr(ctx, name) for name in ctx.__dataclass_fields__}

@@ -1,0 +1,229 @@
+"""The interface every cache-key profile implements, and the checks they share.
+
+A profile is one engine family's key algorithm at one engine version. It builds deployment specs
+(:meth:`Profile.make_spec`), computes full-block keys at the spec's hash unit
+(:meth:`Profile.unit_keys`, the fast path) and has a straightforward per-block reference of the
+same algorithm (:meth:`Profile.reference_unit_keys`, serialize / hash / chain as the engine does)
+that tests and benchmarks compare against byte for byte.
+"""
+
+from __future__ import annotations
+
+import sys
+from abc import ABC, abstractmethod
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.keys.context import KeyContext
+from tokenkeys.keys.spec import BlockKey, CacheKeySpec, KeyGroup
+
+MAX_BLOCK_SIZE = 1 << 20
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    """What ``list_profiles()`` reports for one profile."""
+
+    id: str
+    engine: str
+    algorithm: str
+    engine_version: str
+    client_computable: bool
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+    sources: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "id": self.id,
+            "engine": self.engine,
+            "algorithm": self.algorithm,
+            "engine_version": self.engine_version,
+            "client_computable": self.client_computable,
+            "description": self.description,
+            "parameters": self.parameters,
+            "sources": list(self.sources),
+        }
+
+
+def check_tokens(tokens: Sequence[int]) -> array:
+    """Token ids as an unsigned 32-bit array; anything else is :class:`InvalidArgument`."""
+    if isinstance(tokens, array) and tokens.typecode == "I" and tokens.itemsize == 4:
+        return tokens
+    try:
+        arr = array("I", tokens)
+    except (OverflowError, TypeError, ValueError):
+        bad = next(
+            (
+                (i, t)
+                for i, t in enumerate(tokens)
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 1 << 32
+            ),
+            None,
+        )
+        where = f" (token {bad[0]} is {bad[1]!r})" if bad else ""
+        raise InvalidArgument(
+            f"token ids must be integers in [0, 2**32){where}", field="tokens"
+        ) from None
+    if arr.itemsize != 4:  # pragma: no cover - platforms where C unsigned int is not 32 bits
+        raise Unsupported("this platform's array('I') is not 32-bit")
+    return arr
+
+
+def le_bytes(tokens: array) -> bytes:
+    """Token ids as consecutive u32 little-endian bytes."""
+    if sys.byteorder == "little":
+        return tokens.tobytes()
+    swapped = array("I", tokens)  # pragma: no cover - big-endian hosts
+    swapped.byteswap()  # pragma: no cover
+    return swapped.tobytes()  # pragma: no cover
+
+
+def check_block_size(value: object, name: str = "block_size") -> int:
+    """A positive block size within bounds."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an integer, got {value!r}", field=name)
+    if not 0 < value <= MAX_BLOCK_SIZE:
+        raise InvalidArgument(
+            f"{name} must be greater than 0 and at most {MAX_BLOCK_SIZE}, got {value}", field=name
+        )
+    return value
+
+
+def single_group(block_size: int, groups: object) -> tuple[KeyGroup, ...]:
+    """The one group of profiles that have no hybrid-group support; refuses any other layout."""
+    if groups:
+        parsed = parse_groups(groups)
+        if len(parsed) != 1 or parsed[0].block_size != block_size:
+            raise Unsupported(
+                f"this profile keys one KV-cache group at the block size; got groups "
+                f"{[g.block_size for g in parsed]} with block_size {block_size}",
+                field="groups",
+            )
+        return parsed
+    return (KeyGroup(0, block_size),)
+
+
+def parse_groups(groups: object) -> tuple[KeyGroup, ...]:
+    """Groups given as block sizes, dicts or :class:`KeyGroup` values, indexed in order."""
+    if not isinstance(groups, (list, tuple)) or not groups:
+        raise InvalidArgument("groups must be a non-empty list", field="groups")
+    out = []
+    for i, g in enumerate(groups):
+        if isinstance(g, KeyGroup):
+            group = g
+        elif isinstance(g, int) and not isinstance(g, bool):
+            group = KeyGroup(i, g)
+        elif isinstance(g, dict):
+            group = KeyGroup.from_dict({"index": i, **g})
+        else:
+            raise InvalidArgument(
+                f"groups[{i}] must be a block size, a dict or a KeyGroup, got {g!r}",
+                field="groups",
+            )
+        check_block_size(group.block_size, f"groups[{i}].block_size")
+        if group.index != i:
+            raise InvalidArgument(
+                f"groups[{i}] has index {group.index}; indexes must be 0, 1, ... in order",
+                field="groups",
+            )
+        if group.derivation != "last_hash_unit":
+            raise Unsupported(
+                f"group derivation {group.derivation!r} is not supported; use 'last_hash_unit'",
+                field="groups",
+            )
+        out.append(group)
+    return tuple(out)
+
+
+class Profile(ABC):
+    """One engine family's key algorithm at one engine version."""
+
+    id: str
+    engine: str
+    algorithm: str
+    engine_version: str
+    client_computable: bool
+    description: str
+    sources: tuple[str, ...] = ()
+
+    def info(self) -> ProfileInfo:
+        """The listing entry for this profile."""
+        return ProfileInfo(
+            id=self.id,
+            engine=self.engine,
+            algorithm=self.algorithm,
+            engine_version=self.engine_version,
+            client_computable=self.client_computable,
+            description=self.description,
+            parameters=self.parameters(),
+            sources=self.sources,
+        )
+
+    @abstractmethod
+    def parameters(self) -> dict[str, Any]:
+        """Deployment parameters this profile takes, and what it supports."""
+
+    @abstractmethod
+    def make_spec(
+        self,
+        block_size: int | None,
+        *,
+        root_seed: str | None = None,
+        root_hex: str | None = None,
+        groups: object = None,
+    ) -> CacheKeySpec:
+        """An unsealed spec (no vectors, no fingerprint) for one deployment."""
+
+    @abstractmethod
+    def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
+        """Keys of every full hash unit (fast path)."""
+
+    @abstractmethod
+    def reference_unit_keys(
+        self, tokens: array, spec: CacheKeySpec, ctx: KeyContext
+    ) -> list[BlockKey]:
+        """The same keys computed the straightforward way, one engine-style call per block."""
+
+    def check_context(self, spec: CacheKeySpec, ctx: KeyContext, n_blocks: int) -> None:
+        """Refuse context fields this profile does not support (overridden per family)."""
+        refuse_unsupported(self.id, ctx, n_blocks)
+
+
+def refuse_unsupported(
+    profile_id: str,
+    ctx: KeyContext,
+    n_blocks: int,
+    *,
+    adapter: bool = False,
+    salt: bool = False,
+    mm: bool = False,
+    embeds: bool = False,
+    groups: bool = False,
+) -> None:
+    """Raise :class:`Unsupported` for the first context field the profile cannot key."""
+    checks = (
+        (ctx.adapter is not None and not adapter, "adapter", "LoRA adapters"),
+        (ctx.cache_salt is not None and not salt, "cache_salt", "cache salts"),
+        (bool(ctx.mm_items) and not mm, "mm_items", "multimodal items"),
+        (bool(ctx.prompt_embeds_digests) and not embeds, "prompt_embeds", "prompt embeddings"),
+        (ctx.group not in (None, 0) and not groups, "group", "several KV-cache groups"),
+    )
+    for refused, name, what in checks:
+        if refused:
+            raise Unsupported(
+                f"profile {profile_id} does not key {what}; the engine it pins either ignores "
+                f"{name} in its block hashes or hashes it in a way no client can reproduce. "
+                f"Drop {name} or use a profile that supports it (tokenkeys keys --list).",
+                field=name,
+            )
+    if ctx.prompt_embeds_digests and len(ctx.prompt_embeds_digests) < n_blocks:
+        raise InvalidArgument(
+            f"prompt_embeds_digests has {len(ctx.prompt_embeds_digests)} entries for "
+            f"{n_blocks} full blocks; give one SHA-256 digest per hash-unit block",
+            field="prompt_embeds_digests",
+        )

@@ -1,0 +1,158 @@
+"""SGLang radix/HiCache page hashes: SHA-256 chained over little-endian u32 token ids.
+
+Matched against SGLang 0.5.23 (PyPI wheel): ``sglang/srt/mem_cache/utils.py`` (``get_hash_str``,
+``hash_str_to_int64``, ``compute_node_event_hash_values``), ``sglang/srt/mem_cache/events.py``
+(``record_store``) and ``sglang/srt/mem_cache/cpp_utils/hash_binding.cpp`` (the native page
+hash), and the older pure-Python ``get_hash_str`` of ``hicache_storage.py``, which computes the
+same bytes: page ``i`` digest = SHA-256(previous page digest (32 raw bytes, absent for the first
+page) || u32-LE(token) for each token). Events carry the first 8 digest bytes as a signed
+big-endian int64.
+
+A cache salt (SGLang 0.5.23, default event format) seeds the event chain: the first page's
+prior is SHA-256(b"sglang-cache-salt-v1\\0" || UTF-8 salt). LoRA adapters are refused: SGLang
+keys them by an internal per-load uuid (``extra_key``), which no client can know. Multimodal
+inputs are already in the token ids (pad values), so separate items are refused too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+from tokenkeys.errors import InvalidArgument
+from tokenkeys.keys.context import KeyContext
+from tokenkeys.keys.profile import (
+    Profile,
+    check_block_size,
+    le_bytes,
+    refuse_unsupported,
+    single_group,
+)
+from tokenkeys.keys.spec import BlockKey, CacheKeySpec
+
+# sglang 0.5.23 sglang/srt/mem_cache/utils.py compute_node_event_hash_values.
+SALT_SEED_TAG = b"sglang-cache-salt-v1\x00"
+
+
+def int64_of(digest: bytes) -> int:
+    """``hash_str_to_int64``: first 16 hex digits as a signed 64-bit integer."""
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class SglangProfile(Profile):
+    """SGLang page hashes as published in KV events."""
+
+    engine = "sglang"
+    algorithm = "sha256"
+    engine_version = "0.5.23"
+    id = "sglang/sha256@0.5.23"
+    client_computable = True
+    description = "SGLang 0.5.23 radix-cache page hash (SHA-256 chain over u32-LE token ids)"
+    sources = (
+        "sglang 0.5.23 wheel: sglang/srt/mem_cache/utils.py, sglang/srt/mem_cache/events.py, "
+        "sglang/srt/mem_cache/cpp_utils/hash_binding.cpp",
+        "sgl-project/sglang: python/sglang/srt/mem_cache/hicache_storage.py get_hash_str",
+    )
+
+    def parameters(self) -> dict[str, Any]:
+        """Deployment parameters and supported context."""
+        return {
+            "block_size": "page_size",
+            "root": ["none"],
+            "supports": ["cache_salt"],
+            "digest_bytes": 32,
+        }
+
+    def make_spec(
+        self,
+        block_size: int | None,
+        *,
+        root_seed: str | None = None,
+        root_hex: str | None = None,
+        groups: object = None,
+    ) -> CacheKeySpec:
+        """A spec; SGLang has no root (the first page has no prior digest)."""
+        if root_seed is not None or root_hex is not None:
+            raise InvalidArgument(
+                f"{self.id} has no root: the first page is hashed without a prior digest; "
+                "drop root_seed/root_hex",
+                field="root_seed",
+            )
+        unit = check_block_size(block_size)
+        return CacheKeySpec(
+            profile_id=self.id,
+            engine=self.engine,
+            algorithm=self.algorithm,
+            engine_version=self.engine_version,
+            hash_unit=unit,
+            groups=single_group(unit, groups),
+            root_hex="",
+            root_derivation="none",
+            serialization="u32_le_tokens",
+            digest="sha256",
+            event_encoding="i64_be_first8",
+            extra_keys="sglang_salt_seed",
+            partial_block="never_hashed",
+            client_computable=True,
+        )
+
+    def check_context(self, spec: CacheKeySpec, ctx: KeyContext, n_blocks: int) -> None:
+        """Only the cache salt is supported."""
+        refuse_unsupported(self.id, ctx, n_blocks, salt=True)
+
+    def _prior(self, ctx: KeyContext) -> bytes:
+        if ctx.parent is not None:
+            if len(ctx.parent) != 32:
+                raise InvalidArgument(
+                    f"parent must be a 32-byte SGLang page digest, got {len(ctx.parent)} bytes",
+                    field="parent",
+                )
+            return ctx.parent
+        if ctx.cache_salt is not None:
+            return hashlib.sha256(SALT_SEED_TAG + ctx.cache_salt.encode("utf-8")).digest()
+        return b""
+
+    def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
+        """Fast path: one little-endian buffer for all tokens, one SHA-256 call per page."""
+        bs = spec.hash_unit
+        n = len(tokens) // bs
+        step = bs * 4
+        data = le_bytes(tokens[: n * bs])
+        pages = [data[i : i + step] for i in range(0, n * step, step)]
+        sha = hashlib.sha256
+        prior = self._prior(ctx)
+        digests = []
+        append = digests.append
+        for page in pages:
+            prior = sha(prior + page).digest()
+            append(prior)
+        from_bytes = int.from_bytes
+        return [BlockKey(d, from_bytes(d[:8], "big", signed=True)) for d in digests]
+
+    def reference_unit_keys(
+        self, tokens: array, spec: CacheKeySpec, ctx: KeyContext
+    ) -> list[BlockKey]:
+        """Per page, as the pure-Python ``get_hash_str`` does: hex prior, one update per token."""
+        bs = spec.hash_unit
+        token_list = tokens.tolist()
+        prior_hex = self._prior(ctx).hex() or None
+        out = []
+        for b in range(len(token_list) // bs):
+            hasher = hashlib.sha256()
+            if prior_hex:
+                hasher.update(bytes.fromhex(prior_hex))
+            for t in token_list[b * bs : (b + 1) * bs]:
+                hasher.update(t.to_bytes(4, byteorder="little", signed=False))
+            prior_hex = hasher.hexdigest()
+            value = int(prior_hex[:16], 16)
+            out.append(
+                BlockKey(bytes.fromhex(prior_hex), value - 2**64 if value >= 2**63 else value)
+            )
+        return out
+
+
+def profiles() -> dict[str, Callable[[], Profile]]:
+    """Constructor table of the SGLang profiles."""
+    return {SglangProfile.id: SglangProfile}
