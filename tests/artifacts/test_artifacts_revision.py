@@ -11,8 +11,8 @@ import grpc
 import pytest
 from faulty_streams import leftovers
 
+from tokenkeys._gen.openengine.v1 import generation_pb2, tokenizer_pb2_grpc
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
-from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.artifacts import ArtifactCache, fetch, pull
 from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import FailedPrecondition
@@ -53,7 +53,8 @@ def test_revision_change(grpc_server, tmp_path: Path) -> None:
         calls = [
             lambda: stub.Detokenize(
                 pb.DetokenizeRequest(
-                    sequences=[pb.TokenIds(ids=[1, 2])], expected_fingerprint=old.fingerprint
+                    sequences=[generation_pb2.TokenIds(ids=[1, 2])],
+                    expected_fingerprint=old.fingerprint,
                 )
             ),
             lambda: list(
