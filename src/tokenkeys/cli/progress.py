@@ -28,9 +28,9 @@ class ProgressBar:
     ``last`` keeps the latest report, so an interrupted pull can say where it stopped.
     """
 
-    def __init__(self, stream: TextIO, *, force: bool = False) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self.stream = stream
-        self.enabled = force or stream.isatty()
+        self.enabled = stream.isatty()
         self.last: Progress | None = None
         self._started = time.monotonic()
         self._drawn = 0.0
