@@ -110,7 +110,9 @@ def index_key(value: int | bytes) -> int:
     (`engineadapter/common.go`) does.
     """
     if isinstance(value, bool):
-        raise InvalidArgument(f"block hash must be an integer or bytes, got {value!r}")
+        raise InvalidArgument(
+            f"block hash must be an integer or bytes, got {value!r}", field="keys"
+        )
     if isinstance(value, int):
         return value & U64_MASK
     if isinstance(value, (bytes, bytearray, memoryview)):
