@@ -56,5 +56,9 @@ def local_models(
     """Load the models named by the arguments in this process, with the server chat settings."""
     specs = args.model if isinstance(args.model, list) else [args.model] if args.model else []
     return load_models(
-        [ModelSource.parse(s) for s in specs], tokenizer_options(args), limits or Limits(), chat
+        [ModelSource.parse(s) for s in specs],
+        tokenizer_options(args),
+        limits or Limits(),
+        chat,
+        artifact_chunk_size=getattr(args, "artifact_chunk_size", None),
     )
