@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tokenkeys.chat import ChatOptions
 from tokenkeys.preprocess import Tokenized
@@ -138,7 +140,15 @@ class Disagreement(AssertionError):
     """/tokenize and generation reported different prompts (a failed status is not this)."""
 
 
-def _compare(tok: dict, gen: dict, generated_ids: list[int]) -> None:
+def _compare_answers(tok: dict, generated: httpx.Response, prompt_ids: Callable) -> None:
+    if tok["count"] == 0:
+        # No tokens (e.g. only NULs, stripped): generation refuses the empty prompt.
+        if generated.status_code != 400 or "empty" not in generated.text:
+            raise Disagreement(f"/tokenize counted 0, generation answered {generated.text}")
+        return
+    assert generated.status_code == 200, generated.text
+    gen = generated.json()
+    generated_ids = prompt_ids(gen)
     if tok["count"] != gen["usage"]["prompt_tokens"] or tok["tokens"] != generated_ids:
         raise Disagreement(
             f"/tokenize counted {tok['count']}, generation used "
@@ -152,9 +162,7 @@ def assert_completion_agrees(client: httpx.Client, request: dict) -> None:
     assert counted.status_code == 200, counted.text
     body = {**request, "max_tokens": 1, "return_token_ids": True}
     generated = client.post("/v1/completions", json=body)
-    assert generated.status_code == 200, generated.text
-    tok, gen = counted.json(), generated.json()
-    _compare(tok, gen, gen["prompt_token_ids"][0])
+    _compare_answers(counted.json(), generated, lambda gen: gen["prompt_token_ids"][0])
 
 
 def assert_chat_agrees(client: httpx.Client, request: dict) -> None:
@@ -163,9 +171,7 @@ def assert_chat_agrees(client: httpx.Client, request: dict) -> None:
     assert counted.status_code == 200, counted.text
     body = {**request, "max_tokens": 1, "return_token_ids": True}
     generated = client.post("/v1/chat/completions", json=body)
-    assert generated.status_code == 200, generated.text
-    tok, gen = counted.json(), generated.json()
-    _compare(tok, gen, gen["prompt_token_ids"])
+    _compare_answers(counted.json(), generated, lambda gen: gen["prompt_token_ids"])
 
 
 COMPLETIONS = {
@@ -390,3 +396,56 @@ def test_special_token_text_in_content_is_the_special_id(client) -> None:
     # system turn and the user turn and opens the assistant turn (3 + 2); the user typed one
     # of each.
     assert ids.count(1) == 3 + 1 and ids.count(2) == 2 + 1
+
+
+# --- the same guards over generated requests ---
+
+_piece = st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=12),
+    st.sampled_from(["\x00", "<|im_start|>", "<|im_end|>", "<|endoftext|>", " ", "\n", "東京"]),
+)
+_content = st.lists(_piece, max_size=6).map("".join)
+
+
+@st.composite
+def _chat_request(draw) -> dict:
+    messages = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(_content)})
+    for i in range(draw(st.integers(1, 4))):
+        role = "user" if i % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": draw(_content)})
+    request = {"model": draw(st.sampled_from(["smollm2", "thinker", "smollm2-bos"]))}
+    request["messages"] = messages
+    if messages[-1]["role"] == "assistant" and draw(st.booleans()):
+        request |= {"add_generation_prompt": False, "continue_final_message": True}
+    else:
+        request["add_generation_prompt"] = draw(st.booleans())
+    if draw(st.booleans()):
+        request["chat_template_kwargs"] = {"enable_thinking": draw(st.booleans())}
+    if draw(st.booleans()):
+        request["add_special_tokens"] = draw(st.booleans())
+    return request
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(request=_chat_request())
+def test_generated_chats_count_as_served(client, request) -> None:
+    assert_chat_agrees(client, request)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    prompt=_content.filter(bool),
+    model=st.sampled_from(["smollm2", "smollm2-bos"]),
+    specials=st.sampled_from([None, True, False]),
+)
+def test_generated_prompts_count_as_served(client, prompt, model, specials) -> None:
+    request = {"model": model, "prompt": prompt}
+    if specials is not None:
+        request["add_special_tokens"] = specials
+    assert_completion_agrees(client, request)
