@@ -10,7 +10,10 @@ import sys
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.cli.common import add_tokenizer_options, local_models
+from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.limits import Limits
+from tokenkeys.server.engine_runtime import EngineRuntime
+from tokenkeys.server.engine_services import engine_service_adders
 from tokenkeys.server.grpc_server import start_grpc_server
 from tokenkeys.server.tokenizer_service import TokenizerService
 
@@ -26,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-texts-per-request", type=int, default=Limits.max_texts_per_request)
     p.add_argument("--max-tokens-per-request", type=int, default=Limits.max_tokens_per_request)
     p.add_argument("--max-chars-per-text", type=int, default=Limits.max_chars_per_text)
+    add_engine_options(p)
     p.set_defaults(func=run)
 
 
@@ -42,25 +46,38 @@ async def _serve(args: argparse.Namespace) -> int:
     limits = limits_from(args)
     models = local_models(args, limits)
     service = TokenizerService(models)
+    runtime = EngineRuntime(models, engine_config_from(args))
     server, port = await start_grpc_server(
-        [lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s)],
+        [
+            lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s),
+            *engine_service_adders(models, runtime),
+        ],
         args.host,
         args.grpc_port,
         limits,
     )
+    try:
+        await runtime.start(args.host, port)
+    except BaseException:
+        await server.stop(None)
+        raise
     for model in models:
         print(
             f"serving {model.name} (fingerprint {model.tokenizer.fingerprint}, "
             f"backend {model.tokenizer.options.backend})",
             flush=True,
         )
+    for line in runtime.describe():
+        print(line, flush=True)
     print(f"gRPC listening on {args.host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    runtime.begin_shutdown()  # KV-event subscribers get their terminal message during the grace
     await server.stop(grace=5.0)
+    await runtime.close()
     return 0
 
 
