@@ -104,6 +104,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     ev.add_argument("--kv-events-buffer-steps", type=int, default=10_000)
     ev.add_argument("--kv-events-hwm", type=int, default=100_000)
+    ev.add_argument(
+        "--kv-events-subscriber-backlog",
+        type=int,
+        default=10_000,
+        help="batches a SubscribeKvEvents client may fall behind before its stream ends",
+    )
 
 
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
@@ -120,6 +126,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         kv_events_vllm_version=args.kv_events_vllm_version,
         kv_events_buffer_steps=args.kv_events_buffer_steps,
         kv_events_hwm=args.kv_events_hwm,
+        kv_events_subscriber_backlog=args.kv_events_subscriber_backlog,
         latency=LatencyModel(
             prefill_s_per_token=args.prefill_us_per_token * _US,
             decode_s_per_token=args.decode_us_per_token * _US,

@@ -60,7 +60,8 @@ class EngineConfig:
 
     KV-event ports: ``0`` picks a free port; a fixed port ``p`` is used by the first model and
     ``p + i`` by the i-th (vLLM offsets data-parallel ranks the same way). ``kv_events_replay_port``
-    None disables replay. ``kv_events`` False disables the ZMQ publisher only; the gRPC
+    None disables replay. A gRPC subscriber more than ``kv_events_subscriber_backlog`` batches
+behind gets a terminal OVERLOADED message. ``kv_events`` False disables the ZMQ publisher only; the gRPC
     ``SubscribeKvEvents`` stream is always there. ``remote_engine`` (``host:port``) forwards
     generation to an OpenEngine ``Inference`` service instead of simulating it.
     """
@@ -75,6 +76,7 @@ class EngineConfig:
     kv_events_vllm_version: str | None = None
     kv_events_buffer_steps: int = 10_000
     kv_events_hwm: int = 100_000
+    kv_events_subscriber_backlog: int = 10_000
     latency: LatencyModel = field(default_factory=LatencyModel)
     seed: int = 0
     instance_id: str = field(default_factory=new_instance_id)
@@ -101,6 +103,7 @@ class EngineConfig:
         for name, value in (
             ("kv-events-buffer-steps", self.kv_events_buffer_steps),
             ("kv-events-hwm", self.kv_events_hwm),
+            ("kv-events-subscriber-backlog", self.kv_events_subscriber_backlog),
         ):
             if value < 1:
                 raise ConfigError(f"--{name} must be at least 1, got {value}", field=name)

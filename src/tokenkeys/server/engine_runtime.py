@@ -141,6 +141,7 @@ class EngineRuntime:
                 publisher=publisher,
                 codec=VllmMsgpackCodec(config.wire_version),
                 buffer_steps=config.kv_events_buffer_steps,
+                subscriber_backlog=config.kv_events_subscriber_backlog,
             )
             parts.local = LocalEngine(model, spec, stream, config)
             parts.protobuf = ProtobufEventCodec(
