@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from engine_stack import GrpcEvents, start_stack, zmq_batches_until
+
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys.events.model import BlockStored
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
