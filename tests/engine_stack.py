@@ -168,3 +168,58 @@ async def zmq_batches_until(
     finally:
         await sub.close()
     return out
+
+
+class ServeProcess:
+    """``tokenkeys serve ARGS`` in a subprocess on this checkout; ``port`` once it listens.
+
+    Stopped with SIGINT (the server's clean shutdown path) and waited for.
+    """
+
+    def __init__(self, *args: str) -> None:
+        import os
+        import subprocess
+        import sys
+
+        from support import REPO
+
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.port = 0
+
+    def __enter__(self) -> ServeProcess:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith("gRPC listening on "):
+                self.port = int(line.rsplit(":", 1)[1])
+                return self
+        _, err = self.proc.communicate(timeout=10)
+        raise AssertionError(f"tokenkeys serve exited: {self.lines} {err}")
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> tuple[int, str, str]:
+        """SIGINT, then (exit code, rest of stdout, stderr)."""
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            out, err = self.proc.communicate(timeout=20)
+        except Exception:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        return self.proc.returncode, out, err
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -59,11 +59,12 @@ class EngineConfig:
     """Generation settings of one server process (every served model gets its own engine).
 
     KV-event ports: ``0`` picks a free port; a fixed port ``p`` is used by the first model and
-    ``p + i`` by the i-th (vLLM offsets data-parallel ranks the same way). ``kv_events_replay_port``
-    None disables replay. A gRPC subscriber more than ``kv_events_subscriber_backlog`` batches
-behind gets a terminal OVERLOADED message. ``kv_events`` False disables the ZMQ publisher only; the gRPC
-    ``SubscribeKvEvents`` stream is always there. ``remote_engine`` (``host:port``) forwards
-    generation to an OpenEngine ``Inference`` service instead of simulating it.
+    ``p + i`` by the i-th (vLLM offsets data-parallel ranks the same way).
+    ``kv_events_replay_port`` None disables replay. A gRPC subscriber more than
+    ``kv_events_subscriber_backlog`` batches behind gets a terminal OVERLOADED message.
+    ``kv_events`` False disables the ZMQ publisher only; the gRPC ``SubscribeKvEvents`` stream
+    is always there. ``remote_engine`` (``host:port``) forwards generation to an OpenEngine
+    ``Inference`` service instead of simulating it.
     """
 
     num_kv_blocks: int = 4096
