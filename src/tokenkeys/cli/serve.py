@@ -29,6 +29,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-texts-per-request", type=int, default=Limits.max_texts_per_request)
     p.add_argument("--max-tokens-per-request", type=int, default=Limits.max_tokens_per_request)
     p.add_argument("--max-chars-per-text", type=int, default=Limits.max_chars_per_text)
+    p.add_argument(
+        "--artifact-chunk-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
+    )
     add_engine_options(p)
     p.set_defaults(func=run)
 

@@ -10,10 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenkeys.artifacts.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from tokenkeys.artifacts.streamer import ArtifactStreamer
 from tokenkeys.chat import ChatOptions
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
 from tokenkeys.server.models import ModelRegistry, ServedModel
+from tokenkeys.server.tokenizer_messages import tokenizer_identity
 from tokenkeys.tokenizer import (
     DEFAULT_MODEL_NAME,
     Tokenizer,
@@ -75,13 +78,32 @@ def load_models(
     options: TokenizerOptions,
     limits: Limits,
     chat: ChatOptions | None = None,
+    *,
+    artifact_chunk_size: int | None = None,
 ) -> ModelRegistry:
-    """Load every model or raise on the first that fails; nothing is served half-loaded."""
+    """Load every model or raise on the first that fails; nothing is served half-loaded.
+
+    Every model serves its files (GetTokenizerArtifacts) in chunks of ``artifact_chunk_size``
+    bytes by default (None: 512 KiB, or less when messages are capped lower); a request may ask
+    for any size up to what one gRPC message may carry.
+    """
     chat = chat or ChatOptions()
     options = dataclasses.replace(options, chat_template_sha256=chat_config_digest(chat))
     registry = ModelRegistry()
+    # The server sends messages up to a multiple of max_request_bytes (grpc_server.py), so a
+    # chunk no larger than max_request_bytes always fits, whatever the configured limit.
+    max_chunk = min(MAX_CHUNK_SIZE, max(MIN_CHUNK_SIZE, limits.max_request_bytes))
+    chunk = (
+        min(DEFAULT_CHUNK_SIZE, max_chunk) if artifact_chunk_size is None else artifact_chunk_size
+    )
     for source in sources or [ModelSource.default()]:
         tokenizer = Tokenizer.load(source.path, options)
-        preprocessor = Preprocessor(tokenizer, limits, chat)
-        registry.add(ServedModel(source.name, tokenizer, preprocessor))
+        model = ServedModel(source.name, tokenizer, Preprocessor(tokenizer, limits, chat))
+        model.extensions["artifacts"] = ArtifactStreamer(
+            tokenizer,
+            tokenizer_identity(tokenizer),
+            default_chunk_size=chunk,
+            max_chunk_size=max_chunk,
+        )
+        registry.add(model)
     return registry
