@@ -59,17 +59,19 @@ async def test_model_info_advertises_tokenizer_and_key_spec():
         assert (ad.key_spec.profile_id, ad.key_spec.profile_version) == ("dynamo/xxh3@1.6", "1.6")
         assert ad.key_spec.spec_fingerprint == spec.fingerprint
         assert ad.key_spec.client_computable is True
-        # No artifact streamer and no key service configured: both advertised as unavailable.
-        assert not ad.artifacts_available and not ad.remote_key_computation
+        # Loaded models stream their artifacts; no key service is configured here.
+        assert ad.artifacts_available and not ad.remote_key_computation
         assert list(ad.operations) == [
             tpb.TOKENIZER_OPERATION_TOKENIZE,
             tpb.TOKENIZER_OPERATION_DETOKENIZE,
+            tpb.TOKENIZER_OPERATION_ARTIFACTS,
         ]
         # Availability follows what the server really serves.
-        model.extensions["artifacts"] = object()
+        del model.extensions["artifacts"]
         model.extensions["cache_keys"] = types.SimpleNamespace(spec=spec)
         ad = (await stack.control.GetModelInfo(model_pb2.GetModelInfoRequest())).tokenizer
-        assert ad.artifacts_available and ad.remote_key_computation
+        assert not ad.artifacts_available and ad.remote_key_computation
+        assert tpb.TOKENIZER_OPERATION_ARTIFACTS not in ad.operations
         assert tpb.TOKENIZER_OPERATION_COMPUTE_CACHE_KEYS in ad.operations
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stack.control.GetModelInfo(model_pb2.GetModelInfoRequest(model="x"))
