@@ -14,7 +14,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from tokenkeys.errors import ConfigError, FailedPrecondition, Unavailable
+from tokenkeys.errors import ConfigError, FailedPrecondition, InvalidArgument, Unavailable
 from tokenkeys.events.zmq_endpoint import check_endpoint, is_wildcard, routable_endpoint
 from tokenkeys.events.zmq_publisher import END_SEQ, ZmqEventPublisher, make_topic
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
@@ -261,6 +261,31 @@ async def test_catch_up_from_start_seq_replays_what_was_published_before_connect
     # _warm consumed the deliveries; the subscriber's own counters tell what happened.
     assert sub.last_seq == last
     assert sub.stats.replayed >= 4 and sub.stats.lost == 0
+
+
+async def test_rewind_redelivers_from_a_seq_through_replay():
+    async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0", topic=TOPIC) as pub:
+        sub = ZmqEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint)
+        await sub.start()
+        try:
+            base = await _warm(pub, sub) + 1
+            for i in range(3):
+                pub.publish(b"batch-%d" % i)
+            first = [await sub.recv() for _ in range(3)]
+            sub.rewind(base + 1)
+            pub.publish(b"batch-3")
+            again = [await sub.recv() for _ in range(3)]
+            with pytest.raises(InvalidArgument):
+                sub.rewind(-1)
+        finally:
+            await sub.close()
+    assert [d.seq for d in first] == [base, base + 1, base + 2]
+    assert [(d.seq, d.payload, d.replayed) for d in again] == [
+        (base + 1, b"batch-1", True),
+        (base + 2, b"batch-2", True),
+        (base + 3, b"batch-3", False),
+    ]
+    assert not any(d.restarted or d.lost_before for d in again)
 
 
 async def test_gap_without_replay_endpoint_is_reported_as_lost():

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from tokenkeys.errors import FailedPrecondition, Unavailable
+from tokenkeys.errors import FailedPrecondition, InvalidArgument, Unavailable
 from tokenkeys.events.zmq_endpoint import check_endpoint
 from tokenkeys.events.zmq_publisher import END_SEQ
 
@@ -132,6 +132,17 @@ class ZmqEventSubscriber:
     def last_seq(self) -> int | None:
         """The sequence number of the last batch delivered (or skipped as lost)."""
         return self._last
+
+    def rewind(self, seq: int = 0) -> None:
+        """Deliver again from ``seq`` on: the next live batch first replays ``seq`` onwards.
+
+        For a consumer whose applied state was lost (its index was reset) and is rebuilt from
+        the publisher's replay buffer. Batches no longer buffered are counted in the first
+        delivery's ``lost_before``; without a replay endpoint all of them are.
+        """
+        if type(seq) is not int or seq < 0:
+            raise InvalidArgument(f"seq must be an integer >= 0, got {seq!r}", field="seq")
+        self._last = seq - 1
 
     async def recv(self) -> Delivery:
         """Return the next batch in order, replaying missed ones first."""
