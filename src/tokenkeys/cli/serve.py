@@ -10,8 +10,11 @@ import sys
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.cli.common import add_tokenizer_options, local_models
+from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
 from tokenkeys.limits import Limits
+from tokenkeys.server.engine_runtime import EngineRuntime
+from tokenkeys.server.engine_services import engine_service_adders
 from tokenkeys.server.grpc_server import start_grpc_server
 from tokenkeys.server.tokenizer_service import TokenizerService
 
@@ -36,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="BYTES",
         help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
     )
+    add_engine_options(p)
     add_http_options(p)
     p.set_defaults(func=run)
 
@@ -54,30 +58,45 @@ async def _serve(args: argparse.Namespace) -> int:
     http = http_config(args, limits)
     models = local_models(args, limits, chat_options(args))
     service = TokenizerService(models)
+    runtime = EngineRuntime(models, engine_config_from(args))
     server, port = await start_grpc_server(
-        [lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s)],
+        [
+            lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s),
+            *engine_service_adders(models, runtime),
+        ],
         args.host,
         args.grpc_port,
         limits,
     )
+    try:
+        await runtime.start(args.host, port)
+    except BaseException:
+        await server.stop(None)
+        raise
     for model in models:
         print(
             f"serving {model.name} (fingerprint {model.tokenizer.fingerprint}, "
             f"backend {model.tokenizer.options.backend})",
             flush=True,
         )
+    for line in runtime.describe():
+        print(line, flush=True)
     print(f"gRPC listening on {args.host}:{port}", flush=True)
     try:
+        # After runtime.start: the engines are attached to the models by then.
         http_server = await start_http(args, models, http)
     except BaseException:
         await server.stop(grace=None)
+        await runtime.close()
         raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    runtime.begin_shutdown()  # KV-event subscribers get their terminal message during the grace
     await asyncio.gather(http_server.stop(), server.stop(grace=5.0))
+    await runtime.close()
     return 0
 
 

@@ -81,6 +81,9 @@ class EngineStats:
     cached_prompt_tokens: int = 0
     completion_tokens: int = 0
     event_batches: int = 0
+    #: Requests admitted and not finished, and requests waiting for KV blocks (gauges).
+    running: int = 0
+    waiting: int = 0
 
 
 class Engine:
@@ -187,12 +190,18 @@ class Engine:
                 if self.cache.num_free_blocks - taken_from_free - self._reserved >= fresh:
                     self.cache.touch(hits)
                     self._reserved += fresh
+                    self.stats.running += 1
                     return hits
-                await self._space.wait()
+                self.stats.waiting += 1
+                try:
+                    await self._space.wait()
+                finally:
+                    self.stats.waiting -= 1
 
     async def _release(self, blocks: list[Block], unused_reservation: int) -> None:
         self.cache.free(list(reversed(blocks)))
         self._reserved -= unused_reservation
+        self.stats.running -= 1
         async with self._space:
             self._space.notify_all()
 
