@@ -77,6 +77,35 @@ def test_serve_runs_grpc_and_http_and_stops_on_sigterm(tmp_path) -> None:
         httpx.get(f"http://{http_target}/health", timeout=2)
 
 
+def test_generation_runs_on_the_served_engines_with_lora_adapters() -> None:
+    """The engines ``serve`` assembles answer HTTP generation; an adapter is a model name."""
+    proc, _, http_target = _start("--lora-modules", "sql=/adapters/sql", env={})
+    try:
+        base = f"http://{http_target}"
+        models = httpx.get(f"{base}/v1/models").json()["data"]
+        assert models[-1] == {
+            **models[-1],
+            "id": "sql",
+            "root": "/adapters/sql",
+            "parent": "smollm2-135m-instruct",
+        }
+        prompt = "The router must tokenize every request before it picks a worker. " * 4
+        body = {"prompt": prompt, "max_tokens": 2}
+        counted = httpx.post(f"{base}/tokenize", json={"model": "sql", "prompt": prompt}).json()
+        usages = []
+        for model in ("smollm2-135m-instruct", "sql", "sql"):
+            answer = httpx.post(f"{base}/v1/completions", json={**body, "model": model}).json()
+            assert answer["model"] == model
+            usages.append(answer["usage"])
+        assert {u["prompt_tokens"] for u in usages} == {counted["count"]}
+        # The adapter enters the cache keys: the base model's blocks are no hit for it.
+        cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+        assert cached[1] == 0 and cached[2] > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [

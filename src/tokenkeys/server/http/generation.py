@@ -36,51 +36,59 @@ def eos_ids(model: ServedModel) -> tuple[int, ...]:
     return tuple(ref.id for ref in model.tokenizer.specials.eos)
 
 
-async def generate(
-    engine: Any, prompt: Sequence[int], params: GenerationParams, context: KeyContext | None
-) -> Generated:
-    """Run one prompt to the end."""
-    tokens: list[int] = []
-    last: GenerateOutput | None = None
-    async for out in engine.generate(list(prompt), params, context):
-        tokens.extend(out.token_ids)
-        last = out
-    if last is None or last.usage is None:
-        raise TokenkeysError("the engine ended a request without reporting usage")
-    return Generated(tokens, last.finish_reason, last.usage)
+@dataclass(frozen=True)
+class EngineCall:
+    """How one request's prompts run on its model's engine: parameters, key context, adapter."""
 
+    engine: Any
+    params: GenerationParams
+    context: KeyContext | None = None
+    lora_name: str | None = None
 
-async def generate_all(
-    engine: Any,
-    prompts: Sequence[Sequence[int]],
-    params: GenerationParams,
-    context: KeyContext | None,
-) -> list[Generated]:
-    """Run several prompts concurrently (one engine batch); the first failure cancels the rest."""
-    if len(prompts) == 1:
-        return [await generate(engine, prompts[0], params, context)]
-    tasks = [asyncio.ensure_future(generate(engine, p, params, context)) for p in prompts]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    def open(self, prompt: Sequence[int]) -> AsyncIterator[GenerateOutput]:
+        """The engine's output stream for one prompt."""
+        if self.lora_name is None:
+            return self.engine.generate(list(prompt), self.params, self.context)
+        return self.engine.generate(
+            list(prompt), self.params, self.context, lora_name=self.lora_name
+        )
 
+    async def run(self, prompt: Sequence[int]) -> Generated:
+        """Run one prompt to the end."""
+        tokens: list[int] = []
+        last: GenerateOutput | None = None
+        async for out in self.open(prompt):
+            tokens.extend(out.token_ids)
+            last = out
+        if last is None or last.usage is None:
+            raise TokenkeysError("the engine ended a request without reporting usage")
+        return Generated(tokens, last.finish_reason, last.usage)
 
-async def started(
-    engine: Any, prompt: Sequence[int], params: GenerationParams, context: KeyContext | None
-) -> tuple[AsyncIterator[GenerateOutput], GenerateOutput]:
-    """Open a stream and wait for its first output, so that a refused request still gets its
-    own HTTP status instead of an error inside a 200 stream."""
-    stream = engine.generate(list(prompt), params, context)
-    try:
-        first = await stream.__anext__()
-    except BaseException:
-        await stream.aclose()
-        raise
-    return stream, first
+    async def run_all(self, prompts: Sequence[Sequence[int]]) -> list[Generated]:
+        """Run prompts concurrently (one engine batch); the first failure cancels the rest."""
+        if len(prompts) == 1:
+            return [await self.run(prompts[0])]
+        tasks = [asyncio.ensure_future(self.run(p)) for p in prompts]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def start(
+        self, prompt: Sequence[int]
+    ) -> tuple[AsyncIterator[GenerateOutput], GenerateOutput]:
+        """Open a stream and wait for its first output, so that a refused request still gets
+        its own HTTP status instead of an error inside a 200 stream."""
+        stream = self.open(prompt)
+        try:
+            first = await stream.__anext__()
+        except BaseException:
+            await stream.aclose()  # type: ignore[attr-defined]  # an async generator
+            raise
+        return stream, first
 
 
 def usage_body(usages: Sequence[Usage]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Both routes take their prompt ids from the model's one Preprocessor (``tokenize_completion``,
 ``tokenize_chat``), the same calls /tokenize makes, and report the engine's usage; so
 ``usage.prompt_tokens`` is by construction what /tokenize counts. Order of checks: body shape
-(400), model (404), generation options (501), prompt (400/413/501), engine (400/413).
+(400), model (404; a LoRA adapter's name selects its base model and the adapter), generation
+options (501), prompt (400/413/501), engine (400/413).
 """
 
 from __future__ import annotations
@@ -21,27 +22,20 @@ from tokenkeys.errors import TokenkeysError, Unsupported
 from tokenkeys.server.http import sampling
 from tokenkeys.server.http.body import json_response, parse_object, read_body, validate
 from tokenkeys.server.http.errors import error_of
-from tokenkeys.server.http.generation import (
-    eos_ids,
-    generate_all,
-    key_context,
-    started,
-    usage_body,
-)
+from tokenkeys.server.http.generation import EngineCall, eos_ids, key_context, usage_body
 from tokenkeys.server.http.openapi import ERROR_RESPONSES, request_body
 from tokenkeys.server.http.responses import ChatCompletionResponse, CompletionResponse
 from tokenkeys.server.http.schemas import ChatCompletionRequest, CompletionRequest
 from tokenkeys.server.http.shapes import ChatShape, CompletionShape
-from tokenkeys.server.http.state import AppState, engine_of, preprocess, state_of
+from tokenkeys.server.http.state import (
+    AppState,
+    engine_of,
+    preprocess,
+    resolve_model,
+    state_of,
+)
 from tokenkeys.server.http.streaming import DONE, IncrementalText, sse
 from tokenkeys.server.models import ServedModel
-
-
-def _options(state: AppState, model: ServedModel, body: dict[str, Any]) -> sampling.Sampling:
-    refused = sampling.unsupported_option(body)
-    if refused is not None:
-        raise Unsupported(refused[1], field=refused[0])
-    return sampling.sampling_of(body, state.config.default_max_tokens, eos_ids(model))
 
 
 def _decoder(model: ServedModel, skip_special_tokens: bool):  # noqa: ANN202 - a small closure
@@ -60,22 +54,31 @@ def _record(state: AppState, model: ServedModel, route: str, usages: Sequence[Us
     m.generation_tokens.labels(model.name).inc(sum(u.completion_tokens for u in usages))
 
 
+def _call(state: AppState, model: ServedModel, body: dict[str, Any], lora: str | None):  # noqa: ANN202
+    """The engine call of a validated request, and how its answer is shaped (501 first)."""
+    engine = engine_of(model)
+    refused = sampling.unsupported_option(body)
+    if refused is not None:
+        raise Unsupported(refused[1], field=refused[0])
+    options = sampling.sampling_of(body, state.config.default_max_tokens, eos_ids(model))
+    return EngineCall(engine, options.params, key_context(body), lora), options
+
+
 async def completions(request: Request) -> Response:
     """OpenAI completions; the prompt may be text(s) or token ids."""
     state = state_of(request)
     raw = await read_body(request, state.config.limits.max_request_bytes)
     body = parse_object(raw)
     validate(CompletionRequest, body)
-    model = state.models.get(body.get("model"))
-    engine = engine_of(model)
-    options = _options(state, model, body)
+    model, lora = resolve_model(state.models, body.get("model"))
+    call, options = _call(state, model, body, lora)
     prompts = await preprocess(state, len(raw), model.preprocessor.tokenize_completion, body)
     ids = [p.ids for p in prompts]
-    context = key_context(body)
-    shape = CompletionShape("cmpl", model.name, options.include_usage, options.return_token_ids)
+    name = lora or model.name
+    shape = CompletionShape("cmpl", name, options.include_usage, options.return_token_ids)
     if options.stream:
-        return await _stream(state, model, engine, ids, options, context, shape, "completions")
-    done = await generate_all(engine, ids, options.params, context)
+        return await _stream(state, model, call, ids, options, shape, "completions")
+    done = await call.run_all(ids)
     _record(state, model, "completions", [g.usage for g in done])
     decode = _decoder(model, options.skip_special_tokens)
     choices = [
@@ -91,16 +94,15 @@ async def chat_completions(request: Request) -> Response:
     raw = await read_body(request, state.config.limits.max_request_bytes)
     body = parse_object(raw)
     validate(ChatCompletionRequest, body)
-    model = state.models.get(body.get("model"))
-    engine = engine_of(model)
-    options = _options(state, model, body)
+    model, lora = resolve_model(state.models, body.get("model"))
+    call, options = _call(state, model, body, lora)
     chat = await preprocess(state, len(raw), model.preprocessor.tokenize_chat, body)
     ids = chat.tokens.ids
-    context = key_context(body)
-    shape = ChatShape("chatcmpl", model.name, options.include_usage, options.return_token_ids)
+    name = lora or model.name
+    shape = ChatShape("chatcmpl", name, options.include_usage, options.return_token_ids)
     if options.stream:
-        return await _stream(state, model, engine, [ids], options, context, shape, "chat")
-    (done,) = await generate_all(engine, [ids], options.params, context)
+        return await _stream(state, model, call, [ids], options, shape, "chat")
+    (done,) = await call.run_all([ids])
     _record(state, model, "chat", [done.usage])
     text = _decoder(model, options.skip_special_tokens)(done.token_ids)
     return json_response(
@@ -111,27 +113,25 @@ async def chat_completions(request: Request) -> Response:
 async def _stream(
     state: AppState,
     model: ServedModel,
-    engine: Any,
+    call: EngineCall,
     prompts: list[list[int]],
     options: sampling.Sampling,
-    context: Any,
     shape: CompletionShape | ChatShape,
     route: str,
 ) -> Response:
     # The first prompt is started before the 200 goes out, so a refused request (empty prompt,
     # over max_model_len) is answered with its own status; later prompts report in-stream.
-    first = await started(engine, prompts[0], options.params, context)
-    events = _events(state, model, engine, prompts, options, context, shape, route, first)
+    first = await call.start(prompts[0])
+    events = _events(state, model, call, prompts, options, shape, route, first)
     return StreamingResponse(events, media_type="text/event-stream")
 
 
 async def _events(
     state: AppState,
     model: ServedModel,
-    engine: Any,
+    call: EngineCall,
     prompts: list[list[int]],
     options: sampling.Sampling,
-    context: Any,
     shape: CompletionShape | ChatShape,
     route: str,
     first: tuple[AsyncIterator[GenerateOutput], GenerateOutput],
@@ -140,9 +140,7 @@ async def _events(
     usages: list[Usage] = []
     try:
         for index, prompt in enumerate(prompts):
-            stream, head = (
-                first if index == 0 else await started(engine, prompt, options.params, context)
-            )
+            stream, head = first if index == 0 else await call.start(prompt)
             try:
                 opening = shape.opening(index)
                 if opening is not None:
@@ -161,7 +159,7 @@ async def _events(
                         yield sse(shape.chunk(index, delta, None, list(out.token_ids)))
                     out = await anext(stream, None)
             finally:
-                await stream.aclose()
+                await stream.aclose()  # type: ignore[attr-defined]  # an async generator
         if options.include_usage:
             yield sse(shape.usage_chunk(usage_body(usages)))
     except TokenkeysError as error:

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from tokenkeys.server.http.body import json_response
 from tokenkeys.server.http.metrics import CONTENT_TYPE
 from tokenkeys.server.http.responses import ModelList
-from tokenkeys.server.http.state import max_model_len_of, state_of
+from tokenkeys.server.http.state import adapters_of, max_model_len_of, state_of
 
 
 def add_routes(app: FastAPI) -> None:
@@ -19,21 +19,24 @@ def add_routes(app: FastAPI) -> None:
     created = int(time.time())
 
     async def models(request: Request) -> Response:
-        """The served models, the default first (OpenAI's model list, with max_model_len)."""
+        """The served models, the default first, then LoRA adapters with their base as parent
+        and their path as root (as vLLM lists them)."""
         state = state_of(request)
-        data = [
-            {
-                "id": m.name,
-                "object": "model",
-                "created": created,
-                "owned_by": "tokenkeys",
-                "root": m.name,
-                "parent": None,
-                "max_model_len": max_model_len_of(m),
-            }
-            for m in state.models
-        ]
+        data = [_card(m.name, m.name, None, max_model_len_of(m)) for m in state.models]
+        for m in state.models:
+            data += [_card(a.name, a.path, m.name, max_model_len_of(m)) for a in adapters_of(m)]
         return json_response({"object": "list", "data": data})
+
+    def _card(name: str, root: str, parent: str | None, max_model_len: int) -> dict:
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "tokenkeys",
+            "root": root,
+            "parent": parent,
+            "max_model_len": max_model_len,
+        }
 
     async def health() -> Response:
         """200 with an empty body while the server serves (as vLLM's /health)."""

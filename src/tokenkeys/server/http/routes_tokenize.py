@@ -31,7 +31,7 @@ from tokenkeys.server.http.schemas import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
-from tokenkeys.server.http.state import max_model_len_of, preprocess, state_of
+from tokenkeys.server.http.state import max_model_len_of, preprocess, resolve_model, state_of
 from tokenkeys.server.models import ServedModel
 
 # tokenizer_config.json keys vLLM drops from /tokenizer_info (file names of the slow tokenizer).
@@ -64,7 +64,7 @@ async def tokenize(request: Request) -> Response:
             "the body needs prompt (a string: completion form) or messages (chat form)",
             field="prompt",
         )
-    model = state.models.get(body.get("model"))
+    model, _ = resolve_model(state.models, body.get("model"))  # an adapter counts as its base
     want_strs = body.get("return_token_strs") is True
     result = await preprocess(state, len(raw), tokenize_body, model, body, want_strs)
     state.metrics.prompt_tokens.labels(model.name, "tokenize").inc(result.count)
@@ -84,7 +84,7 @@ async def detokenize(request: Request) -> Response:
     raw = await read_body(request, state.config.limits.max_request_bytes)
     body = parse_object(raw)
     validate(DetokenizeRequest, body)
-    model = state.models.get(body.get("model"))
+    model, _ = resolve_model(state.models, body.get("model"))
     (text,) = await preprocess(
         state,
         len(raw),
@@ -99,7 +99,7 @@ async def detokenize(request: Request) -> Response:
 async def tokenizer_info(request: Request, model: str | None = None) -> Response:
     """tokenizer_config.json of a model, with the class, template and identity it is served with."""
     state = state_of(request)
-    served = state.models.get(model)
+    served, _ = resolve_model(state.models, model)
     tok = served.tokenizer
     info: dict[str, Any] = {
         k: v
