@@ -73,6 +73,14 @@ class ConfigError(InvalidArgument):
     """A server or client configuration value is invalid (reported at start, before serving)."""
 
 
+class Unauthenticated(TokenkeysError):
+    """The request carries no valid credentials (bearer token) for a server that requires them."""
+
+
+class TooManyRequests(LimitExceeded):
+    """A client holds too many concurrent streams; it may retry once one of them ends."""
+
+
 # One row per kind: (gRPC status, HTTP status, OpenAI error type). Order matters: the first row
 # whose class the error is an instance of wins, so subclasses come before their bases.
 STATUS_TABLE: tuple[tuple[type[TokenkeysError], grpc.StatusCode, int, str], ...] = (
@@ -80,11 +88,13 @@ STATUS_TABLE: tuple[tuple[type[TokenkeysError], grpc.StatusCode, int, str], ...]
     (NotFound, grpc.StatusCode.NOT_FOUND, 404, "NotFoundError"),
     (ArtifactError, grpc.StatusCode.DATA_LOSS, 502, "ArtifactError"),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION, 409, "FailedPreconditionError"),
+    (TooManyRequests, grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "RateLimitError"),
     (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED, 413, "RequestTooLargeError"),
     (Unsupported, grpc.StatusCode.UNIMPLEMENTED, 501, "NotImplementedError"),
     (Unavailable, grpc.StatusCode.UNAVAILABLE, 503, "ServiceUnavailableError"),
     (Cancelled, grpc.StatusCode.CANCELLED, 499, "CancelledError"),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED, 504, "TimeoutError"),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, 401, "AuthenticationError"),
     (TokenkeysError, grpc.StatusCode.INTERNAL, 500, "InternalServerError"),
 )
 
@@ -107,6 +117,7 @@ _CODE_TO_CLASS: dict[grpc.StatusCode, type[TokenkeysError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.CANCELLED: Cancelled,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
 
 

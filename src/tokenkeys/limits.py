@@ -2,26 +2,45 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from tokenkeys.errors import LimitExceeded
+from tokenkeys.errors import ConfigError, LimitExceeded
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Upper bounds on what one request may ask for; each is a server option.
+    """Upper bounds on what one request (or one client) may ask for; each is a server option.
 
     - ``max_request_bytes``: size of one gRPC message or HTTP body.
-    - ``max_texts_per_request``: texts in one Tokenize call, sequences in one Detokenize call.
+    - ``max_texts_per_request``: texts in one Tokenize call, sequences in one Detokenize call,
+      prompts in one completion request.
     - ``max_chars_per_text``: characters of one text (checked before encoding, so a huge text
       costs nothing).
+    - ``max_tokens_per_text``: ids of one text or sequence.
     - ``max_tokens_per_request``: ids produced or submitted by one request, all texts together.
+    - ``max_messages_per_conversation``: messages of one chat request.
+    - ``max_streams_per_client``: streaming calls (gRPC server streams, HTTP streamed answers)
+      one client address may hold open at once; 0 means no limit.
     """
 
     max_request_bytes: int = 16 * 1024 * 1024
     max_texts_per_request: int = 1024
     max_chars_per_text: int = 4 * 1024 * 1024
+    max_tokens_per_text: int = 1_048_576
     max_tokens_per_request: int = 1_048_576
+    max_messages_per_conversation: int = 4096
+    max_streams_per_client: int = 1024
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            floor = 0 if f.name == "max_streams_per_client" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < floor:
+                option = "--" + f.name.replace("_", "-")
+                raise ConfigError(
+                    f"{f.name} must be an integer >= {floor}, got {value!r}; fix {option}",
+                    field=f.name,
+                )
 
     def check_count(self, field: str, count: int) -> None:
         """Refuse more than ``max_texts_per_request`` items in ``field``."""
@@ -43,6 +62,16 @@ class Limits:
                 limit=self.max_chars_per_text,
             )
 
+    def check_text_tokens(self, field: str, index: int, count: int) -> None:
+        """Refuse one text or sequence of more than ``max_tokens_per_text`` ids."""
+        if count > self.max_tokens_per_text:
+            raise LimitExceeded(
+                f"{field}[{index}] amounts to {count} tokens; at most {self.max_tokens_per_text} "
+                "are allowed per text (max_tokens_per_text): shorten or split it",
+                field=field,
+                limit=self.max_tokens_per_text,
+            )
+
     def check_tokens(self, field: str, total: int) -> None:
         """Refuse a request whose ids add up to more than ``max_tokens_per_request``."""
         if total > self.max_tokens_per_request:
@@ -51,4 +80,22 @@ class Limits:
                 "allowed per request (max_tokens_per_request)",
                 field=field,
                 limit=self.max_tokens_per_request,
+            )
+
+    def check_sequences(self, field: str, lengths: list[int]) -> None:
+        """Count, per-text and total token checks of id sequences, in that order."""
+        self.check_count(field, len(lengths))
+        for index, length in enumerate(lengths):
+            self.check_text_tokens(field, index, length)
+        self.check_tokens(field, sum(lengths))
+
+    def check_messages(self, field: str, count: int) -> None:
+        """Refuse a conversation of more than ``max_messages_per_conversation`` messages."""
+        if count > self.max_messages_per_conversation:
+            raise LimitExceeded(
+                f"{field} has {count} messages; at most {self.max_messages_per_conversation} are "
+                "allowed per conversation (max_messages_per_conversation): shorten the "
+                "conversation",
+                field=field,
+                limit=self.max_messages_per_conversation,
             )

@@ -111,7 +111,7 @@ class Preprocessor:
             offsets=offsets,
             truncation=truncation,
         )
-        limits.check_tokens(field_name, sum(len(e.ids) for e in encoded))
+        limits.check_sequences(field_name, [len(e.ids) for e in encoded])
         results = []
         for enc, index_map in zip(encoded, maps, strict=True):
             spans = enc.offsets
@@ -148,8 +148,7 @@ class Preprocessor:
             )
         # prompts_of never mixes texts and id lists.
         id_prompts = [list(p) for p in prompts]  # type: ignore[arg-type]
-        self.limits.check_count("prompt", len(id_prompts))
-        self.limits.check_tokens("prompt", sum(len(p) for p in id_prompts))
+        self.limits.check_sequences("prompt", [len(p) for p in id_prompts])
         self.tokenizer.check_ids(id_prompts, field="prompt")
         return [
             Tokenized(ids, self.tokenizer.token_strs(ids) if token_strs else None)
@@ -173,6 +172,10 @@ class Preprocessor:
         :class:`~tokenkeys.chat.ChatPrologue`; both /v1/chat/completions and /tokenize call
         this one method, so they cannot disagree.
         """
+        messages = request.get("messages") if isinstance(request, Mapping) else None
+        if isinstance(messages, list):
+            # Before rendering: a conversation over the limit costs no template work.
+            self.limits.check_messages("messages", len(messages))
         prompt = self.chat.render(self.chat.prepare(request))
         if add_special_tokens is None:
             add_special_tokens = optional_flag(request, "add_special_tokens")
@@ -194,8 +197,7 @@ class Preprocessor:
         field_name: str = "sequences",
     ) -> list[str]:
         """Decode id sequences; unset ``skip_special_tokens`` keeps special tokens (vLLM)."""
-        self.limits.check_count(field_name, len(sequences))
-        self.limits.check_tokens(field_name, sum(len(s) for s in sequences))
+        self.limits.check_sequences(field_name, [len(s) for s in sequences])
         self.tokenizer.check_ids(sequences, field=field_name)
         return self.tokenizer.backend.decode_batch(
             sequences, skip_special_tokens=bool(skip_special_tokens)

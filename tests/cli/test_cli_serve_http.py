@@ -50,6 +50,8 @@ def test_serve_runs_grpc_and_http_and_stops_on_sigterm(tmp_path) -> None:
     proc, grpc_target, http_target = _start(
         "--chat-template",
         str(template),
+        "--allowed-template-dir",
+        str(tmp_path),
         "--default-chat-template-kwargs",
         '{"flavour": "vanilla"}',
         "--tokenize-path",
@@ -122,10 +124,10 @@ def test_bad_options_stop_serve_before_it_binds(args, needle) -> None:
 def test_chat_template_is_a_file_or_the_template_itself(tmp_path) -> None:
     path = tmp_path / "t.jinja"
     path.write_text("{{ 1 }}", encoding="utf-8")
-    assert load_chat_template(str(path)) == "{{ 1 }}"
+    assert load_chat_template(str(path), [tmp_path]) == "{{ 1 }}"
     assert load_chat_template("{{ messages }}") == "{{ messages }}"
     with pytest.raises(ConfigError, match="no such file"):
-        load_chat_template(str(tmp_path / "absent.jinja"))
+        load_chat_template(str(tmp_path / "absent.jinja"), [tmp_path])
     args = argparse.Namespace(
         chat_template=None,
         default_chat_template_kwargs='{"enable_thinking": false}',

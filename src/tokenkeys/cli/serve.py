@@ -1,4 +1,10 @@
-"""``tokenkeys serve``: load the tokenizers, then serve gRPC and HTTP until SIGINT/SIGTERM."""
+"""``tokenkeys serve``: load the tokenizers, then serve gRPC and HTTP until SIGTERM or SIGINT.
+
+Shutdown drains: the first signal makes both servers refuse new calls (HTTP 503, gRPC
+UNAVAILABLE; health checks still answer, reporting draining), ends KV-event subscriptions with
+their terminal message, waits up to ``--shutdown-timeout`` seconds for the calls in flight
+(streams included) to finish, then stops and exits 0. A second signal stops at once.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +15,23 @@ import signal
 import sys
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
+from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
 from tokenkeys.cli.common import add_tokenizer_options, local_models
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
+from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
-from tokenkeys.limits import Limits
+from tokenkeys.errors import ConfigError
 from tokenkeys.server.engine_runtime import EngineRuntime
 from tokenkeys.server.engine_services import engine_service_adders
 from tokenkeys.server.grpc_server import start_grpc_server
+from tokenkeys.server.guards import build_guards
+from tokenkeys.server.lifecycle import Lifecycle
 from tokenkeys.server.tokenizer_service import TokenizerService
 
 log = logging.getLogger("tokenkeys.serve")
+
+#: After the drain, what the servers still give the calls that outlived the deadline.
+_STOP_GRACE = 1.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,12 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve", help="serve tokenizers over gRPC and an OpenAI-compatible HTTP frontend"
     )
     add_tokenizer_options(p, many=True)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address gRPC, HTTP and the KV-event sockets bind (default 127.0.0.1: this host "
+        "only; 0.0.0.0 or :: to serve other hosts)",
+    )
     p.add_argument("--grpc-port", type=int, default=50051)
-    p.add_argument("--max-request-bytes", type=int, default=Limits.max_request_bytes)
-    p.add_argument("--max-texts-per-request", type=int, default=Limits.max_texts_per_request)
-    p.add_argument("--max-tokens-per-request", type=int, default=Limits.max_tokens_per_request)
-    p.add_argument("--max-chars-per-text", type=int, default=Limits.max_chars_per_text)
     p.add_argument(
         "--artifact-chunk-size",
         type=int,
@@ -39,24 +53,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="BYTES",
         help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
     )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long calls in flight may take to finish (default 30)",
+    )
+    add_limit_options(p)
     add_engine_options(p)
     add_http_options(p)
+    add_server_access_options(p)
     p.set_defaults(func=run)
 
 
-def limits_from(args: argparse.Namespace) -> Limits:
-    return Limits(
-        max_request_bytes=args.max_request_bytes,
-        max_texts_per_request=args.max_texts_per_request,
-        max_chars_per_text=args.max_chars_per_text,
-        max_tokens_per_request=args.max_tokens_per_request,
-    )
-
-
 async def _serve(args: argparse.Namespace) -> int:
+    if args.shutdown_timeout < 0:
+        raise ConfigError("--shutdown-timeout must be >= 0", field="shutdown-timeout")
     limits = limits_from(args)
-    http = http_config(args, limits)
+    tls = server_tls(args)
+    tokens = server_tokens(args)
+    http = http_config(args, limits, auth=tokens)
     models = local_models(args, limits, chat_options(args))
+    lifecycle = Lifecycle()
     service = TokenizerService(models)
     runtime = EngineRuntime(models, engine_config_from(args))
     server, port = await start_grpc_server(
@@ -67,6 +86,8 @@ async def _serve(args: argparse.Namespace) -> int:
         args.host,
         args.grpc_port,
         limits,
+        guards=build_guards(lifecycle, limits.max_streams_per_client, tokens, args.auth_health),
+        tls=tls,
     )
     try:
         await runtime.start(args.host, port)
@@ -81,22 +102,44 @@ async def _serve(args: argparse.Namespace) -> int:
         )
     for line in runtime.describe():
         print(line, flush=True)
+    if tls is not None:
+        mutual = ", client certificates required" if tls.mutual else ""
+        print(f"TLS on gRPC and HTTP{mutual}", flush=True)
+    if tokens is not None:
+        exempt = "" if args.auth_health else " (health checks exempt)"
+        print(f"bearer-token authentication on, tokens from {tokens.source}{exempt}", flush=True)
     print(f"gRPC listening on {args.host}:{port}", flush=True)
     try:
         # After runtime.start: the engines are attached to the models by then.
-        http_server = await start_http(args, models, http)
+        http_server = await start_http(args, models, http, lifecycle=lifecycle, tls=tls)
     except BaseException:
         await server.stop(grace=None)
         await runtime.close()
         raise
-    stop = asyncio.Event()
+    signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    runtime.begin_shutdown()  # KV-event subscribers get their terminal message during the grace
-    await asyncio.gather(http_server.stop(), server.stop(grace=5.0))
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
+    received = await signals.get()
+    print(
+        f"{signal.Signals(received).name}: draining {lifecycle.inflight} calls in flight, "
+        f"at most {args.shutdown_timeout:g} s",
+        flush=True,
+    )
+    lifecycle.begin_drain()
+    runtime.begin_shutdown()  # KV-event subscribers get their terminal message now
+    drain = asyncio.ensure_future(lifecycle.wait_idle(args.shutdown_timeout))
+    second = asyncio.ensure_future(signals.get())
+    await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
+    second.cancel()
+    left = drain.result() if drain.done() else lifecycle.inflight
+    drain.cancel()
+    if left:
+        print(f"stopping with {left} calls still in flight (deadline or second signal)", flush=True)
+    grace = _STOP_GRACE if left else 0.0
+    await asyncio.gather(http_server.stop(grace), server.stop(grace=grace))
     await runtime.close()
+    print("stopped", flush=True)
     return 0
 
 

@@ -14,12 +14,18 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from tokenkeys.access.tls import ServerTls
+from tokenkeys.access.token import BearerTokens
 from tokenkeys.chat import ChatOptions
+from tokenkeys.cli.limit_options import render_limits_from
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
 from tokenkeys.server.http import HttpConfig, HttpServer, create_app, start_http_server
 from tokenkeys.server.http.config import DETOKENIZE_PATH_ENV, TOKENIZE_PATH_ENV, resolve_paths
+from tokenkeys.server.lifecycle import Lifecycle
+from tokenkeys.server.loading import ModelSource
 from tokenkeys.server.models import ModelRegistry
+from tokenkeys.tokenizer.chat_template import RenderLimits
 
 # vLLM's load_chat_template treats a value with any of these characters as the template itself.
 _TEMPLATE_CHARS = frozenset("{}\n")
@@ -66,12 +72,47 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_chat_template(value: str) -> str:
-    """The text of ``--chat-template``: a file's contents, or the value if it is a template."""
+def allowed_template_dirs(args: argparse.Namespace) -> list[Path]:
+    """Folders ``--chat-template`` files may come from: ``--allowed-template-dir`` if given,
+    else the current directory and the served tokenizer folders."""
+    given = list(getattr(args, "allowed_template_dir", None) or [])
+    if given:
+        return given
+    models = args.model if isinstance(args.model, list) else [args.model] if args.model else []
+    folders = [ModelSource.parse(m).path for m in models] or [ModelSource.default().path]
+    return [Path.cwd(), *folders]
+
+
+def _inside(path: Path, folders: list[Path]) -> bool:
+    for folder in folders:
+        try:
+            path.relative_to(folder.resolve())
+        except (ValueError, OSError):
+            continue
+        return True
+    return False
+
+
+def load_chat_template(value: str, allowed: list[Path] | None = None) -> str:
+    """The text of ``--chat-template``: a file's contents, or the value if it is a template.
+
+    A file must lie, symbolic links resolved, inside one of the ``allowed`` folders (default:
+    the current directory): /tokenizer_info serves the template text, so reading any file the
+    server can read would publish it.
+    """
     path = Path(value)
     try:
         if path.is_file():
-            return path.read_text(encoding="utf-8")
+            real = path.resolve(strict=True)
+            folders = allowed if allowed is not None else [Path.cwd()]
+            if not _inside(real, folders):
+                raise ConfigError(
+                    f"--chat-template {value}: {real} is outside the folders templates may be "
+                    f"read from ({', '.join(str(f) for f in folders)}); move it there or add its "
+                    "folder with --allowed-template-dir",
+                    field="chat_template",
+                )
+            return real.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--chat-template {value}: cannot read it: {exc}") from exc
     if _TEMPLATE_CHARS & set(value):
@@ -94,28 +135,49 @@ def chat_options(args: argparse.Namespace) -> ChatOptions:
                 f"--default-chat-template-kwargs is not valid JSON: {exc}",
                 field="default_chat_template_kwargs",
             ) from None
+    # Namespaces built by hand (tests, other commands) may lack the render limit options.
+    limits = render_limits_from(args) if hasattr(args, "render_max_output_chars") else None
+    template = None
+    if args.chat_template:
+        template = load_chat_template(args.chat_template, allowed_template_dirs(args))
     return ChatOptions(
-        chat_template=load_chat_template(args.chat_template) if args.chat_template else None,
+        chat_template=template,
         default_chat_template_kwargs=defaults,  # type: ignore[arg-type]  # checked by ChatOptions
         trust_request_chat_template=args.trust_request_chat_template,
         content_format=args.chat_template_content_format,
+        limits=limits or RenderLimits(),
     )
 
 
 def http_config(
-    args: argparse.Namespace, limits: Limits, environ: Mapping[str, str] = os.environ
+    args: argparse.Namespace,
+    limits: Limits,
+    environ: Mapping[str, str] = os.environ,
+    auth: BearerTokens | None = None,
 ) -> HttpConfig:
     """The HTTP settings: paths from the flags, else the environment, else the defaults."""
     tokenize_path, detokenize_path = resolve_paths(
         args.tokenize_path, args.detokenize_path, environ
     )
-    return HttpConfig(tokenize_path=tokenize_path, detokenize_path=detokenize_path, limits=limits)
+    return HttpConfig(
+        tokenize_path=tokenize_path,
+        detokenize_path=detokenize_path,
+        limits=limits,
+        auth=auth,
+        auth_health=bool(getattr(args, "auth_health", False)),
+    )
 
 
 async def start_http(
-    args: argparse.Namespace, models: ModelRegistry, config: HttpConfig
+    args: argparse.Namespace,
+    models: ModelRegistry,
+    config: HttpConfig,
+    *,
+    lifecycle: Lifecycle | None = None,
+    tls: ServerTls | None = None,
 ) -> HttpServer:
     """Start the HTTP frontend on ``--host``/``--http-port`` and print where it listens."""
-    server = await start_http_server(create_app(models, config), args.host, args.http_port)
+    app = create_app(models, config, lifecycle=lifecycle)
+    server = await start_http_server(app, args.host, args.http_port, tls=tls)
     print(f"HTTP listening on {args.host}:{server.port}", flush=True)
     return server

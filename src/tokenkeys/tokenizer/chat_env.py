@@ -11,20 +11,22 @@ with an underscore).
 Refused here although transformers renders them as empty text: dunder and interpreter-internal
 attributes (``__class__``, ``__globals__``, ``gi_frame``), which only hostile templates read.
 
-Added here, and invisible to any template that stays within its limits: a :class:`RenderGuard`
-active during one render bounds sequence repetition and concatenation, integer powers, the items
-produced by ``range`` and the wall time spent (checked cooperatively on every attribute, item,
-call and arithmetic operation, since a running jinja render cannot be interrupted).
+Added here, and invisible to any template that stays within its limits: the budget of
+:mod:`~tokenkeys.tokenizer.chat_budget` is consulted before every operation that can build a
+value much larger than its inputs (operators, ``~``, filters, str methods, ``str.format``,
+macro and block output, ``range``, ``lipsum``, ``strftime_now``, the text of an expression) and
+charged after it, and the wall time is read as the render goes (a running jinja render cannot
+be interrupted).
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+import types
+from collections.abc import Callable, Iterable
 from datetime import datetime
+from functools import update_wrapper
 from typing import Any
 
 import jinja2
@@ -32,16 +34,26 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
 import jinja2.utils
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment, is_internal_attribute
+from jinja2.sandbox import (
+    ImmutableSandboxedEnvironment,
+    SandboxedEscapeFormatter,
+    SandboxedFormatter,
+    is_internal_attribute,
+)
+from jinja2.utils import _PassArg, generate_lorem_ipsum
+from markupsafe import Markup
 
-from tokenkeys.errors import LimitExceeded
+from tokenkeys.tokenizer import chat_budget as budget
+from tokenkeys.tokenizer.chat_budget import RenderGuard, guarded
 
-# Integer powers whose result would exceed this many bits are refused: Python computes them
-# without any bound, and printing one larger than 4300 digits fails anyway.
-_MAX_POWER_BITS = 1 << 20
-# The deadline is compared with the clock once per this many guarded operations.
-_TICKS_PER_CLOCK_READ = 64
+__all__ = ["ChatSandbox", "RenderGuard", "TemplateRaised", "build_environment", "guarded"]
+
+# lipsum words run up to a dozen characters with their space and punctuation.
+_LIPSUM_WORD_CHARS = 12
+# strftime directives expand at most about twelvefold (%c: 24 characters from 2).
+_STRFTIME_EXPANSION = 12
 
 
 class TemplateRaised(TemplateError):
@@ -52,113 +64,138 @@ class TemplateRaised(TemplateError):
         self.template_message = message
 
 
-@dataclass
-class RenderGuard:
-    """Budgets of one render; consulted by the environment while the render is active."""
-
-    max_chars: int
-    max_range_items: int
-    deadline: float | None
-    monotonic: Callable[[], float]
-    range_items: int = 0
-    _ticks: int = field(default=0, repr=False)
-
-    def tick(self) -> None:
-        """Count one guarded operation; past the deadline, stop the render."""
-        self._ticks += 1
-        if self._ticks % _TICKS_PER_CLOCK_READ == 0 and self.deadline is not None:
-            if self.monotonic() > self.deadline:
-                raise LimitExceeded(
-                    "chat_template rendering ran past the render time limit; the template does "
-                    "too much work for this request (simplify it or raise the limit)",
-                    field="chat_template",
-                )
-
-    def charge_range(self, items: int) -> None:
-        """Account for ``items`` produced by ``range`` in this render."""
-        self.range_items += items
-        if self.range_items > self.max_range_items:
-            raise LimitExceeded(
-                f"chat_template iterated over more than {self.max_range_items} range() items "
-                "in one render; loops that large are refused",
-                field="chat_template",
-            )
-
-    def check_size(self, size: int, what: str) -> None:
-        """Refuse building a value longer than the output limit."""
-        if size > self.max_chars:
-            raise LimitExceeded(
-                f"chat_template {what} would build a value of {size} items, above the "
-                f"{self.max_chars}-character output limit",
-                field="chat_template",
-            )
-
-
-_ACTIVE_GUARD: ContextVar[RenderGuard | None] = ContextVar("chat_render_guard", default=None)
-
-
-@contextmanager
-def guarded(guard: RenderGuard) -> Iterator[RenderGuard]:
-    """Make ``guard`` the active budget of renders in this context (thread or task)."""
-    token = _ACTIVE_GUARD.set(guard)
-    try:
-        yield guard
-    finally:
-        _ACTIVE_GUARD.reset(token)
-
-
-def _tick() -> None:
-    guard = _ACTIVE_GUARD.get()
-    if guard is not None:
-        guard.tick()
-
-
-_SEQUENCES = (str, list, tuple)
-
-
-def _check_binop(operator: str, left: Any, right: Any) -> None:
-    guard = _ACTIVE_GUARD.get()
+def _guarded_concat(pieces: Iterable[str]) -> str:
+    """``environment.concat`` (macro bodies, ``{% set %}`` blocks, ``caller()``), bounded."""
+    guard = budget.active()
     if guard is None:
-        return
-    guard.tick()
-    # Exact-type tests first: this runs for every + in every template, and strings dominate.
-    if operator == "+":
-        kind = type(left)
-        if kind in _SEQUENCES and type(right) is kind:
-            guard.check_size(len(left) + len(right), "concatenation")
-    elif operator == "*":
-        if isinstance(left, _SEQUENCES) and isinstance(right, int):
-            guard.check_size(len(left) * max(right, 0), "repetition")
-        elif isinstance(right, _SEQUENCES) and isinstance(left, int):
-            guard.check_size(len(right) * max(left, 0), "repetition")
-    elif operator == "**":
-        if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
-            if abs(left).bit_length() * right > _MAX_POWER_BITS:
-                raise LimitExceeded(
-                    f"chat_template computes {left} ** {right}, an integer above "
-                    f"{_MAX_POWER_BITS} bits; refused",
-                    field="chat_template",
-                )
+        return "".join(pieces)
+    parts = []
+    size = 0
+    for piece in pieces:
+        size += len(piece)
+        if size > guard.max_chars:
+            guard.check_size(size, "block or macro output")
+        parts.append(piece)
+    text = "".join(parts)
+    guard.charge(text)
+    return text
+
+
+class _GuardedCodeGenerator(CodeGenerator):
+    """Compiles the ``~`` operator to :meth:`ChatSandbox.join_text`, which bounds its size.
+
+    jinja compiles ``a ~ b`` to a call of ``str_join`` that no environment hook sees; this is
+    the one construct whose size the sandbox could not otherwise check before it is built.
+    """
+
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame: Frame) -> None:
+        self.write("environment.join_text((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class _BoundedFormat:
+    """str.format fields checked against the budget before they are formatted."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        guard = budget.active()
+        if guard is not None:
+            budget.check_format_spec(guard, format_spec, value)
+        return super().format_field(value, format_spec)  # type: ignore[misc]
+
+
+class _Formatter(_BoundedFormat, SandboxedFormatter):
+    pass
+
+
+class _EscapeFormatter(_BoundedFormat, SandboxedEscapeFormatter):
+    pass
 
 
 class ChatSandbox(ImmutableSandboxedEnvironment):
     """transformers' sandbox plus the budgets of the active :class:`RenderGuard`."""
 
-    intercepted_binops = frozenset({"*", "+", "**"})
+    code_generator_class = _GuardedCodeGenerator
+    intercepted_binops = frozenset({"*", "+", "**", "%"})
+    concat = staticmethod(_guarded_concat)
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        # In the constructor, not in build_environment: every instance, including the one
+        # that only analyses a template (chat_template_ast), must never run a filter unguarded.
+        self.filters["tojson"] = _tojson
+        self.filters = {name: _guard_filter(name, f) for name, f in self.filters.items()}
+        self.finalize = _finalize
+        self.globals["lipsum"] = _bounded_lipsum
+        self.globals["range"] = _bounded_range
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         """Apply an arithmetic operator after checking the size of its result."""
-        _check_binop(operator, left, right)
-        return self.binop_table[operator](left, right)
+        budget.check_binop(operator, left, right)
+        result = self.binop_table[operator](left, right)
+        budget.charge(result)
+        return result
+
+    def join_text(self, values: Iterable[Any]) -> str:
+        """The ``~`` operator: the values as text, joined, within the budget."""
+        guard = budget.active()
+        if guard is None:
+            return "".join(map(str, values))
+        parts = []
+        size = 0
+        for value in values:
+            if not isinstance(value, str):
+                guard.check_text(value, "~ concatenation")
+                value = str(value)
+            size += len(value)
+            parts.append(value)
+        guard.check_size(size, "~ concatenation")
+        text = "".join(parts)
+        guard.charge(text)
+        return text
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """``str.format`` and ``format_map`` of sandboxed code, with bounded widths.
+
+        Same contract as jinja's (applied at attribute access, so every call is covered), with
+        a formatter that checks each field's width and precision before formatting it.
+        """
+        if not isinstance(value, (types.MethodType, types.BuiltinMethodType)) or (
+            value.__name__ not in ("format", "format_map")
+        ):
+            return None
+        owner = value.__self__
+        if not isinstance(owner, str):
+            return None
+        kind = type(owner)
+        is_map = value.__name__ == "format_map"
+        if isinstance(owner, Markup):
+            formatter: SandboxedFormatter = _EscapeFormatter(self, escape=owner.escape)
+        else:
+            formatter = _Formatter(self)
+
+        def wrapper(*args: Any, **kwargs: Any) -> str:
+            if is_map:
+                if kwargs or len(args) != 1:
+                    raise TypeError("format_map() takes exactly one positional argument")
+                args, kwargs = (), args[0]
+            budget.tick()
+            text = kind(formatter.vformat(owner, args, kwargs))
+            budget.charge(text)
+            return text
+
+        return update_wrapper(wrapper, value)
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         """Sandboxed attribute access, counted against the render time."""
-        _tick()
+        budget.tick()
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
         """Sandboxed item access, counted against the render time."""
-        _tick()
+        budget.tick()
         return super().getitem(obj, argument)
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
@@ -176,9 +213,12 @@ class ChatSandbox(ImmutableSandboxedEnvironment):
         return super().unsafe_undefined(obj, attribute)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
-        """Sandboxed call, counted against the render time (jinja's double-underscore names)."""
-        _tick()
-        return super().call(__context, __obj, *args, **kwargs)
+        """Sandboxed call, checked and charged against the budget (jinja's dunder names)."""
+        budget.tick()
+        args = budget.check_call(__obj, args, kwargs)
+        result = super().call(__context, __obj, *args, **kwargs)
+        budget.charge(result)
+        return result
 
 
 class GenerationTag(jinja2.ext.Extension):
@@ -256,7 +296,7 @@ def _bounded_range(*args: int) -> range:
     # jinja's sandbox already refuses a single range above 100,000 items; the guard also bounds
     # their sum, which nested loops multiply.
     result = range(*args)
-    guard = _ACTIVE_GUARD.get()
+    guard = budget.active()
     if guard is not None:
         guard.charge_range(len(result))
     if len(result) > jinja2.sandbox.MAX_RANGE:
@@ -264,6 +304,46 @@ def _bounded_range(*args: int) -> range:
             f"range of {len(result)} items; the sandbox allows {jinja2.sandbox.MAX_RANGE}"
         )
     return result
+
+
+def _guard_filter(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` (a jinja filter) checked before it runs and charged after."""
+    # Filters marked pass_context/pass_environment/pass_eval_context get that first.
+    offset = 0 if _PassArg.from_obj(function) is None else 1
+
+    @functools.wraps(function)  # keeps jinja_pass_arg, which says what jinja passes first
+    def guarded_filter(*args: Any, **kwargs: Any) -> Any:
+        if budget.active() is None:
+            # jinja folds filters of constants while compiling, outside any render and so
+            # outside any budget ('x'|center(10**9) would allocate then); refusing here makes
+            # the compiler leave the filter to the guarded render.
+            raise RuntimeError("chat template filters run only inside a guarded render")
+        if len(args) > offset:
+            value = args[offset]
+            checked = budget.check_filter(name, value, args[offset + 1 :], kwargs)
+            if checked is not value:
+                args = (*args[:offset], checked, *args[offset + 1 :])
+        result = function(*args, **kwargs)
+        budget.charge(result)
+        return result
+
+    return guarded_filter
+
+
+def _finalize(value: Any) -> Any:
+    # Every {{ expression }} passes here before str(): a container's text is sized first.
+    if not isinstance(value, str):
+        guard = budget.active()
+        if guard is not None:
+            guard.check_text(value, "output of an expression")
+    return value
+
+
+def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002
+    guard = budget.active()
+    if guard is not None and isinstance(n, int) and isinstance(max, int):
+        guard.check_size(n * max * _LIPSUM_WORD_CHARS, "lipsum")
+    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
 
 
 def build_environment(clock: Callable[[], datetime]) -> ChatSandbox:
@@ -275,12 +355,13 @@ def build_environment(clock: Callable[[], datetime]) -> ChatSandbox:
     )
 
     def strftime_now(format: str) -> str:  # noqa: A002 - the name templates use
+        guard = budget.active()
+        if guard is not None:
+            guard.check_size(len(str(format)) * _STRFTIME_EXPANSION, "strftime_now")
         return clock().strftime(format)
 
-    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["dict"] = _DictConstructor()
     env.globals["namespace"] = ChatNamespace
-    env.globals["range"] = _bounded_range
     return env

@@ -53,20 +53,33 @@ _RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"
 class RenderLimits:
     """Bounds on one template and one render; all configurable, all reported as LimitExceeded.
 
-    ``max_render_seconds`` is enforced cooperatively (jinja cannot be interrupted): the clock
-    ``monotonic`` is read during attribute, item, call and operator evaluation. None disables it.
+    ``max_output_chars`` also bounds every single value a render builds; ``max_built_chars``
+    bounds all of them together (intermediate values included), hence the memory one render
+    can hold. ``max_render_seconds`` is enforced cooperatively (jinja cannot be interrupted):
+    the clock ``monotonic`` is read during attribute, item, call, operator and filter
+    evaluation. None disables it.
     """
 
     max_template_chars: int = 1 << 20
     max_output_chars: int = 1 << 22
+    max_built_chars: int = 1 << 27
     max_range_items: int = 10_000_000
     max_render_seconds: float | None = 10.0
     monotonic: Callable[[], float] = field(default=time.monotonic, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("max_template_chars", "max_output_chars", "max_range_items"):
+        for name in (
+            "max_template_chars",
+            "max_output_chars",
+            "max_built_chars",
+            "max_range_items",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RenderLimits.{name} must be positive")
+        if self.max_render_seconds is not None and not self.max_render_seconds > 0:
+            raise ValueError("RenderLimits.max_render_seconds must be positive (or None)")
+        if self.max_built_chars < self.max_output_chars:
+            raise ValueError("RenderLimits.max_built_chars must be at least max_output_chars")
 
 
 def _template_line(tb: TracebackType | None) -> int | None:
@@ -348,6 +361,7 @@ class ChatTemplateRenderer:
             max_range_items=limits.max_range_items,
             deadline=deadline,
             monotonic=limits.monotonic,
+            max_built=limits.max_built_chars,
         )
         pieces: list[str] = []
         size = 0

@@ -5,9 +5,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from tokenkeys import __version__
+from tokenkeys.server.guards import Guards, build_guards
 from tokenkeys.server.http import routes_generate, routes_system, routes_tokenize
 from tokenkeys.server.http.config import HttpConfig
 from tokenkeys.server.http.errors import install_error_handlers
+from tokenkeys.server.http.guard import GuardMiddleware
 from tokenkeys.server.http.metrics import HttpMetrics, MetricsMiddleware
 from tokenkeys.server.http.openapi import install_openapi
 from tokenkeys.server.http.schemas import (
@@ -18,6 +20,7 @@ from tokenkeys.server.http.schemas import (
     TokenizeCompletionRequest,
 )
 from tokenkeys.server.http.state import AppState
+from tokenkeys.server.lifecycle import Lifecycle
 from tokenkeys.server.models import ModelRegistry
 
 _DESCRIPTION = (
@@ -27,8 +30,17 @@ _DESCRIPTION = (
 )
 
 
-def create_app(models: ModelRegistry, config: HttpConfig | None = None) -> FastAPI:
+def create_app(
+    models: ModelRegistry,
+    config: HttpConfig | None = None,
+    *,
+    lifecycle: Lifecycle | None = None,
+    guards: Guards | None = None,
+) -> FastAPI:
     """The HTTP app serving ``models``.
+
+    Every request passes ``guards`` first (default: ``config.auth``, draining of
+    ``lifecycle`` and ``config.limits.max_streams_per_client``); /health reports ``lifecycle``.
 
     A model generates when ``model.extensions["engine"]`` holds an engine (an object with
     ``async generate(prompt_token_ids, params, context)`` like
@@ -36,6 +48,11 @@ def create_app(models: ModelRegistry, config: HttpConfig | None = None) -> FastA
     501 and /tokenize, /detokenize still work.
     """
     config = config or HttpConfig()
+    lifecycle = lifecycle or Lifecycle()
+    if guards is None:
+        guards = build_guards(
+            lifecycle, config.limits.max_streams_per_client, config.auth, config.auth_health
+        )
     app = FastAPI(
         title="tokenkeys",
         version=__version__,
@@ -43,7 +60,7 @@ def create_app(models: ModelRegistry, config: HttpConfig | None = None) -> FastA
         redoc_url=None,
         openapi_url="/openapi.json",
     )
-    app.state.tokenkeys = AppState(models, config, HttpMetrics())
+    app.state.tokenkeys = AppState(models, config, HttpMetrics(), lifecycle)
     install_error_handlers(app)
     routes_system.add_routes(app)
     routes_generate.add_routes(app)
@@ -59,5 +76,7 @@ def create_app(models: ModelRegistry, config: HttpConfig | None = None) -> FastA
         ],
         _DESCRIPTION,
     )
+    # Added last, runs first: refusals by the guards are counted in the metrics too.
+    app.add_middleware(GuardMiddleware, guards=guards)
     app.add_middleware(MetricsMiddleware, metrics=app.state.tokenkeys.metrics)
     return app

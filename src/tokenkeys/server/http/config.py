@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tokenkeys.access.token import BearerTokens
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
 
@@ -39,6 +40,8 @@ class HttpConfig:
     - ``limits``: request limits; ``max_request_bytes`` bounds an HTTP body (413 above it).
     - ``inline_bytes``: bodies up to this size are tokenized on the event loop; larger ones on
       a worker thread so one big request does not stall the others.
+    - ``auth``: bearer tokens every request must carry (None: no authentication);
+      ``auth_health``: whether /health needs one too (default: exempt, for probes).
     """
 
     tokenize_path: str = "/tokenize"
@@ -46,6 +49,8 @@ class HttpConfig:
     default_max_tokens: int = 16
     limits: Limits = field(default_factory=Limits)
     inline_bytes: int = 32_768
+    auth: BearerTokens | None = None
+    auth_health: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tokenize_path", "detokenize_path"):

@@ -38,8 +38,12 @@ def add_routes(app: FastAPI) -> None:
             "max_model_len": max_model_len,
         }
 
-    async def health() -> Response:
-        """200 with an empty body while the server serves (as vLLM's /health)."""
+    async def health(request: Request) -> Response:
+        """200 with an empty body while the server serves (as vLLM's /health); 503 with
+        ``{"status": "draining", "in_flight": N}`` while it shuts down."""
+        lifecycle = state_of(request).lifecycle
+        if lifecycle.draining:
+            return json_response({"status": lifecycle.state, "in_flight": lifecycle.inflight}, 503)
         return Response(status_code=200)
 
     async def metrics(request: Request) -> Response:
@@ -54,7 +58,10 @@ def add_routes(app: FastAPI) -> None:
         health,
         methods=["GET"],
         summary="Liveness",
-        responses={200: {"description": "serving", "content": {}}},
+        responses={
+            200: {"description": "serving", "content": {}},
+            503: {"description": "draining: shutting down, new calls are refused"},
+        },
     )
     app.add_api_route(
         "/metrics",

@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 
+from tokenkeys.access.tls import ServerTls
 from tokenkeys.errors import ConfigError
 
 # uvicorn picks httptools (a dependency) over its pure-Python h11 parser when installed: at 64
@@ -39,8 +40,13 @@ class HttpServer:
         self._task = task
         self.port = port
 
-    async def stop(self) -> None:
-        """Stop accepting, let running requests finish (5 s at most), then return."""
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, let running requests finish (``grace`` seconds at most), return.
+
+        ``tokenkeys serve`` drains before it stops (:mod:`tokenkeys.server.lifecycle`), so by
+        then nothing should be running and the grace is a backstop.
+        """
+        self._server.config.timeout_graceful_shutdown = max(int(grace), 0)
         self._server.should_exit = True
         await self._task
 
@@ -62,9 +68,12 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 async def start_http_server(
-    app: Any, host: str, port: int, *, log_level: str = "warning"
+    app: Any, host: str, port: int, *, log_level: str = "warning", tls: ServerTls | None = None
 ) -> HttpServer:
-    """Serve ``app`` on ``host:port`` (0 picks a free port) until :meth:`HttpServer.stop`."""
+    """Serve ``app`` on ``host:port`` (0 picks a free port) until :meth:`HttpServer.stop`.
+
+    ``tls`` serves HTTPS (requiring client certificates when it names a client CA).
+    """
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
     config = uvicorn.Config(
@@ -75,6 +84,7 @@ async def start_http_server(
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=5,
+        **(tls.uvicorn_options() if tls is not None else {}),
     )
     server = _Embedded(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from tokenkeys.errors import NotFound, Unsupported
 from tokenkeys.server.http.config import HttpConfig
 from tokenkeys.server.http.metrics import HttpMetrics
+from tokenkeys.server.lifecycle import Lifecycle
 from tokenkeys.server.models import ModelRegistry, ServedModel
 
 T = TypeVar("T")
@@ -31,6 +32,7 @@ class AppState:
     models: ModelRegistry
     config: HttpConfig
     metrics: HttpMetrics
+    lifecycle: Lifecycle
 
 
 def state_of(request: Request) -> AppState:

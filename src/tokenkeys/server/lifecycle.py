@@ -1,0 +1,62 @@
+"""Whether this server process serves or drains, and how many calls it has in flight.
+
+``tokenkeys serve`` drains on SIGTERM (or SIGINT): :meth:`Lifecycle.begin_drain` makes the
+call guards refuse every new call but health checks (HTTP 503, gRPC UNAVAILABLE), health
+reports draining, and :meth:`Lifecycle.wait_idle` waits, up to ``--shutdown-timeout``, for the
+calls already admitted (streams included) to finish before the servers stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+
+class Lifecycle:
+    """Serving state of one process; safe to share between the HTTP and gRPC servers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self.draining = False
+        #: Monotonic time the drain began, None while serving.
+        self.drain_started: float | None = None
+
+    @property
+    def state(self) -> str:
+        """``serving`` or ``draining``."""
+        return "draining" if self.draining else "serving"
+
+    @property
+    def inflight(self) -> int:
+        """Calls admitted and not finished yet."""
+        return self._inflight
+
+    def begin_drain(self) -> None:
+        """Refuse new calls from now on (health checks excepted); idempotent."""
+        if not self.draining:
+            self.drain_started = time.monotonic()
+            self.draining = True
+
+    def enter(self) -> None:
+        """Count one admitted call."""
+        with self._lock:
+            self._inflight += 1
+
+    def leave(self) -> None:
+        """Count one finished call."""
+        with self._lock:
+            self._inflight -= 1
+
+    async def wait_idle(self, timeout: float, poll: float = 0.02) -> int:
+        """Wait until no call is in flight or ``timeout`` seconds passed; return how many remain.
+
+        Polls, so that calls counted from other threads or event loops (tests run servers on
+        their own loops) are seen as well.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        while self._inflight > 0 and loop.time() < deadline:
+            await asyncio.sleep(poll)
+        return self._inflight
