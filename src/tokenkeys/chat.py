@@ -39,7 +39,13 @@ from typing import Any, Literal
 
 from tokenkeys.chat_messages import media_kind, normalize_messages
 from tokenkeys.chat_tools import check_tool_choice, normalize_tools, optional
-from tokenkeys.errors import ConfigError, InvalidArgument, TokenkeysError, Unsupported
+from tokenkeys.errors import (
+    ConfigError,
+    InvalidArgument,
+    LimitExceeded,
+    TokenkeysError,
+    Unsupported,
+)
 from tokenkeys.prompt_options import shared_prompt_reason
 from tokenkeys.tokenizer.chat_template import ChatTemplateRenderer, RenderLimits
 from tokenkeys.tokenizer.chat_template_select import select_template
@@ -249,9 +255,39 @@ class ChatPrologue:
         server = self.options.chat_template
         if server is not None and server not in self.templates:
             try:
-                self.renderer(server)
+                self._check_server_template(self.renderer(server))
             except TokenkeysError as exc:
                 raise ConfigError(f"--chat-template: {exc.message}", field="chat_template") from exc
+
+    def _check_server_template(self, renderer: ChatTemplateRenderer) -> None:
+        """Refuse a hostile server template at start rather than on every request.
+
+        Hostile: it reads interpreter internals, or rendering a one-message conversation is
+        stopped by the sandbox, recurses without end, or goes past a render limit. A template
+        that merely rejects the sample (``raise_exception`` about roles, an undefined
+        variable) is left to fail per request, as it would in vLLM.
+        """
+        if renderer.hostile:
+            raise InvalidArgument(
+                "the template reads interpreter internals, which only a hostile template does ("
+                + "; ".join(renderer.hostile[:5])
+                + "); the sandbox would refuse every request: fix the template",
+                field="chat_template",
+            )
+        sample = [{"role": "user", "content": "Hello"}]
+        try:
+            renderer.render(sample, add_generation_prompt=True, special_tokens=self.special_tokens)
+        except LimitExceeded as exc:
+            raise InvalidArgument(
+                f"rendering a one-message conversation goes past a render limit: {exc.message}",
+                field="chat_template",
+            ) from exc
+        except InvalidArgument as exc:
+            if exc.details.get("kind") in ("sandbox", "recursion"):
+                raise InvalidArgument(
+                    f"rendering a one-message conversation fails: {exc.message}",
+                    field="chat_template",
+                ) from exc
 
     def renderer(self, template: str) -> ChatTemplateRenderer:
         """The compiled renderer of a template text (compiled once, then cached)."""

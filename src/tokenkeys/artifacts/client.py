@@ -24,6 +24,7 @@ import grpc
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
+from tokenkeys.access.channel import PLAIN, ChannelSecurity
 from tokenkeys.artifacts.cache import ArtifactCache, Installed
 from tokenkeys.artifacts.install import Receiver
 from tokenkeys.artifacts.manifest import ArtifactLimits
@@ -52,6 +53,7 @@ class PullSettings:
     - ``receive_window``: bytes the server may send ahead of what this client has consumed
       (the HTTP/2 stream window). gRPC's 64 KiB default costs round trips on a fresh
       connection; 8 MiB lets a whole typical tokenizer flow at once (bench_artifacts.py).
+    - ``security``: TLS and bearer token of the channel (default: plain, no token).
     """
 
     chunk_size: int | None = None
@@ -60,6 +62,7 @@ class PullSettings:
     resume_attempts: int = 2
     resume_backoff: float = 0.2
     receive_window: int = 8 * 1024 * 1024
+    security: ChannelSecurity = PLAIN
 
     def channel_options(self) -> list[tuple[str, int]]:
         """gRPC channel arguments for a pull."""
@@ -122,7 +125,7 @@ async def fetch_async(
             if model:
                 store.touch(fingerprint, model, target)
             return hit
-    async with grpc.aio.insecure_channel(target, options=settings.channel_options()) as channel:
+    async with settings.security.aio_channel(target, settings.channel_options()) as channel:
         stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(channel)
         served = model
         if fingerprint is None:

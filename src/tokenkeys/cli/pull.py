@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from tokenkeys.artifacts import ArtifactCache, ArtifactLimits, PullSettings, fetch
+from tokenkeys.cli.access_options import add_client_access_options, channel_security
 from tokenkeys.cli.progress import ProgressBar, human_bytes
 
 
@@ -57,6 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="skip loading the tokenizer (which proves this host reproduces the fingerprint)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_client_access_options(p)
     p.set_defaults(func=run_pull)
 
     p = sub.add_parser(
@@ -89,6 +91,7 @@ def run_pull(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
         limits=ArtifactLimits(args.max_file_bytes, args.max_total_bytes),
         timeout=args.timeout,
+        security=channel_security(args),
     )
     bar = ProgressBar(sys.stderr)
     started = time.monotonic()

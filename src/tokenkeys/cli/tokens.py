@@ -9,6 +9,7 @@ from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 
+from tokenkeys.cli.access_options import add_client_access_options, channel_security
 from tokenkeys.cli.common import add_tokenizer_options, local_models
 from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import InvalidArgument
@@ -21,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--remote", metavar="HOST:PORT", help="ask a tokenkeys server instead")
         p.add_argument("--name", default="", help="served model name (with --remote)")
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        add_client_access_options(p)
 
     p = sub.add_parser("info", help="show a tokenizer's identity and special tokens")
     common(p)
@@ -61,7 +63,7 @@ def _texts(args: argparse.Namespace) -> list[str]:
 
 def run_info(args: argparse.Namespace) -> int:
     if args.remote:
-        with TokenizerClient(args.remote) as client:
+        with TokenizerClient(args.remote, security=channel_security(args)) as client:
             info = client.info(args.name)
     else:
         models = local_models(args)
@@ -83,7 +85,7 @@ def run_info(args: argparse.Namespace) -> int:
 def run_tokenize(args: argparse.Namespace) -> int:
     texts = _texts(args)
     if args.remote:
-        with TokenizerClient(args.remote) as client:
+        with TokenizerClient(args.remote, security=channel_security(args)) as client:
             response = client.tokenize(texts, model=args.name, add_special_tokens=args.special)
         results = [list(r.ids) for r in response.results]
     else:
@@ -99,7 +101,7 @@ def run_tokenize(args: argparse.Namespace) -> int:
 
 def run_detokenize(args: argparse.Namespace) -> int:
     if args.remote:
-        with TokenizerClient(args.remote) as client:
+        with TokenizerClient(args.remote, security=channel_security(args)) as client:
             text = client.detokenize(
                 [args.ids], model=args.name, skip_special_tokens=args.skip_special_tokens
             ).texts[0]

@@ -8,16 +8,22 @@ import grpc
 
 from tokenkeys._gen.openengine.v1 import generation_pb2, tokenizer_pb2_grpc
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
+from tokenkeys.access.channel import PLAIN, ChannelSecurity
 from tokenkeys.errors import from_grpc
 
 
 class TokenizerClient:
-    """Calls one server; gRPC errors surface as the tokenkeys exception tree."""
+    """Calls one server; gRPC errors surface as the tokenkeys exception tree.
 
-    def __init__(self, target: str, *, timeout: float = 30.0) -> None:
+    ``security`` adds TLS and a bearer token (see :class:`~tokenkeys.access.ChannelSecurity`).
+    """
+
+    def __init__(
+        self, target: str, *, timeout: float = 30.0, security: ChannelSecurity = PLAIN
+    ) -> None:
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(
+        self._channel = security.channel(
             target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
         )
         self._stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(self._channel)

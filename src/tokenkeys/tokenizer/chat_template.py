@@ -38,6 +38,7 @@ from tokenkeys.tokenizer.chat_template_ast import (
     ContentFormat,
     detect_content_format,
     free_variables,
+    hostile_constructs,
 )
 
 # transformers' marker for continue_final_message (render_jinja_template, 5.24). The same text
@@ -113,6 +114,7 @@ def _translate(exc: BaseException) -> TokenkeysError:
             "Templates may not reach private attributes, interpreter internals or mutate their "
             "inputs",
             field="chat_template",
+            kind="sandbox",
         )
     if isinstance(exc, UndefinedError):
         return InvalidArgument(
@@ -126,7 +128,11 @@ def _translate(exc: BaseException) -> TokenkeysError:
             field="chat_template",
         )
     if isinstance(exc, RecursionError):
-        return InvalidArgument(f"chat_template recursed too deeply{where}", field="chat_template")
+        return InvalidArgument(
+            f"chat_template recursed too deeply{where}; the render was stopped",
+            field="chat_template",
+            kind="recursion",
+        )
     return InvalidArgument(
         f"chat_template failed while rendering{where}: {type(exc).__name__}: {exc}",
         field="chat_template",
@@ -204,6 +210,8 @@ class ChatTemplateRenderer:
             ) from exc
         self.variables: frozenset[str] = free_variables(template)
         self.content_format: ContentFormat = detect_content_format(ast)
+        #: Reads of interpreter internals (the sandbox refuses them when they run).
+        self.hostile: tuple[str, ...] = tuple(hostile_constructs(ast))
 
     def render(
         self,

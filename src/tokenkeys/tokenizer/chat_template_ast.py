@@ -12,10 +12,15 @@ Both answers drive vLLM's request handling, so they are computed the way vLLM co
   list of ``{"type": "text", "text": ...}`` parts; ``"string"`` otherwise, where text parts are
   joined into one string. Detection follows ``messages`` through ``{% set %}`` aliases
   (``loop_messages = messages[1:]``), filters, tests and slices.
+
+It also finds what only a hostile template writes (:func:`hostile_constructs`): reads of dunder
+attributes, by name or by string, which the sandbox refuses at render time anyway; a server
+refuses such a ``--chat-template`` at start instead of failing every request.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import jinja2.ext
@@ -116,3 +121,20 @@ def detect_content_format(ast: nodes.Template) -> ContentFormat:
     except _Unsupported:
         return "string"
     return "string"
+
+
+_DUNDER = re.compile(r"__\w+__|\.__\w")
+
+
+def hostile_constructs(ast: nodes.Template) -> list[str]:
+    """Places where the template reaches for interpreter internals (``x.__class__``,
+    ``x['__globals__']``, ``x|attr('__init__')``, ``'{0.__class__}'.format(x)``): line and what.
+    """
+    found = []
+    for node in ast.find_all(nodes.Getattr):
+        if node.attr.startswith("__"):
+            found.append(f"line {node.lineno}: attribute {node.attr!r}")
+    for node in ast.find_all(nodes.Const):
+        if isinstance(node.value, str) and _DUNDER.search(node.value):
+            found.append(f"line {node.lineno}: string {node.value[:40]!r}")
+    return found
