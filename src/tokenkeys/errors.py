@@ -77,6 +77,15 @@ class Unauthenticated(TokenkeysError):
     """The request carries no valid credentials (bearer token) for a server that requires them."""
 
 
+class TemplateLimitExceeded(InvalidArgument, LimitExceeded):
+    """A chat template went past a render limit (time, output, values built, range items).
+
+    A limit, but the template is at fault rather than the request's size: reported as a bad
+    argument (HTTP 400, INVALID_ARGUMENT), since :class:`InvalidArgument` comes first in
+    :data:`STATUS_TABLE`.
+    """
+
+
 class TooManyRequests(LimitExceeded):
     """A client holds too many concurrent streams; it may retry once one of them ends."""
 

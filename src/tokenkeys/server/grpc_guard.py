@@ -4,6 +4,10 @@ For each call it builds a :class:`~tokenkeys.server.guards.Call` from the method
 the ``authorization`` metadata, admits it, and releases what the guards hold when the call
 ends, streams included. A refusal is a status from the one status table (UNAUTHENTICATED,
 UNAVAILABLE, RESOURCE_EXHAUSTED) with the guard's message; the servicers never see the call.
+
+The wrapped handlers also parse the request themselves, after admission: gRPC would answer a
+message that does not parse with INTERNAL, which says "server bug"; here it is
+INVALID_ARGUMENT naming the message type.
 """
 
 from __future__ import annotations
@@ -70,25 +74,38 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         admit = self._admit
+        deserialize = handler.request_deserializer
+
+        async def parse(raw: Any, context: grpc.aio.ServicerContext) -> Any:
+            if deserialize is None:
+                return raw
+            try:
+                return deserialize(raw)
+            except Exception as exc:  # protobuf's DecodeError, or anything a parser raises
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"the request of {method} is not a valid message ({len(raw)} bytes): {exc}",
+                )
+                raise AssertionError("unreachable: abort raises") from exc
+
         if handler.unary_unary is not None:
             inner_unary = handler.unary_unary
 
-            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def unary(raw: Any, context: grpc.aio.ServicerContext) -> Any:
                 release = await admit(method, context, False)
                 try:
-                    return await inner_unary(request, context)
+                    return await inner_unary(await parse(raw, context), context)
                 finally:
                     release()
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
-            )
+            return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
-            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
+            async def stream(raw: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
                 release = await admit(method, context, True)
                 try:
+                    request = await parse(raw, context)
                     if inspect.isasyncgenfunction(inner_stream):
                         async for item in inner_stream(request, context):
                             yield item
@@ -97,8 +114,6 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
                 finally:
                     release()
 
-            return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
-            )
+            return grpc.unary_stream_rpc_method_handler(stream, None, handler.response_serializer)
         # Client and bidirectional streams: no service here has one; pass them through.
         return handler

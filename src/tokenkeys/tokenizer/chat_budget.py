@@ -16,7 +16,7 @@ was built afterwards:
   guarded operations (attribute, item, call, operator, filter).
 
 Templates that stay within the limits render exactly as in transformers; what goes past one is
-refused with :class:`~tokenkeys.errors.LimitExceeded` naming it.
+refused with :class:`~tokenkeys.errors.TemplateLimitExceeded` naming it (HTTP 400).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import jinja2.utils
 
-from tokenkeys.errors import LimitExceeded
+from tokenkeys.errors import TemplateLimitExceeded
 
 # Integer powers whose result would exceed this many bits are refused: Python computes them
 # without any bound, and printing one larger than 4300 digits fails anyway.
@@ -73,7 +73,7 @@ class RenderGuard:
         self._ticks += 1
         if self._ticks % _TICKS_PER_CLOCK_READ == 0 and self.deadline is not None:
             if self.monotonic() > self.deadline:
-                raise LimitExceeded(
+                raise TemplateLimitExceeded(
                     "chat_template rendering ran past the render time limit; the template does "
                     "too much work for this request (simplify it or raise the limit)",
                     field="chat_template",
@@ -83,7 +83,7 @@ class RenderGuard:
         """Account for ``items`` produced by ``range`` in this render."""
         self.range_items += items
         if self.range_items > self.max_range_items:
-            raise LimitExceeded(
+            raise TemplateLimitExceeded(
                 f"chat_template iterated over more than {self.max_range_items} range() items "
                 "in one render; loops that large are refused",
                 field="chat_template",
@@ -92,7 +92,7 @@ class RenderGuard:
     def check_size(self, size: int, what: str) -> None:
         """Refuse building a value longer than the output limit."""
         if size > self.max_chars:
-            raise LimitExceeded(
+            raise TemplateLimitExceeded(
                 f"chat_template {what} would build a value of {size} items, above the "
                 f"{self.max_chars}-character output limit",
                 field="chat_template",
@@ -103,7 +103,7 @@ class RenderGuard:
         if isinstance(value, (str, list, tuple, dict)):
             self.built += len(value)
             if self.built > self.max_built:
-                raise LimitExceeded(
+                raise TemplateLimitExceeded(
                     f"chat_template built more than {self.max_built} characters of values in "
                     "one render (max_built_chars); the template makes too many or too large "
                     "intermediate values",
@@ -113,7 +113,7 @@ class RenderGuard:
     def check_text(self, value: Any, what: str) -> None:
         """Refuse converting a container whose text would exceed the output limit."""
         if not isinstance(value, str) and text_size(value, self.max_chars) > self.max_chars:
-            raise LimitExceeded(
+            raise TemplateLimitExceeded(
                 f"chat_template {what} would turn a value of more than {self.max_chars} "
                 "characters into text, above the output limit",
                 field="chat_template",
@@ -222,7 +222,7 @@ def check_binop(operator: str, left: Any, right: Any) -> None:
     elif operator == "**":
         if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
             if abs(left).bit_length() * right > MAX_POWER_BITS:
-                raise LimitExceeded(
+                raise TemplateLimitExceeded(
                     f"chat_template computes {left} ** {right}, an integer above "
                     f"{MAX_POWER_BITS} bits; refused",
                     field="chat_template",

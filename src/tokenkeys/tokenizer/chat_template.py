@@ -17,7 +17,8 @@ Matched against transformers 5.24 (``tokenization_utils_base.py`` ``apply_chat_t
 
 Every template failure becomes :class:`~tokenkeys.errors.InvalidArgument` naming
 ``chat_template`` (vLLM answers 400 for the same failures); render limits become
-:class:`~tokenkeys.errors.LimitExceeded`.
+:class:`~tokenkeys.errors.TemplateLimitExceeded` (a LimitExceeded that is also reported as a
+bad argument, 400: the template is at fault, not the size of the request).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import jinja2
 from jinja2.exceptions import SecurityError, TemplateSyntaxError, UndefinedError
 
-from tokenkeys.errors import InvalidArgument, LimitExceeded, TokenkeysError
+from tokenkeys.errors import InvalidArgument, TemplateLimitExceeded, TokenkeysError
 from tokenkeys.tokenizer.chat_env import RenderGuard, TemplateRaised, build_environment, guarded
 from tokenkeys.tokenizer.chat_template_ast import (
     ContentFormat,
@@ -52,7 +53,7 @@ _RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"
 
 @dataclass(frozen=True)
 class RenderLimits:
-    """Bounds on one template and one render; all configurable, all reported as LimitExceeded.
+    """Bounds on one template and one render, all configurable; past one: TemplateLimitExceeded.
 
     ``max_output_chars`` also bounds every single value a render builds; ``max_built_chars``
     bounds all of them together (intermediate values included), hence the memory one render
@@ -123,7 +124,7 @@ def _translate(exc: BaseException) -> TokenkeysError:
             field="chat_template",
         )
     if isinstance(exc, MemoryError):
-        return LimitExceeded(
+        return TemplateLimitExceeded(
             "chat_template rendering ran out of memory; the template builds a value too large",
             field="chat_template",
         )
@@ -189,7 +190,7 @@ class ChatTemplateRenderer:
                 field="chat_template",
             )
         if len(template) > self.limits.max_template_chars:
-            raise LimitExceeded(
+            raise TemplateLimitExceeded(
                 f"chat_template has {len(template)} characters; the limit is "
                 f"{self.limits.max_template_chars}",
                 field="chat_template",
@@ -378,7 +379,7 @@ class ChatTemplateRenderer:
                 for piece in self._compiled.generate(context):
                     size += len(piece)
                     if size > limits.max_output_chars:
-                        raise LimitExceeded(
+                        raise TemplateLimitExceeded(
                             f"chat_template output exceeds the {limits.max_output_chars}-"
                             "character limit",
                             field="chat_template",
