@@ -89,6 +89,7 @@ async def start_stack(
     models: ModelRegistry | None = None,
     spec: CacheKeySpec | Callable[[ServedModel], CacheKeySpec] | None = None,
     host: str = "127.0.0.1",
+    limits: Limits | None = None,
 ) -> EngineStack:
     """Start the engine services for ``models`` (default: the embedded tokenizer)."""
     models = models or default_models()
@@ -104,7 +105,7 @@ async def start_stack(
         ],
         host,
         0,
-        Limits(),
+        limits or Limits(),
     )
     await runtime.start(host, port)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 from tokenkeys.chat import ChatOptions
 from tokenkeys.engine.core import Engine
@@ -66,9 +67,12 @@ def registry(
 class HttpServerThread:
     """A real uvicorn server of ``create_app(models, config)`` on 127.0.0.1, own loop and thread."""
 
-    def __init__(self, models: ModelRegistry, config: HttpConfig | None = None) -> None:
+    def __init__(
+        self, models: ModelRegistry, config: HttpConfig | None = None, *, tls: Any = None
+    ) -> None:
         self.models = models
         self.config = config or HttpConfig()
+        self.tls = tls
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._ready = threading.Event()
@@ -79,7 +83,9 @@ class HttpServerThread:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            self.server = self.loop.run_until_complete(start_http_server(self.app, "127.0.0.1", 0))
+            self.server = self.loop.run_until_complete(
+                start_http_server(self.app, "127.0.0.1", 0, tls=self.tls)
+            )
             self.port = self.server.port
         except BaseException as exc:  # reported to the starting test
             self._error = exc
@@ -90,7 +96,7 @@ class HttpServerThread:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> HttpServerThread:
         self._thread.start()
