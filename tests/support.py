@@ -82,13 +82,15 @@ class ServerThread:
         self._thread.join(10)
 
 
-def run_cli(*args: str, cwd: Path | None = None, check: bool = True):  # noqa: ANN201
+def run_cli(  # noqa: ANN201
+    *args: str, cwd: Path | None = None, check: bool = True, env_extra: dict | None = None
+):
     """Run ``tokenkeys ARGS`` in a subprocess on this checkout's sources."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env_extra or {})}
     return subprocess.run(
         [sys.executable, "-m", "tokenkeys.cli", *args],
         cwd=cwd,
