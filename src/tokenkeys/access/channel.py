@@ -25,19 +25,22 @@ def _with_token(metadata: Any, value: str) -> list[tuple[str, str]]:
     return items
 
 
-class _AioToken(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-):
+class _AioToken:
     def __init__(self, value: str) -> None:
         self._value = value
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         return details._replace(metadata=_with_token(details.metadata, self._value))
 
+
+# grpc.aio files an interceptor under the first kind it is an instance of, so each kind of
+# call needs its own class.
+class _AioUnaryToken(_AioToken, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # noqa: ANN001, ANN201
         return await continuation(self._details(client_call_details), request)
 
+
+class _AioStreamToken(_AioToken, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):  # noqa: ANN001, ANN201
         return await continuation(self._details(client_call_details), request)
 
@@ -88,7 +91,8 @@ class ChannelSecurity:
 
     def aio_channel(self, target: str, options: Options = ()) -> grpc.aio.Channel:
         """An asyncio channel to ``target``."""
-        interceptors = [_AioToken(f"Bearer {self.token}")] if self.token else None
+        value = f"Bearer {self.token}"
+        interceptors = [_AioUnaryToken(value), _AioStreamToken(value)] if self.token else None
         opts = self._options(options)
         if self.tls is not None:
             return grpc.aio.secure_channel(
