@@ -9,8 +9,15 @@ import signal
 import sys
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
-from tokenkeys.cli.common import add_tokenizer_options, local_models
+from tokenkeys.cli.common import (
+    add_key_spec_options,
+    add_tokenizer_options,
+    key_spec_options,
+    local_models,
+)
+from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.limits import Limits
+from tokenkeys.server.cache_key_service import attach_cache_keys
 from tokenkeys.server.grpc_server import start_grpc_server
 from tokenkeys.server.tokenizer_service import TokenizerService
 
@@ -26,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-texts-per-request", type=int, default=Limits.max_texts_per_request)
     p.add_argument("--max-tokens-per-request", type=int, default=Limits.max_tokens_per_request)
     p.add_argument("--max-chars-per-text", type=int, default=Limits.max_chars_per_text)
+    add_key_spec_options(p, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
     p.set_defaults(func=run)
 
 
@@ -40,7 +48,10 @@ def limits_from(args: argparse.Namespace) -> Limits:
 
 async def _serve(args: argparse.Namespace) -> int:
     limits = limits_from(args)
+    # The spec first: a bad cache-key option stops the server before any tokenizer loads.
+    spec = build_spec(key_spec_options(args))
     models = local_models(args, limits)
+    attach_cache_keys(models, spec, limits)
     service = TokenizerService(models)
     server, port = await start_grpc_server(
         [lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s)],
@@ -54,6 +65,14 @@ async def _serve(args: argparse.Namespace) -> int:
             f"backend {model.tokenizer.options.backend})",
             flush=True,
         )
+    if spec is not None:
+        print(
+            f"cache keys: {spec.profile_id}, hash unit {spec.hash_unit}, root "
+            f"{spec.root_derivation}, spec fingerprint {spec.fingerprint}",
+            flush=True,
+        )
+    else:
+        print("cache keys: no spec served (--cache-key-profile none)", flush=True)
     print(f"gRPC listening on {args.host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

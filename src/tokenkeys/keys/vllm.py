@@ -201,6 +201,12 @@ class VllmProfile(Profile):
         refuse_unsupported(
             self.id, ctx, n_blocks, adapter=True, salt=True, mm=True, embeds=True, groups=True
         )
+        if ctx.parent is not None and len(ctx.parent) != self.digest_size:
+            raise InvalidArgument(
+                f"parent must be a {self.digest_size}-byte {self.algorithm} block digest, got "
+                f"{len(ctx.parent)} bytes",
+                field="parent",
+            )
         if self.tagged and ctx.adapter is not None and ctx.adapter.path is None:
             raise InvalidArgument(
                 f"{self.id} hashes ('lora', name, path): give the adapter path exactly as the "
