@@ -14,8 +14,6 @@ from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as tpb
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.keys import Adapter, KeyContext, MMItem, block_keys, make_spec
 from tokenkeys.keys.proto import (
-    context_from_message,
-    context_to_message,
     request_to_message,
     spec_from_message,
 )
@@ -408,20 +406,3 @@ def test_concurrent_clients_get_exact_keys(server) -> None:
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         for f in [pool.submit(work, s) for s in range(8)]:
             f.result()
-
-
-def test_context_message_round_trip() -> None:
-    ctx = KeyContext(
-        model="m",
-        tokenizer_fingerprint="f" * 64,
-        adapter=Adapter("a", "/p"),
-        cache_salt="s",
-        mm_items=(MMItem("i", 1, 2),),
-        prompt_embeds_digests=(_digest(0),),
-        group=1,
-        parent=b"\x01" * 32,
-    )
-    message = context_to_message(ctx)
-    assert message.HasField("group") and message.group == 1
-    assert context_from_message(message) == ctx
-    assert context_from_message(kpb.KeyContext()) == KeyContext()
