@@ -406,3 +406,10 @@ def test_concurrent_clients_get_exact_keys(server) -> None:
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         for f in [pool.submit(work, s) for s in range(8)]:
             f.result()
+
+
+def test_every_u32_token_id_is_keyed(stub) -> None:
+    # Token ids are any u32 (SGLang multimodal pad values lie outside every vocabulary).
+    tokens = [0, 23, 24, 255, 256, 65535, 65536, 2**32 - 1] * 4
+    result = _compute(stub, request_to_message(tokens)).results[0]
+    assert _keys(result) == block_keys(tokens, SPEC)

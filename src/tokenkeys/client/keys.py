@@ -28,6 +28,9 @@ from tokenkeys.keys.strategy import KeyRequest, KeyStrategy
 
 log = logging.getLogger(__name__)
 
+# The largest answer accepted (a spec with its vectors); servers refuse to serve larger ones.
+MAX_SPEC_BYTES = 64 * 1024 * 1024
+
 
 class CacheKeyClient:
     """Calls the cache-key RPCs of one served model; gRPC errors become the tokenkeys tree.
@@ -57,7 +60,7 @@ class CacheKeyClient:
         self.max_requests_per_call = max_requests_per_call
         self.max_tokens_per_call = max_tokens_per_call
         self._channel = grpc.insecure_channel(
-            target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+            target, options=[("grpc.max_receive_message_length", MAX_SPEC_BYTES)]
         )
         self._stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(self._channel)
 

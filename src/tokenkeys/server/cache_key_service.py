@@ -14,7 +14,7 @@ from array import array
 from dataclasses import dataclass
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2 as pb
-from tokenkeys.errors import FailedPrecondition, TokenkeysError
+from tokenkeys.errors import ConfigError, FailedPrecondition, TokenkeysError
 from tokenkeys.keys import CacheKeySpec, KeyContext, block_keys
 from tokenkeys.keys.proto import (
     context_from_message,
@@ -28,6 +28,8 @@ from tokenkeys.limits import Limits
 from tokenkeys.server.models import ModelRegistry
 
 EXTENSION = "cache_keys"
+# The largest GetCacheKeySpec answer clients accept (CacheKeyClient's receive limit).
+MAX_SPEC_BYTES = 64 * 1024 * 1024
 
 # Above this many tokens in one call the keys are computed on a worker thread, so one large
 # call does not hold up the event loop's other RPCs for its whole duration.
@@ -60,6 +62,14 @@ class CacheKeyService:
             True: spec_to_message(spec, include_vectors=True),
             False: spec_to_message(spec, include_vectors=False),
         }
+        size = self._messages[True].ByteSize()
+        if size > MAX_SPEC_BYTES:
+            raise ConfigError(
+                f"the {spec.profile_id} spec with hash unit {spec.hash_unit} carries "
+                f"{size} bytes of test vectors, more than a client receives in one message "
+                f"({MAX_SPEC_BYTES}); use a smaller --block-size",
+                field="block_size",
+            )
 
     def spec_message(self, include_vectors: bool = True) -> pb.CacheKeySpec:
         """The GetCacheKeySpec answer (built once)."""
