@@ -115,4 +115,11 @@ def from_grpc(error: grpc.RpcError) -> TokenkeysError:
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
     cls = _CODE_TO_CLASS.get(code, TokenkeysError)
-    return cls(f"{details} (gRPC {code.name})", grpc_code=code.name)
+    # The server puts machine-readable context in trailing metadata (tokenkeys-<name>).
+    context: dict[str, Any] = {}
+    trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key.startswith("tokenkeys-") and isinstance(value, str):
+            context[key.removeprefix("tokenkeys-").replace("-", "_")] = value
+    field = context.pop("field", None)
+    return cls(f"{details} (gRPC {code.name})", field=field, grpc_code=code.name, **context)

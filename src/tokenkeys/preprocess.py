@@ -8,12 +8,15 @@ construction, the count generation produces for it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from tokenkeys.chat import ChatOptions, ChatPrologue
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.limits import Limits
 from tokenkeys.tokenizer import Tokenizer, Truncation
+from tokenkeys.tokenizer.specials import template_special_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +45,17 @@ def _strip_nul(text: str) -> tuple[str, list[int] | None]:
     return text.replace("\x00", ""), kept
 
 
+@dataclass(frozen=True, slots=True)
+class ChatTokenized:
+    """A rendered chat: the prompt text the template produced and its tokens."""
+
+    prompt: str
+    tokens: Tokenized
+
+
 @dataclass
 class Preprocessor:
-    """Normalize, (template,) encode: shared by generation and by every tokenize report.
+    """Normalize, template, encode: shared by generation and by every tokenize report.
 
     ``add_special_tokens=None`` means the served default for that path, read from the
     tokenizer's options (which are part of its fingerprint).
@@ -52,6 +63,14 @@ class Preprocessor:
 
     tokenizer: Tokenizer
     limits: Limits = field(default_factory=Limits)
+    chat_options: ChatOptions = field(default_factory=ChatOptions)
+
+    def __post_init__(self) -> None:
+        self.chat = ChatPrologue(
+            self.tokenizer.chat_templates,
+            template_special_tokens(self.tokenizer.folder),
+            self.chat_options,
+        )
 
     def normalize(self, text: str, nul: str | None = None) -> tuple[str, list[int] | None]:
         """Apply the text normalization of this deployment (NUL handling)."""
@@ -101,6 +120,31 @@ class Preprocessor:
             strs = self.tokenizer.token_strs(enc.ids) if token_strs else None
             results.append(Tokenized(enc.ids, strs, spans))
         return results
+
+    def tokenize_chat(
+        self,
+        request: Mapping[str, Any],
+        *,
+        add_special_tokens: bool | None = None,
+        token_strs: bool = False,
+    ) -> ChatTokenized:
+        """Render a chat request (OpenAI/vLLM body as a dict) and encode it.
+
+        The chat prologue (content parts, tool calls, template kwargs defaults, template
+        selection) and the 501 checks for what generation cannot do exactly all live in
+        :class:`~tokenkeys.chat.ChatPrologue`; both /v1/chat/completions and /tokenize call
+        this one method, so they cannot disagree.
+        """
+        prompt = self.chat.render(self.chat.prepare(request))
+        if add_special_tokens is None:
+            add_special_tokens = self.tokenizer.options.add_special_tokens_chat
+        result = self.tokenize_prompts(
+            [prompt],
+            add_special_tokens=add_special_tokens,
+            token_strs=token_strs,
+            field_name="messages",
+        )[0]
+        return ChatTokenized(prompt, result)
 
     def detokenize(
         self,

@@ -187,5 +187,7 @@ def test_many_concurrent_clients_get_exact_answers(grpc_server) -> None:
 
 
 def test_fingerprint_mismatch_via_client(client: TokenizerClient) -> None:
-    with pytest.raises(FailedPrecondition, match="fingerprint is now"):
+    with pytest.raises(FailedPrecondition, match="fingerprint is now") as info:
         client.tokenize(["x"], expected_fingerprint="f" * 64)
+    assert info.value.details["fingerprint"] == client.info().fingerprint
+    assert info.value.field == "expected_fingerprint"

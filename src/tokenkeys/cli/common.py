@@ -58,12 +58,15 @@ def local_models(args: argparse.Namespace, limits: Limits | None = None) -> Mode
     """Load the models named by the arguments in this process."""
     specs = args.model if isinstance(args.model, list) else [args.model] if args.model else []
     return load_models(
-        [ModelSource.parse(s) for s in specs], tokenizer_options(args), limits or Limits()
+        [ModelSource.parse(s) for s in specs],
+        tokenizer_options(args),
+        limits or Limits(),
+        artifact_chunk_size=getattr(args, "artifact_chunk_size", None),
     )
 
 
 def add_key_spec_options(
-    parser: argparse.ArgumentParser, *, profile_flag: str, default_profile: str | None
+    parser: argparse._ActionsContainer, *, profile_flag: str, default_profile: str | None
 ) -> None:
     """The cache-key spec options (profile, block size, root, KV-cache groups)."""
     shown = default_profile or "none; required"

@@ -15,9 +15,12 @@ from tokenkeys.cli.common import (
     key_spec_options,
     local_models,
 )
+from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.limits import Limits
 from tokenkeys.server.cache_key_service import attach_cache_keys
+from tokenkeys.server.engine_runtime import EngineRuntime
+from tokenkeys.server.engine_services import engine_service_adders
 from tokenkeys.server.grpc_server import start_grpc_server
 from tokenkeys.server.tokenizer_service import TokenizerService
 
@@ -33,7 +36,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-texts-per-request", type=int, default=Limits.max_texts_per_request)
     p.add_argument("--max-tokens-per-request", type=int, default=Limits.max_tokens_per_request)
     p.add_argument("--max-chars-per-text", type=int, default=Limits.max_chars_per_text)
-    add_key_spec_options(p, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
+    p.add_argument(
+        "--artifact-chunk-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
+    )
+    keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
+    add_key_spec_options(keys, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
+    add_engine_options(p)
     p.set_defaults(func=run)
 
 
@@ -51,14 +63,25 @@ async def _serve(args: argparse.Namespace) -> int:
     # The spec first: a bad cache-key option stops the server before any tokenizer loads.
     spec = build_spec(key_spec_options(args))
     models = local_models(args, limits)
+    # Every model gets the spec; the simulated engine keys its blocks with the same one
+    # (local_engine.deployment_spec reads it from there).
     attach_cache_keys(models, spec, limits)
     service = TokenizerService(models)
+    runtime = EngineRuntime(models, engine_config_from(args))
     server, port = await start_grpc_server(
-        [lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s)],
+        [
+            lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s),
+            *engine_service_adders(models, runtime),
+        ],
         args.host,
         args.grpc_port,
         limits,
     )
+    try:
+        await runtime.start(args.host, port)
+    except BaseException:
+        await server.stop(None)
+        raise
     for model in models:
         print(
             f"serving {model.name} (fingerprint {model.tokenizer.fingerprint}, "
@@ -73,13 +96,17 @@ async def _serve(args: argparse.Namespace) -> int:
         )
     else:
         print("cache keys: no spec served (--cache-key-profile none)", flush=True)
+    for line in runtime.describe():
+        print(line, flush=True)
     print(f"gRPC listening on {args.host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    runtime.begin_shutdown()  # KV-event subscribers get their terminal message during the grace
     await server.stop(grace=5.0)
+    await runtime.close()
     return 0
 
 

@@ -1,1 +1,6 @@
-"""events package."""
+"""KV-cache events: frozen event values, wire codecs, and the ZMQ transport that moves them.
+
+Modules: ``model`` (events, batches, SpecRef, EventSourceInfo), ``vllm_codec`` (vLLM msgpack),
+``zmq_publisher`` / ``zmq_subscriber`` / ``zmq_endpoint`` (bytes over ZMQ, vLLM framing and
+replay), ``stream`` (one engine's numbered fan-out to ZMQ and in-process subscribers).
+"""

@@ -66,6 +66,19 @@ def tokenizer_identity(tokenizer: Tokenizer) -> pb.TokenizerIdentity:
     )
 
 
+def supported_operations(model: ServedModel) -> list[int]:
+    """The OpenEngineTokenizer operations served for ``model`` (TokenizerOperation values)."""
+    operations = [pb.TOKENIZER_OPERATION_TOKENIZE, pb.TOKENIZER_OPERATION_DETOKENIZE]
+    if "artifacts" in model.extensions:
+        operations.append(pb.TOKENIZER_OPERATION_ARTIFACTS)
+    if "cache_keys" in model.extensions:
+        operations += [
+            pb.TOKENIZER_OPERATION_CACHE_KEY_SPEC,
+            pb.TOKENIZER_OPERATION_COMPUTE_CACHE_KEYS,
+        ]
+    return operations
+
+
 def tokenizer_info(model: ServedModel, served_names: list[str]) -> pb.TokenizerInfo:
     """Build the TokenizerInfo answer for one served model."""
     tok = model.tokenizer
@@ -79,14 +92,7 @@ def tokenizer_info(model: ServedModel, served_names: list[str]) -> pb.TokenizerI
         if ref is not None:
             getattr(specials, role).CopyFrom(pb.SpecialToken(content=ref.content, id=ref.id))
     template = model.extensions.get("chat_template") or tok.chat_templates.get("default")
-    operations = [pb.TOKENIZER_OPERATION_TOKENIZE, pb.TOKENIZER_OPERATION_DETOKENIZE]
-    if "artifacts" in model.extensions:
-        operations.append(pb.TOKENIZER_OPERATION_ARTIFACTS)
-    if "cache_keys" in model.extensions:
-        operations += [
-            pb.TOKENIZER_OPERATION_CACHE_KEY_SPEC,
-            pb.TOKENIZER_OPERATION_COMPUTE_CACHE_KEYS,
-        ]
+    operations = supported_operations(model)
     return pb.TokenizerInfo(
         fingerprint=tok.fingerprint,
         backend=tok.options.backend,

@@ -102,6 +102,10 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
     ) -> AsyncIterator[pb.TokenizerArtifactChunk]:
         model = self._models.get(request.model)
         streamer = _extension(model, "artifacts", "GetTokenizerArtifacts")
+        model.check_fingerprint(
+            request.expected_fingerprint if request.HasField("expected_fingerprint") else None,
+            "expected_fingerprint",
+        )
         async for chunk in streamer.stream(request, context):
             yield chunk
 

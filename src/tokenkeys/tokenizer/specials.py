@@ -107,6 +107,27 @@ def read_specials(folder: TokenizerFolder, backend: TokenizerBackend) -> Special
     return Specials(refs["bos"], tuple(eos), refs["pad"], refs["unk"], added, max_len)
 
 
+# The named tokens transformers passes to chat templates (its ``special_tokens_map``).
+TEMPLATE_TOKEN_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+
+
+def template_special_tokens(folder: TokenizerFolder) -> dict[str, str]:
+    """``{"bos_token": "<s>", ...}`` as transformers hands them to a chat template.
+
+    Only tokens the tokenizer files declare by role; generation_config's extra EOS ids are
+    not template variables.
+    """
+    config = folder.json("tokenizer_config.json")
+    smap = folder.json("special_tokens_map.json")
+    out = {}
+    for role in TEMPLATE_TOKEN_ROLES:
+        key = f"{role}_token"
+        content = _content(config[key]) if key in config else _content(smap.get(key))
+        if content:
+            out[key] = content
+    return out
+
+
 def read_chat_templates(folder: TokenizerFolder) -> dict[str, str]:
     """Collect named chat templates the way transformers 5 and vLLM find them.
 

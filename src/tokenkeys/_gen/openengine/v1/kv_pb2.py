@@ -28,15 +28,15 @@ from tokenkeys._gen.openengine.v1 import cache_keys_pb2 as openengine_dot_v1_dot
 from tokenkeys._gen.openengine.v1 import error_pb2 as openengine_dot_v1_dot_error__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16openengine/v1/kv.proto\x12\ropenengine.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1eopenengine/v1/cache_keys.proto\x1a\x19openengine/v1/error.proto\"\xaf\x01\n\x0cKvSessionRef\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10transfer_backend\x18\x02 \x01(\t\x12,\n\tendpoints\x18\x03 \x03(\x0b\x32\x19.openengine.v1.KvEndpoint\x12\x0f\n\x07\x64p_rank\x18\x04 \x01(\r\x12\x32\n\x11\x61ttributes_struct\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\":\n\nKvEndpoint\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x10\n\x08protocol\x18\x03 \x01(\t\"\xbc\x03\n\x0fKvConnectorInfo\x12\x14\n\x07\x65nabled\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x18\n\x10transfer_backend\x18\x02 \x01(\t\x12\x32\n\x0flocal_endpoints\x18\x03 \x03(\x0b\x32\x19.openengine.v1.KvEndpoint\x12\x1b\n\x13supported_protocols\x18\x04 \x03(\t\x12$\n\x17supports_remote_prefill\x18\x05 \x01(\x08H\x01\x88\x01\x01\x12!\n\x14supports_decode_pull\x18\x06 \x01(\x08H\x02\x88\x01\x01\x12#\n\x16supports_abort_cleanup\x18\x07 \x01(\x08H\x03\x88\x01\x01\x12\x1b\n\x0esupports_drain\x18\x08 \x01(\x08H\x04\x88\x01\x01\x12\x1b\n\x0eschema_version\x18\t \x01(\rH\x05\x88\x01\x01\x42\n\n\x08_enabledB\x1a\n\x18_supports_remote_prefillB\x17\n\x15_supports_decode_pullB\x19\n\x17_supports_abort_cleanupB\x11\n\x0f_supports_drainB\x11\n\x0f_schema_version\"7\n\x18GetKvEventSourcesRequest\x12\x1b\n\x13\x64\x61ta_parallel_ranks\x18\x01 \x03(\r\"J\n\x19GetKvEventSourcesResponse\x12-\n\x07sources\x18\x01 \x03(\x0b\x32\x1c.openengine.v1.KvEventSource\"\x9e\x03\n\rKvEventSource\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x30\n\rendpoint_addr\x18\x02 \x01(\x0b\x32\x19.openengine.v1.KvEndpoint\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x17\n\x0freplay_endpoint\x18\x04 \x01(\t\x12\x1f\n\x12\x64\x61ta_parallel_rank\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08\x65ncoding\x18\x06 \x01(\t\x12\x1b\n\x0eschema_version\x18\x07 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x0c\x62uffer_steps\x18\x08 \x01(\rH\x02\x88\x01\x01\x12\x10\n\x03hwm\x18\t \x01(\rH\x03\x88\x01\x01\x12\x1b\n\x0emax_queue_size\x18\n \x01(\rH\x04\x88\x01\x01\x12\x30\n\x08key_spec\x18\x64 \x01(\x0b\x32\x1e.openengine.v1.CacheKeySpecRefB\x15\n\x13_data_parallel_rankB\x11\n\x0f_schema_versionB\x0f\n\r_buffer_stepsB\x06\n\x04_hwmB\x11\n\x0f_max_queue_size\"p\n\x18SubscribeKvEventsRequest\x12\x1b\n\x13\x64\x61ta_parallel_ranks\x18\x01 \x03(\r\x12\x18\n\x10include_snapshot\x18\x02 \x01(\x08\x12\x1d\n\x15start_sequence_number\x18\x03 \x01(\x04\"\x7f\n\x19SubscribeKvEventsResponse\x12,\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1b.openengine.v1.KvEventBatchH\x00\x12+\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1a.openengine.v1.EngineErrorH\x00\x42\x07\n\x05\x65vent\"\xbb\x01\n\x0cKvEventBatch\x12\x17\n\x0fsequence_number\x18\x01 \x01(\x04\x12\x1c\n\x14timestamp_unix_nanos\x18\x02 \x01(\x04\x12\x1a\n\x12\x64\x61ta_parallel_rank\x18\x03 \x01(\r\x12&\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x16.openengine.v1.KvEvent\x12\x30\n\x08key_spec\x18\x64 \x01(\x0b\x32\x1e.openengine.v1.CacheKeySpecRef\"\x80\x02\n\x07KvEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\nkv_session\x18\x02 \x01(\x0b\x32\x1b.openengine.v1.KvSessionRef\x12\x32\n\x0c\x62lock_stored\x18\n \x01(\x0b\x32\x1a.openengine.v1.BlockStoredH\x00\x12\x34\n\rblock_removed\x18\x0b \x01(\x0b\x32\x1b.openengine.v1.BlockRemovedH\x00\x12=\n\x12\x61ll_blocks_cleared\x18\x0c \x01(\x0b\x32\x1f.openengine.v1.AllBlocksClearedH\x00\x42\x07\n\x05\x65vent\"\xf7\x02\n\x0b\x42lockStored\x12\x30\n\x0c\x62lock_hashes\x18\x01 \x03(\x0b\x32\x1a.openengine.v1.KvBlockHash\x12\x35\n\x11parent_block_hash\x18\x02 \x01(\x0b\x32\x1a.openengine.v1.KvBlockHash\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x0f\n\x07lora_id\x18\x05 \x01(\x03\x12\x11\n\tlora_name\x18\x06 \x01(\t\x12,\n\x06medium\x18\x07 \x01(\x0e\x32\x1c.openengine.v1.StorageMedium\x12\x31\n\nextra_keys\x18\x14 \x03(\x0b\x32\x1d.openengine.v1.OpaqueKeyTuple\x12\x11\n\tgroup_idx\x18\x15 \x01(\r\x12\x1a\n\x12kv_cache_spec_kind\x18\x16 \x01(\t\x12$\n\x1ckv_cache_spec_sliding_window\x18\x17 \x01(\r\"\x81\x01\n\x0c\x42lockRemoved\x12\x30\n\x0c\x62lock_hashes\x18\x01 \x03(\x0b\x32\x1a.openengine.v1.KvBlockHash\x12,\n\x06medium\x18\x02 \x01(\x0e\x32\x1c.openengine.v1.StorageMedium\x12\x11\n\tgroup_idx\x18\x03 \x01(\r\"\x12\n\x10\x41llBlocksCleared\".\n\x0bKvBlockHash\x12\r\n\x05value\x18\x01 \x01(\x0c\x12\x10\n\x08\x65ncoding\x18\x02 \x01(\t\" \n\x0eOpaqueKeyTuple\x12\x0e\n\x06values\x18\x01 \x03(\t*\x9c\x01\n\rStorageMedium\x12\x1e\n\x1aSTORAGE_MEDIUM_UNSPECIFIED\x10\x00\x12\x16\n\x12STORAGE_MEDIUM_GPU\x10\x01\x12\x1d\n\x19STORAGE_MEDIUM_CPU_PINNED\x10\x02\x12\x17\n\x13STORAGE_MEDIUM_DISK\x10\x03\x12\x1b\n\x17STORAGE_MEDIUM_EXTERNAL\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16openengine/v1/kv.proto\x12\ropenengine.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1eopenengine/v1/cache_keys.proto\x1a\x19openengine/v1/error.proto\"\xaf\x01\n\x0cKvSessionRef\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10transfer_backend\x18\x02 \x01(\t\x12,\n\tendpoints\x18\x03 \x03(\x0b\x32\x19.openengine.v1.KvEndpoint\x12\x0f\n\x07\x64p_rank\x18\x04 \x01(\r\x12\x32\n\x11\x61ttributes_struct\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\":\n\nKvEndpoint\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x10\n\x08protocol\x18\x03 \x01(\t\"\xbc\x03\n\x0fKvConnectorInfo\x12\x14\n\x07\x65nabled\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x18\n\x10transfer_backend\x18\x02 \x01(\t\x12\x32\n\x0flocal_endpoints\x18\x03 \x03(\x0b\x32\x19.openengine.v1.KvEndpoint\x12\x1b\n\x13supported_protocols\x18\x04 \x03(\t\x12$\n\x17supports_remote_prefill\x18\x05 \x01(\x08H\x01\x88\x01\x01\x12!\n\x14supports_decode_pull\x18\x06 \x01(\x08H\x02\x88\x01\x01\x12#\n\x16supports_abort_cleanup\x18\x07 \x01(\x08H\x03\x88\x01\x01\x12\x1b\n\x0esupports_drain\x18\x08 \x01(\x08H\x04\x88\x01\x01\x12\x1b\n\x0eschema_version\x18\t \x01(\rH\x05\x88\x01\x01\x42\n\n\x08_enabledB\x1a\n\x18_supports_remote_prefillB\x17\n\x15_supports_decode_pullB\x19\n\x17_supports_abort_cleanupB\x11\n\x0f_supports_drainB\x11\n\x0f_schema_version\"F\n\x18GetKvEventSourcesRequest\x12\x1b\n\x13\x64\x61ta_parallel_ranks\x18\x01 \x03(\r\x12\r\n\x05model\x18\x64 \x01(\t\"J\n\x19GetKvEventSourcesResponse\x12-\n\x07sources\x18\x01 \x03(\x0b\x32\x1c.openengine.v1.KvEventSource\"\x9e\x03\n\rKvEventSource\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x30\n\rendpoint_addr\x18\x02 \x01(\x0b\x32\x19.openengine.v1.KvEndpoint\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x17\n\x0freplay_endpoint\x18\x04 \x01(\t\x12\x1f\n\x12\x64\x61ta_parallel_rank\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08\x65ncoding\x18\x06 \x01(\t\x12\x1b\n\x0eschema_version\x18\x07 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x0c\x62uffer_steps\x18\x08 \x01(\rH\x02\x88\x01\x01\x12\x10\n\x03hwm\x18\t \x01(\rH\x03\x88\x01\x01\x12\x1b\n\x0emax_queue_size\x18\n \x01(\rH\x04\x88\x01\x01\x12\x30\n\x08key_spec\x18\x64 \x01(\x0b\x32\x1e.openengine.v1.CacheKeySpecRefB\x15\n\x13_data_parallel_rankB\x11\n\x0f_schema_versionB\x0f\n\r_buffer_stepsB\x06\n\x04_hwmB\x11\n\x0f_max_queue_size\"\x7f\n\x18SubscribeKvEventsRequest\x12\x1b\n\x13\x64\x61ta_parallel_ranks\x18\x01 \x03(\r\x12\x18\n\x10include_snapshot\x18\x02 \x01(\x08\x12\x1d\n\x15start_sequence_number\x18\x03 \x01(\x04\x12\r\n\x05model\x18\x64 \x01(\t\"\x7f\n\x19SubscribeKvEventsResponse\x12,\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1b.openengine.v1.KvEventBatchH\x00\x12+\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1a.openengine.v1.EngineErrorH\x00\x42\x07\n\x05\x65vent\"\xbb\x01\n\x0cKvEventBatch\x12\x17\n\x0fsequence_number\x18\x01 \x01(\x04\x12\x1c\n\x14timestamp_unix_nanos\x18\x02 \x01(\x04\x12\x1a\n\x12\x64\x61ta_parallel_rank\x18\x03 \x01(\r\x12&\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x16.openengine.v1.KvEvent\x12\x30\n\x08key_spec\x18\x64 \x01(\x0b\x32\x1e.openengine.v1.CacheKeySpecRef\"\x80\x02\n\x07KvEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\nkv_session\x18\x02 \x01(\x0b\x32\x1b.openengine.v1.KvSessionRef\x12\x32\n\x0c\x62lock_stored\x18\n \x01(\x0b\x32\x1a.openengine.v1.BlockStoredH\x00\x12\x34\n\rblock_removed\x18\x0b \x01(\x0b\x32\x1b.openengine.v1.BlockRemovedH\x00\x12=\n\x12\x61ll_blocks_cleared\x18\x0c \x01(\x0b\x32\x1f.openengine.v1.AllBlocksClearedH\x00\x42\x07\n\x05\x65vent\"\xf7\x02\n\x0b\x42lockStored\x12\x30\n\x0c\x62lock_hashes\x18\x01 \x03(\x0b\x32\x1a.openengine.v1.KvBlockHash\x12\x35\n\x11parent_block_hash\x18\x02 \x01(\x0b\x32\x1a.openengine.v1.KvBlockHash\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x0f\n\x07lora_id\x18\x05 \x01(\x03\x12\x11\n\tlora_name\x18\x06 \x01(\t\x12,\n\x06medium\x18\x07 \x01(\x0e\x32\x1c.openengine.v1.StorageMedium\x12\x31\n\nextra_keys\x18\x14 \x03(\x0b\x32\x1d.openengine.v1.OpaqueKeyTuple\x12\x11\n\tgroup_idx\x18\x15 \x01(\r\x12\x1a\n\x12kv_cache_spec_kind\x18\x16 \x01(\t\x12$\n\x1ckv_cache_spec_sliding_window\x18\x17 \x01(\r\"\x81\x01\n\x0c\x42lockRemoved\x12\x30\n\x0c\x62lock_hashes\x18\x01 \x03(\x0b\x32\x1a.openengine.v1.KvBlockHash\x12,\n\x06medium\x18\x02 \x01(\x0e\x32\x1c.openengine.v1.StorageMedium\x12\x11\n\tgroup_idx\x18\x03 \x01(\r\"\x12\n\x10\x41llBlocksCleared\".\n\x0bKvBlockHash\x12\r\n\x05value\x18\x01 \x01(\x0c\x12\x10\n\x08\x65ncoding\x18\x02 \x01(\t\" \n\x0eOpaqueKeyTuple\x12\x0e\n\x06values\x18\x01 \x03(\t*\x9c\x01\n\rStorageMedium\x12\x1e\n\x1aSTORAGE_MEDIUM_UNSPECIFIED\x10\x00\x12\x16\n\x12STORAGE_MEDIUM_GPU\x10\x01\x12\x1d\n\x19STORAGE_MEDIUM_CPU_PINNED\x10\x02\x12\x17\n\x13STORAGE_MEDIUM_DISK\x10\x03\x12\x1b\n\x17STORAGE_MEDIUM_EXTERNAL\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'openengine.v1.kv_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STORAGEMEDIUM']._serialized_start=2670
-  _globals['_STORAGEMEDIUM']._serialized_end=2826
+  _globals['_STORAGEMEDIUM']._serialized_start=2700
+  _globals['_STORAGEMEDIUM']._serialized_end=2856
   _globals['_KVSESSIONREF']._serialized_start=131
   _globals['_KVSESSIONREF']._serialized_end=306
   _globals['_KVENDPOINT']._serialized_start=308
@@ -44,27 +44,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVCONNECTORINFO']._serialized_start=369
   _globals['_KVCONNECTORINFO']._serialized_end=813
   _globals['_GETKVEVENTSOURCESREQUEST']._serialized_start=815
-  _globals['_GETKVEVENTSOURCESREQUEST']._serialized_end=870
-  _globals['_GETKVEVENTSOURCESRESPONSE']._serialized_start=872
-  _globals['_GETKVEVENTSOURCESRESPONSE']._serialized_end=946
-  _globals['_KVEVENTSOURCE']._serialized_start=949
-  _globals['_KVEVENTSOURCE']._serialized_end=1363
-  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_start=1365
-  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_end=1477
-  _globals['_SUBSCRIBEKVEVENTSRESPONSE']._serialized_start=1479
-  _globals['_SUBSCRIBEKVEVENTSRESPONSE']._serialized_end=1606
-  _globals['_KVEVENTBATCH']._serialized_start=1609
-  _globals['_KVEVENTBATCH']._serialized_end=1796
-  _globals['_KVEVENT']._serialized_start=1799
-  _globals['_KVEVENT']._serialized_end=2055
-  _globals['_BLOCKSTORED']._serialized_start=2058
-  _globals['_BLOCKSTORED']._serialized_end=2433
-  _globals['_BLOCKREMOVED']._serialized_start=2436
-  _globals['_BLOCKREMOVED']._serialized_end=2565
-  _globals['_ALLBLOCKSCLEARED']._serialized_start=2567
-  _globals['_ALLBLOCKSCLEARED']._serialized_end=2585
-  _globals['_KVBLOCKHASH']._serialized_start=2587
-  _globals['_KVBLOCKHASH']._serialized_end=2633
-  _globals['_OPAQUEKEYTUPLE']._serialized_start=2635
-  _globals['_OPAQUEKEYTUPLE']._serialized_end=2667
+  _globals['_GETKVEVENTSOURCESREQUEST']._serialized_end=885
+  _globals['_GETKVEVENTSOURCESRESPONSE']._serialized_start=887
+  _globals['_GETKVEVENTSOURCESRESPONSE']._serialized_end=961
+  _globals['_KVEVENTSOURCE']._serialized_start=964
+  _globals['_KVEVENTSOURCE']._serialized_end=1378
+  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_start=1380
+  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_end=1507
+  _globals['_SUBSCRIBEKVEVENTSRESPONSE']._serialized_start=1509
+  _globals['_SUBSCRIBEKVEVENTSRESPONSE']._serialized_end=1636
+  _globals['_KVEVENTBATCH']._serialized_start=1639
+  _globals['_KVEVENTBATCH']._serialized_end=1826
+  _globals['_KVEVENT']._serialized_start=1829
+  _globals['_KVEVENT']._serialized_end=2085
+  _globals['_BLOCKSTORED']._serialized_start=2088
+  _globals['_BLOCKSTORED']._serialized_end=2463
+  _globals['_BLOCKREMOVED']._serialized_start=2466
+  _globals['_BLOCKREMOVED']._serialized_end=2595
+  _globals['_ALLBLOCKSCLEARED']._serialized_start=2597
+  _globals['_ALLBLOCKSCLEARED']._serialized_end=2615
+  _globals['_KVBLOCKHASH']._serialized_start=2617
+  _globals['_KVBLOCKHASH']._serialized_end=2663
+  _globals['_OPAQUEKEYTUPLE']._serialized_start=2665
+  _globals['_OPAQUEKEYTUPLE']._serialized_end=2697
 # @@protoc_insertion_point(module_scope)

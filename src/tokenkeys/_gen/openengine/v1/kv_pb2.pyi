@@ -71,10 +71,12 @@ class KvConnectorInfo(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., transfer_backend: _Optional[str] = ..., local_endpoints: _Optional[_Iterable[_Union[KvEndpoint, _Mapping]]] = ..., supported_protocols: _Optional[_Iterable[str]] = ..., supports_remote_prefill: _Optional[bool] = ..., supports_decode_pull: _Optional[bool] = ..., supports_abort_cleanup: _Optional[bool] = ..., supports_drain: _Optional[bool] = ..., schema_version: _Optional[int] = ...) -> None: ...
 
 class GetKvEventSourcesRequest(_message.Message):
-    __slots__ = ("data_parallel_ranks",)
+    __slots__ = ("data_parallel_ranks", "model")
     DATA_PARALLEL_RANKS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     data_parallel_ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, data_parallel_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    model: str
+    def __init__(self, data_parallel_ranks: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GetKvEventSourcesResponse(_message.Message):
     __slots__ = ("sources",)
@@ -109,14 +111,16 @@ class KvEventSource(_message.Message):
     def __init__(self, transport: _Optional[str] = ..., endpoint_addr: _Optional[_Union[KvEndpoint, _Mapping]] = ..., topic: _Optional[str] = ..., replay_endpoint: _Optional[str] = ..., data_parallel_rank: _Optional[int] = ..., encoding: _Optional[str] = ..., schema_version: _Optional[int] = ..., buffer_steps: _Optional[int] = ..., hwm: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., key_spec: _Optional[_Union[_cache_keys_pb2.CacheKeySpecRef, _Mapping]] = ...) -> None: ...
 
 class SubscribeKvEventsRequest(_message.Message):
-    __slots__ = ("data_parallel_ranks", "include_snapshot", "start_sequence_number")
+    __slots__ = ("data_parallel_ranks", "include_snapshot", "start_sequence_number", "model")
     DATA_PARALLEL_RANKS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     START_SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     data_parallel_ranks: _containers.RepeatedScalarFieldContainer[int]
     include_snapshot: bool
     start_sequence_number: int
-    def __init__(self, data_parallel_ranks: _Optional[_Iterable[int]] = ..., include_snapshot: _Optional[bool] = ..., start_sequence_number: _Optional[int] = ...) -> None: ...
+    model: str
+    def __init__(self, data_parallel_ranks: _Optional[_Iterable[int]] = ..., include_snapshot: _Optional[bool] = ..., start_sequence_number: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class SubscribeKvEventsResponse(_message.Message):
     __slots__ = ("batch", "error")

@@ -254,20 +254,24 @@ class GetTokenizerArtifactsRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., expected_fingerprint: _Optional[str] = ..., paths: _Optional[_Iterable[str]] = ..., chunk_size: _Optional[int] = ..., resume: _Optional[_Union[ArtifactResume, _Mapping]] = ...) -> None: ...
 
 class ArtifactManifest(_message.Message):
-    __slots__ = ("fingerprint", "files", "total_size", "format", "identity", "streamed_paths")
+    __slots__ = ("fingerprint", "files", "total_size", "format", "identity", "streamed_paths", "start_offset", "chunk_size")
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     STREAMED_PATHS_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     fingerprint: str
     files: _containers.RepeatedCompositeFieldContainer[ArtifactFile]
     total_size: int
     format: str
     identity: TokenizerIdentity
     streamed_paths: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, fingerprint: _Optional[str] = ..., files: _Optional[_Iterable[_Union[ArtifactFile, _Mapping]]] = ..., total_size: _Optional[int] = ..., format: _Optional[str] = ..., identity: _Optional[_Union[TokenizerIdentity, _Mapping]] = ..., streamed_paths: _Optional[_Iterable[str]] = ...) -> None: ...
+    start_offset: int
+    chunk_size: int
+    def __init__(self, fingerprint: _Optional[str] = ..., files: _Optional[_Iterable[_Union[ArtifactFile, _Mapping]]] = ..., total_size: _Optional[int] = ..., format: _Optional[str] = ..., identity: _Optional[_Union[TokenizerIdentity, _Mapping]] = ..., streamed_paths: _Optional[_Iterable[str]] = ..., start_offset: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
 
 class ArtifactData(_message.Message):
     __slots__ = ("path", "offset", "data")

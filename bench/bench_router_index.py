@@ -1,0 +1,268 @@
+"""Prefix index: ingest rate (blocks/s) and score latency of a 128k-token prompt over 16 workers.
+
+In memory and on Redis (``REDIS_URL``, else a ``redis-server`` started here on a free loopback
+port without persistence; the Redis rows are skipped when neither exists). Every figure has a
+reference measured in the same run:
+
+- ingest, memory: a plain dict-of-dicts insertion of the same keys (no LRU, no reverse map,
+  no validation): the floor of Python per-key work;
+- ingest, Redis: one pipelined ``HSET`` per key, no script and no reverse set: the floor of a
+  Redis round trip per chunk;
+- score, memory: a bare loop of dict lookups over the prompt's keys;
+- score, Redis: llm-d's lookup shape (llm-d-router ``kvblock/redis.go``): one pipelined
+  ``HKEYS`` per prompt key, contiguity computed in the client.
+
+Keys are random u64 values: computing them is measured by ``bench_keys``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+
+import redis
+from timing import pct, sample
+
+from tokenkeys.events.model import BlockStored, EventBatch, SpecRef
+from tokenkeys.router.index import PrefixIndex
+from tokenkeys.router.index_memory import MemoryPrefixIndex
+from tokenkeys.router.index_redis import RedisPrefixIndex
+from tokenkeys.router.ingest import EventIngestor
+from tokenkeys.router.scorer import score_workers
+
+BLOCK = 16
+PROMPT_TOKENS = 128 * 1024
+PROMPT_BLOCKS = PROMPT_TOKENS // BLOCK  # 8,192
+WORKERS = [f"10.0.0.{i}:8000" for i in range(16)]
+STEP_BLOCKS = 32  # blocks per BlockStored: a 512-token chunked-prefill step
+SPEC = SpecRef("bench/standin", "0" * 64)
+
+
+class _Redis:
+    """REDIS_URL, or a throwaway redis-server; None when neither is available."""
+
+    def __init__(self) -> None:
+        self.url = os.environ.get("REDIS_URL")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.dir: str | None = None
+        binary = shutil.which("redis-server")
+        if self.url or binary is None:
+            return
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.dir = tempfile.mkdtemp(prefix="bench-redis-")
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", self.dir]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(self.url)
+        for _ in range(500):
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.02)
+        client.close()
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def flush(self) -> None:
+        client = redis.Redis.from_url(self.url)
+        keys = list(client.scan_iter(match="{bench*", count=10_000))
+        for start in range(0, len(keys), 10_000):
+            client.delete(*keys[start : start + 10_000])
+        client.close()
+
+
+def _batches(blocks_per_worker: int, rng: random.Random) -> list[tuple[str, EventBatch]]:
+    """vLLM-like steps: each worker stores its prompts STEP_BLOCKS blocks at a time."""
+    out = []
+    for _ in range(blocks_per_worker // STEP_BLOCKS):
+        for worker in WORKERS:
+            hashes = tuple(rng.getrandbits(64) for _ in range(STEP_BLOCKS))
+            stored = BlockStored(hashes, None, (), BLOCK, medium="GPU")
+            out.append((worker, EventBatch(0.0, (stored,), 0, SPEC)))
+    return out
+
+
+def _timed(loop: asyncio.AbstractEventLoop, coro_fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    loop.run_until_complete(coro_fn())
+    return time.perf_counter() - start
+
+
+def _ingest(loop, index: PrefixIndex, batches) -> float:
+    ingestor = EventIngestor(index, SPEC)
+
+    async def go() -> None:
+        for worker, batch in batches:
+            await ingestor.apply(worker, batch)
+
+    return _timed(loop, go)
+
+
+def _memory_floor(batches) -> float:
+    start = time.perf_counter()
+    table: dict[int, dict[str, str]] = {}
+    for worker, batch in batches:
+        for event in batch.events:
+            for h in event.block_hashes:
+                table.setdefault(h, {})[worker] = "gpu"
+    return time.perf_counter() - start
+
+
+def _redis_floor(loop, url: str, batches) -> float:
+    client = redis.asyncio.Redis.from_url(url)
+
+    async def go() -> None:
+        for worker, batch in batches:
+            pipe = client.pipeline(transaction=False)
+            for event in batch.events:
+                for h in event.block_hashes:
+                    pipe.hset(f"{{bench-floor}}:b:{h}", worker, "gpu")
+            await pipe.execute()
+        await client.aclose()
+
+    return _timed(loop, go)
+
+
+async def _fill_prompt(index: PrefixIndex, prompt: list[int]) -> None:
+    """Worker i holds the first (i + 1) / 16 of the prompt: the walk thins out to the end."""
+    for i, worker in enumerate(WORKERS):
+        await index.add(worker, prompt[: PROMPT_BLOCKS * (i + 1) // len(WORKERS)])
+
+
+def _score_fn(loop, index: PrefixIndex, prompt: list[int]) -> Callable[[], object]:
+    load = dict.fromkeys(WORKERS, 0)
+
+    async def go() -> None:
+        best = score_workers(await index.lookup(prompt), len(prompt), load)[0]
+        assert best.matched_blocks == PROMPT_BLOCKS
+
+    return lambda: loop.run_until_complete(go())
+
+
+def _memory_lookup_floor(index: MemoryPrefixIndex, prompt: list[int]) -> Callable[[], object]:
+    entries = index._entries  # the floor reads the same table without building runs
+
+    def go() -> None:
+        get = entries.get
+        for key in prompt:
+            get(key)
+
+    return go
+
+
+def _redis_lookup_floor(loop, url: str, namespace: str, prompt: list[int]):
+    client = redis.asyncio.Redis.from_url(url)
+
+    async def go() -> None:
+        pipe = client.pipeline(transaction=False)
+        for key in prompt:
+            pipe.hkeys(f"{{{namespace}}}:b:{key}")
+        replies = await pipe.execute()
+        active = {w.decode() for w in replies[0]}
+        for fields in replies[1:]:
+            active &= {w.decode() for w in fields}
+            if not active:
+                break
+
+    return (lambda: loop.run_until_complete(go())), client
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f} ms"
+
+
+def run(quick: bool) -> str:
+    """Markdown section: ingest blocks/s and score latency, memory and Redis, with references."""
+    rng = random.Random(7)
+    blocks_per_worker = 1024 if quick else 4096
+    batches = _batches(blocks_per_worker, rng)
+    total = sum(len(b.events[0].block_hashes) for _, b in batches)
+    prompt = [rng.getrandbits(64) for _ in range(PROMPT_BLOCKS)]
+    n_score = 10 if quick else 40
+    loop = asyncio.new_event_loop()
+    ingest_rows, score_rows, notes = [], [], []
+    server = _Redis()
+    try:
+        memory = MemoryPrefixIndex(capacity=4 * total)
+        t = _ingest(loop, memory, batches)
+        floor = _memory_floor(batches)
+        ingest_rows.append(
+            f"| memory | {total / t:,.0f} | {total / floor:,.0f} (dict insert) | {floor / t:.2f} |"
+        )
+        memory = MemoryPrefixIndex(capacity=4 * PROMPT_BLOCKS)
+        loop.run_until_complete(_fill_prompt(memory, prompt))
+        got = sample(_score_fn(loop, memory, prompt), n_score, warmup=3)
+        ref = sample(_memory_lookup_floor(memory, prompt), n_score, warmup=3)
+        score_rows.append(
+            f"| memory | {_ms(pct(got, 50))} | {_ms(pct(got, 90))} | "
+            f"{_ms(pct(ref, 50))} (dict gets) | {pct(got, 50) / pct(ref, 50):.1f}x |"
+        )
+        if server.url is None:
+            notes.append("Redis rows skipped: no `REDIS_URL` and no `redis-server` binary.")
+        else:
+            index = RedisPrefixIndex.from_url(server.url, namespace="bench-ingest", timeout=30)
+            t = _ingest(loop, index, batches)
+            floor = _redis_floor(loop, server.url, batches)
+            ingest_rows.append(
+                f"| Redis | {total / t:,.0f} | {total / floor:,.0f} (pipelined HSET) | "
+                f"{floor / t:.2f} |"
+            )
+            loop.run_until_complete(index.close())
+            server.flush()
+            index = RedisPrefixIndex.from_url(server.url, namespace="bench-score", timeout=30)
+            loop.run_until_complete(_fill_prompt(index, prompt))
+            got = sample(_score_fn(loop, index, prompt), n_score, warmup=2)
+            floor_fn, client = _redis_lookup_floor(loop, server.url, "bench-score", prompt)
+            ref = sample(floor_fn, n_score, warmup=2)
+            loop.run_until_complete(client.aclose())
+            loop.run_until_complete(index.close())
+            score_rows.append(
+                f"| Redis | {_ms(pct(got, 50))} | {_ms(pct(got, 90))} | "
+                f"{_ms(pct(ref, 50))} (llm-d: pipelined HKEYS) | "
+                f"{pct(got, 50) / pct(ref, 50):.2f}x |"
+            )
+            server.flush()
+    finally:
+        server.close()
+        loop.close()
+    return "\n".join(
+        [
+            "## Prefix index (`bench_router_index`)",
+            "",
+            f"Ingest: {len(WORKERS)} workers, {blocks_per_worker:,} blocks each "
+            f"({total:,} blocks) in decoded `BlockStored` batches of {STEP_BLOCKS} blocks (a "
+            "512-token prefill step), applied through `EventIngestor` (spec check, u64 keys, "
+            "index update, metrics; Redis: one atomic Lua call per batch).",
+            "",
+            "| backend | blocks/s | reference blocks/s | rate / reference |",
+            "|---|---:|---:|---:|",
+            *ingest_rows,
+            "",
+            f"Score: one {PROMPT_TOKENS:,}-token prompt ({PROMPT_BLOCKS:,} blocks of {BLOCK}) "
+            f"over {len(WORKERS)} workers, worker *i* holding the first (i+1)/16 of it; "
+            "`lookup` + `score_workers`, "
+            f"{n_score} calls. Redis answers in one script call that stops when no worker "
+            "continues.",
+            "",
+            "| backend | p50 | p90 | reference p50 | p50 / reference |",
+            "|---|---:|---:|---:|---:|",
+            *score_rows,
+            *(["", *notes] if notes else []),
+        ]
+    )

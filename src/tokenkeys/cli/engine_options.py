@@ -1,0 +1,142 @@
+"""``tokenkeys serve`` options of the engine side: simulated engine, KV events, remote engine."""
+
+from __future__ import annotations
+
+import argparse
+
+from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.server.engine_config import DEFAULT_TOPIC, EngineConfig, LoraModule, new_instance_id
+
+_US = 1e-6
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """Register the engine options on the ``serve`` parser."""
+    g = parser.add_argument_group("engine (simulated, or remote with --engine)")
+    g.add_argument(
+        "--engine",
+        metavar="HOST:PORT",
+        default=None,
+        help="forward generation to this OpenEngine Inference service (token ids; this "
+        "server tokenizes) instead of simulating it",
+    )
+    g.add_argument("--num-kv-blocks", type=int, default=4096, help="KV-cache capacity in blocks")
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="prompt + max_tokens limit (default: the tokenizer's model_max_length)",
+    )
+    g.add_argument(
+        "--seed", type=int, default=0, help="output-token seed of requests that set none"
+    )
+    g.add_argument(
+        "--instance-id",
+        default=None,
+        help="id routers key this engine by (default: a fresh unique id per process)",
+    )
+    g.add_argument(
+        "--advertise-host",
+        default=None,
+        help="host to advertise in discovery (default: the bind host, or this machine's "
+        "primary address when binding a wildcard)",
+    )
+    g.add_argument(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters the engine serves (vLLM spelling); the path enters vLLM 0.31+ keys",
+    )
+    lat = parser.add_argument_group("simulated latency")
+    lat.add_argument(
+        "--prefill-us-per-token",
+        type=float,
+        default=LatencyModel.prefill_s_per_token / _US,
+        help="simulated prefill time per uncached prompt token, microseconds",
+    )
+    lat.add_argument(
+        "--decode-us-per-token",
+        type=float,
+        default=LatencyModel.decode_s_per_token / _US,
+        help="simulated time per output token, microseconds",
+    )
+    lat.add_argument(
+        "--simulate-latency",
+        action="store_true",
+        help="really wait the simulated times (default: report them only)",
+    )
+    ev = parser.add_argument_group("KV events (vLLM ZMQ wire format)")
+    ev.add_argument(
+        "--kv-events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="publish KV events over ZMQ (the gRPC SubscribeKvEvents stream is always on)",
+    )
+    ev.add_argument(
+        "--kv-events-port",
+        type=int,
+        default=0,
+        help="PUB port (0: a free port; model i uses PORT+i)",
+    )
+    ev.add_argument(
+        "--kv-events-replay-port",
+        type=int,
+        default=0,
+        help="ROUTER replay port (0: a free port; -1: no replay; model i uses PORT+i)",
+    )
+    ev.add_argument(
+        "--kv-events-topic",
+        default=DEFAULT_TOPIC,
+        help="topic template; {address} = this server's host:port, {model} = served name",
+    )
+    ev.add_argument(
+        "--kv-events-format",
+        choices=("map", "array"),
+        default="map",
+        help="event encoding: map (vLLM >= 0.24) or positional array (vLLM <= 0.23)",
+    )
+    ev.add_argument(
+        "--kv-events-vllm-version",
+        default=None,
+        help="vLLM release whose event layout to publish (default 0.33 for map, 0.23 for array)",
+    )
+    ev.add_argument("--kv-events-buffer-steps", type=int, default=10_000)
+    ev.add_argument("--kv-events-hwm", type=int, default=100_000)
+    ev.add_argument(
+        "--kv-events-subscriber-backlog",
+        type=int,
+        default=10_000,
+        help="batches a SubscribeKvEvents client may fall behind before its stream ends",
+    )
+
+
+def engine_config_from(args: argparse.Namespace) -> EngineConfig:
+    """The engine configuration of parsed ``serve`` arguments."""
+    replay = args.kv_events_replay_port
+    return EngineConfig(
+        num_kv_blocks=args.num_kv_blocks,
+        max_model_len=args.max_model_len,
+        kv_events=args.kv_events,
+        kv_events_port=args.kv_events_port,
+        kv_events_replay_port=None if replay is not None and replay < 0 else replay,
+        kv_events_topic=args.kv_events_topic,
+        kv_events_format=args.kv_events_format,
+        kv_events_vllm_version=args.kv_events_vllm_version,
+        kv_events_buffer_steps=args.kv_events_buffer_steps,
+        kv_events_hwm=args.kv_events_hwm,
+        kv_events_subscriber_backlog=args.kv_events_subscriber_backlog,
+        latency=LatencyModel(
+            prefill_s_per_token=args.prefill_us_per_token * _US,
+            decode_s_per_token=args.decode_us_per_token * _US,
+            sleep=args.simulate_latency,
+        ),
+        seed=args.seed,
+        instance_id=args.instance_id or new_instance_id(),
+        advertise_host=args.advertise_host,
+        lora_modules=tuple(
+            LoraModule.parse(text, i + 1) for i, text in enumerate(args.lora_modules)
+        ),
+        remote_engine=args.engine,
+    )

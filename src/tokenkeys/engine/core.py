@@ -1,0 +1,320 @@
+"""The simulated engine: runs requests through a paged prefix cache and reports KV events.
+
+Step and event timing follow vLLM 0.33's v1 scheduler (`vllm/v1/core/sched/scheduler.py`,
+`vllm/v1/core/kv_cache_manager.py`), one request at a time per step:
+
+- Prefix hit: the longest run of cached full prompt blocks, capped so that at least one prompt
+  token is computed (vLLM's ``max_cache_hit_length = num_tokens - 1``).
+- Prefill step: allocate the blocks the prompt still needs (evictions emit ``BlockRemoved``),
+  cache the prompt's full blocks (one ``BlockStored``), sample the first token.
+- Decode steps: each feeds the previous output token; when that fills a block, the block is
+  keyed over prompt + output tokens and stored (vLLM hashes ``all_token_ids``). The last sampled
+  token never gets KV, so it never fills a block.
+- One :class:`~tokenkeys.events.model.EventBatch` per step that produced events, handed to the
+  event sink. On finish the request's blocks are freed tail first; nothing is emitted then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.engine.paged_cache import Block, BlockKeyLike, PagedPrefixCache
+from tokenkeys.engine.sampler import TokenSampler
+from tokenkeys.engine.usage import SimulatedTiming, Usage
+from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
+from tokenkeys.events.model import MEDIUM_GPU, EventBatch
+
+
+class BlockKeyFn(Protocol):
+    """Keys of every full block of ``token_ids`` under the request ``context``, in order.
+
+    The serving code binds its spec, e.g.
+    ``lambda tokens, ctx: tokenkeys.keys.block_keys(tokens, spec, ctx)``.
+    """
+
+    def __call__(self, token_ids: Sequence[int], context: Any) -> Sequence[BlockKeyLike]: ...
+
+
+#: ``(context, start, end) -> event extra keys of block [start, end)`` (None for none), as vLLM
+#: 0.31+ writes them into ``BlockStored.extra_keys`` (untagged: adapter name, (mm id, offset),
+#: salt, embeds digest).
+EventExtraKeysFn = Callable[[Any, int, int], "tuple[Any, ...] | None"]
+#: Receives each step's events; :class:`tokenkeys.events.stream.EventStream` is one.
+EventSink = Callable[[EventBatch], object]
+
+_U32 = 1 << 32
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling parameters the simulated engine honours."""
+
+    max_tokens: int = 16
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    """One streamed step of a request: its new token, and on the last one usage and timing."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    timing: SimulatedTiming | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters of the engine's work since start."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    event_batches: int = 0
+    #: Requests admitted and not finished, and requests waiting for KV blocks (gauges).
+    running: int = 0
+    waiting: int = 0
+
+
+class Engine:
+    """Simulated LLM engine with a paged prefix cache, deterministic tokens and KV events.
+
+    ``key_fn`` computes block keys (the engine never hashes itself); ``block_size`` must be the
+    block size those keys are for. ``num_blocks`` is the KV capacity. ``event_sink`` gets one
+    batch per step that produced events. All methods run on one event loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        key_fn: BlockKeyFn,
+        block_size: int,
+        num_blocks: int,
+        event_sink: EventSink | None = None,
+        latency: LatencyModel | None = None,
+        output_vocab: Sequence[int] = range(1000),
+        max_model_len: int | None = None,
+        event_extra_keys: EventExtraKeysFn | None = None,
+        group_idx: int = 0,
+        medium: str = MEDIUM_GPU,
+        kv_cache_spec_kind: str = "full_attention",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_model_len is not None and max_model_len < 1:
+            raise ConfigError(f"max_model_len must be >= 1, got {max_model_len}")
+        self.cache = PagedPrefixCache(
+            num_blocks,
+            block_size,
+            group_idx=group_idx,
+            medium=medium,
+            kv_cache_spec_kind=kv_cache_spec_kind,
+        )
+        self.block_size = block_size
+        self.key_fn = key_fn
+        self.event_sink = event_sink
+        self.latency = latency or LatencyModel()
+        self.sampler = TokenSampler(output_vocab)
+        self.max_model_len = max_model_len
+        self.event_extra_keys = event_extra_keys
+        self.clock = clock
+        self.stats = EngineStats()
+        self._reserved = 0
+        self._space = asyncio.Condition()
+
+    @property
+    def num_blocks(self) -> int:
+        """KV capacity in blocks."""
+        return self.cache.num_blocks
+
+    def _flush(self) -> None:
+        events = self.cache.take_events()
+        if events and self.event_sink is not None:
+            self.stats.event_batches += 1
+            self.event_sink(EventBatch(self.clock(), tuple(events)))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block and emit AllBlocksCleared; False while requests run."""
+        done = self.cache.reset()
+        self._flush()
+        return done
+
+    def _check(self, prompt: Sequence[int], params: GenerationParams) -> None:
+        if len(prompt) == 0:
+            raise InvalidArgument(
+                "prompt_token_ids is empty; give at least one token", field="prompt_token_ids"
+            )
+        for i, t in enumerate(prompt):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < _U32:
+                raise InvalidArgument(
+                    f"prompt_token_ids[{i}] is {t!r}; token ids are integers in [0, 2**32)",
+                    field="prompt_token_ids",
+                )
+        if not isinstance(params.max_tokens, int) or params.max_tokens < 1:
+            raise InvalidArgument(
+                f"max_tokens is {params.max_tokens!r}; it must be an integer >= 1",
+                field="max_tokens",
+            )
+        total = len(prompt) + params.max_tokens
+        if self.max_model_len is not None and total > self.max_model_len:
+            raise LimitExceeded(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds max_model_len {self.max_model_len}; shorten the prompt or lower "
+                "max_tokens",
+                field="max_tokens",
+            )
+
+    async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:
+        """Wait until the request's blocks fit; touch its prefix hits and reserve the rest."""
+        bs = self.block_size
+        if need > self.cache.num_blocks:
+            raise LimitExceeded(
+                f"request needs {need} KV blocks of {bs} tokens but the engine has "
+                f"{self.cache.num_blocks}; shorten the prompt or lower max_tokens",
+                field="max_tokens",
+            )
+        async with self._space:
+            while True:
+                hits = self.cache.match_prefix(keys[: (prompt_len - 1) // bs])
+                taken_from_free = sum(1 for b in hits if self.cache.is_free(b))
+                fresh = need - len(hits)
+                if self.cache.num_free_blocks - taken_from_free - self._reserved >= fresh:
+                    self.cache.touch(hits)
+                    self._reserved += fresh
+                    self.stats.running += 1
+                    return hits
+                self.stats.waiting += 1
+                try:
+                    await self._space.wait()
+                finally:
+                    self.stats.waiting -= 1
+
+    async def _release(self, blocks: list[Block], unused_reservation: int) -> None:
+        self.cache.free(list(reversed(blocks)))
+        self._reserved -= unused_reservation
+        self.stats.running -= 1
+        async with self._space:
+            self._space.notify_all()
+
+    def _allocate(self, count: int) -> list[Block]:
+        self._reserved -= count
+        return self.cache.allocate(count)
+
+    def _store(
+        self,
+        blocks: list[Block],
+        keys: Sequence[BlockKeyLike],
+        tokens: Sequence[int],
+        first: int,
+        stop: int,
+        context: Any,
+        lora_name: str | None,
+        lora_id: int | None,
+    ) -> None:
+        """Cache blocks ``first..stop-1`` of the request (one BlockStored)."""
+        if stop <= first:
+            return
+        bs = self.block_size
+        extra = None
+        if self.event_extra_keys is not None:
+            extra = [
+                self.event_extra_keys(context, i * bs, (i + 1) * bs) for i in range(first, stop)
+            ]
+        self.cache.cache_blocks(
+            blocks[first:stop],
+            keys[first:stop],
+            tokens[first * bs : stop * bs],
+            keys[first - 1] if first > 0 else None,
+            lora_id=lora_id,
+            lora_name=lora_name,
+            extra_keys=extra,
+        )
+
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: GenerationParams | None = None,
+        context: Any = None,
+        *,
+        request_id: str | None = None,
+        lora_name: str | None = None,
+        lora_id: int | None = None,
+    ) -> AsyncIterator[GenerateOutput]:
+        """Run one request; yield one output per generated token, usage on the last.
+
+        ``context`` goes to the key function unchanged (adapter, cache salt, ...);
+        ``lora_name``/``lora_id`` are reported in BlockStored events as vLLM does.
+        """
+        params = params or GenerationParams()
+        prompt = list(prompt_token_ids)
+        self._check(prompt, params)
+        request_id = request_id or uuid.uuid4().hex
+        bs = self.block_size
+        prompt_len = len(prompt)
+        keys = list(self.key_fn(prompt, context))
+        # KV is computed for every token but the last sampled one.
+        need = -(-(prompt_len + params.max_tokens - 1) // bs)
+        hits = await self._admit(keys, prompt_len, need)
+        blocks = list(hits)
+        reserved = need - len(hits)
+        try:
+            cached_tokens = len(hits) * bs
+            # Prefill step.
+            fresh = -(-prompt_len // bs) - len(hits)
+            blocks += self._allocate(fresh)
+            reserved -= fresh
+            self._store(
+                blocks, keys, prompt, len(hits), prompt_len // bs, context, lora_name, lora_id
+            )
+            self._flush()
+            ttft = self.latency.time_to_first_token(prompt_len - cached_tokens)
+            total = ttft
+            if self.latency.sleep:
+                await asyncio.sleep(ttft)
+            rng = self.sampler.rng(prompt, params.seed)
+            tokens = list(prompt)
+            outputs: list[int] = []
+            finish_reason = None
+            while True:
+                token = self.sampler.next_token(rng)
+                tokens.append(token)
+                outputs.append(token)
+                if token in params.stop_token_ids:
+                    finish_reason = "stop"
+                elif len(outputs) >= params.max_tokens:
+                    finish_reason = "length"
+                if finish_reason is not None:
+                    break
+                yield GenerateOutput(request_id, (token,))
+                # Decode step: feed `token` (position len(tokens) - 1).
+                computed = len(tokens)
+                if (computed - 1) % bs == 0:
+                    blocks += self._allocate(1)
+                    reserved -= 1
+                if computed % bs == 0:
+                    keys = list(self.key_fn(tokens, context))
+                    full = computed // bs
+                    self._store(blocks, keys, tokens, full - 1, full, context, lora_name, lora_id)
+                self._flush()
+                total += self.latency.inter_token()
+                if self.latency.sleep:
+                    await asyncio.sleep(self.latency.inter_token())
+            usage = Usage(prompt_len, len(outputs), cached_tokens)
+            self.stats.requests += 1
+            self.stats.prompt_tokens += prompt_len
+            self.stats.cached_prompt_tokens += cached_tokens
+            self.stats.completion_tokens += len(outputs)
+            yield GenerateOutput(
+                request_id, (outputs[-1],), True, finish_reason, usage, SimulatedTiming(ttft, total)
+            )
+        finally:
+            await self._release(blocks, reserved)

@@ -1,0 +1,150 @@
+"""KV-cache events as frozen values, independent of any wire format or transport.
+
+The three event kinds and their field names follow vLLM 0.33 (`vllm/distributed/kv_events.py`,
+classes ``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``, ``KVEventBatch``) so that a
+vLLM stream decodes into them without renaming. Fields are listed in vLLM's declaration order,
+which is also the order of the positional (array) wire form used up to vLLM 0.23.
+
+What vLLM's wire format cannot carry travels out of band: :class:`SpecRef` names the cache-key
+profile and spec fingerprint that a batch's hashes follow. It rides on :class:`EventBatch` in
+memory and in the OpenEngine ``SubscribeKvEvents`` stream, and on :class:`EventSourceInfo` for
+discovery; the vLLM msgpack payload and ZMQ frames stay byte-compatible with vLLM (a fourth frame
+or an extra payload field would break llm-d's and Dynamo's subscribers, which accept exactly three
+frames and a three-element batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: A block hash as events carry it: vLLM's ``ExternalBlockHash`` (``bytes | int``). With vLLM's
+#: default ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`` it is the last 8 digest bytes read as an
+#: unsigned big-endian integer (0 <= h < 2**64); otherwise the raw digest bytes.
+ExternalBlockHash = int | bytes
+
+#: vLLM's ``MEDIUM_GPU``; offloading connectors use "CPU" and "STORAGE".
+MEDIUM_GPU = "GPU"
+
+
+def _freeze(value: Any) -> Any:
+    """Return ``value`` with every list turned into a tuple, recursively (hashable, immutable)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _set(obj: object, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)
+
+
+@dataclass(frozen=True)
+class SpecRef:
+    """Names the cache-key profile and the spec fingerprint that event hashes follow.
+
+    A router indexes hashes only from sources whose ``spec_fingerprint`` it has verified (it
+    reproduced the spec's test vectors, or it asks the engine to compute keys).
+    """
+
+    profile_id: str
+    spec_fingerprint: str
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Full blocks entered the prefix cache (vLLM ``BlockStored``, fields in 0.33 order).
+
+    ``block_hashes`` are chained: the first block's parent is ``parent_block_hash`` (None when the
+    first block starts at token 0), each later block's parent is the previous hash. ``token_ids``
+    spans all stored blocks. ``extra_keys`` has one entry per hash (None or a tuple).
+    """
+
+    block_hashes: tuple[ExternalBlockHash, ...]
+    parent_block_hash: ExternalBlockHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "block_hashes", tuple(self.block_hashes))
+        _set(self, "token_ids", tuple(self.token_ids))
+        if self.extra_keys is not None:
+            _set(self, "extra_keys", _freeze(self.extra_keys))
+        if self.lookahead_token_ids is not None:
+            _set(self, "lookahead_token_ids", _freeze(self.lookahead_token_ids))
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """Blocks left the prefix cache (vLLM ``BlockRemoved``; vLLM sends one hash per event)."""
+
+    block_hashes: tuple[ExternalBlockHash, ...]
+    medium: str | None = None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "block_hashes", tuple(self.block_hashes))
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """The whole prefix cache was reset (vLLM ``AllBlocksCleared``, no fields)."""
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+#: Event classes by the tag vLLM writes (the class name).
+EVENT_TYPES: dict[str, type[BlockStored] | type[BlockRemoved] | type[AllBlocksCleared]] = {
+    "BlockStored": BlockStored,
+    "BlockRemoved": BlockRemoved,
+    "AllBlocksCleared": AllBlocksCleared,
+}
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    """The events of one engine step (vLLM ``KVEventBatch``) plus out-of-band provenance.
+
+    ``ts``, ``events`` and ``data_parallel_rank`` are vLLM's three batch fields. ``spec`` is ours:
+    it is never written into the vLLM payload; a decoder fills it from the source it subscribed
+    to (see :class:`EventSourceInfo`).
+    """
+
+    ts: float
+    events: tuple[KvEvent, ...]
+    data_parallel_rank: int | None = None
+    spec: SpecRef | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "events", tuple(self.events))
+
+
+@dataclass(frozen=True)
+class EventSourceInfo:
+    """Where and how a worker publishes KV events; what discovery advertises.
+
+    ``endpoint`` and ``replay_endpoint`` are routable addresses (never a wildcard such as
+    ``tcp://*:5557`` or ``tcp://0.0.0.0:5557``). ``wire_format`` names the payload codec and
+    ``wire_version`` the vLLM release whose layout it follows.
+    """
+
+    endpoint: str
+    topic: str
+    spec: SpecRef
+    replay_endpoint: str | None = None
+    data_parallel_rank: int = 0
+    medium: str = MEDIUM_GPU
+    wire_format: str = "vllm-msgpack"
+    wire_version: str = "0.33"

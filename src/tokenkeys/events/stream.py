@@ -1,0 +1,146 @@
+"""One engine's KV-event stream: numbers batches once and fans them out to ZMQ and to in-process
+subscribers (the gRPC ``SubscribeKvEvents`` stream), so every transport carries the same batches
+under the same sequence numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import deque
+from collections.abc import AsyncIterator
+
+from tokenkeys.errors import ConfigError, LimitExceeded
+from tokenkeys.events.model import EventBatch, EventSourceInfo, SpecRef
+from tokenkeys.events.vllm_codec import VllmMsgpackCodec
+from tokenkeys.events.zmq_publisher import ZmqEventPublisher
+
+
+class _Subscription:
+    def __init__(self, limit: int) -> None:
+        self.items: deque[tuple[int, EventBatch]] = deque()
+        self.wake = asyncio.Event()
+        self.limit = limit
+        self.overflow = False
+
+
+class EventStream:
+    """Sequence, stamp and fan out event batches; usable directly as an engine's event sink.
+
+    Each batch gets ``spec`` and ``data_parallel_rank`` stamped on, is encoded with ``codec`` and
+    published on ``publisher`` when one is given (the publisher's sequence number is then the
+    stream's), and is kept in a bounded buffer for :meth:`subscribe`. Call from the event loop.
+    """
+
+    def __init__(
+        self,
+        spec: SpecRef,
+        *,
+        publisher: ZmqEventPublisher | None = None,
+        codec: VllmMsgpackCodec | None = None,
+        data_parallel_rank: int = 0,
+        buffer_steps: int = 10_000,
+        subscriber_backlog: int = 10_000,
+    ) -> None:
+        for name, value in (("buffer_steps", buffer_steps), ("backlog", subscriber_backlog)):
+            if value < 1:
+                raise ConfigError(f"{name} must be at least 1, got {value}", field=name)
+        self.spec = spec
+        self.publisher = publisher
+        self.codec = codec or VllmMsgpackCodec()
+        self.data_parallel_rank = data_parallel_rank
+        self._buffer: deque[tuple[int, EventBatch]] = deque(maxlen=buffer_steps)
+        self._backlog = subscriber_backlog
+        self._subs: set[_Subscription] = set()
+        self._next_seq = publisher.next_seq if publisher is not None else 0
+        self._closed = False
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next batch gets."""
+        return self._next_seq
+
+    def source_info(self) -> EventSourceInfo | None:
+        """What discovery advertises for the ZMQ side of this stream (None without ZMQ).
+
+        Call after ``await publisher.start()`` so the addresses are the resolved, routable ones.
+        """
+        pub = self.publisher
+        if pub is None:
+            return None
+        return EventSourceInfo(
+            endpoint=pub.endpoint,
+            topic=pub.topic,
+            spec=self.spec,
+            replay_endpoint=pub.replay_endpoint,
+            data_parallel_rank=self.data_parallel_rank,
+            wire_version=self.codec.version,
+        )
+
+    def __call__(self, batch: EventBatch) -> int:
+        """Publish one batch (the engine's sink); return its sequence number."""
+        return self.emit(batch)
+
+    def emit(self, batch: EventBatch) -> int:
+        """Stamp, encode, publish and fan out ``batch``; return its sequence number."""
+        rank = batch.data_parallel_rank
+        batch = dataclasses.replace(
+            batch,
+            spec=self.spec,
+            data_parallel_rank=self.data_parallel_rank if rank is None else rank,
+        )
+        if self.publisher is not None:
+            seq = self.publisher.publish(self.codec.encode(batch))
+        else:
+            seq = self._next_seq
+        self._next_seq = seq + 1
+        self._buffer.append((seq, batch))
+        for sub in self._subs:
+            if len(sub.items) >= sub.limit:
+                sub.overflow = True
+            elif not sub.overflow:
+                sub.items.append((seq, batch))
+            sub.wake.set()
+        return seq
+
+    async def subscribe(
+        self, start_seq: int | None = None
+    ) -> AsyncIterator[tuple[int, EventBatch]]:
+        """Yield (seq, batch) in order: buffered ones from ``start_seq`` on, then live ones.
+
+        With ``start_seq=None`` only live batches come; a future ``start_seq`` waits for it.
+        A ``start_seq`` older than the buffer
+        starts at the oldest buffered batch (the first seq shows the gap, as in vLLM's replay).
+        A subscriber that falls ``subscriber_backlog`` batches behind gets its buffered items
+        and then :class:`~tokenkeys.errors.LimitExceeded`; it resubscribes from the next seq.
+        """
+        sub = _Subscription(self._backlog)
+        backlog = [] if start_seq is None else [i for i in self._buffer if i[0] >= start_seq]
+        self._subs.add(sub)
+        try:
+            for item in backlog:
+                yield item
+            floor = start_seq or 0
+            while True:
+                while sub.items:
+                    item = sub.items.popleft()
+                    if item[0] >= floor:
+                        yield item
+                if sub.overflow:
+                    raise LimitExceeded(
+                        f"KV-event subscriber fell more than {self._backlog} batches behind; "
+                        "resubscribe with start_seq set to the next sequence number you need",
+                        field="start_seq",
+                    )
+                if self._closed:
+                    return
+                sub.wake.clear()
+                await sub.wake.wait()
+        finally:
+            self._subs.discard(sub)
+
+    def close(self) -> None:
+        """End every subscription after its pending batches."""
+        self._closed = True
+        for sub in self._subs:
+            sub.wake.set()

@@ -1,0 +1,225 @@
+"""Test helper: the engine side of ``tokenkeys serve`` on a real loopback gRPC port, in the test's
+own event loop (Control, Inference and OpenEngineTokenizer, real ZMQ sockets), plus small
+clients for its KV-event streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+
+import grpc
+
+from tokenkeys._gen.openengine.v1 import (
+    generation_pb2,
+    kv_pb2,
+    openengine_pb2_grpc,
+    tokenizer_pb2_grpc,
+)
+from tokenkeys.events.model import EventBatch
+from tokenkeys.events.vllm_codec import VllmMsgpackCodec
+from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
+from tokenkeys.keys import CacheKeySpec
+from tokenkeys.limits import Limits
+from tokenkeys.server.engine_config import EngineConfig
+from tokenkeys.server.engine_runtime import EngineRuntime
+from tokenkeys.server.engine_services import engine_service_adders
+from tokenkeys.server.grpc_server import start_grpc_server
+from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.local_engine import LocalEngine
+from tokenkeys.server.models import ModelRegistry, ServedModel
+from tokenkeys.server.tokenizer_service import TokenizerService
+from tokenkeys.tokenizer import TokenizerOptions
+
+
+def default_models() -> ModelRegistry:
+    """The embedded tokenizer as the one served model."""
+    return load_models([ModelSource.default()], TokenizerOptions(), Limits())
+
+
+@dataclasses.dataclass
+class EngineStack:
+    """A started server: its port, runtime, stubs; ``await stack.stop()`` at the end."""
+
+    models: ModelRegistry
+    runtime: EngineRuntime
+    server: grpc.aio.Server
+    port: int
+    channel: grpc.aio.Channel
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def inference(self) -> openengine_pb2_grpc.InferenceStub:
+        return openengine_pb2_grpc.InferenceStub(self.channel)
+
+    @property
+    def control(self) -> openengine_pb2_grpc.ControlStub:
+        return openengine_pb2_grpc.ControlStub(self.channel)
+
+    def local(self, model: str | None = None) -> LocalEngine:
+        engine = self.models.get(model).extensions["engine"]
+        assert isinstance(engine, LocalEngine)
+        return engine
+
+    async def generate(self, **request: object) -> list[generation_pb2.GenerateResponse]:
+        """One Generate call; returns every message."""
+        call = self.inference.Generate(generation_pb2.GenerateRequest(**request))
+        return [m async for m in call]
+
+    async def generate_call(self, **request: object):  # noqa: ANN201
+        """One Generate call; returns (messages, trailing metadata as a dict)."""
+        call = self.inference.Generate(generation_pb2.GenerateRequest(**request))
+        messages = [m async for m in call]
+        return messages, dict(await call.trailing_metadata())
+
+    async def stop(self) -> None:
+        self.runtime.begin_shutdown()
+        await self.channel.close()
+        await self.server.stop(None)
+        await self.runtime.close()
+
+
+async def start_stack(
+    config: EngineConfig | None = None,
+    *,
+    models: ModelRegistry | None = None,
+    spec: CacheKeySpec | Callable[[ServedModel], CacheKeySpec] | None = None,
+    host: str = "127.0.0.1",
+) -> EngineStack:
+    """Start the engine services for ``models`` (default: the embedded tokenizer)."""
+    models = models or default_models()
+    kwargs = {}
+    if spec is not None:
+        kwargs["spec_of"] = spec if callable(spec) else (lambda _model: spec)
+    runtime = EngineRuntime(models, config or EngineConfig(), **kwargs)
+    tokenizer = TokenizerService(models)
+    server, port = await start_grpc_server(
+        [
+            lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(tokenizer, s),
+            *engine_service_adders(models, runtime),
+        ],
+        host,
+        0,
+        Limits(),
+    )
+    await runtime.start(host, port)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    return EngineStack(models, runtime, server, port, channel)
+
+
+class GrpcEvents:
+    """A SubscribeKvEvents stream read message by message."""
+
+    def __init__(self, stack: EngineStack, start: int = 0, model: str = "") -> None:
+        self.call = stack.control.SubscribeKvEvents(
+            kv_pb2.SubscribeKvEventsRequest(start_sequence_number=start, model=model)
+        )
+        self._iter = self.call.__aiter__()
+
+    async def next(self, timeout: float = 5.0) -> kv_pb2.SubscribeKvEventsResponse:
+        return await asyncio.wait_for(self._iter.__anext__(), timeout)
+
+    async def batches(self, count: int, timeout: float = 5.0) -> list[kv_pb2.KvEventBatch]:
+        out = []
+        for _ in range(count):
+            message = await self.next(timeout)
+            assert message.WhichOneof("event") == "batch", message
+            out.append(message.batch)
+        return out
+
+    def cancel(self) -> None:
+        self.call.cancel()
+
+
+async def zmq_batches_until(
+    stack: EngineStack, last_seq: int, model: str | None = None, timeout: float = 5.0
+) -> list[tuple[int, EventBatch]]:
+    """Every batch 0..last_seq over ZMQ: a SUB from seq 0, repaired by replay (no slow joiner)."""
+    parts = stack.runtime.local(stack.models.get(model).name)
+    info = parts.zmq_source()
+    assert info is not None
+    codec = VllmMsgpackCodec()
+    sub = ZmqEventSubscriber(
+        info.endpoint, replay_endpoint=info.replay_endpoint, topic=info.topic, start_seq=0
+    )
+    await sub.start()
+    stream = parts.local.stream
+    out: list[tuple[int, EventBatch]] = []
+    seen = -1
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        # A live batch must arrive for the subscriber to notice what it missed (slow joiner);
+        # publish empty probe batches until one does. Probes are numbered like any batch.
+        while seen < last_seq:
+            assert loop.time() < deadline, f"ZMQ batches up to {last_seq} not received"
+            try:
+                delivery = await asyncio.wait_for(sub.recv(), 0.2)
+            except asyncio.TimeoutError:
+                stream.emit(EventBatch(0.0, ()))
+                continue
+            seen = delivery.seq
+            if delivery.seq <= last_seq:
+                out.append((delivery.seq, codec.decode(delivery.payload)))
+    finally:
+        await sub.close()
+    return out
+
+
+class ServeProcess:
+    """``tokenkeys serve ARGS`` in a subprocess on this checkout; ``port`` once it listens.
+
+    Stopped with SIGINT (the server's clean shutdown path) and waited for.
+    """
+
+    def __init__(self, *args: str) -> None:
+        import os
+        import subprocess
+        import sys
+
+        from support import REPO
+
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.port = 0
+
+    def __enter__(self) -> ServeProcess:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith("gRPC listening on "):
+                self.port = int(line.rsplit(":", 1)[1])
+                return self
+        _, err = self.proc.communicate(timeout=10)
+        raise AssertionError(f"tokenkeys serve exited: {self.lines} {err}")
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> tuple[int, str, str]:
+        """SIGINT, then (exit code, rest of stdout, stderr)."""
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            out, err = self.proc.communicate(timeout=20)
+        except Exception:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        return self.proc.returncode, out, err
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

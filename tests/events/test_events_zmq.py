@@ -1,0 +1,437 @@
+"""ZMQ publisher and subscriber over real loopback sockets.
+
+Wire reference: vLLM 0.33 `vllm/distributed/kv_events.py` ``ZmqEventPublisher`` and
+`tests/distributed/test_events.py` (seq from 0, replay from N, replay includes the topic,
+buffer limit, topic filtering).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from tokenkeys.errors import ConfigError, FailedPrecondition, InvalidArgument, Unavailable
+from tokenkeys.events.zmq_endpoint import check_endpoint, is_wildcard, routable_endpoint
+from tokenkeys.events.zmq_publisher import END_SEQ, ZmqEventPublisher, make_topic
+from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
+
+TOPIC = "kv@127.0.0.1:8000@test-model"
+
+
+def _ctx() -> zmq.Context:
+    return zmq.Context.instance()
+
+
+def _actx() -> zmq.asyncio.Context:
+    return zmq.asyncio.Context(shadow=zmq.Context.instance())
+
+
+async def _raw_sub(endpoint: str, topic: str = "") -> zmq.asyncio.Socket:
+    sock = _actx().socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+    sock.connect(endpoint)
+    return sock
+
+
+async def _warm_raw(pub: ZmqEventPublisher, sub: zmq.asyncio.Socket) -> None:
+    """Publish probes until the SUB gets one (slow joiner), then drain to the last probe."""
+    for _ in range(400):
+        pub.publish(b"probe")
+        with contextlib.suppress(asyncio.TimeoutError):
+            frames = await asyncio.wait_for(sub.recv_multipart(), 0.05)
+            while int.from_bytes(frames[1], "big") < pub.next_seq - 1:
+                frames = await sub.recv_multipart()
+            return
+    raise AssertionError("subscriber never connected")
+
+
+async def _warm(pub: ZmqEventPublisher, sub: ZmqEventSubscriber) -> int:
+    """Same for the project subscriber; returns the last probe's seq."""
+    for _ in range(400):
+        pub.publish(b"probe")
+        with contextlib.suppress(asyncio.TimeoutError):
+            got = await asyncio.wait_for(sub.recv(), 0.05)
+            while got.seq < pub.next_seq - 1:
+                got = await sub.recv()
+            return got.seq
+    raise AssertionError("subscriber never connected")
+
+
+async def test_frames_are_topic_seq_payload_with_seq_from_zero():
+    async with ZmqEventPublisher(topic=TOPIC) as pub:
+        sub = await _raw_sub(pub.endpoint)
+        try:
+            # Before anyone listens the publisher still numbers from 0.
+            assert pub.publish(b"first") == 0
+            await _warm_raw(pub, sub)
+            start = pub.next_seq
+            for i in range(3):
+                pub.publish(b"payload-%d" % i)
+            for i in range(3):
+                topic, seq, payload = await sub.recv_multipart()
+                assert topic == TOPIC.encode()
+                assert len(seq) == 8 and int.from_bytes(seq, "big") == start + i
+                assert payload == b"payload-%d" % i
+        finally:
+            sub.close(linger=0)
+
+
+async def test_advertised_endpoints_are_routable():
+    async with ZmqEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0") as pub:
+        for ep in (pub.endpoint, pub.replay_endpoint):
+            assert ep.startswith("tcp://127.0.0.1:") and not ep.endswith(":0")
+        assert pub.endpoint != pub.replay_endpoint
+    async with ZmqEventPublisher("tcp://*:0", replay_endpoint="tcp://0.0.0.0:0") as pub:
+        assert not is_wildcard(pub.endpoint) and not is_wildcard(pub.replay_endpoint)
+        assert not pub.endpoint.endswith(":0")
+    async with ZmqEventPublisher("tcp://*:0", advertise_host="engine-3.internal") as pub:
+        assert pub.endpoint.startswith("tcp://engine-3.internal:")
+
+
+def test_endpoint_helpers():
+    assert routable_endpoint("tcp://0.0.0.0:5557", "10.0.0.7") == "tcp://10.0.0.7:5557"
+    assert routable_endpoint("tcp://[::]:5557", "fd00::1") == "tcp://[fd00::1]:5557"
+    assert routable_endpoint("ipc:///tmp/kv") == "ipc:///tmp/kv"
+    assert is_wildcard("tcp://*:1") and is_wildcard("tcp://[::]:1")
+    assert not is_wildcard("tcp://127.0.0.1:1")
+    for bad in ("127.0.0.1:5557", "tcp://host", "tcp://h:99999", "udp://h:1", "inproc://"):
+        with pytest.raises(ConfigError, match="not a ZMQ endpoint"):
+            check_endpoint(bad)
+    with pytest.raises(ConfigError, match="wildcard"):
+        ZmqEventPublisher("tcp://*:5557", connect=True)
+    with pytest.raises(ConfigError, match="buffer_steps"):
+        ZmqEventPublisher(buffer_steps=0)
+
+
+def test_make_topic():
+    assert make_topic("10.0.0.7:8000", "Qwen/Qwen3-0.6B") == "kv@10.0.0.7:8000@Qwen/Qwen3-0.6B"
+    with pytest.raises(ConfigError, match="no '@'"):
+        make_topic("10.0.0.7:8000", "a@b")
+
+
+async def test_publish_before_start_is_refused():
+    pub = ZmqEventPublisher()
+    with pytest.raises(FailedPrecondition, match="start"):
+        pub.publish(b"x")
+    await pub.start()
+    await pub.close()
+    with pytest.raises(FailedPrecondition):
+        pub.publish(b"x")
+
+
+async def _raw_replay(endpoint: str, start: int) -> list[list[bytes]]:
+    """A DEALER replay client exactly as vLLM documents it."""
+    dealer = _actx().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(endpoint)
+    try:
+        await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+        replies = []
+        while True:
+            frames = await asyncio.wait_for(dealer.recv_multipart(), 5)
+            replies.append(frames)
+            if frames[2] == END_SEQ:
+                return replies
+    finally:
+        dealer.close(linger=0)
+
+
+async def test_replay_returns_buffered_batches_from_start_seq_with_topic():
+    async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0", topic=TOPIC) as pub:
+        for i in range(5):
+            pub.publish(b"batch-%d" % i)
+        replies = await _raw_replay(pub.replay_endpoint, 2)
+    assert replies[-1] == [b"", b"", END_SEQ, b""]
+    assert replies[:-1] == [
+        [b"", TOPIC.encode(), i.to_bytes(8, "big"), b"batch-%d" % i] for i in (2, 3, 4)
+    ]
+
+
+async def test_replay_buffer_keeps_only_the_last_buffer_steps_batches():
+    async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0", buffer_steps=3) as pub:
+        for i in range(7):
+            pub.publish(b"%d" % i)
+        replies = await _raw_replay(pub.replay_endpoint, 0)
+        assert [int.from_bytes(r[2], "big") for r in replies[:-1]] == [4, 5, 6]
+        assert [s for s, _ in pub.buffered()] == [4, 5, 6]
+        assert pub.stats.replayed_batches == 3
+
+
+async def test_malformed_replay_requests_are_ignored():
+    async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0") as pub:
+        pub.publish(b"a")
+        dealer = _actx().socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(pub.replay_endpoint)
+        try:
+            await dealer.send_multipart([b"", b"\x00\x01"])  # short start_seq
+            await dealer.send_multipart([b"", b"x", b"y"])  # too many frames
+            await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            # Requests are served in order: the valid one's answer comes after both are judged.
+            first = await asyncio.wait_for(dealer.recv_multipart(), 5)
+            end = await asyncio.wait_for(dealer.recv_multipart(), 5)
+        finally:
+            dealer.close(linger=0)
+        assert first[3] == b"a" and end == [b"", b"", END_SEQ, b""]
+        assert pub.stats.bad_replay_requests == 2
+
+
+async def test_topic_filtering():
+    async with ZmqEventPublisher(topic="kv@a:1@m") as pub:
+        match = await _raw_sub(pub.endpoint, "kv@a:1@")
+        other = await _raw_sub(pub.endpoint, "kv@b:1@")
+        try:
+            await _warm_raw(pub, match)
+            await asyncio.sleep(0.05)  # let `other` subscribe too; it must still get nothing
+            pub.publish(b"x")
+            assert (await match.recv_multipart())[2] == b"x"
+            assert await other.poll(100) == 0
+        finally:
+            match.close(linger=0)
+            other.close(linger=0)
+
+
+class LossyRelay:
+    """Forwards a publisher's PUB stream to a new PUB, dropping chosen sequence numbers."""
+
+    def __init__(self, upstream: str) -> None:
+        self.drop: set[int] = set()
+        self.sub = _actx().socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(upstream)
+        self.pub = _ctx().socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind("tcp://127.0.0.1:0")
+        self.endpoint = self.pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            frames = await self.sub.recv_multipart()
+            if int.from_bytes(frames[1], "big") not in self.drop:
+                self.pub.send_multipart(frames)
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        self.sub.close(linger=0)
+        self.pub.close(linger=0)
+
+
+async def test_gap_is_repaired_by_replaying_exactly_the_missed_batches():
+    async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0", topic=TOPIC) as pub:
+        relay = LossyRelay(pub.endpoint)
+        sub = ZmqEventSubscriber(relay.endpoint, replay_endpoint=pub.replay_endpoint)
+        await sub.start()
+        try:
+            base = await _warm(pub, sub) + 1
+            relay.drop = {base + 1, base + 2, base + 5}
+            sent = {}
+            for i in range(8):
+                seq = pub.publish(b"batch-%d" % i)
+                sent[seq] = b"batch-%d" % i
+            got = [await sub.recv() for _ in range(8)]
+        finally:
+            await sub.close()
+            await relay.close()
+    assert [d.seq for d in got] == list(range(base, base + 8))
+    assert all(d.payload == sent[d.seq] for d in got)
+    assert {d.seq for d in got if d.replayed} == relay.drop
+    assert all(d.topic == TOPIC and d.lost_before == 0 and not d.restarted for d in got)
+    assert sub.stats.replayed == 3 and sub.stats.lost == 0
+
+
+async def test_catch_up_from_start_seq_replays_what_was_published_before_connecting():
+    async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0") as pub:
+        for i in range(4):
+            pub.publish(b"early-%d" % i)
+        sub = ZmqEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint, start_seq=0)
+        await sub.start()
+        try:
+            last = await _warm(pub, sub)
+        finally:
+            await sub.close()
+    # _warm consumed the deliveries; the subscriber's own counters tell what happened.
+    assert sub.last_seq == last
+    assert sub.stats.replayed >= 4 and sub.stats.lost == 0
+
+
+async def test_rewind_redelivers_from_a_seq_through_replay():
+    async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0", topic=TOPIC) as pub:
+        sub = ZmqEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint)
+        await sub.start()
+        try:
+            base = await _warm(pub, sub) + 1
+            for i in range(3):
+                pub.publish(b"batch-%d" % i)
+            first = [await sub.recv() for _ in range(3)]
+            sub.rewind(base + 1)
+            pub.publish(b"batch-3")
+            again = [await sub.recv() for _ in range(3)]
+            with pytest.raises(InvalidArgument):
+                sub.rewind(-1)
+        finally:
+            await sub.close()
+    assert [d.seq for d in first] == [base, base + 1, base + 2]
+    assert [(d.seq, d.payload, d.replayed) for d in again] == [
+        (base + 1, b"batch-1", True),
+        (base + 2, b"batch-2", True),
+        (base + 3, b"batch-3", False),
+    ]
+    assert not any(d.restarted or d.lost_before for d in again)
+
+
+async def test_gap_without_replay_endpoint_is_reported_as_lost():
+    async with ZmqEventPublisher() as pub:
+        relay = LossyRelay(pub.endpoint)
+        sub = ZmqEventSubscriber(relay.endpoint)
+        await sub.start()
+        try:
+            base = await _warm(pub, sub) + 1
+            relay.drop = {base, base + 1}
+            for i in range(3):
+                pub.publish(b"%d" % i)
+            got = await sub.recv()
+        finally:
+            await sub.close()
+            await relay.close()
+    assert got.seq == base + 2 and got.lost_before == 2 and sub.stats.lost == 2
+
+
+async def test_publisher_restart_is_signalled_and_the_new_run_replayed():
+    first = ZmqEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")
+    await first.start()
+    endpoints = (first.endpoint, first.replay_endpoint)
+    sub = ZmqEventSubscriber(endpoints[0], replay_endpoint=endpoints[1], replay_timeout=5)
+    await sub.start()
+    try:
+        await _warm(first, sub)
+        for _ in range(60):
+            first.publish(b"old")
+        while sub.last_seq < first.next_seq - 1:
+            await sub.recv()
+        await first.close()
+        second = ZmqEventPublisher(endpoints[0], replay_endpoint=endpoints[1])
+        for _ in range(100):  # ZMQ releases a closed socket's port in its I/O thread, later
+            try:
+                await second.start()
+                break
+            except Unavailable:
+                await asyncio.sleep(0.02)
+        async with second:
+            got = None
+            for _ in range(400):
+                second.publish(b"new")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    got = await asyncio.wait_for(sub.recv(), 0.05)
+                    break
+            assert got is not None
+            assert got.restarted and got.seq == 0 and got.payload == b"new"
+            later = [await sub.recv() for _ in range(second.next_seq - 1)]
+    finally:
+        await sub.close()
+    assert [d.seq for d in later] == list(range(1, len(later) + 1))
+    assert not any(d.restarted for d in later)
+    assert sub.stats.restarts == 1
+
+
+async def test_malformed_messages_are_skipped():
+    pub = _ctx().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind("tcp://127.0.0.1:0")
+    sub = ZmqEventSubscriber(pub.getsockopt(zmq.LAST_ENDPOINT).decode())
+    await sub.start()
+    try:
+        got = None
+        for _ in range(400):
+            pub.send_multipart([b"", b"\x00" * 4, b"short seq"])
+            pub.send_multipart([b"", b"x"])
+            pub.send_multipart([b"\xff", (0).to_bytes(8, "big"), b"bad topic"])
+            pub.send_multipart([b"", (7).to_bytes(8, "big"), b"ok"])
+            with contextlib.suppress(asyncio.TimeoutError):
+                got = await asyncio.wait_for(sub.recv(), 0.05)
+                break
+        assert got is not None and got.payload == b"ok" and got.seq == 7
+        assert sub.stats.malformed_messages >= 3
+    finally:
+        await sub.close()
+        pub.close(linger=0)
+
+
+class RawPublisher:
+    """A hand-driven PUB + ROUTER pair, for replay formats and failures the project never sends."""
+
+    def __init__(self) -> None:
+        self.pub = _ctx().socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind("tcp://127.0.0.1:0")
+        self.endpoint = self.pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.router = _actx().socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind("tcp://127.0.0.1:0")
+        self.replay_endpoint = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    def send(self, seq: int, payload: bytes) -> None:
+        self.pub.send_multipart([b"t", seq.to_bytes(8, "big"), payload])
+
+    def close(self) -> None:
+        self.pub.close(linger=0)
+        self.router.close(linger=0)
+
+
+async def _warm_at(raw: RawPublisher, sub: ZmqEventSubscriber, seq: int) -> None:
+    for _ in range(400):
+        raw.send(seq, b"first")
+        with contextlib.suppress(asyncio.TimeoutError):
+            got = await asyncio.wait_for(sub.recv(), 0.05)
+            assert got.seq == seq
+            return
+    raise AssertionError("subscriber never connected")
+
+
+async def test_skew_replay_without_topic_frame_vllm_0_25():
+    raw = RawPublisher()
+    sub = ZmqEventSubscriber(raw.endpoint, replay_endpoint=raw.replay_endpoint, topic="t")
+    await sub.start()
+    try:
+        await _warm_at(raw, sub, 0)
+        raw.send(3, b"three")
+        pending = asyncio.ensure_future(sub.recv())
+        client, empty, start = await raw.router.recv_multipart()
+        assert empty == b"" and int.from_bytes(start, "big") == 1
+        for seq in (1, 2):  # vLLM <= 0.25: [id, "", seq, payload], end [id, "", END, ""]
+            await raw.router.send_multipart([client, b"", seq.to_bytes(8, "big"), b"old-%d" % seq])
+        await raw.router.send_multipart([client, b"", END_SEQ, b""])
+        got = [await pending, await sub.recv(), await sub.recv()]
+    finally:
+        await sub.close()
+        raw.close()
+    assert [(d.seq, d.payload, d.replayed, d.topic) for d in got] == [
+        (1, b"old-1", True, "t"),
+        (2, b"old-2", True, "t"),
+        (3, b"three", False, "t"),
+    ]
+
+
+async def test_replay_timeout_counts_the_batches_as_lost():
+    raw = RawPublisher()
+    sub = ZmqEventSubscriber(
+        raw.endpoint, replay_endpoint=raw.replay_endpoint, topic="t", replay_timeout=0.2
+    )
+    await sub.start()
+    try:
+        await _warm_at(raw, sub, 10)
+        raw.send(14, b"late")
+        got = await sub.recv()  # nobody answers the replay request
+    finally:
+        await sub.close()
+        raw.close()
+    assert got.seq == 14 and got.lost_before == 3 and not got.replayed
+    assert sub.stats.replay_failures == 1 and sub.stats.lost == 3

@@ -1,0 +1,180 @@
+"""Fixtures of the router tests: a real Redis server, and the prefix-index backends.
+
+Redis: ``REDIS_URL`` when set (CI may start one), otherwise a ``redis-server`` started here on a
+free loopback port with a temporary directory and no persistence; without the binary the Redis
+tests skip with the reason (install it with ``apt-get install -y redis-server``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+import redis
+
+from tokenkeys.router.index import PrefixIndex
+from tokenkeys.router.index_memory import MemoryPrefixIndex
+from tokenkeys.router.index_redis import RedisPrefixIndex
+from tokenkeys.router.instrumented import InstrumentedIndex
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A ``redis-server`` child process on a loopback port; stoppable and restartable."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.port = _free_port()
+        self.dir = tempfile.mkdtemp(prefix="tokenkeys-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        """Start on the same port as before (a restart comes back empty: no persistence)."""
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--save", "", "--appendonly", "no", "--dir", self.dir]
+        log = os.path.join(self.dir, "redis.log")
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 20
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return self
+                except redis.exceptions.RedisError as exc:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        with open(log, errors="replace") as f:
+                            tail = f.read()[-2000:]
+                        raise RuntimeError(f"redis-server did not start: {tail}") from exc
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip(
+            "redis-server is not installed (apt-get install -y redis-server) and REDIS_URL is unset"
+        )
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis everyone in this session shares; tests isolate themselves by namespace."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip(
+            "redis-server is not installed (apt-get install -y redis-server) and REDIS_URL is unset"
+        )
+    server = RedisServer(binary).start()
+    try:
+        yield server.url
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def start_redis(redis_binary: str) -> Iterator[Callable[[], RedisServer]]:
+    """Factory of dedicated, started servers a test may stop and restart; removed afterwards."""
+    servers: list[RedisServer] = []
+
+    def start() -> RedisServer:
+        servers.append(RedisServer(redis_binary))
+        return servers[-1].start()
+
+    yield start
+    for server in servers:
+        server.remove()
+
+
+class Backend:
+    """Makes prefix indexes of one backend for one test, and cleans up after it."""
+
+    def __init__(self, name: str, url: str | None) -> None:
+        self.name = name
+        self.url = url
+        self.made: list[PrefixIndex] = []
+        self.namespaces: list[str] = []
+
+    def new(self, **options: object) -> PrefixIndex:
+        """A fresh, empty index (Redis: in a namespace of its own)."""
+        if self.name == "memory":
+            index: PrefixIndex = MemoryPrefixIndex(**options)
+        elif self.name == "instrumented":
+            index = InstrumentedIndex(MemoryPrefixIndex(**options))
+        else:
+            namespace = f"t-{uuid.uuid4().hex[:12]}"
+            self.namespaces.append(namespace)
+            index = RedisPrefixIndex.from_url(self.url, namespace=namespace, **options)
+        self.made.append(index)
+        return index
+
+    def replica(self, index: RedisPrefixIndex, **options: object) -> RedisPrefixIndex:
+        """Another index instance (another client) on the same Redis data."""
+        other = RedisPrefixIndex.from_url(self.url, namespace=index.namespace, **options)
+        self.made.append(other)
+        return other
+
+    async def close(self) -> None:
+        for index in self.made:
+            await index.close()
+        if self.namespaces:
+            client = redis.Redis.from_url(self.url)
+            try:
+                for namespace in self.namespaces:
+                    keys = list(client.scan_iter(match=f"{{{namespace}}}:*", count=1000))
+                    if keys:
+                        client.delete(*keys)
+            finally:
+                client.close()
+
+
+@pytest.fixture(params=["memory", "redis", "instrumented"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    """Each conformance test runs once per backend (and once through the metrics wrapper)."""
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    made = Backend(request.param, url)
+    yield made
+    await made.close()
+
+
+@pytest.fixture
+async def redis_backend(redis_url: str) -> AsyncIterator[Backend]:
+    """The Redis backend alone, for what only a shared index does."""
+    made = Backend("redis", redis_url)
+    yield made
+    await made.close()

@@ -1,0 +1,205 @@
+"""Ingestion rules: events to index operations, per worker, in order; spec and group filters.
+
+Rules from llm-d's ``kvevents/pool.go`` (llm-d-router ``ebab687``) and vLLM 0.33's event
+semantics (../shared/reference/engines/vllm.md §4, §8).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tokenkeys.errors import Unavailable
+from tokenkeys.events.model import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    SpecRef,
+)
+from tokenkeys.router.index_memory import MemoryPrefixIndex
+from tokenkeys.router.ingest import EventIngestor, IngestMetrics
+
+SPEC = SpecRef("vllm/sha256_cbor@0.31", "a" * 64)
+OTHER = SpecRef("vllm/sha256_cbor@0.31", "b" * 64)
+
+
+def stored(*hashes, medium="GPU", **kw) -> BlockStored:
+    return BlockStored(hashes, None, tuple(range(16 * len(hashes))), 16, medium=medium, **kw)
+
+
+def batch(*events, spec=SPEC) -> EventBatch:
+    return EventBatch(1.0, events, 0, spec)
+
+
+class CountingIndex(MemoryPrefixIndex):
+    """The memory index, recording each call it gets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    async def add(self, worker, keys, tier="gpu"):
+        self.calls.append(("add", worker, tuple(keys), tier))
+        await super().add(worker, keys, tier)
+
+    async def remove(self, worker, keys, tier="gpu"):
+        self.calls.append(("remove", worker, tuple(keys), tier))
+        await super().remove(worker, keys, tier)
+
+    async def clear(self, worker):
+        self.calls.append(("clear", worker))
+        await super().clear(worker)
+
+
+def sample(ingestor: EventIngestor, name: str, **labels) -> float:
+    return ingestor.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_stored_removed_cleared_become_add_remove_clear_with_tiers():
+    index = MemoryPrefixIndex()
+    ing = EventIngestor(index, SPEC)
+    assert await ing.apply("w", batch(stored(1, 2, 3), stored(1, 2, medium="CPU")))
+    assert (await index.lookup([1, 2, 3]))["w"].segments == ((2, ("cpu", "gpu")), (1, ("gpu",)))
+    await ing.apply("w", batch(BlockRemoved((2,), "GPU")))
+    assert (await index.lookup([1, 2, 3]))["w"].segments == (
+        (1, ("cpu", "gpu")),
+        (1, ("cpu",)),
+        (1, ("gpu",)),
+    )
+    await ing.apply("v", batch(stored(1, medium=None)))  # no medium: GPU
+    await ing.apply("w", batch(AllBlocksCleared()))
+    assert await index.workers() == {"v"}
+    assert (
+        sample(ing, "tokenkeys_router_worker_clears_total", worker="w", reason="all_blocks_cleared")
+        == 1
+    )
+    assert sample(ing, "tokenkeys_router_kv_events_total", worker="w", type="BlockStored") == 2
+    assert sample(ing, "tokenkeys_router_kv_batches_total", worker="w", outcome="applied") == 3
+
+
+async def test_order_within_and_across_batches_is_kept():
+    index = MemoryPrefixIndex()
+    ing = EventIngestor(index, SPEC)
+    await ing.apply("w", batch(stored(1, 2), BlockRemoved((2,), "GPU"), stored(2)))
+    await ing.apply("w", batch(stored(3), AllBlocksCleared(), stored(7)))
+    await ing.apply("w", batch(stored(8), BlockRemoved((8,), "GPU")))
+    assert await index.lookup([1]) == {} and await index.lookup([8]) == {}
+    assert (await index.lookup([7]))["w"].blocks == 1
+
+
+async def test_consecutive_events_of_one_kind_and_tier_make_one_index_call():
+    index = CountingIndex()
+    ing = EventIngestor(index, SPEC)
+    # vLLM sends one BlockRemoved per evicted hash.
+    removes = [BlockRemoved((h,), "GPU") for h in (10, 11, 12)]
+    await ing.apply("w", batch(stored(1, 2), stored(3), *removes, stored(4, medium="CPU")))
+    assert index.calls == [
+        ("add", "w", (1, 2, 3), "gpu"),
+        ("remove", "w", (10, 11, 12), "gpu"),
+        ("add", "w", (4,), "cpu"),
+    ]
+
+
+async def test_hashes_are_converted_to_u64_index_keys():
+    index = MemoryPrefixIndex()
+    await EventIngestor(index, SPEC).apply(
+        "w", batch(stored(-1, b"\x00" * 24 + b"\x00" * 7 + b"\x05"))
+    )
+    assert (await index.lookup([(1 << 64) - 1, 5]))["w"].blocks == 2
+
+
+@pytest.mark.parametrize(("spec", "reason"), [(OTHER, "foreign_spec"), (None, "no_spec")])
+async def test_a_batch_of_another_spec_is_ignored_and_counted(spec, reason):
+    index = CountingIndex()
+    ing = EventIngestor(index, SPEC)
+    assert not await ing.apply("w", batch(stored(1, 2), AllBlocksCleared(), spec=spec))
+    assert index.calls == [] and await index.workers() == frozenset()
+    assert sample(ing, "tokenkeys_router_kv_events_ignored_total", worker="w", reason=reason) == 2
+    assert sample(ing, "tokenkeys_router_kv_batches_total", worker="w", outcome="ignored") == 1
+
+
+async def test_restart_and_lost_batches_clear_the_worker_first():
+    index = MemoryPrefixIndex()
+    ing = EventIngestor(index, SPEC)
+    await ing.apply("w", batch(stored(1, 2)))
+    await ing.apply("v", batch(stored(1, 2)))
+    await ing.apply("w", batch(stored(5)), restarted=True)
+    assert set(await index.lookup([1])) == {"v"}
+    assert (await index.lookup([5]))["w"].blocks == 1
+    await ing.apply("v", batch(stored(6)), lost_before=3)
+    assert set(await index.lookup([1])) == set() and set(await index.lookup([6])) == {"v"}
+    for worker, reason in (("w", "publisher_restart"), ("v", "events_lost")):
+        assert (
+            sample(ing, "tokenkeys_router_worker_clears_total", worker=worker, reason=reason) == 1
+        )
+
+
+async def test_group_kind_and_medium_filters():
+    index = MemoryPrefixIndex()
+    ing = EventIngestor(index, SPEC, group_idx=0)
+    await ing.apply(
+        "w",
+        batch(
+            stored(1, 2, group_idx=0, kv_cache_spec_kind="full_attention"),
+            stored(3, group_idx=1, kv_cache_spec_kind="full_attention"),
+            stored(4, group_idx=0, kv_cache_spec_kind="sliding_window"),
+            stored(5, medium="GPU,CPU"),
+            BlockRemoved((2,), "GPU", group_idx=1),  # another group's eviction: not ours
+        ),
+    )
+    assert (await index.lookup([1, 2]))["w"].blocks == 2
+    for key in (3, 4, 5):
+        assert await index.lookup([key]) == {}
+    for reason in ("other_group", "not_prefix_kind", "bad_medium"):
+        want = 2 if reason == "other_group" else 1
+        assert (
+            sample(ing, "tokenkeys_router_kv_events_ignored_total", worker="w", reason=reason)
+            == want
+        )
+
+
+async def test_index_errors_propagate_and_are_counted():
+    class DownIndex(MemoryPrefixIndex):
+        async def add(self, worker, keys, tier="gpu"):
+            raise Unavailable("down")
+
+    ing = EventIngestor(DownIndex(), SPEC, metrics=IngestMetrics())
+    with pytest.raises(Unavailable):
+        await ing.apply("w", batch(stored(1)))
+    assert sample(ing, "tokenkeys_router_kv_batches_total", worker="w", outcome="failed") == 1
+
+
+# ----------------------------------------------------------------------------- properties
+
+HASHES = st.lists(st.integers(0, 5), min_size=1, max_size=4).map(tuple)
+MEDIA = st.sampled_from(["GPU", "CPU", None])
+EVENTS = st.lists(
+    st.one_of(
+        st.builds(lambda h, m: stored(*h, medium=m), HASHES, MEDIA),
+        st.builds(BlockRemoved, HASHES, MEDIA),
+        st.just(AllBlocksCleared()),
+    ),
+    max_size=12,
+)
+
+
+@given(st.lists(EVENTS, min_size=1, max_size=4))
+async def test_coalesced_batches_equal_events_applied_one_by_one(batches):
+    index = MemoryPrefixIndex()
+    ingestor = EventIngestor(index, SPEC)
+    facts: set[tuple[str, int]] = set()  # (tier, key) of worker "w"
+    for events in batches:
+        await ingestor.apply("w", batch(*events))
+        for event in events:
+            if isinstance(event, AllBlocksCleared):
+                facts.clear()
+                continue
+            tier = (event.medium or "GPU").lower()
+            change = {(tier, h) for h in event.block_hashes}
+            facts = facts | change if isinstance(event, BlockStored) else facts - change
+    for key in range(6):
+        got = await index.lookup([key])
+        want = tuple(sorted(t for t, k in facts if k == key))
+        assert (got["w"].segments[0][1] if got else ()) == want

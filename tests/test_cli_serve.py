@@ -1,0 +1,62 @@
+"""`tokenkeys serve` as an operator runs it: a real process, then the CLI against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import REPO, run_cli, shared_path
+
+
+@pytest.fixture
+def served():
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    target = None
+    for line in proc.stdout:
+        if line.startswith("gRPC listening on "):
+            target = line.split()[-1]
+            break
+    if target is None:
+        proc.kill()
+        pytest.fail(f"serve did not start: {proc.stderr.read()}")
+    yield target
+    proc.terminate()
+    assert proc.wait(20) == 0, "serve must exit 0 on SIGTERM"
+
+
+def test_remote_tokenize_equals_in_process(served: str, tmp_path) -> None:
+    texts = ["Hello world", "", "NUL\x00inside", "<|im_start|>user", "Ünïcödé 漢字 🎉"]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    local = run_cli("tokenize", "--json", "--input", "texts.json", cwd=tmp_path)
+    remote = run_cli(
+        "tokenize", "--json", "--input", "texts.json", "--remote", served, cwd=tmp_path
+    )
+    assert json.loads(local.stdout) == json.loads(remote.stdout)
+    info = json.loads(run_cli("info", "--json", "--remote", served).stdout)
+    assert info["model"] == "smollm2-135m-instruct"
+    assert info["fingerprint"] == json.loads(run_cli("info", "--json").stdout)["fingerprint"]
+
+
+def test_detokenize_cli(served: str) -> None:
+    remote = run_cli("detokenize", "--json", "--remote", served, "19556", "905")
+    assert json.loads(remote.stdout) == {"text": "Hello world"}
+    bad = run_cli("detokenize", "--remote", served, "49152", check=False)
+    assert bad.returncode == 2 and "outside the vocabulary" in bad.stderr
+
+
+def test_unloadable_model_stops_serve_naming_the_file() -> None:
+    path = shared_path("tokenizers", "llama2-unloadable")
+    result = run_cli("serve", "--model", str(path), "--grpc-port", "0", check=False)
+    assert result.returncode == 2
+    assert "tokenizer.json" in result.stderr and "Merges" in result.stderr
