@@ -20,8 +20,8 @@ import grpc
 import pytest
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2 as kpb
+from tokenkeys._gen.openengine.v1 import model_pb2, openengine_pb2_grpc, tokenizer_pb2_grpc
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as tpb
-from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.client import CacheKeyClient, strategy_from_server
 from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.keys.deployment import KeySpecOptions, build_spec
@@ -106,10 +106,19 @@ def serve_process():
 def test_engine_hashes_via_serve_options_and_cli_remote(serve_process, tmp_path: Path) -> None:
     events = _events()
     target = serve_process
+    # Discovery advertises the served spec: the one the simulated engine keys its events with.
+    channel = grpc.insecure_channel(target)
+    info = openengine_pb2_grpc.ControlStub(channel).GetModelInfo(
+        model_pb2.GetModelInfoRequest(model="qwen3")
+    )
+    channel.close()
+    advertised = info.tokenizer.key_spec
+    assert advertised.spec_fingerprint == build_spec(OPTIONS).fingerprint
+    assert (
+        advertised.profile_id == "vllm/sha256_cbor@0.29" and info.tokenizer.remote_key_computation
+    )
     with CacheKeyClient(target, "qwen3") as client:
-        strategy = strategy_from_server(
-            client, expected_fingerprint=build_spec(OPTIONS).fingerprint
-        )
+        strategy = strategy_from_server(client, expected_fingerprint=advertised.spec_fingerprint)
         assert strategy.decision.mode == "local"
         requests = [KeyRequest(e["token_ids"], _context(e)) for e in events]
         remote = client.compute(strategy.spec, requests)
