@@ -250,6 +250,8 @@ class VllmProfile(Profile):
         Most blocks share one tail (``None``, or the adapter alone); only blocks a multimodal
         item overlaps, or every block with prompt embeddings, get their own.
         """
+        if not (ctx.adapter or ctx.mm_items or ctx.prompt_embeds_digests or ctx.cache_salt):
+            return cbor.NULL, cbor.NULL, {}
         encode, extra_keys = cbor.encode, self.extra_keys
         first = encode(extra_keys(ctx, 0, 0, bs))
         if ctx.prompt_embeds_digests:
