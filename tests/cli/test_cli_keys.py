@@ -123,6 +123,7 @@ def test_keys_of_groups_parents_embeds_and_llmd(capsys) -> None:
         (["--profile", "vllm/sha256_cbor@0.31", "--tokens", "1", "--parent", "xyz"], "not hex"),
         (["--profile", "sglang/sha256@0.5.23", "--tokens", "1", "--lora-name", "a"], "LoRA"),
         (["--profile", "none", "--tokens", "1"], "computes no keys"),
+        (["--block-size", "32", "--tokens", "1", "--remote", "x:1"], "--block-size describe"),
     ],
 )
 def test_bad_keys_arguments_exit_2_with_a_message(capsys, args, message) -> None:

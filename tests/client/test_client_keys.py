@@ -90,8 +90,11 @@ def test_strict_mode_and_stale_specs(grpc_server) -> None:
         assert info.value.details["spec_fingerprint"] == spec.fingerprint
         # Keys are never computed under a spec the server no longer serves.
         other = make_spec("vllm/xxhash@0.31", 16, root_seed="2")
-        with pytest.raises(FailedPrecondition, match="expected_spec_fingerprint"):
+        with pytest.raises(FailedPrecondition, match="expected_spec_fingerprint") as info:
             client.compute(other, [KeyRequest(TOKENS)])
+        # The current fingerprint travels in the error, so a router can refetch the spec.
+        assert info.value.details["spec_fingerprint"] == spec.fingerprint
+        assert info.value.field == "expected_spec_fingerprint"
 
 
 def test_spec_without_vectors_goes_remote(grpc_server) -> None:

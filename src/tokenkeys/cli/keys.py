@@ -88,6 +88,22 @@ def run_keys(args: argparse.Namespace) -> int:
     request = pb.ComputeCacheKeysRequest(model=args.name)
     request.requests.append(request_to_message(_tokens(args), _context(args)))
     options = key_spec_options(args)
+    given = [
+        flag
+        for flag, value in (
+            ("--block-size", options.block_size),
+            ("--root-seed", options.root_seed),
+            ("--root-hex", options.root_hex),
+            ("--kv-groups", options.kv_groups),
+        )
+        if value is not None
+    ]
+    if options.profile is None and given:
+        raise InvalidArgument(
+            f"{', '.join(given)} describe a spec and need --profile ID; with --remote alone the "
+            "server's spec is used as it is",
+            field="profile",
+        )
     if args.remote:
         with CacheKeyClient(args.remote, args.name) as client:
             if options.profile is not None:
@@ -105,7 +121,9 @@ def run_keys(args: argparse.Namespace) -> int:
         spec = build_spec(options)
         if spec is None:
             raise InvalidArgument("--profile none computes no keys", field="profile")
-        response = CacheKeyService(spec, Limits()).compute_now(request)
+        # One request, computed here: no server limits apply.
+        limits = Limits(max_texts_per_request=1, max_tokens_per_request=2**62)
+        response = CacheKeyService(spec, limits).compute_now(request)
     result = response.results[0]
     keys = [k.hex() for k in result.keys]
     events = list(result.signed_event_keys or result.event_keys)
