@@ -79,7 +79,9 @@ def _key_order(pair: tuple[bytes, bytes]) -> tuple[int, bytes]:
 _KEEP = np.array(
     [[1, 0, 0, 0, 0], [1, 0, 0, 0, 1], [1, 0, 0, 1, 1], [1, 1, 1, 1, 1]], dtype=np.bool_
 )
-_WIDTH = np.array([1, 2, 3, 5], dtype=np.uint8)
+# Encoded width per class, as float32: per-block sums are one BLAS matrix-vector product, exact
+# because they stay far below 2**24 (at most 5 * MAX_BLOCK_SIZE).
+_WIDTH = np.array([1, 2, 3, 5], dtype=np.float32)
 # One token slot: the head byte, then the full value as big-endian u32 (packed, 5 bytes).
 _SLOT = np.dtype([("head", "u1"), ("value", ">u4")])
 
@@ -114,10 +116,13 @@ def token_blocks(
         rows["post"] = np.frombuffer(post, np.uint8)
     slots = rows["tok"]
     slots["value"] = t.reshape(n_blocks, block_size)
-    slots["head"] = (np.minimum(t, 23).astype(np.uint8) + cls).reshape(n_blocks, block_size)
+    head = np.minimum(t, 23).astype(np.uint8)
+    head += cls
+    slots["head"] = head.reshape(n_blocks, block_size)
     keep["tok"] = _KEEP.take(cls, axis=0).reshape(n_blocks, block_size, 5)
-    data = np.compress(keep.view(np.bool_), rows.view(np.uint8)).tobytes()
-    sizes = np.add.reduceat(_WIDTH.take(cls), np.arange(0, n, block_size), dtype=np.int64)
+    # The kept positions are valid indices by construction, so the gather skips bounds checks.
+    data = rows.view(np.uint8).take(np.flatnonzero(keep.view(np.bool_)), mode="clip").tobytes()
+    sizes = (_WIDTH.take(cls).reshape(n_blocks, block_size) @ layout.ones).astype(np.int64)
     sizes += len(pre) + len(post)
     offsets = [0, *np.cumsum(sizes).tolist()]
     if offsets[-1] != len(data):  # pragma: no cover - guards the width arithmetic
@@ -128,6 +133,7 @@ def token_blocks(
 class _Layout(NamedTuple):
     rows: np.dtype
     keep: np.dtype
+    ones: np.ndarray
 
 
 @lru_cache(maxsize=64)
@@ -141,4 +147,4 @@ def _layout(block_size: int, n_pre: int, n_post: int) -> _Layout:
     if n_post:
         rows.append(("post", np.uint8, (n_post,)))
         keep.append(("post", np.bool_, (n_post,)))
-    return _Layout(np.dtype(rows), np.dtype(keep))
+    return _Layout(np.dtype(rows), np.dtype(keep), np.ones(block_size, dtype=np.float32))
