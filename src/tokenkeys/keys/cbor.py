@@ -76,12 +76,18 @@ def _key_order(pair: tuple[bytes, bytes]) -> tuple[int, bytes]:
 
 # Per width class (token < 24, < 2**8, < 2**16, < 2**32), which of the five bytes
 # ``head, b3, b2, b1, b0`` (the head, then the token as big-endian u32) the encoding keeps.
+# Everything about a token's encoding follows from its head byte: the token itself below 24,
+# else 0x18, 0x19, 0x1a for 1, 2, 4 following bytes. _HEAD maps min(token, 65536) to it.
+_HEAD = np.concatenate(
+    [np.arange(24), np.full(232, 0x18), np.full(65280, 0x19), [0x1A]]
+).astype(np.uint8)
+# Per head byte, which of the five slot bytes ``head, b3, b2, b1, b0`` (the head, then the token
+# as big-endian u32) the shortest encoding keeps, and how many bytes it has (as float32: the
+# per-block sums are one BLAS matrix-vector product, exact far below 2**24).
 _KEEP = np.array(
-    [[1, 0, 0, 0, 0], [1, 0, 0, 0, 1], [1, 0, 0, 1, 1], [1, 1, 1, 1, 1]], dtype=np.bool_
+    [[1, 0, 0, 0, 0]] * 24 + [[1, 0, 0, 0, 1], [1, 0, 0, 1, 1], [1, 1, 1, 1, 1]], dtype=np.bool_
 )
-# Encoded width per class, as float32: per-block sums are one BLAS matrix-vector product, exact
-# because they stay far below 2**24 (at most 5 * MAX_BLOCK_SIZE).
-_WIDTH = np.array([1, 2, 3, 5], dtype=np.float32)
+_WIDTH = _KEEP.sum(axis=1).astype(np.float32)
 # One token slot: the head byte, then the full value as big-endian u32 (packed, 5 bytes).
 _SLOT = np.dtype([("head", "u1"), ("value", ">u4")])
 
@@ -102,27 +108,22 @@ def token_blocks(
         return b"", [0]
     n = n_blocks * block_size
     t = np.frombuffer(tokens, dtype=np.uint32, count=n)
-    # Width class 0..3; the head is the token itself below 24, else 0x18 + class - 1.
-    cls = (t >= 24).view(np.uint8)
-    cls += t >= 0x100
-    cls += t >= 0x10000
-    layout = _layout(block_size, len(pre), len(post))
+    head = _HEAD.take(np.minimum(t, 0x10000)).reshape(n_blocks, block_size)
+    layout = _layout(block_size, pre, post)
     rows = np.empty(n_blocks, layout.rows)
-    # Keep flags: 1 everywhere (pre, post), then the token slots' flags by width class.
+    # Keep flags: 1 everywhere (pre, post), then the token slots' flags by head byte.
     keep = np.ones(n_blocks * layout.rows.itemsize, np.bool_).view(layout.keep)
     if pre:
-        rows["pre"] = np.frombuffer(pre, np.uint8)
+        rows["pre"] = layout.pre
     if post:
-        rows["post"] = np.frombuffer(post, np.uint8)
+        rows["post"] = layout.post
     slots = rows["tok"]
     slots["value"] = t.reshape(n_blocks, block_size)
-    head = np.minimum(t, 23).astype(np.uint8)
-    head += cls
-    slots["head"] = head.reshape(n_blocks, block_size)
-    keep["tok"] = _KEEP.take(cls, axis=0).reshape(n_blocks, block_size, 5)
+    slots["head"] = head
+    keep["tok"] = _KEEP.take(head, axis=0)
     # The kept positions are valid indices by construction, so the gather skips bounds checks.
     data = rows.view(np.uint8).take(np.flatnonzero(keep.view(np.bool_)), mode="clip").tobytes()
-    sizes = (_WIDTH.take(cls).reshape(n_blocks, block_size) @ layout.ones).astype(np.int64)
+    sizes = (_WIDTH.take(head) @ layout.ones).astype(np.int64)
     sizes += len(pre) + len(post)
     offsets = [0, *np.cumsum(sizes).tolist()]
     if offsets[-1] != len(data):  # pragma: no cover - guards the width arithmetic
@@ -133,18 +134,26 @@ def token_blocks(
 class _Layout(NamedTuple):
     rows: np.dtype
     keep: np.dtype
+    pre: np.ndarray
+    post: np.ndarray
     ones: np.ndarray
 
 
 @lru_cache(maxsize=64)
-def _layout(block_size: int, n_pre: int, n_post: int) -> _Layout:
+def _layout(block_size: int, pre: bytes, post: bytes) -> _Layout:
     """Structured row types of one block: ``pre`` bytes, 5-byte token slots, ``post`` bytes."""
     rows: list[tuple] = [("tok", _SLOT, (block_size,))]
     keep: list[tuple] = [("tok", np.bool_, (block_size, 5))]
-    if n_pre:
-        rows.insert(0, ("pre", np.uint8, (n_pre,)))
-        keep.insert(0, ("pre", np.bool_, (n_pre,)))
-    if n_post:
-        rows.append(("post", np.uint8, (n_post,)))
-        keep.append(("post", np.bool_, (n_post,)))
-    return _Layout(np.dtype(rows), np.dtype(keep), np.ones(block_size, dtype=np.float32))
+    if pre:
+        rows.insert(0, ("pre", np.uint8, (len(pre),)))
+        keep.insert(0, ("pre", np.bool_, (len(pre),)))
+    if post:
+        rows.append(("post", np.uint8, (len(post),)))
+        keep.append(("post", np.bool_, (len(post),)))
+    return _Layout(
+        np.dtype(rows),
+        np.dtype(keep),
+        np.frombuffer(pre, np.uint8),
+        np.frombuffer(post, np.uint8),
+        np.ones(block_size, dtype=np.float32),
+    )
