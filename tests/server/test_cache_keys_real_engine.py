@@ -83,7 +83,7 @@ def serve_process():
     process = subprocess.Popen(
         [sys.executable, "-m", "tokenkeys.cli", "serve", "--model", f"qwen3={qwen}"]
         + SERVE_ARGS
-        + ["--root-seed", "42", "--grpc-port", "0"],
+        + ["--root-seed", "42", "--grpc-port", "0", "--http-port", "0"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""``tokenkeys serve``: load the tokenizers, then serve gRPC until SIGINT/SIGTERM."""
+"""``tokenkeys serve``: load the tokenizers, then serve gRPC and HTTP until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tokenkeys.cli.common import (
     local_models,
 )
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
+from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.limits import Limits
 from tokenkeys.server.cache_key_service import attach_cache_keys
@@ -28,7 +29,9 @@ log = logging.getLogger("tokenkeys.serve")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve tokenizers over gRPC")
+    p = sub.add_parser(
+        "serve", help="serve tokenizers over gRPC and an OpenAI-compatible HTTP frontend"
+    )
     add_tokenizer_options(p, many=True)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--grpc-port", type=int, default=50051)
@@ -46,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
     add_key_spec_options(keys, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
     add_engine_options(p)
+    add_http_options(p)
     p.set_defaults(func=run)
 
 
@@ -60,9 +64,10 @@ def limits_from(args: argparse.Namespace) -> Limits:
 
 async def _serve(args: argparse.Namespace) -> int:
     limits = limits_from(args)
-    # The spec first: a bad cache-key option stops the server before any tokenizer loads.
+    http = http_config(args, limits)
+    # The spec before the tokenizers: a bad cache-key option stops the server before loading.
     spec = build_spec(key_spec_options(args))
-    models = local_models(args, limits)
+    models = local_models(args, limits, chat_options(args))
     # Every model gets the spec; the simulated engine keys its blocks with the same one
     # (local_engine.deployment_spec reads it from there).
     attach_cache_keys(models, spec, limits)
@@ -99,13 +104,20 @@ async def _serve(args: argparse.Namespace) -> int:
     for line in runtime.describe():
         print(line, flush=True)
     print(f"gRPC listening on {args.host}:{port}", flush=True)
+    try:
+        # After runtime.start: the engines are attached to the models by then.
+        http_server = await start_http(args, models, http)
+    except BaseException:
+        await server.stop(grace=None)
+        await runtime.close()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     runtime.begin_shutdown()  # KV-event subscribers get their terminal message during the grace
-    await server.stop(grace=5.0)
+    await asyncio.gather(http_server.stop(), server.stop(grace=5.0))
     await runtime.close()
     return 0
 

@@ -78,9 +78,9 @@ def _key_order(pair: tuple[bytes, bytes]) -> tuple[int, bytes]:
 # ``head, b3, b2, b1, b0`` (the head, then the token as big-endian u32) the encoding keeps.
 # Everything about a token's encoding follows from its head byte: the token itself below 24,
 # else 0x18, 0x19, 0x1a for 1, 2, 4 following bytes. _HEAD maps min(token, 65536) to it.
-_HEAD = np.concatenate(
-    [np.arange(24), np.full(232, 0x18), np.full(65280, 0x19), [0x1A]]
-).astype(np.uint8)
+_HEAD = np.concatenate([np.arange(24), np.full(232, 0x18), np.full(65280, 0x19), [0x1A]]).astype(
+    np.uint8
+)
 # Per head byte, which of the five slot bytes ``head, b3, b2, b1, b0`` (the head, then the token
 # as big-endian u32) the shortest encoding keeps, and how many bytes it has (as float32: the
 # per-block sums are one BLAS matrix-vector product, exact far below 2**24).
