@@ -16,11 +16,18 @@ import sys
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
-from tokenkeys.cli.common import add_tokenizer_options, local_models
+from tokenkeys.cli.common import (
+    add_key_spec_options,
+    add_tokenizer_options,
+    key_spec_options,
+    local_models,
+)
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
 from tokenkeys.errors import ConfigError
+from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
+from tokenkeys.server.cache_key_service import attach_cache_keys
 from tokenkeys.server.engine_runtime import EngineRuntime
 from tokenkeys.server.engine_services import engine_service_adders
 from tokenkeys.server.grpc_server import start_grpc_server
@@ -61,6 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, how long calls in flight may take to finish (default 30)",
     )
     add_limit_options(p)
+    keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
+    add_key_spec_options(keys, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
     add_engine_options(p)
     add_http_options(p)
     add_server_access_options(p)
@@ -74,10 +83,24 @@ async def _serve(args: argparse.Namespace) -> int:
     tls = server_tls(args)
     tokens = server_tokens(args)
     http = http_config(args, limits, auth=tokens)
+    # The spec before the tokenizers: a bad cache-key option stops the server before loading.
+    spec = build_spec(key_spec_options(args))
+    engine_config = engine_config_from(args)
+    if spec is None and engine_config.remote_engine is None:
+        # The simulated engine keys its prefix cache and events with a spec; serving none while
+        # it publishes hashes of another would advertise hashes no router can reproduce.
+        raise ConfigError(
+            "--cache-key-profile none needs --engine HOST:PORT: the simulated engine hashes "
+            "its prefix-cache blocks with a spec; name the profile it should use",
+            field="cache-key-profile",
+        )
     models = local_models(args, limits, chat_options(args))
+    # Every model gets the spec; the simulated engine keys its blocks with the same one
+    # (local_engine.deployment_spec reads it from there).
+    attach_cache_keys(models, spec, limits)
     lifecycle = Lifecycle()
     service = TokenizerService(models)
-    runtime = EngineRuntime(models, engine_config_from(args))
+    runtime = EngineRuntime(models, engine_config)
     server, port = await start_grpc_server(
         [
             lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s),
@@ -100,6 +123,14 @@ async def _serve(args: argparse.Namespace) -> int:
             f"backend {model.tokenizer.options.backend})",
             flush=True,
         )
+    if spec is not None:
+        print(
+            f"cache keys: {spec.profile_id}, hash unit {spec.hash_unit}, root "
+            f"{spec.root_derivation}, spec fingerprint {spec.fingerprint}",
+            flush=True,
+        )
+    else:
+        print("cache keys: no spec served (--cache-key-profile none)", flush=True)
     for line in runtime.describe():
         print(line, flush=True)
     if tls is not None:
