@@ -15,7 +15,8 @@ frames and a three-element batch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 #: A block hash as events carry it: vLLM's ``ExternalBlockHash`` (``bytes | int``). With vLLM's
@@ -148,3 +149,21 @@ class EventSourceInfo:
     medium: str = MEDIUM_GPU
     wire_format: str = "vllm-msgpack"
     wire_version: str = "0.33"
+
+
+@dataclass
+class DecodeStats:
+    """What a decoder saw and what it dropped, for metrics and diagnostics."""
+
+    batches: int = 0
+    events: int = 0
+    malformed_events: int = 0
+    unknown_types: Counter[str] = field(default_factory=Counter)
+    ignored_fields: int = 0
+    rejected_payloads: int = 0
+    last_problem: str | None = None
+
+    @property
+    def dropped_events(self) -> int:
+        """Events left out of decoded batches (malformed or of an unknown type)."""
+        return self.malformed_events + sum(self.unknown_types.values())

@@ -30,6 +30,7 @@ from tokenkeys.events.model import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    DecodeStats,
     EventBatch,
     ExternalBlockHash,
     KvEvent,
@@ -123,6 +124,8 @@ class ProtobufEventCodec:
         int_encoding: IntEncoding = "uint64",
         key_spec: cache_keys_pb2.CacheKeySpecRef | None = None,
     ) -> None:
+        #: What :meth:`decode` saw and dropped.
+        self.stats = DecodeStats()
         self.int_encoding = int_encoding
         self.key_spec = key_spec
 
@@ -167,44 +170,56 @@ class ProtobufEventCodec:
             out.all_blocks_cleared.SetInParent()
 
     def decode(self, message: kv_pb2.KvEventBatch) -> tuple[int, EventBatch]:
-        """(sequence number, batch) of a ``KvEventBatch``; events of unknown kind are skipped."""
+        """(sequence number, batch) of a ``KvEventBatch``.
+
+        Events of an unknown kind (a newer sender's oneof member) and malformed events (a hash
+        of an unknown encoding or length, extra keys that are not JSON) are dropped and counted
+        in :attr:`stats`, as the vLLM codec does, so one bad event does not cost the batch.
+        """
+        stats = self.stats
+        stats.batches += 1
         events: list[KvEvent] = []
         for raw in message.events:
+            stats.events += 1
             kind = raw.WhichOneof("event")
-            if kind == "block_stored":
-                m = raw.block_stored
-                extra = tuple(_decode_extra(e) for e in m.extra_keys) if m.extra_keys else None
-                events.append(
-                    BlockStored(
-                        block_hashes=tuple(decode_hash(h) for h in m.block_hashes),
-                        parent_block_hash=(
-                            decode_hash(m.parent_block_hash)
-                            if m.HasField("parent_block_hash")
-                            else None
-                        ),
-                        token_ids=tuple(m.token_ids),
-                        block_size=m.block_size,
-                        lora_id=m.lora_id or None,
-                        medium=_MEDIUM_FROM_PROTO.get(m.medium),
-                        lora_name=m.lora_name or None,
-                        extra_keys=extra,
-                        group_idx=m.group_idx,
-                        kv_cache_spec_kind=m.kv_cache_spec_kind or None,
-                        kv_cache_spec_sliding_window=m.kv_cache_spec_sliding_window or None,
-                    )
-                )
-            elif kind == "block_removed":
-                r = raw.block_removed
-                events.append(
-                    BlockRemoved(
-                        block_hashes=tuple(decode_hash(h) for h in r.block_hashes),
-                        medium=_MEDIUM_FROM_PROTO.get(r.medium),
-                        group_idx=r.group_idx,
-                    )
-                )
-            elif kind == "all_blocks_cleared":
-                events.append(AllBlocksCleared())
+            if kind is None:
+                stats.unknown_types["<unknown or unset>"] += 1
+                stats.last_problem = "event of an unknown kind (or none) dropped"
+                continue
+            try:
+                events.append(self._decode_event(kind, raw))
+            except InvalidArgument as error:
+                stats.malformed_events += 1
+                stats.last_problem = f"malformed {kind} event dropped: {error.message}"
         batch = EventBatch(
             message.timestamp_unix_nanos / 1e9, tuple(events), message.data_parallel_rank
         )
         return message.sequence_number, batch
+
+    def _decode_event(self, kind: str, raw: kv_pb2.KvEvent) -> KvEvent:
+        if kind == "block_stored":
+            m = raw.block_stored
+            extra = tuple(_decode_extra(e) for e in m.extra_keys) if m.extra_keys else None
+            return BlockStored(
+                block_hashes=tuple(decode_hash(h) for h in m.block_hashes),
+                parent_block_hash=(
+                    decode_hash(m.parent_block_hash) if m.HasField("parent_block_hash") else None
+                ),
+                token_ids=tuple(m.token_ids),
+                block_size=m.block_size,
+                lora_id=m.lora_id or None,
+                medium=_MEDIUM_FROM_PROTO.get(m.medium),
+                lora_name=m.lora_name or None,
+                extra_keys=extra,
+                group_idx=m.group_idx,
+                kv_cache_spec_kind=m.kv_cache_spec_kind or None,
+                kv_cache_spec_sliding_window=m.kv_cache_spec_sliding_window or None,
+            )
+        if kind == "block_removed":
+            r = raw.block_removed
+            return BlockRemoved(
+                block_hashes=tuple(decode_hash(h) for h in r.block_hashes),
+                medium=_MEDIUM_FROM_PROTO.get(r.medium),
+                group_idx=r.group_idx,
+            )
+        return AllBlocksCleared()

@@ -26,9 +26,8 @@ event batch at all raises :class:`~tokenkeys.errors.InvalidArgument`.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgpack
@@ -38,6 +37,7 @@ from tokenkeys.events.model import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    DecodeStats,
     EventBatch,
     KvEvent,
     SpecRef,
@@ -128,24 +128,6 @@ def layout_for(version: str = DEFAULT_VERSION) -> WireLayout:
     stored = max(n for since, n in stored_table if since <= parsed)
     removed = max(n for since, n in removed_table if since <= parsed)
     return WireLayout(parsed, form, STORED_FIELDS[:stored], REMOVED_FIELDS[:removed])
-
-
-@dataclass
-class DecodeStats:
-    """What a decoder saw and what it dropped, for metrics and diagnostics."""
-
-    batches: int = 0
-    events: int = 0
-    malformed_events: int = 0
-    unknown_types: Counter[str] = field(default_factory=Counter)
-    ignored_fields: int = 0
-    rejected_payloads: int = 0
-    last_problem: str | None = None
-
-    @property
-    def dropped_events(self) -> int:
-        """Events left out of decoded batches (malformed or of an unknown type)."""
-        return self.malformed_events + sum(self.unknown_types.values())
 
 
 class _Malformed(Exception):
