@@ -4,6 +4,7 @@ and HTTP, bearer tokens (never printed), health exempt, allowed template folders
 
 from __future__ import annotations
 
+import json
 import ssl
 from pathlib import Path
 
@@ -11,13 +12,16 @@ import grpc
 import httpx
 import pytest
 from certs import Certs, make_certs
+from engine_stack import start_stack
 from served import Served
 
 from tokenkeys._gen.openengine.v1 import kv_pb2, lifecycle_pb2, openengine_pb2_grpc, server_pb2
 from tokenkeys.access import BearerTokens, ChannelSecurity, ClientTls, ServerTls, load_token
 from tokenkeys.artifacts import PullSettings, fetch
+from tokenkeys.cli import build_parser
 from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import ConfigError, TokenkeysError, Unauthenticated
+from tokenkeys.server.engine_config import EngineConfig
 
 from support import run_cli
 
@@ -53,6 +57,17 @@ def _https(certs: Certs, cert: Path | None = None, key: Path | None = None) -> s
 
 def _client(certs: Certs) -> ClientTls:
     return ClientTls(certs.ca, certs.client_cert, certs.client_key)
+
+
+async def test_kv_event_sockets_bind_the_serve_host() -> None:
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
+    stack = await start_stack(EngineConfig())  # the host serve passes: 127.0.0.1 by default
+    try:
+        info = stack.runtime.local(stack.models.names[0]).zmq_source()
+        assert info.endpoint.startswith("tcp://127.0.0.1:")
+        assert info.replay_endpoint.startswith("tcp://127.0.0.1:")
+    finally:
+        await stack.stop()
 
 
 def test_serve_binds_loopback_and_says_what_is_on(served: Served) -> None:
@@ -149,6 +164,18 @@ def test_cli_remote_and_pull_with_tls_and_token(
     assert '"from_cache": false' in pulled.stdout
     settings = PullSettings(security=ChannelSecurity(_client(certs), TOKEN))
     assert fetch(served.grpc_target, cache=tmp_path / "cache", settings=settings).from_cache
+    keys = run_cli(
+        "keys",
+        "--remote",
+        served.grpc_target,
+        *tls,
+        "--auth-token-file",
+        str(single),
+        "--tokens",
+        ",".join(["1"] * 32),
+        "--json",
+    )
+    assert len(json.loads(keys.stdout)["keys"]) == 2  # two full 16-token blocks
 
 
 def test_tokens_never_reach_the_logs(served: Served) -> None:

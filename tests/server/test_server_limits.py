@@ -12,6 +12,7 @@ from engine_stack import start_stack
 
 from tokenkeys._gen.openengine.v1 import generation_pb2, lifecycle_pb2
 from tokenkeys.artifacts import ArtifactLimits, PullSettings, fetch
+from tokenkeys.chat import ChatOptions
 from tokenkeys.client import TokenizerClient
 from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.errors import ConfigError, LimitExceeded
@@ -19,6 +20,7 @@ from tokenkeys.limits import Limits
 from tokenkeys.server.engine_config import EngineConfig
 from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
+from tokenkeys.tokenizer.chat_template import RenderLimits
 
 from support import run_cli
 
@@ -160,3 +162,11 @@ def test_render_limits_are_serve_options() -> None:
         check=False,
     )
     assert result.returncode == 2 and "max_output_chars must be positive" in result.stderr
+
+
+def test_render_limits_stay_out_of_the_fingerprint() -> None:
+    limited = ChatOptions(limits=RenderLimits(max_output_chars=1000, max_render_seconds=1))
+    models = load_models([ModelSource.default()], TokenizerOptions(), Limits(), limited)
+    assert (
+        models.get(None).tokenizer.fingerprint == _models(Limits()).get(None).tokenizer.fingerprint
+    )

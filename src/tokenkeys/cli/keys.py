@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2 as pb
+from tokenkeys.cli.access_options import add_client_access_options, channel_security
 from tokenkeys.cli.common import add_key_spec_options, key_spec_options
 from tokenkeys.client import CacheKeyClient
 from tokenkeys.errors import InvalidArgument
@@ -65,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remote", metavar="HOST:PORT", help="ask this server's ComputeCacheKeys")
     p.add_argument("--name", default="", help="served model name (with --remote)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_client_access_options(p)
     p.set_defaults(func=run_keys)
 
     v = sub.add_parser("vectors", help="write the test vectors of every profile")
@@ -105,7 +107,7 @@ def run_keys(args: argparse.Namespace) -> int:
             field="profile",
         )
     if args.remote:
-        with CacheKeyClient(args.remote, args.name) as client:
+        with CacheKeyClient(args.remote, args.name, security=channel_security(args)) as client:
             if options.profile is not None:
                 # The spec these options describe must be the one the server computes with.
                 spec = build_spec(options)

@@ -16,6 +16,7 @@ import grpc
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2 as pb
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
+from tokenkeys.access.channel import PLAIN, ChannelSecurity
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, from_grpc
 from tokenkeys.keys import BlockKey, CacheKeySpec
 from tokenkeys.keys.proto import (
@@ -48,6 +49,7 @@ class CacheKeyClient:
         timeout: float = 30.0,
         max_requests_per_call: int = 256,
         max_tokens_per_call: int = 262_144,
+        security: ChannelSecurity = PLAIN,
     ) -> None:
         if max_requests_per_call < 1 or max_tokens_per_call < 1:
             raise InvalidArgument(
@@ -59,7 +61,7 @@ class CacheKeyClient:
         self.timeout = timeout
         self.max_requests_per_call = max_requests_per_call
         self.max_tokens_per_call = max_tokens_per_call
-        self._channel = grpc.insecure_channel(
+        self._channel = security.channel(
             target, options=[("grpc.max_receive_message_length", MAX_SPEC_BYTES)]
         )
         self._stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(self._channel)

@@ -53,7 +53,8 @@ def chat_config_digest(chat: ChatOptions) -> str | None:
     tool_choice=none rule all change the tokens a chat request produces, so they enter the
     tokenizer fingerprint (as ``TokenizerOptions.chat_template_sha256``).
     """
-    if chat == ChatOptions():
+    # Render limits refuse renders but never change one: they stay out of the identity.
+    if dataclasses.replace(chat, limits=ChatOptions().limits) == ChatOptions():
         return None
     doc = {
         "chat_template": chat.chat_template,
