@@ -252,6 +252,10 @@ def run(quick: bool) -> str:
         f"- server resident memory: {rss_warm:.0f} MiB after warm-up, {rss_end:.0f} MiB at the "
         f"end (peak {rss_peak:.0f} MiB): growth **{growth:+.1f}%** (bound: +10%)",
         f"- SIGTERM after the load: drained and exited {code} in {drain:.2f} s",
+        "- In the mix, HTTP requests are answered ahead of gRPC ones at the same rate: both "
+        "servers share one event loop, uvicorn reads its sockets in the loop while gRPC's "
+        "completion queue reaches it through a poller thread. Throughput, counts and memory "
+        "are the figures this bench guards; per-protocol latency here is a scheduling share.",
         "",
     ]
     return "\n".join(lines)
