@@ -89,8 +89,12 @@ async def start_stack(
     models: ModelRegistry | None = None,
     spec: CacheKeySpec | Callable[[ServedModel], CacheKeySpec] | None = None,
     host: str = "127.0.0.1",
+    port: int = 0,
 ) -> EngineStack:
-    """Start the engine services for ``models`` (default: the embedded tokenizer)."""
+    """Start the engine services for ``models`` (default: the embedded tokenizer).
+
+    ``port`` 0 picks a free gRPC port; a fixed one lets a test restart an engine in place.
+    """
     models = models or default_models()
     kwargs = {}
     if spec is not None:
@@ -103,7 +107,7 @@ async def start_stack(
             *engine_service_adders(models, runtime),
         ],
         host,
-        0,
+        port,
         Limits(),
     )
     await runtime.start(host, port)

@@ -71,6 +71,10 @@ class RouteDecision:
         return [s.worker for s in self.ranking if s.worker != self.worker]
 
 
+def _key(score: WorkerScore) -> tuple[float, float]:
+    return round(score.score, 12), score.load
+
+
 class Router:
     """Routes requests over ``pools`` (model name -> :class:`Pool`, kept current by the
     registry) with ``policy``; ``index`` is the prefix index the pools' events feed."""
@@ -93,7 +97,7 @@ class Router:
         self.policy = policy
         self.weights = dict(weights)
         self.metrics = metrics if metrics is not None else RouterMetrics()
-        self._turn: dict[str, itertools.count] = {}
+        self._turn: dict[object, itertools.count] = {}
         self.text_chunks = TextChunkTable()
 
     def pool(self, model: str | None) -> Pool:
@@ -144,6 +148,14 @@ class Router:
     def _decide(
         self, pool: Pool, ranking: list[WorkerScore], total: int, reason: str | None
     ) -> RouteDecision:
+        # Candidates equal in score and load take turns (llm-d's max-score picker picks one
+        # of them at random): always taking the lowest id would pile every new prefix on one
+        # worker while loads read equal between polls.
+        ties = [s for s in ranking if _key(s) == _key(ranking[0])]
+        if len(ties) > 1 and reason != "round_robin":
+            turn = next(self._turn.setdefault(("ties", pool.name), itertools.count()))
+            chosen = ties[turn % len(ties)]
+            ranking = [chosen, *(s for s in ranking if s is not chosen)]
         best = ranking[0]
         if reason is None:
             reason = "prefix" if best.matched_blocks else "load"

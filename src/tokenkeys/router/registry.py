@@ -74,6 +74,8 @@ class WorkerState:
     #: The models it serves in a pool, and the forwarding engine of each.
     engines: dict[str, RemoteEngine] = field(default_factory=dict)
     consumers: dict[str, asyncio.Task] = field(default_factory=dict)
+    #: The event consumer of each model (``last_seq``, ``resyncing``).
+    followers: dict[str, ZmqEventConsumer | GrpcEventConsumer] = field(default_factory=dict)
     error: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -84,6 +86,10 @@ class WorkerState:
             "state": self.state,
             "instance_id": self.instance_id,
             "models": sorted(self.engines),
+            "events": {
+                model: {"last_seq": f.last_seq, "resyncing": f.resyncing}
+                for model, f in self.followers.items()
+            },
             "refusals": [
                 {"model": r.model, "reason": r.reason, "message": r.message} for r in self.refusals
             ],
@@ -279,6 +285,7 @@ class WorkerRegistry:
             )
             codec = VllmMsgpackCodec(source.wire_version, spec=source.spec.spec)
             consumer = ZmqEventConsumer(worker, subscriber, codec, ingestor)
+            ws.followers[model] = consumer
             try:
                 await consumer.run()
             finally:
@@ -295,6 +302,7 @@ class WorkerRegistry:
                 retry_delay=self.retry_delay,
                 on_foreign=lambda _worker: self._foreign(ws, model),
             )
+            ws.followers[model] = consumer_g
             await consumer_g.run()
 
     def _foreign(self, ws: WorkerState, model: str) -> None:
@@ -336,6 +344,7 @@ class WorkerRegistry:
 
     async def _leave(self, ws: WorkerState, model: str, reason: str) -> None:
         task = ws.consumers.pop(model, None)
+        ws.followers.pop(model, None)
         if task is not None:
             task.cancel()
             with contextlib.suppress(BaseException):
@@ -357,6 +366,7 @@ class WorkerRegistry:
             with contextlib.suppress(BaseException):
                 await task
         ws.consumers.clear()
+        ws.followers.clear()
 
     # --- views -------------------------------------------------------------------------------
 

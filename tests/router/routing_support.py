@@ -1,0 +1,190 @@
+"""Test helper: simulated engines on loopback gRPC + ZMQ ports, and a router over them.
+
+Everything runs in the test's event loop: engines are ``tests/engine_stack.py`` stacks (the
+engine side of ``tokenkeys serve``), the router is the registry + :class:`Router` +
+:class:`RoutedEngine` that ``tokenkeys route`` assembles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass, field
+
+from engine_stack import EngineStack, start_stack
+
+from tokenkeys.events.model import EventBatch
+from tokenkeys.router.core import Router
+from tokenkeys.router.index import PrefixIndex
+from tokenkeys.router.index_memory import MemoryPrefixIndex
+from tokenkeys.router.ingest import IngestMetrics
+from tokenkeys.router.metrics import RouterMetrics
+from tokenkeys.router.pool_setup import PoolSettings, pool_factory
+from tokenkeys.router.registry import WorkerRegistry
+from tokenkeys.router.routed_engine import RoutedEngine
+from tokenkeys.server.engine_config import EngineConfig
+
+SYSTEM = (
+    "You are the support assistant of the Example Rail company. Answer briefly and politely, "
+    "quote the timetable when asked about departures, never invent prices, and hand over to a "
+    "human for refunds. Stations served: Alder, Birch, Cedar, Dogwood, Elm, Fir, Gum, Hazel. "
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def engine_config(**overrides: object) -> EngineConfig:
+    """Fixed ZMQ ports (so an engine restarted in place publishes on the same endpoints)."""
+    base: dict[str, object] = {
+        "kv_events_port": free_port(),
+        "kv_events_replay_port": free_port(),
+    }
+    base.update(overrides)
+    return EngineConfig(**base)  # type: ignore[arg-type]
+
+
+@dataclass
+class Cluster:
+    """Engines and one router over them; ``await cluster.close()`` at the end."""
+
+    stacks: list[EngineStack]
+    configs: list[EngineConfig]
+    registry: WorkerRegistry
+    router: Router
+    index: PrefixIndex
+    metrics: RouterMetrics
+    ingest_metrics: IngestMetrics
+    stopped: set[int] = field(default_factory=set)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [s.target for s in self.stacks]
+
+    def engine(self, model: str | None = None) -> RoutedEngine:
+        name = model or next(iter(self.registry.pools))
+        return RoutedEngine(self.router, self.registry, name)
+
+    def number(self, address: str) -> int:
+        return self.addresses.index(address)
+
+    async def stop_engine(self, i: int) -> None:
+        await self.stacks[i].stop()
+        self.stopped.add(i)
+
+    async def restart_engine(self, i: int, **overrides: object) -> EngineStack:
+        """Start engine ``i`` again on its gRPC port (and ZMQ ports), empty cache."""
+        if i not in self.stopped:
+            await self.stop_engine(i)
+        config = self.configs[i]
+        if overrides:
+            import dataclasses
+
+            config = dataclasses.replace(config, **overrides)
+        self.stacks[i] = await start_stack(config, port=self.stacks[i].port)
+        self.stopped.discard(i)
+        return self.stacks[i]
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Wait until the router applied every batch each live engine published so far.
+
+        A ZMQ subscriber notices what it missed only when a later batch arrives (slow joiner),
+        so an empty probe batch is published while one lags.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            lagging = []
+            for i, stack in enumerate(self.stacks):
+                if i in self.stopped:
+                    continue
+                ws = self.registry.workers.get(stack.target)
+                if ws is None or ws.state != "ready":
+                    continue
+                stream = stack.local().stream
+                last = stream.next_seq - 1
+                for follower in ws.followers.values():
+                    if last >= 0 and (follower.last_seq is None or follower.last_seq < last):
+                        lagging.append((stack, follower))
+            if not lagging:
+                return
+            assert loop.time() < deadline, f"events not applied in {timeout} s: {lagging}"
+            await asyncio.sleep(0.05)
+            for stack, follower in lagging:
+                if follower.last_seq is None or loop.time() > deadline - timeout / 2:
+                    stack.local().stream.emit(EventBatch(0.0, ()))
+
+    async def close(self) -> None:
+        await self.registry.close()
+        await self.index.close()
+        for i, stack in enumerate(self.stacks):
+            if i not in self.stopped:
+                await stack.stop()
+
+
+async def start_cluster(
+    n: int = 3,
+    *,
+    cache: object,
+    index: PrefixIndex | None = None,
+    policy: str = "precise",
+    transport: str = "auto",
+    configs: list[EngineConfig] | None = None,
+    interval: float = 0.2,
+    settings: PoolSettings | None = None,
+) -> Cluster:
+    """``n`` engines and a router over them; the registry polls every ``interval`` seconds."""
+    configs = configs or [engine_config() for _ in range(n)]
+    stacks = [await start_stack(c) for c in configs]
+    index = index or MemoryPrefixIndex()
+    metrics = RouterMetrics()
+    ingest = IngestMetrics(metrics.registry)
+    settings = settings or PoolSettings(cache=cache, transport=transport)
+    registry = WorkerRegistry(
+        index,
+        pool_factory(settings),
+        metrics=metrics,
+        ingest_metrics=ingest,
+        interval=interval,
+        timeout=1.0,
+        transport=transport,
+        retry_delay=0.1,
+    )
+    router = Router(registry.pools, index, policy=policy, metrics=metrics)
+    registry.on_leave.append(router.forget)
+    for stack in stacks:
+        await registry.add(stack.target)
+    await registry.start()
+    return Cluster(stacks, configs, registry, router, index, metrics, ingest)
+
+
+async def collect(engine: RoutedEngine, ids: list[int], **kw: object):  # noqa: ANN201
+    """Run one prompt through ``engine``; returns (output token ids, last output)."""
+    out: list[int] = []
+    last = None
+    async for o in engine.generate(ids, **kw):  # type: ignore[arg-type]
+        out.extend(o.token_ids)
+        last = o
+    return out, last
+
+
+def local_strategy(target: str, model: str, spec_fingerprint: str):  # noqa: ANN201
+    """The engines' default spec, proven locally (stands in for GetCacheKeySpec)."""
+    from tokenkeys.keys.strategy import KeyStrategy
+    from tokenkeys.server.local_engine import _default_spec
+
+    spec = _default_spec()
+    assert spec.fingerprint == spec_fingerprint
+    return KeyStrategy(spec)
+
+
+def chat_turns(preprocessor, conversation: int, turns: int) -> list[str]:  # noqa: ANN001
+    """User messages of one conversation (distinct per conversation, deterministic)."""
+    return [
+        f"Conversation {conversation}, question {t}: when does the next train from "
+        f"{['Alder', 'Birch', 'Cedar', 'Elm'][t % 4]} leave, and is there a later one?"
+        for t in range(turns)
+    ]
