@@ -35,7 +35,7 @@ def text_of(tok: tokenizers.Tokenizer, tokens: int) -> str:
 def start_server() -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0"],
+        [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0", "--http-port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

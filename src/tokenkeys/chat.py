@@ -40,6 +40,7 @@ from typing import Any, Literal
 from tokenkeys.chat_messages import media_kind, normalize_messages
 from tokenkeys.chat_tools import check_tool_choice, normalize_tools, optional
 from tokenkeys.errors import ConfigError, InvalidArgument, TokenkeysError, Unsupported
+from tokenkeys.prompt_options import shared_prompt_reason
 from tokenkeys.tokenizer.chat_template import ChatTemplateRenderer, RenderLimits
 from tokenkeys.tokenizer.chat_template_select import select_template
 
@@ -105,9 +106,14 @@ def unsupported_reason(request: Mapping[str, Any]) -> str | None:
 
     Both the generation path and the counting path consult it, so neither approximates:
     ``mm_processor_kwargs`` and ``media_io_kwargs`` (no multimodal processor runs here),
-    media content parts (placeholder expansion is the engine's), and tokenizer options inside
-    ``chat_template_kwargs``. Malformed fields are not judged here (``prepare`` reports them).
+    media content parts (placeholder expansion is the engine's), tokenizer options inside
+    ``chat_template_kwargs``, and the prompt-changing fields both request forms share
+    (:func:`~tokenkeys.prompt_options.shared_prompt_reason`). Malformed fields are not judged
+    here (``prepare`` reports them).
     """
+    shared = shared_prompt_reason(request)
+    if shared is not None:
+        return shared
     for key in ("mm_processor_kwargs", "media_io_kwargs"):
         if request.get(key):
             return (

@@ -12,9 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenkeys import completion
 from tokenkeys.chat import ChatOptions, ChatPrologue
-from tokenkeys.errors import InvalidArgument
+from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.limits import Limits
+from tokenkeys.prompt_options import optional_flag
 from tokenkeys.tokenizer import Tokenizer, Truncation
 from tokenkeys.tokenizer.specials import template_special_tokens
 
@@ -121,6 +123,39 @@ class Preprocessor:
             results.append(Tokenized(enc.ids, strs, spans))
         return results
 
+    def tokenize_completion(
+        self, request: Mapping[str, Any], *, token_strs: bool = False
+    ) -> list[Tokenized]:
+        """The prompts of a completion request (OpenAI/vLLM body as a dict) as the engine gets them.
+
+        Texts are encoded by :meth:`tokenize_prompts` with the request's ``add_special_tokens``
+        (unset: the served default); token-id prompts pass through unchanged after a
+        vocabulary check. What cannot be built exactly is refused by
+        :func:`tokenkeys.completion.unsupported_reason`. /v1/completions and the completion
+        form of /tokenize both call this one method.
+        """
+        reason = completion.unsupported_reason(request)
+        if reason is not None:
+            raise Unsupported(reason)
+        prompts = completion.prompts_of(request)
+        add_special_tokens = optional_flag(request, "add_special_tokens")
+        if all(isinstance(p, str) for p in prompts):
+            return self.tokenize_prompts(
+                prompts,  # type: ignore[arg-type]  # all texts, checked above
+                add_special_tokens=add_special_tokens,
+                token_strs=token_strs,
+                field_name="prompt",
+            )
+        # prompts_of never mixes texts and id lists.
+        id_prompts = [list(p) for p in prompts]  # type: ignore[arg-type]
+        self.limits.check_count("prompt", len(id_prompts))
+        self.limits.check_tokens("prompt", sum(len(p) for p in id_prompts))
+        self.tokenizer.check_ids(id_prompts, field="prompt")
+        return [
+            Tokenized(ids, self.tokenizer.token_strs(ids) if token_strs else None)
+            for ids in id_prompts
+        ]
+
     def tokenize_chat(
         self,
         request: Mapping[str, Any],
@@ -130,12 +165,17 @@ class Preprocessor:
     ) -> ChatTokenized:
         """Render a chat request (OpenAI/vLLM body as a dict) and encode it.
 
+        ``add_special_tokens`` unset takes the request's field of that name, then the served
+        chat default.
+
         The chat prologue (content parts, tool calls, template kwargs defaults, template
         selection) and the 501 checks for what generation cannot do exactly all live in
         :class:`~tokenkeys.chat.ChatPrologue`; both /v1/chat/completions and /tokenize call
         this one method, so they cannot disagree.
         """
         prompt = self.chat.render(self.chat.prepare(request))
+        if add_special_tokens is None:
+            add_special_tokens = optional_flag(request, "add_special_tokens")
         if add_special_tokens is None:
             add_special_tokens = self.tokenizer.options.add_special_tokens_chat
         result = self.tokenize_prompts(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tokenkeys.chat import ChatOptions
 from tokenkeys.limits import Limits
 from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.server.models import ModelRegistry
@@ -49,12 +50,15 @@ def tokenizer_options(args: argparse.Namespace) -> TokenizerOptions:
     )
 
 
-def local_models(args: argparse.Namespace, limits: Limits | None = None) -> ModelRegistry:
-    """Load the models named by the arguments in this process."""
+def local_models(
+    args: argparse.Namespace, limits: Limits | None = None, chat: ChatOptions | None = None
+) -> ModelRegistry:
+    """Load the models named by the arguments in this process, with the server chat settings."""
     specs = args.model if isinstance(args.model, list) else [args.model] if args.model else []
     return load_models(
         [ModelSource.parse(s) for s in specs],
         tokenizer_options(args),
         limits or Limits(),
+        chat,
         artifact_chunk_size=getattr(args, "artifact_chunk_size", None),
     )

@@ -1,4 +1,4 @@
-"""``tokenkeys serve``: load the tokenizers, then serve gRPC until SIGINT/SIGTERM."""
+"""``tokenkeys serve``: load the tokenizers, then serve gRPC and HTTP until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.cli.common import add_tokenizer_options, local_models
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
+from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
 from tokenkeys.limits import Limits
 from tokenkeys.server.engine_runtime import EngineRuntime
 from tokenkeys.server.engine_services import engine_service_adders
@@ -21,7 +22,9 @@ log = logging.getLogger("tokenkeys.serve")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve tokenizers over gRPC")
+    p = sub.add_parser(
+        "serve", help="serve tokenizers over gRPC and an OpenAI-compatible HTTP frontend"
+    )
     add_tokenizer_options(p, many=True)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--grpc-port", type=int, default=50051)
@@ -37,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
     )
     add_engine_options(p)
+    add_http_options(p)
     p.set_defaults(func=run)
 
 
@@ -51,7 +55,8 @@ def limits_from(args: argparse.Namespace) -> Limits:
 
 async def _serve(args: argparse.Namespace) -> int:
     limits = limits_from(args)
-    models = local_models(args, limits)
+    http = http_config(args, limits)
+    models = local_models(args, limits, chat_options(args))
     service = TokenizerService(models)
     runtime = EngineRuntime(models, engine_config_from(args))
     server, port = await start_grpc_server(
@@ -77,13 +82,20 @@ async def _serve(args: argparse.Namespace) -> int:
     for line in runtime.describe():
         print(line, flush=True)
     print(f"gRPC listening on {args.host}:{port}", flush=True)
+    try:
+        # After runtime.start: the engines are attached to the models by then.
+        http_server = await start_http(args, models, http)
+    except BaseException:
+        await server.stop(grace=None)
+        await runtime.close()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     runtime.begin_shutdown()  # KV-event subscribers get their terminal message during the grace
-    await server.stop(grace=5.0)
+    await asyncio.gather(http_server.stop(), server.stop(grace=5.0))
     await runtime.close()
     return 0
 

@@ -1,0 +1,88 @@
+"""Settings of the HTTP frontend, and where the tokenize and detokenize routes are mounted."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tokenkeys.errors import ConfigError
+from tokenkeys.limits import Limits
+
+TOKENIZE_PATH_ENV = "TOKENKEYS_TOKENIZE_PATH"
+DETOKENIZE_PATH_ENV = "TOKENKEYS_DETOKENIZE_PATH"
+
+# Routes whose paths are fixed; a configured tokenize path may not shadow one of them.
+FIXED_PATHS = frozenset(
+    {
+        "/v1/models",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/tokenizer_info",
+        "/health",
+        "/metrics",
+        "/openapi.json",
+    }
+)
+_PATH = re.compile(r"^(/[A-Za-z0-9._~!$&'()*+,;=:@-]+)+$")
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """What the app serves where, and the defaults of its generation routes.
+
+    - ``tokenize_path`` / ``detokenize_path``: where /tokenize and /detokenize are mounted
+      (``--tokenize-path``, ``TOKENKEYS_TOKENIZE_PATH``; see :func:`resolve_paths`).
+    - ``default_max_tokens``: ``max_tokens`` of a generation request that sets none. OpenAI and
+      vLLM use 16 for completions; for chat vLLM fills the context, which a simulated engine
+      would spend seconds on, so both routes use this one default here.
+    - ``limits``: request limits; ``max_request_bytes`` bounds an HTTP body (413 above it).
+    - ``inline_bytes``: bodies up to this size are tokenized on the event loop; larger ones on
+      a worker thread so one big request does not stall the others.
+    """
+
+    tokenize_path: str = "/tokenize"
+    detokenize_path: str = "/detokenize"
+    default_max_tokens: int = 16
+    limits: Limits = field(default_factory=Limits)
+    inline_bytes: int = 32_768
+
+    def __post_init__(self) -> None:
+        for name in ("tokenize_path", "detokenize_path"):
+            path = getattr(self, name)
+            if not isinstance(path, str) or not _PATH.match(path):
+                raise ConfigError(
+                    f"{name} {path!r} is not a plain URL path; give one like /tokenize "
+                    "(a leading slash, no spaces, no query, no {parameters})",
+                    field=name,
+                )
+            if path in FIXED_PATHS:
+                raise ConfigError(
+                    f"{name} {path!r} is already a route of this server; choose another path",
+                    field=name,
+                )
+        if self.tokenize_path == self.detokenize_path:
+            raise ConfigError(
+                f"tokenize_path and detokenize_path are both {self.tokenize_path!r}; they must "
+                "differ",
+                field="detokenize_path",
+            )
+        if not isinstance(self.default_max_tokens, int) or self.default_max_tokens < 1:
+            raise ConfigError(
+                f"default_max_tokens must be an integer >= 1, got {self.default_max_tokens!r}",
+                field="default_max_tokens",
+            )
+
+
+def resolve_paths(
+    tokenize_path: str | None,
+    detokenize_path: str | None,
+    environ: Mapping[str, str],
+) -> tuple[str, str]:
+    """The tokenize and detokenize paths: the command line wins, then the environment.
+
+    ``None`` means the option was not given; an empty environment variable counts as unset.
+    """
+    tok = tokenize_path or environ.get(TOKENIZE_PATH_ENV) or "/tokenize"
+    detok = detokenize_path or environ.get(DETOKENIZE_PATH_ENV) or "/detokenize"
+    return tok, detok

@@ -1,0 +1,154 @@
+"""What a generation request asks of the engine, and the options generation cannot honour.
+
+:func:`unsupported_option` is the one rule both generation routes consult (the prompt-side
+rules live with the Preprocessor: :func:`tokenkeys.completion.unsupported_reason` and
+:func:`tokenkeys.chat.unsupported_reason`). An option is refused with 501 when honouring it
+would change what is returned or counted and this deployment does not do it: several choices,
+log probabilities, echo, stop strings, constrained decoding, forced tool calls. Options that only
+shape a sampling distribution (temperature, top_p, top_k, penalties) are accepted: the simulated
+engine draws deterministic tokens from ``(prompt, seed)`` and no count depends on them.
+Field names are vLLM's (0.33-era ``main``, ``vllm/entrypoints/openai/*/protocol.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tokenkeys.engine.core import GenerationParams
+from tokenkeys.errors import InvalidArgument
+
+
+def _set(value: Any) -> bool:
+    return value is not None
+
+
+def _true(value: Any) -> bool:
+    return value is True
+
+
+def _nonempty(value: Any) -> bool:
+    return bool(value)
+
+
+def _not_one(value: Any) -> bool:
+    return value is not None and value != 1
+
+
+def _logprobs(value: Any) -> bool:
+    # completions: an int (0 still asks for the sampled token's logprob); chat: a boolean.
+    return value is not None and value is not False
+
+
+def _positive(value: Any) -> bool:
+    return value is not None and value != 0
+
+
+def _not_text_format(value: Any) -> bool:
+    return value is not None and not (isinstance(value, Mapping) and value.get("type") == "text")
+
+
+def _forced_tool(value: Any) -> bool:
+    return value == "required" or isinstance(value, Mapping)
+
+
+def _not_text_only(value: Any) -> bool:
+    return value is not None and list(value) != ["text"]
+
+
+# (field, is the value one generation cannot honour?, why and what to do instead)
+_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("n", _not_one, "only one choice per prompt is generated here; send n: 1"),
+    ("best_of", _not_one, "only one sequence per prompt is generated here; drop best_of"),
+    ("use_beam_search", _true, "beam search is not implemented here"),
+    ("logprobs", _logprobs, "log probabilities are not produced by this engine"),
+    ("top_logprobs", _positive, "log probabilities are not produced by this engine"),
+    ("prompt_logprobs", _set, "log probabilities are not produced by this engine"),
+    ("echo", _true, "echoing the prompt is not implemented here"),
+    ("stop", _nonempty, "stop strings are not applied here; use stop_token_ids"),
+    ("min_tokens", _positive, "a minimum output length is not enforced here"),
+    ("logit_bias", _nonempty, "logit bias is not applied by this engine"),
+    ("allowed_token_ids", _set, "restricting output tokens is not implemented here"),
+    ("bad_words", _nonempty, "bad-word filtering is not implemented here"),
+    ("response_format", _not_text_format, "structured output is not implemented here"),
+    ("structured_outputs", _set, "structured output is not implemented here"),
+    ("guided_json", _set, "guided decoding is not implemented here"),
+    ("guided_regex", _set, "guided decoding is not implemented here"),
+    ("guided_choice", _set, "guided decoding is not implemented here"),
+    ("guided_grammar", _set, "guided decoding is not implemented here"),
+    (
+        "tool_choice",
+        _forced_tool,
+        "forcing a tool call needs constrained decoding and a tool parser, neither of which "
+        "runs here; send tool_choice 'auto' or 'none'",
+    ),
+    ("functions", _set, "the deprecated functions field is not rendered; send tools"),
+    ("function_call", _set, "the deprecated function_call field is not honoured"),
+    ("logits_processors", _nonempty, "custom logits processors do not run here"),
+    ("return_tokens_as_token_ids", _true, "it only changes logprobs, which are not produced"),
+    (
+        "spaces_between_special_tokens",
+        lambda v: v is False,
+        "output is always decoded as the tokenizer decodes it",
+    ),
+    ("modalities", _not_text_only, "only text output is produced"),
+    ("audio", _set, "only text output is produced"),
+    ("prediction", _set, "predicted outputs are not implemented here"),
+    ("kv_transfer_params", _set, "KV transfer between engines is not implemented here"),
+)
+
+
+def unsupported_option(request: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first option generation cannot honour exactly, as (field, reason), or None."""
+    for name, refused, why in _RULES:
+        if name in request and refused(request[name]):
+            return name, f"{name}={request[name]!r} is not supported: {why}"
+    options = request.get("stream_options")
+    if isinstance(options, Mapping) and options.get("continuous_usage_stats"):
+        return "stream_options", (
+            "stream_options.continuous_usage_stats is not supported: usage is sent once, in "
+            "the last chunk, with include_usage"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The engine parameters of a request and how its answer is shaped."""
+
+    params: GenerationParams
+    skip_special_tokens: bool
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+
+
+def sampling_of(
+    request: Mapping[str, Any], default_max_tokens: int, eos_ids: tuple[int, ...]
+) -> Sampling:
+    """Engine parameters of a validated request.
+
+    ``max_completion_tokens`` (chat) wins over ``max_tokens``; unset, ``default_max_tokens``.
+    Generation stops at the tokenizer's EOS ids unless ``ignore_eos``, and at the request's
+    ``stop_token_ids`` always, as vLLM does.
+    """
+    max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    stop_ids = tuple(request.get("stop_token_ids") or ())
+    if not request.get("ignore_eos"):
+        stop_ids += tuple(i for i in eos_ids if i not in stop_ids)
+    seed = request.get("seed")
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        # vLLM bounds seed to a signed 64-bit integer (pydantic ge/le on torch.iinfo(long)).
+        raise InvalidArgument(f"seed must be a signed 64-bit integer, got {seed}", field="seed")
+    options = request.get("stream_options") or {}
+    skip = request.get("skip_special_tokens")
+    return Sampling(
+        params=GenerationParams(max_tokens=max_tokens, seed=seed, stop_token_ids=stop_ids),
+        skip_special_tokens=True if skip is None else skip,
+        stream=bool(request.get("stream")),
+        include_usage=bool(options.get("include_usage")),
+        return_token_ids=bool(request.get("return_token_ids")),
+    )

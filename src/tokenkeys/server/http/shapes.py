@@ -1,0 +1,158 @@
+"""The OpenAI answer shapes of the two generation routes, whole and streamed.
+
+Completions answer ``text_completion`` objects with one choice per prompt; chat answers
+``chat.completion`` with a ``message``, or ``chat.completion.chunk`` events whose first delta
+carries the role. With ``stream_options.include_usage`` every chunk has ``usage: null`` and a
+last chunk with no choices carries the usage (OpenAI's documented stream contract).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Answer:
+    """Identity of one answer: id, creation time and model, shared by all its chunks."""
+
+    prefix: str
+    model: str
+    include_usage: bool = False
+    return_token_ids: bool = False
+    id: str = field(init=False)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+        }
+        return out
+
+    def _chunk(self, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
+        out = self._head(kind)
+        out["choices"] = [choice]
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    CHUNK = "chunk"
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """The last chunk of a stream with ``include_usage``: no choices, the usage."""
+        out = self._head(self.CHUNK)
+        out["choices"] = []
+        out["usage"] = usage
+        return out
+
+
+class CompletionShape(Answer):
+    """``/v1/completions`` answers."""
+
+    KIND = "text_completion"
+    CHUNK = "text_completion"
+
+    def choice(
+        self, index: int, text: str, finish_reason: str | None, token_ids: list[int] | None
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": index,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
+        if self.return_token_ids and token_ids is not None:
+            out["token_ids"] = token_ids
+        return out
+
+    def whole(
+        self,
+        choices: list[dict[str, Any]],
+        usage: dict[str, Any],
+        prompt_ids: list[list[int]],
+    ) -> dict[str, Any]:
+        out = self._head(self.KIND)
+        out["choices"] = choices
+        out["usage"] = usage
+        if self.return_token_ids:
+            out["prompt_token_ids"] = prompt_ids
+        return out
+
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        token_ids: list[int] | None = None,
+    ) -> dict[str, Any]:
+        return self._chunk(self.CHUNK, self.choice(index, text, finish_reason, token_ids))
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        """Completions streams have no opening chunk."""
+        return None
+
+
+class ChatShape(Answer):
+    """``/v1/chat/completions`` answers."""
+
+    KIND = "chat.completion"
+    CHUNK = "chat.completion.chunk"
+
+    def whole(
+        self,
+        text: str,
+        finish_reason: str | None,
+        usage: dict[str, Any],
+        prompt_ids: list[int],
+        token_ids: list[int],
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
+        out = self._head(self.KIND)
+        if self.return_token_ids:
+            choice["token_ids"] = token_ids
+            out["prompt_token_ids"] = prompt_ids
+        out["choices"] = [choice]
+        out["usage"] = usage
+        return out
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        """The first chunk: the assistant role and empty content, as OpenAI sends it."""
+        choice = {
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return self._chunk(self.CHUNK, choice)
+
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        token_ids: list[int] | None = None,
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": index,
+            "delta": {"content": text} if text or finish_reason is None else {},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        if self.return_token_ids and token_ids is not None:
+            choice["token_ids"] = token_ids
+        return self._chunk(self.CHUNK, choice)

@@ -1,0 +1,139 @@
+"""Real HTTP servers for the HTTP frontend tests: uvicorn on a loopback port, on its own thread.
+
+The server runs in this process, so a test can inject drift into a route (monkeypatch) and see
+a guard catch it; clients are ordinary httpx clients, as a router's would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from tokenkeys.chat import ChatOptions
+from tokenkeys.engine.core import Engine
+from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.keys import block_keys, make_spec
+from tokenkeys.limits import Limits
+from tokenkeys.server.http import HttpConfig, create_app, start_http_server
+from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.models import ModelRegistry
+from tokenkeys.tokenizer import TokenizerOptions
+
+BLOCK_SIZE = 16
+
+
+def attach_engines(
+    models: ModelRegistry, *, num_blocks: int = 4096, max_model_len: int | None = None
+) -> ModelRegistry:
+    """Give every model a simulated engine keyed by vLLM 0.31+ sha256_cbor, 16-token blocks.
+
+    Stands in for the per-model engine assembly of ``tokenkeys serve`` (a separate module):
+    same interface, ``extensions["engine"]``.
+    """
+    spec = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE)
+    for model in models:
+        model.extensions["engine"] = Engine(
+            key_fn=lambda tokens, ctx: block_keys(tokens, spec, ctx),
+            block_size=BLOCK_SIZE,
+            num_blocks=num_blocks,
+            latency=LatencyModel(sleep=False),
+            max_model_len=max_model_len,
+        )
+    return models
+
+
+def registry(
+    *sources: Path | ModelSource,
+    options: TokenizerOptions | None = None,
+    chat: ChatOptions | None = None,
+    limits: Limits | None = None,
+    engines: bool = True,
+) -> ModelRegistry:
+    """Load tokenizer folders (none: the embedded default) into a registry, engines attached.
+
+    A path is served under its folder name; a :class:`ModelSource` under its own name.
+    """
+    models = load_models(
+        [s if isinstance(s, ModelSource) else ModelSource(s.name, s) for s in sources],
+        options or TokenizerOptions(),
+        limits or Limits(),
+        chat,
+    )
+    return attach_engines(models) if engines else models
+
+
+class HttpServerThread:
+    """A real uvicorn server of ``create_app(models, config)`` on 127.0.0.1, own loop and thread."""
+
+    def __init__(self, models: ModelRegistry, config: HttpConfig | None = None) -> None:
+        self.models = models
+        self.config = config or HttpConfig()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.app = create_app(models, self.config)
+        self.port = 0
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.server = self.loop.run_until_complete(start_http_server(self.app, "127.0.0.1", 0))
+            self.port = self.server.port
+        except BaseException as exc:  # reported to the starting test
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> HttpServerThread:
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(15)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def bos_variant(folder: Path) -> Path:
+    """A copy of the embedded tokenizer whose post-processor adds a BOS (``<|endoftext|>``).
+
+    The embedded SmolLM2 tokenizer adds no special tokens, so ``add_special_tokens`` would
+    change nothing; this variant makes the completion default observable without ../shared.
+    """
+    import json
+
+    from tokenkeys.tokenizer import default_tokenizer_path
+
+    src = default_tokenizer_path()
+    spec = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
+        "special_tokens": {
+            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}
+        },
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    config = (src / "tokenizer_config.json").read_text(encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(config, encoding="utf-8")
+    return folder
