@@ -188,3 +188,13 @@ def chat_turns(preprocessor, conversation: int, turns: int) -> list[str]:  # noq
         f"{['Alder', 'Birch', 'Cedar', 'Elm'][t % 4]} leave, and is there a later one?"
         for t in range(turns)
     ]
+
+
+async def start_frontend(cluster: Cluster):  # noqa: ANN201
+    """The routing HTTP app over ``cluster`` on a loopback port; returns (server, base URL)."""
+    from tokenkeys.router.frontend import create_router_app
+    from tokenkeys.server.http import start_http_server
+
+    app = create_router_app(cluster.registry, cluster.router, metrics=cluster.metrics.registry)
+    server = await start_http_server(app, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.port}"
