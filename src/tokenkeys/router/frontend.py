@@ -26,7 +26,7 @@ from starlette.responses import Response
 from tokenkeys.router.core import Router
 from tokenkeys.router.pool import Pool
 from tokenkeys.router.registry import WorkerRegistry
-from tokenkeys.router.routed_engine import RouteNote, RoutedEngine, current_note
+from tokenkeys.router.routed_engine import RoutedEngine, RouteNote, current_note
 from tokenkeys.server.http import HttpConfig, create_app
 from tokenkeys.server.http.body import json_response
 from tokenkeys.server.models import ModelRegistry, ServedModel
@@ -80,10 +80,11 @@ def route_headers(note: RouteNote) -> list[tuple[bytes, bytes]]:
     def join(values: list[str]) -> bytes:
         return ",".join(values).encode("latin-1")
 
+    matched = [f"{d.matched_blocks}/{d.total_blocks}" for d in decisions]
     return [
         (HEADER_WORKER.encode(), join(served)),
         (HEADER_SCORE.encode(), join([f"{d.score:.4f}" for d in decisions])),
-        (HEADER_MATCHED.encode(), join([f"{d.matched_blocks}/{d.total_blocks}" for d in decisions])),
+        (HEADER_MATCHED.encode(), join(matched)),
         (HEADER_POLICY.encode(), join(sorted({d.policy for d in decisions}))),
         (HEADER_REASON.encode(), join([d.reason for d in decisions])),
     ]
