@@ -8,10 +8,11 @@ engine side of ``tokenkeys serve``), the router is the registry + :class:`Router
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from dataclasses import dataclass, field
 
-from engine_stack import EngineStack, start_stack
+from engine_stack import EngineStack, default_models, start_stack
 
 from tokenkeys.events.model import EventBatch
 from tokenkeys.router.core import Router
@@ -23,12 +24,31 @@ from tokenkeys.router.pool_setup import PoolSettings, pool_factory
 from tokenkeys.router.registry import WorkerRegistry
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.server.engine_config import EngineConfig
+from tokenkeys.server.models import ModelRegistry, ServedModel
 
 SYSTEM = (
     "You are the support assistant of the Example Rail company. Answer briefly and politely, "
     "quote the timetable when asked about departures, never invent prices, and hand over to a "
     "human for refunds. Stations served: Alder, Birch, Cedar, Dogwood, Elm, Fir, Gum, Hazel. "
 )
+
+
+@functools.lru_cache(maxsize=1)
+def _loaded() -> ModelRegistry:
+    return default_models()
+
+
+def engine_models() -> ModelRegistry:
+    """The embedded tokenizer as one served model, loaded once per test session.
+
+    Each engine gets its own registry (its runtime attaches its engine to the model) around
+    the same loaded tokenizer, Preprocessor and artifact streamer.
+    """
+    models = ModelRegistry()
+    for model in _loaded():
+        extensions = {"artifacts": model.extensions["artifacts"]}
+        models.add(ServedModel(model.name, model.tokenizer, model.preprocessor, extensions))
+    return models
 
 
 def free_port() -> int:
@@ -84,7 +104,7 @@ class Cluster:
             import dataclasses
 
             config = dataclasses.replace(config, **overrides)
-        self.stacks[i] = await start_stack(config, port=self.stacks[i].port)
+        self.stacks[i] = await start_stack(config, models=engine_models(), port=self.stacks[i].port)
         self.stopped.discard(i)
         return self.stacks[i]
 
@@ -138,7 +158,7 @@ async def start_cluster(
 ) -> Cluster:
     """``n`` engines and a router over them; the registry polls every ``interval`` seconds."""
     configs = configs or [engine_config() for _ in range(n)]
-    stacks = [await start_stack(c) for c in configs]
+    stacks = [await start_stack(c, models=engine_models()) for c in configs]
     index = index or MemoryPrefixIndex()
     metrics = RouterMetrics()
     ingest = IngestMetrics(metrics.registry)

@@ -10,8 +10,9 @@ The gRPC twin of :class:`~tokenkeys.router.consumer.ZmqEventConsumer`, with the 
   otherwise wait for the old sequence number and its first batches would be missed silently.)
 - a terminal ``EngineError`` (OVERLOADED when this subscriber fell behind, DRAINING when the
   engine stops) or a broken stream resubscribes from the next sequence number after a pause;
-- an index failure (Redis down) drops batches until a reset succeeds, then resubscribes from
-  0 so the engine's buffer rebuilds the worker's entries;
+- an index failure (Redis down) stops reading until a reset of the worker succeeds, then
+  resubscribes from 0 so the engine's buffer rebuilds its entries; :meth:`rebuild` does the same
+  on demand (the registry calls it when the index comes back, possibly empty);
 - each batch carries the spec its hashes follow (tokenkeys field 100); a batch of another spec
   is ignored and counted by the ingestor, and ``on_foreign`` is told once per subscription.
 """
@@ -68,6 +69,8 @@ class GrpcEventConsumer:
         #: Sequence number of the last batch handled (applied, ignored or dropped).
         self.last_seq: int | None = None
         self._next: int | None = None
+        self._call: grpc.aio.UnaryStreamCall | None = None
+        self._interrupted = False
 
     async def run(self) -> None:
         """Follow the stream until cancelled, resubscribing after breaks."""
@@ -94,13 +97,26 @@ class GrpcEventConsumer:
             self._next = None
             await self.ingestor.reset(self.worker, "publisher_restart")
 
+    def rebuild(self) -> None:
+        """Clear the worker and replay its events from 0 now (the index came back empty)."""
+        self.resyncing = True
+        if self._call is not None:
+            self._interrupted = True
+            self._call.cancel()
+
     async def _follow(self) -> None:
         """One subscription, until it ends, breaks, or a resync needs a new one."""
+        if self.resyncing:
+            await self.ingestor.reset(self.worker, "index_recovered")
+            self.resyncing = False
+            self._next = None
+            log.info("prefix index back: rebuilding %s from the engine's buffer", self.worker)
         await self._check_instance()
         start = self._next or 0
         call = self.control.SubscribeKvEvents(
             kv_pb2.SubscribeKvEventsRequest(start_sequence_number=start, model=self.model)
         )
+        self._call = call
         told_foreign = False
         try:
             async for message in call:
@@ -111,35 +127,37 @@ class GrpcEventConsumer:
                     )
                     return
                 applied = await self._handle(message.batch, start)
-                if applied is None:  # the index is back: rebuild from the engine's buffer
+                if applied is None:  # the index failed: resubscribe once a reset succeeds
                     return
                 if not applied and not told_foreign and self.on_foreign is not None:
                     told_foreign = True
                     self.on_foreign(self.worker)
+        except asyncio.CancelledError:
+            if not self._interrupted:
+                raise
         except grpc.RpcError as error:
-            raise Unavailable(
-                f"KV-event stream of {self.worker} broke: {from_grpc(error).message}",
-                field="worker",
-            ) from None
+            if not self._interrupted:
+                raise Unavailable(
+                    f"KV-event stream of {self.worker} broke: {from_grpc(error).message}",
+                    field="worker",
+                ) from None
         finally:
+            self._interrupted = False
+            self._call = None
             call.cancel()
 
     async def _handle(self, message: kv_pb2.KvEventBatch, start: int) -> bool | None:
-        """Apply one batch; True applied, False ignored or dropped, None: resubscribe from 0."""
+        """Apply one batch: True applied, False ignored (foreign spec), None: resync first."""
         seq, batch = self.codec.decode(message)
         spec = self.spec
         if message.HasField("key_spec"):
             spec = SpecRef(message.key_spec.profile_id, message.key_spec.spec_fingerprint)
         batch = dataclasses.replace(batch, spec=spec)
         expected = start if self._next is None else self._next
-        metrics = self.ingestor.metrics
+        if self.resyncing:
+            self.ingestor.metrics.batches.labels(self.worker, "dropped").inc()
+            return None
         try:
-            if self.resyncing:
-                await self.ingestor.reset(self.worker, "index_recovered")
-                self.resyncing = False
-                self._next = None
-                log.info("prefix index back: rebuilding %s from the engine's buffer", self.worker)
-                return None
             applied = await self.ingestor.apply(
                 self.worker,
                 batch,
@@ -147,14 +165,9 @@ class GrpcEventConsumer:
                 lost_before=max(0, seq - expected),
             )
         except Unavailable as exc:
-            if not self.resyncing:
-                log.warning(
-                    "prefix index unavailable while ingesting %s: %s", self.worker, exc.message
-                )
-            else:
-                metrics.batches.labels(self.worker, "dropped").inc()
+            log.warning("prefix index unavailable while ingesting %s: %s", self.worker, exc.message)
             self.resyncing = True
-            applied = False
+            return None
         self._next = seq + 1
         self.last_seq = seq
         return applied

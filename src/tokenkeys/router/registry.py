@@ -128,6 +128,8 @@ class WorkerRegistry:
         self.ingestors: dict[str, EventIngestor] = {}
         self.workers: dict[str, WorkerState] = {}
         self.on_leave: list[LeaveListener] = []
+        #: False while the prefix index answers Unavailable (as of the last poll).
+        self.index_available = True
         self._poller: asyncio.Task | None = None
         self._wake = asyncio.Event()
 
@@ -165,9 +167,35 @@ class WorkerRegistry:
         self._wake.set()
 
     async def poll_once(self) -> None:
-        """Check every worker once (what each poll does)."""
+        """Check the index and every worker once (what each poll does)."""
+        await self._check_index()
         await asyncio.gather(*(self._check(ws) for ws in list(self.workers.values())))
         self._count_states()
+
+    async def _check_index(self) -> None:
+        """Notice the index going away and coming back (a Redis restart comes back empty).
+
+        When it is back, every followed worker is rebuilt: cleared and replayed from sequence 0
+        (a gRPC follower at once; a ZMQ follower at its next batch, which is when a ZMQ
+        subscriber can ask for a replay).
+        """
+        try:
+            await self.index.workers()
+        except Unavailable as exc:
+            if self.index_available:
+                log.warning("prefix index unavailable, routing by load: %s", exc.message)
+            self.index_available = False
+            return
+        if self.index_available:
+            return
+        self.index_available = True
+        log.info("prefix index available again: rebuilding every worker's entries")
+        for ws in self.workers.values():
+            for follower in ws.followers.values():
+                if isinstance(follower, GrpcEventConsumer):
+                    follower.rebuild()
+                else:
+                    follower.resyncing = True
 
     async def _poll_forever(self) -> None:
         while True:
