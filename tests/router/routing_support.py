@@ -112,10 +112,11 @@ class Cluster:
         """Wait until the router applied every batch each live engine published so far.
 
         A ZMQ subscriber notices what it missed only when a later batch arrives (slow joiner),
-        so an empty probe batch is published while one lags.
+        so an empty probe batch is published when a follower made no progress for a while.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        progress: dict[int, tuple[object, float]] = {}
         while True:
             lagging = []
             for i, stack in enumerate(self.stacks):
@@ -124,18 +125,24 @@ class Cluster:
                 ws = self.registry.workers.get(stack.target)
                 if ws is None or ws.state != "ready":
                     continue
-                stream = stack.local().stream
-                last = stream.next_seq - 1
+                last = stack.local().stream.next_seq - 1
                 for follower in ws.followers.values():
-                    if last >= 0 and (follower.last_seq is None or follower.last_seq < last):
+                    # Equal, not "at least": after a restart in place the follower may still
+                    # be at a higher sequence number of the previous engine.
+                    if last >= 0 and follower.last_seq != last:
                         lagging.append((stack, follower))
             if not lagging:
                 return
             assert loop.time() < deadline, f"events not applied in {timeout} s: {lagging}"
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
+            now = loop.time()
             for stack, follower in lagging:
-                if follower.last_seq is None or loop.time() > deadline - timeout / 2:
+                seen, since = progress.get(id(follower), (None, now))
+                if seen != follower.last_seq:
+                    progress[id(follower)] = (follower.last_seq, now)
+                elif now - since > 0.2:
                     stack.local().stream.emit(EventBatch(0.0, ()))
+                    progress[id(follower)] = (follower.last_seq, now)
 
     async def close(self) -> None:
         await self.registry.close()
@@ -218,3 +225,64 @@ async def start_frontend(cluster: Cluster):  # noqa: ANN201
     app = create_router_app(cluster.registry, cluster.router, metrics=cluster.metrics.registry)
     server = await start_http_server(app, "127.0.0.1", 0)
     return server, f"http://127.0.0.1:{server.port}"
+
+
+async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:  # noqa: ANN001
+    """Poll ``predicate()`` (sync or async) every 20 ms until it is true."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        assert loop.time() < deadline, f"{what} not reached in {timeout} s"
+        await asyncio.sleep(0.02)
+
+
+def prompt_ids(cluster: Cluster, text: str) -> list[int]:
+    """Completion-style token ids of ``text`` with the pool's Preprocessor."""
+    pool = next(iter(cluster.registry.pools.values()))
+    return pool.preprocessor.tokenize_prompts([text])[0].ids
+
+
+async def routed(cluster: Cluster, ids: list[int], **kw: object):  # noqa: ANN201
+    """Route and run one prompt; returns (decision, usage)."""
+    from tokenkeys.router.routed_engine import RouteNote, current_note
+
+    note = RouteNote()
+    token = current_note.set(note)
+    try:
+        _, last = await collect(cluster.engine(), ids, **kw)
+    finally:
+        current_note.reset(token)
+    (decision,) = note.decisions
+    return decision, last.usage
+
+
+async def index_run(cluster: Cluster, ids: list[int], address: str) -> int:
+    """How many of the prompt's blocks the index says ``address`` holds, from the first."""
+    pool = next(iter(cluster.registry.pools.values()))
+    keys = await pool.block_keys(ids)
+    worker = pool.index_id(address)
+    found = await cluster.index.lookup(keys, {worker})
+    return found[worker].blocks if worker in found else 0
+
+
+def engine_run(cluster: Cluster, ids: list[int], i: int) -> int:
+    """How many of the prompt's blocks engine ``i`` really holds, from the first."""
+    from tokenkeys.keys import block_keys
+
+    local = cluster.stacks[i].local()
+    return len(local.engine.cache.match_prefix(block_keys(ids, local.spec)))
+
+
+def counter(cluster: Cluster, name: str, **labels: str) -> float:
+    """Sum of a router counter's samples matching ``labels``."""
+    total = 0.0
+    for metric in cluster.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
