@@ -179,6 +179,7 @@ async def start_cluster(
         timeout=1.0,
         transport=transport,
         retry_delay=0.1,
+        foreign_interval=0.1,
     )
     router = Router(registry.pools, index, policy=policy, metrics=metrics)
     registry.on_leave.append(router.forget)

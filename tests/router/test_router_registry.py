@@ -167,7 +167,9 @@ async def test_an_engine_restart_in_place_clears_the_worker(settings, transport)
     import dataclasses
 
     settings = dataclasses.replace(settings, transport=transport)
-    cluster = await start_cluster(2, cache=None, settings=settings, transport=transport, interval=60)
+    cluster = await start_cluster(
+        2, cache=None, settings=settings, transport=transport, interval=60
+    )
     try:
         stack = cluster.stacks[0]
         before = prompt_ids(cluster, "Before the restart. " + SYSTEM)

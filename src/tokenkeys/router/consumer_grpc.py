@@ -14,7 +14,8 @@ The gRPC twin of :class:`~tokenkeys.router.consumer.ZmqEventConsumer`, with the 
   resubscribes from 0 so the engine's buffer rebuilds its entries; :meth:`rebuild` does the same
   on demand (the registry calls it when the index comes back, possibly empty);
 - each batch carries the spec its hashes follow (tokenkeys field 100); a batch of another spec
-  is ignored and counted by the ingestor, and ``on_foreign`` is told once per subscription.
+  is ignored and counted by the ingestor, and ``on_foreign`` is told (at most once per
+  ``foreign_interval`` seconds) so that the worker's advertisement is checked again.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class GrpcEventConsumer:
         instance_id: str,
         retry_delay: float = 0.5,
         on_foreign: Callable[[str], object] | None = None,
+        foreign_interval: float = 5.0,
     ) -> None:
         self.worker = check_worker(worker)
         self.control = control
@@ -63,6 +65,8 @@ class GrpcEventConsumer:
         self.instance_id = instance_id
         self.retry_delay = retry_delay
         self.on_foreign = on_foreign
+        self.foreign_interval = foreign_interval
+        self._told_foreign: float | None = None
         self.codec = ProtobufEventCodec()
         #: True while the index failed and the worker waits for a reset and a replay.
         self.resyncing = False
@@ -117,7 +121,7 @@ class GrpcEventConsumer:
             kv_pb2.SubscribeKvEventsRequest(start_sequence_number=start, model=self.model)
         )
         self._call = call
-        told_foreign = False
+        loop = asyncio.get_running_loop()
         try:
             async for message in call:
                 if message.WhichOneof("event") != "batch":
@@ -129,9 +133,14 @@ class GrpcEventConsumer:
                 applied = await self._handle(message.batch, start)
                 if applied is None:  # the index failed: resubscribe once a reset succeeds
                     return
-                if not applied and not told_foreign and self.on_foreign is not None:
-                    told_foreign = True
-                    self.on_foreign(self.worker)
+                if not applied and self.on_foreign is not None:
+                    now = loop.time()
+                    if (
+                        self._told_foreign is None
+                        or now - self._told_foreign >= self.foreign_interval
+                    ):
+                        self._told_foreign = now
+                        self.on_foreign(self.worker)
         except asyncio.CancelledError:
             if not self._interrupted:
                 raise

@@ -115,6 +115,7 @@ class WorkerRegistry:
         timeout: float = 2.0,
         transport: str = "auto",
         retry_delay: float = 0.5,
+        foreign_interval: float = 5.0,
     ) -> None:
         self.index = index
         self.pool_factory = pool_factory
@@ -124,6 +125,7 @@ class WorkerRegistry:
         self.timeout = timeout
         self.transport = transport
         self.retry_delay = retry_delay
+        self.foreign_interval = foreign_interval
         self.pools: dict[str, Pool] = {}
         self.ingestors: dict[str, EventIngestor] = {}
         self.workers: dict[str, WorkerState] = {}
@@ -329,6 +331,7 @@ class WorkerRegistry:
                 instance_id=ws.instance_id,
                 retry_delay=self.retry_delay,
                 on_foreign=lambda _worker: self._foreign(ws, model),
+                foreign_interval=self.foreign_interval,
             )
             ws.followers[model] = consumer_g
             await consumer_g.run()
