@@ -17,12 +17,11 @@ from engine_stack import EngineStack, default_models, start_stack
 from tokenkeys.events.model import EventBatch
 from tokenkeys.router.core import Router
 from tokenkeys.router.index import PrefixIndex
-from tokenkeys.router.index_memory import MemoryPrefixIndex
-from tokenkeys.router.ingest import IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
-from tokenkeys.router.pool_setup import PoolSettings, pool_factory
+from tokenkeys.router.pool_setup import PoolSettings
 from tokenkeys.router.registry import WorkerRegistry
 from tokenkeys.router.routed_engine import RoutedEngine
+from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.server.engine_config import EngineConfig
 from tokenkeys.server.models import ModelRegistry, ServedModel
 
@@ -73,20 +72,31 @@ class Cluster:
 
     stacks: list[EngineStack]
     configs: list[EngineConfig]
-    registry: WorkerRegistry
-    router: Router
-    index: PrefixIndex
-    metrics: RouterMetrics
-    ingest_metrics: IngestMetrics
+    service: RoutingService
     stopped: set[int] = field(default_factory=set)
+
+    @property
+    def registry(self) -> WorkerRegistry:
+        return self.service.registry
+
+    @property
+    def router(self) -> Router:
+        return self.service.router
+
+    @property
+    def index(self) -> PrefixIndex:
+        return self.service.index
+
+    @property
+    def metrics(self) -> RouterMetrics:
+        return self.service.metrics
 
     @property
     def addresses(self) -> list[str]:
         return [s.target for s in self.stacks]
 
     def engine(self, model: str | None = None) -> RoutedEngine:
-        name = model or next(iter(self.registry.pools))
-        return RoutedEngine(self.router, self.registry, name)
+        return self.service.engine(model)
 
     def number(self, address: str) -> int:
         return self.addresses.index(address)
@@ -145,8 +155,7 @@ class Cluster:
                     progress[id(follower)] = (follower.last_seq, now)
 
     async def close(self) -> None:
-        await self.registry.close()
-        await self.index.close()
+        await self.service.close()
         for i, stack in enumerate(self.stacks):
             if i not in self.stopped:
                 await stack.stop()
@@ -155,38 +164,28 @@ class Cluster:
 async def start_cluster(
     n: int = 3,
     *,
-    cache: object,
+    settings: PoolSettings,
     index: PrefixIndex | None = None,
     policy: str = "precise",
     transport: str = "auto",
     configs: list[EngineConfig] | None = None,
     interval: float = 0.2,
-    settings: PoolSettings | None = None,
 ) -> Cluster:
     """``n`` engines and a router over them; the registry polls every ``interval`` seconds."""
     configs = configs or [engine_config() for _ in range(n)]
     stacks = [await start_stack(c, models=engine_models()) for c in configs]
-    index = index or MemoryPrefixIndex()
-    metrics = RouterMetrics()
-    ingest = IngestMetrics(metrics.registry)
-    settings = settings or PoolSettings(cache=cache, transport=transport)
-    registry = WorkerRegistry(
-        index,
-        pool_factory(settings),
-        metrics=metrics,
-        ingest_metrics=ingest,
-        interval=interval,
-        timeout=1.0,
+    config = RouterConfig(
+        workers=tuple(s.target for s in stacks),
+        policy=policy,
         transport=transport,
+        poll_interval=interval,
+        timeout=1.0,
         retry_delay=0.1,
-        foreign_interval=0.1,
+        recheck_interval=0.1,
+        pools=settings,
     )
-    router = Router(registry.pools, index, policy=policy, metrics=metrics)
-    registry.on_leave.append(router.forget)
-    for stack in stacks:
-        await registry.add(stack.target)
-    await registry.start()
-    return Cluster(stacks, configs, registry, router, index, metrics, ingest)
+    service = await RoutingService(config, index=index).start()
+    return Cluster(stacks, configs, service)
 
 
 async def collect(engine: RoutedEngine, ids: list[int], **kw: object):  # noqa: ANN201
@@ -223,7 +222,8 @@ async def start_frontend(cluster: Cluster):  # noqa: ANN201
     from tokenkeys.router.frontend import create_router_app
     from tokenkeys.server.http import start_http_server
 
-    app = create_router_app(cluster.registry, cluster.router, metrics=cluster.metrics.registry)
+    service = cluster.service
+    app = create_router_app(service.registry, service.router, metrics=service.metrics_registry)
     server = await start_http_server(app, "127.0.0.1", 0)
     return server, f"http://127.0.0.1:{server.port}"
 

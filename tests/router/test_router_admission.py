@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 from engine_stack import start_stack
@@ -35,7 +34,7 @@ def settings(tmp_path):  # noqa: ANN001, ANN201
 
 
 async def test_workers_that_differ_from_their_pool_are_refused_with_a_reason(settings):
-    cluster = await start_cluster(2, cache=None, settings=settings)
+    cluster = await start_cluster(2, settings=settings, transport="zmq")
     odd = []
     try:
         # Another tokenizer behaviour (special tokens on chat prompts) -> another fingerprint.
@@ -49,12 +48,9 @@ async def test_workers_that_differ_from_their_pool_are_refused_with_a_reason(set
                 engine_config(), models=engine_models(), spec=make_spec("vllm/sha256_cbor@0.31", 32)
             )
         )
-        # No KV events at all over the transport this router follows.
+        # No KV events over the transport this router follows (ZMQ here).
         odd.append(await start_stack(engine_config(kv_events=False), models=engine_models()))
         registry = cluster.registry
-        registry.transport = "zmq"
-        for pool in registry.pools.values():
-            pool.transport = "zmq"
         for stack in odd:
             await registry.add(stack.target)
         pool = next(iter(registry.pools.values()))
@@ -83,8 +79,7 @@ async def test_workers_that_differ_from_their_pool_are_refused_with_a_reason(set
 
 
 async def test_events_of_a_foreign_spec_are_ignored_counted_and_recheck_the_worker(settings):
-    settings = dataclasses.replace(settings, transport="grpc")
-    cluster = await start_cluster(2, cache=None, settings=settings, transport="grpc")
+    cluster = await start_cluster(2, settings=settings, transport="grpc")
     try:
         pool = next(iter(cluster.registry.pools.values()))
         stack = cluster.stacks[0]

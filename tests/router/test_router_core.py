@@ -51,7 +51,7 @@ def settings(tmp_path):  # noqa: ANN001, ANN201
 
 
 async def test_follow_up_turns_land_on_the_worker_holding_their_prefix(settings, tmp_path):
-    cluster = await start_cluster(3, cache=None, settings=settings)
+    cluster = await start_cluster(3, settings=settings)
     try:
         turns = await run_conversations(cluster, conversations=4, turns=4, shared=False)
     finally:
@@ -70,7 +70,7 @@ async def test_follow_up_turns_land_on_the_worker_holding_their_prefix(settings,
 async def test_precise_routing_caches_more_prompt_tokens_than_round_robin(settings):
     cached = {}
     for policy in ("precise", "round_robin"):
-        cluster = await start_cluster(3, cache=None, settings=settings, policy=policy)
+        cluster = await start_cluster(3, settings=settings, policy=policy)
         try:
             turns = await run_conversations(cluster, conversations=4, turns=4)
         finally:

@@ -14,7 +14,7 @@ from tokenkeys.router.pool_setup import PoolSettings
 @pytest.fixture
 async def routed(tmp_path):  # noqa: ANN001, ANN201
     settings = PoolSettings(cache=tmp_path / "cache", strategy=local_strategy)
-    cluster = await start_cluster(3, cache=None, settings=settings)
+    cluster = await start_cluster(3, settings=settings)
     server, url = await start_frontend(cluster)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         yield cluster, client

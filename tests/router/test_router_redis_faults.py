@@ -27,10 +27,8 @@ async def test_routing_continues_by_load_without_redis_and_the_index_recovers(
 ):
     redis = start_redis()
     index = RedisPrefixIndex.from_url(redis.url, namespace=f"t-{uuid.uuid4().hex[:12]}")
-    settings = PoolSettings(cache=tmp_path / "cache", strategy=local_strategy, transport=transport)
-    cluster = await start_cluster(
-        3, cache=None, settings=settings, index=index, transport=transport
-    )
+    settings = PoolSettings(cache=tmp_path / "cache", strategy=local_strategy)
+    cluster = await start_cluster(3, settings=settings, index=index, transport=transport)
     try:
         first = prompt_ids(cluster, "Conversation one. " + SYSTEM)
         decision, _ = await routed(cluster, first)

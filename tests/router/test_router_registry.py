@@ -27,7 +27,7 @@ def settings(tmp_path):  # noqa: ANN001, ANN201
 
 
 async def test_a_dead_worker_is_removed_and_rejoins_with_a_cleared_cache(settings):
-    cluster = await start_cluster(3, cache=None, settings=settings)
+    cluster = await start_cluster(3, settings=settings)
     try:
         pool = next(iter(cluster.registry.pools.values()))
         ids = prompt_ids(cluster, SYSTEM * 3)
@@ -68,10 +68,7 @@ async def test_a_dead_worker_is_removed_and_rejoins_with_a_cleared_cache(setting
 
 @pytest.mark.parametrize("transport", ["zmq", "grpc"])
 async def test_dropped_events_are_replayed_and_the_index_matches_the_engine(settings, transport):
-    import dataclasses
-
-    settings = dataclasses.replace(settings, transport=transport)
-    cluster = await start_cluster(2, cache=None, settings=settings, transport=transport)
+    cluster = await start_cluster(2, settings=settings, transport=transport)
     try:
         await cluster.settle()
         stack = cluster.stacks[0]
@@ -122,7 +119,7 @@ async def test_dropped_events_are_replayed_and_the_index_matches_the_engine(sett
 async def test_events_lost_for_good_clear_the_worker_and_never_over_report(settings):
     # A replay buffer of one batch: what the router misses is gone for good.
     configs = [engine_config(kv_events_buffer_steps=1), engine_config()]
-    cluster = await start_cluster(2, cache=None, settings=settings, configs=configs)
+    cluster = await start_cluster(2, settings=settings, configs=configs)
     try:
         await cluster.settle()
         stack = cluster.stacks[0]
@@ -164,12 +161,7 @@ async def test_events_lost_for_good_clear_the_worker_and_never_over_report(setti
 async def test_an_engine_restart_in_place_clears_the_worker(settings, transport):
     """The engine restarts on the same addresses between two polls of the registry (which are
     far apart here): the event stream itself shows it and the worker is cleared."""
-    import dataclasses
-
-    settings = dataclasses.replace(settings, transport=transport)
-    cluster = await start_cluster(
-        2, cache=None, settings=settings, transport=transport, interval=60
-    )
+    cluster = await start_cluster(2, settings=settings, transport=transport, interval=60)
     try:
         stack = cluster.stacks[0]
         before = prompt_ids(cluster, "Before the restart. " + SYSTEM)
@@ -195,7 +187,7 @@ async def test_an_engine_restart_in_place_clears_the_worker(settings, transport)
 
 
 async def test_a_new_instance_at_a_known_address_leaves_and_rejoins(settings):
-    cluster = await start_cluster(2, cache=None, settings=settings)
+    cluster = await start_cluster(2, settings=settings)
     try:
         pool = next(iter(cluster.registry.pools.values()))
         ids = prompt_ids(cluster, "Cached before. " + SYSTEM)

@@ -113,7 +113,6 @@ class WorkerRegistry:
         ingest_metrics: IngestMetrics | None = None,
         interval: float = 1.0,
         timeout: float = 2.0,
-        transport: str = "auto",
         retry_delay: float = 0.5,
         foreign_interval: float = 5.0,
     ) -> None:
@@ -123,7 +122,6 @@ class WorkerRegistry:
         self.ingest_metrics = ingest_metrics if ingest_metrics is not None else IngestMetrics()
         self.interval = interval
         self.timeout = timeout
-        self.transport = transport
         self.retry_delay = retry_delay
         self.foreign_interval = foreign_interval
         self.pools: dict[str, Pool] = {}
