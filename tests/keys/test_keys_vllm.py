@@ -181,3 +181,42 @@ def test_explicit_root_and_empty_prompt() -> None:
     assert block_keys([], spec) == []
     assert block_keys([1, 2, 3], spec) == []
     assert len(block_keys([1, 2, 3, 4], spec)[0].digest) == 16
+
+
+@pytest.mark.parametrize("profile_id", ["vllm/sha256_cbor@0.31", "vllm/xxhash_cbor@0.29"])
+@settings(max_examples=40, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 2**32 - 1), max_size=90),
+    block_size=st.integers(1, 30),
+    adapter=st.booleans(),
+    salt=st.booleans(),
+    items=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 30)), max_size=3),
+    embeds=st.booleans(),
+    parent=st.booleans(),
+)
+def test_fast_path_with_every_extra_equals_reference(
+    profile_id: str,
+    tokens: list[int],
+    block_size: int,
+    adapter: bool,
+    salt: bool,
+    items: list[tuple[int, int]],
+    embeds: bool,
+    parent: bool,
+) -> None:
+    # Shared tails (adapter alone), per-block tails (items, embeddings), block 0's own tail
+    # (salt) and continuation all go through the fast path's tail handling.
+    spec = make_spec(profile_id, block_size, root_seed="3", vectors=False)
+    mm, end = [], 0
+    for gap, length in items:
+        mm.append(MMItem(f"img{len(mm)}", end + gap, length))
+        end += gap + length
+    n = len(tokens) // block_size
+    ctx = KeyContext(
+        adapter=Adapter("ad", "/ad") if adapter else None,
+        cache_salt="s" if salt else None,
+        mm_items=tuple(mm),
+        prompt_embeds_digests=tuple(bytes([i % 256]) * 32 for i in range(n)) if embeds else (),
+        parent=bytes(get_profile(profile_id).digest_size) if parent else None,
+    )
+    assert block_keys(tokens, spec, ctx) == reference_block_keys(tokens, spec, ctx)

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 
 from tokenkeys.chat import ChatOptions
+from tokenkeys.keys.deployment import (
+    DEFAULT_BLOCK_SIZE,
+    NO_PROFILE,
+    KeySpecOptions,
+)
 from tokenkeys.limits import Limits
 from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.server.models import ModelRegistry
@@ -61,4 +66,51 @@ def local_models(
         limits or Limits(),
         chat,
         artifact_chunk_size=getattr(args, "artifact_chunk_size", None),
+    )
+
+
+def add_key_spec_options(
+    parser: argparse._ActionsContainer, *, profile_flag: str, default_profile: str | None
+) -> None:
+    """The cache-key spec options (profile, block size, root, KV-cache groups)."""
+    shown = default_profile or "none; required"
+    parser.add_argument(
+        profile_flag,
+        dest="key_profile",
+        default=default_profile,
+        metavar="ID",
+        help=f"cache-key profile, e.g. vllm/sha256_cbor@0.31 (default: {shown}); "
+        f"{NO_PROFILE!r} serves no spec; list them with tokenkeys keys --list",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help=f"hash unit in tokens (default {DEFAULT_BLOCK_SIZE}, vLLM's block size; with "
+        "--kv-groups, the gcd of the group block sizes)",
+    )
+    root = parser.add_mutually_exclusive_group()
+    root.add_argument(
+        "--root-seed",
+        metavar="S",
+        help="the engine's hash seed string (vLLM: its PYTHONHASHSEED, e.g. 42; llm-d: hashSeed)",
+    )
+    root.add_argument(
+        "--root-hex", metavar="H", help="explicit root bytes in hex, as the engine publishes them"
+    )
+    parser.add_argument(
+        "--kv-groups",
+        metavar="KIND:N,...",
+        help="KV-cache groups of a hybrid model, e.g. full_attention:16,sliding_window:32",
+    )
+
+
+def key_spec_options(args: argparse.Namespace) -> KeySpecOptions:
+    """The cache-key options of parsed arguments (see :func:`add_key_spec_options`)."""
+    return KeySpecOptions(
+        profile=args.key_profile,
+        block_size=args.block_size,
+        root_seed=args.root_seed,
+        root_hex=args.root_hex,
+        kv_groups=args.kv_groups,
     )

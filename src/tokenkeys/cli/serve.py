@@ -9,10 +9,17 @@ import signal
 import sys
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
-from tokenkeys.cli.common import add_tokenizer_options, local_models
+from tokenkeys.cli.common import (
+    add_key_spec_options,
+    add_tokenizer_options,
+    key_spec_options,
+    local_models,
+)
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
+from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.limits import Limits
+from tokenkeys.server.cache_key_service import attach_cache_keys
 from tokenkeys.server.engine_runtime import EngineRuntime
 from tokenkeys.server.engine_services import engine_service_adders
 from tokenkeys.server.grpc_server import start_grpc_server
@@ -39,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="BYTES",
         help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
     )
+    keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
+    add_key_spec_options(keys, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
     add_engine_options(p)
     add_http_options(p)
     p.set_defaults(func=run)
@@ -56,7 +65,12 @@ def limits_from(args: argparse.Namespace) -> Limits:
 async def _serve(args: argparse.Namespace) -> int:
     limits = limits_from(args)
     http = http_config(args, limits)
+    # The spec before the tokenizers: a bad cache-key option stops the server before loading.
+    spec = build_spec(key_spec_options(args))
     models = local_models(args, limits, chat_options(args))
+    # Every model gets the spec; the simulated engine keys its blocks with the same one
+    # (local_engine.deployment_spec reads it from there).
+    attach_cache_keys(models, spec, limits)
     service = TokenizerService(models)
     runtime = EngineRuntime(models, engine_config_from(args))
     server, port = await start_grpc_server(
@@ -79,6 +93,14 @@ async def _serve(args: argparse.Namespace) -> int:
             f"backend {model.tokenizer.options.backend})",
             flush=True,
         )
+    if spec is not None:
+        print(
+            f"cache keys: {spec.profile_id}, hash unit {spec.hash_unit}, root "
+            f"{spec.root_derivation}, spec fingerprint {spec.fingerprint}",
+            flush=True,
+        )
+    else:
+        print("cache keys: no spec served (--cache-key-profile none)", flush=True)
     for line in runtime.describe():
         print(line, flush=True)
     print(f"gRPC listening on {args.host}:{port}", flush=True)

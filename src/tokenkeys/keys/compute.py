@@ -16,6 +16,9 @@ from tokenkeys.keys.profile import Profile, check_tokens
 from tokenkeys.keys.registry import get_profile
 from tokenkeys.keys.spec import BlockKey, CacheKeySpec
 
+# The context of a request without extras (frozen, so one instance serves every call).
+_EMPTY = KeyContext()
+
 
 def make_spec(
     profile_id: str,
@@ -76,7 +79,7 @@ def block_keys(
     the hash unit. An empty prompt has no keys.
     """
     profile = profile_for(spec)
-    ctx = context if context is not None else KeyContext()
+    ctx = context if context is not None else _EMPTY
     if not isinstance(ctx, KeyContext):
         raise InvalidArgument(
             f"context must be a KeyContext, got {type(ctx).__name__}", field="context"
@@ -101,7 +104,7 @@ def reference_block_keys(
 ) -> list[BlockKey]:
     """The same keys as :func:`block_keys` through the profile's straightforward reference."""
     profile = profile_for(spec)
-    ctx = context if context is not None else KeyContext()
+    ctx = context if context is not None else _EMPTY
     arr = check_tokens(tokens)
     profile.check_context(spec, ctx, len(arr) // spec.hash_unit)
     keys = profile.reference_unit_keys(arr, spec, ctx)

@@ -26,11 +26,12 @@ from tokenkeys.keys.context import KeyContext
 from tokenkeys.keys.profile import (
     Profile,
     check_block_size,
+    event_keys_of,
     le_bytes,
     refuse_unsupported,
     single_group,
 )
-from tokenkeys.keys.spec import BlockKey, CacheKeySpec
+from tokenkeys.keys.spec import BlockKey, CacheKeySpec, make_block_keys
 
 # sglang 0.5.23 sglang/srt/mem_cache/utils.py compute_node_event_hash_values.
 SALT_SEED_TAG = b"sglang-cache-salt-v1\x00"
@@ -118,18 +119,18 @@ class SglangProfile(Profile):
         """Fast path: one little-endian buffer for all tokens, one SHA-256 call per page."""
         bs = spec.hash_unit
         n = len(tokens) // bs
+        if n == 0:
+            return []
         step = bs * 4
         data = le_bytes(tokens[: n * bs])
-        pages = [data[i : i + step] for i in range(0, n * step, step)]
         sha = hashlib.sha256
         prior = self._prior(ctx)
         digests = []
         append = digests.append
-        for page in pages:
-            prior = sha(prior + page).digest()
+        for start in range(0, n * step, step):
+            prior = sha(prior + data[start : start + step]).digest()
             append(prior)
-        from_bytes = int.from_bytes
-        return [BlockKey(d, from_bytes(d[:8], "big", signed=True)) for d in digests]
+        return make_block_keys(digests, event_keys_of(digests, last=False, signed=True))
 
     def reference_unit_keys(
         self, tokens: array, spec: CacheKeySpec, ctx: KeyContext

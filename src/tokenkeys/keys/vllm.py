@@ -19,6 +19,7 @@ import hashlib
 import pickle
 from array import array
 from collections.abc import Callable
+from dataclasses import replace
 from math import gcd
 from typing import Any
 
@@ -31,10 +32,11 @@ from tokenkeys.keys.context import KeyContext, items_overlapping
 from tokenkeys.keys.profile import (
     Profile,
     check_block_size,
+    event_keys_of,
     parse_groups,
     refuse_unsupported,
 )
-from tokenkeys.keys.spec import BlockKey, CacheKeySpec, KeyGroup
+from tokenkeys.keys.spec import BlockKey, CacheKeySpec, KeyGroup, make_block_keys
 
 # vllm/v1/core/kv_cache_utils.py (0.29+): DEFAULT_NONE_HASH_SEED.
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
@@ -199,6 +201,12 @@ class VllmProfile(Profile):
         refuse_unsupported(
             self.id, ctx, n_blocks, adapter=True, salt=True, mm=True, embeds=True, groups=True
         )
+        if ctx.parent is not None and len(ctx.parent) != self.digest_size:
+            raise InvalidArgument(
+                f"parent must be a {self.digest_size}-byte {self.algorithm} block digest, got "
+                f"{len(ctx.parent)} bytes",
+                field="parent",
+            )
         if self.tagged and ctx.adapter is not None and ctx.adapter.path is None:
             raise InvalidArgument(
                 f"{self.id} hashes ('lora', name, path): give the adapter path exactly as the "
@@ -236,12 +244,32 @@ class VllmProfile(Profile):
             raise InvalidArgument(f"spec for {self.id} has no root bytes", field="root_hex")
         return parent
 
-    def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
-        """Fast path: hand-rolled canonical CBOR for the *_cbor algorithms.
+    def _tails(self, ctx: KeyContext, n: int, bs: int) -> tuple[bytes, bytes, dict[int, bytes]]:
+        """CBOR of each block's extra keys: (block 0, every other block, exceptions by block).
 
-        Per call, every token is encoded once (one C-level encoder call) and each block's
-        ``array head + tokens + extra keys`` body is cut from that buffer; the chain loop then
-        only concatenates the parent and hashes.
+        Most blocks share one tail (``None``, or the adapter alone); only blocks a multimodal
+        item overlaps, or every block with prompt embeddings, get their own.
+        """
+        if not (ctx.adapter or ctx.mm_items or ctx.prompt_embeds_digests or ctx.cache_salt):
+            return cbor.NULL, cbor.NULL, {}
+        encode, extra_keys = cbor.encode, self.extra_keys
+        first = encode(extra_keys(ctx, 0, 0, bs))
+        if ctx.prompt_embeds_digests:
+            own = {b: encode(extra_keys(ctx, b, b * bs, b * bs + bs)) for b in range(1, n)}
+            return first, cbor.NULL, own
+        common = encode(extra_keys(_no_mm(ctx), 1, bs, 2 * bs)) if ctx.adapter else cbor.NULL
+        touched: set[int] = set()
+        for item in ctx.mm_items:
+            touched.update(range(max(item.offset // bs, 1), min((item.end - 1) // bs + 1, n)))
+        own = {b: encode(extra_keys(ctx, b, b * bs, b * bs + bs)) for b in sorted(touched)}
+        return first, common, own
+
+    def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
+        """Fast path for the *_cbor algorithms: every block's bytes encoded in one pass.
+
+        The tokens of all blocks are CBOR-encoded at once (:func:`cbor.token_blocks`, framed by
+        the array head and the common extra-keys tail), so the chain loop only feeds the
+        parent and a slice of that buffer to a hasher already holding the constant prefix.
         """
         if not self.cbor:
             return self.reference_unit_keys(tokens, spec, ctx)
@@ -249,29 +277,39 @@ class VllmProfile(Profile):
         n = len(tokens) // bs
         if n == 0:
             return []
-        data, offs = cbor.token_blocks(tokens[: n * bs], bs)
-        arr_head = cbor.head(4, bs)
-        plain = not (ctx.adapter or ctx.mm_items or ctx.prompt_embeds_digests or ctx.cache_salt)
-        if plain:
-            tail = cbor.NULL
-            bodies = [arr_head + data[offs[b] : offs[b + 1]] + tail for b in range(n)]
-        else:
-            encode, extra_keys = cbor.encode, self.extra_keys
-            bodies = [
-                arr_head
-                + data[offs[b] : offs[b + 1]]
-                + encode(extra_keys(ctx, b, b * bs, b * bs + bs))
-                for b in range(n)
-            ]
-        parent = self._parent(spec, ctx)
-        digest = self._digest
-        digests = [digest(b"\x83" + cbor.head(2, len(parent)) + parent + bodies[0])]
-        step_head = b"\x83" + cbor.head(2, self.digest_size)
+        first_tail, common, own = self._tails(ctx, n, bs)
+        data, offs = cbor.token_blocks(tokens, bs, cbor.head(4, bs), common)
+        root = self._parent(spec, ctx)
+        body0 = data[: offs[1] - len(common)] + first_tail
+        d = self._digest(b"\x83" + cbor.head(2, len(root)) + root + body0)
+        digests = [d]
         append = digests.append
-        for body in bodies[1:]:
-            append(digest(step_head + digests[-1] + body))
-        from_bytes = int.from_bytes
-        return [BlockKey(d, from_bytes(d[-8:], "big")) for d in digests]
+        step_head = b"\x83" + cbor.head(2, self.digest_size)
+        if own:
+            # Blocks with their own tail: body without the common tail, then the block's tail.
+            digest = self._digest
+            for b in range(1, n):
+                body = data[offs[b] : offs[b + 1]]
+                tail = own.get(b)
+                if tail is not None:
+                    body = body[: len(body) - len(common)] + tail
+                d = digest(step_head + d + body)
+                append(d)
+        elif self.crypto:
+            # A SHA-256 state holding the constant prefix, copied per block: no concatenation.
+            fresh = hashlib.sha256(step_head).copy
+            for start, end in zip(offs[1:-1], offs[2:], strict=True):
+                h = fresh()
+                h.update(d)
+                h.update(data[start:end])
+                d = h.digest()
+                append(d)
+        else:
+            digest = self._digest
+            for start, end in zip(offs[1:-1], offs[2:], strict=True):
+                d = digest(step_head + d + data[start:end])
+                append(d)
+        return make_block_keys(digests, event_keys_of(digests, last=True))
 
     def reference_unit_keys(
         self, tokens: array, spec: CacheKeySpec, ctx: KeyContext
@@ -287,6 +325,11 @@ class VllmProfile(Profile):
             parent = self.hash_object((parent, tuple(token_list[start:end]), extra))
             out.append(BlockKey(parent, int.from_bytes(parent, "big") & _MASK64))
         return out
+
+
+def _no_mm(ctx: KeyContext) -> KeyContext:
+    """``ctx`` without multimodal items (the tail of a block no item overlaps)."""
+    return replace(ctx, mm_items=()) if ctx.mm_items else ctx
 
 
 def profiles() -> dict[str, Callable[[], Profile]]:

@@ -19,20 +19,25 @@ from tokenkeys.engine.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, NotFound
 from tokenkeys.events.model import SpecRef
 from tokenkeys.events.stream import EventStream
-from tokenkeys.keys import Adapter, BlockKey, CacheKeySpec, KeyContext, block_keys, make_spec
+from tokenkeys.keys import Adapter, BlockKey, CacheKeySpec, KeyContext, block_keys
+from tokenkeys.keys.deployment import (  # noqa: F401 - re-exported defaults
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_PROFILE,
+    KeySpecOptions,
+    build_spec,
+)
 from tokenkeys.server.engine_config import EngineConfig
 from tokenkeys.server.models import ServedModel
-
-#: The spec used while the server has no cache-key configuration of its own: vLLM 0.31+
-#: ``sha256_cbor`` (the hash vLLM recommends for cross-process reuse) at block size 16 (vLLM's
-#: default ``--block-size``), deterministic root.
-DEFAULT_PROFILE = "vllm/sha256_cbor@0.31"
-DEFAULT_BLOCK_SIZE = 16
 
 
 @lru_cache(maxsize=1)
 def _default_spec() -> CacheKeySpec:
-    return make_spec(DEFAULT_PROFILE, DEFAULT_BLOCK_SIZE)
+    # The spec used while the server has no cache-key configuration of its own: the defaults of
+    # ``tokenkeys serve --cache-key-profile`` (vLLM 0.31+ ``sha256_cbor``, the hash vLLM
+    # recommends for cross-process reuse, at vLLM's default block size 16, deterministic root).
+    spec = build_spec(KeySpecOptions())
+    assert spec is not None
+    return spec
 
 
 def deployment_spec(model: ServedModel) -> CacheKeySpec:

@@ -114,7 +114,8 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
         self, request: cache_keys_pb2.GetCacheKeySpecRequest, context: grpc.aio.ServicerContext
     ) -> cache_keys_pb2.CacheKeySpec:
         model = self._models.get(request.model)
-        return _extension(model, "cache_keys", "GetCacheKeySpec").spec_message()
+        include = request.include_vectors if request.HasField("include_vectors") else True
+        return _extension(model, "cache_keys", "GetCacheKeySpec").spec_message(include)
 
     @grpc_status.unary
     async def ComputeCacheKeys(
@@ -129,7 +130,12 @@ def _extension(model: ServedModel, key: str, rpc: str):  # noqa: ANN202 - duck-t
     ext = model.extensions.get(key)
     if ext is None:
         raise Unsupported(
-            f"{rpc} is not available for model {model.name!r} on this server",
+            f"{rpc} is not available for model {model.name!r} on this server" + _HINTS.get(key, ""),
             field="model",
         )
     return ext
+
+
+_HINTS = {
+    "cache_keys": " (no cache-key spec is configured; see tokenkeys serve --cache-key-profile)",
+}

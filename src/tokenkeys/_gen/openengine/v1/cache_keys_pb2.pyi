@@ -8,23 +8,27 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetCacheKeySpecRequest(_message.Message):
-    __slots__ = ("model",)
+    __slots__ = ("model", "include_vectors")
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_VECTORS_FIELD_NUMBER: _ClassVar[int]
     model: str
-    def __init__(self, model: _Optional[str] = ...) -> None: ...
+    include_vectors: bool
+    def __init__(self, model: _Optional[str] = ..., include_vectors: _Optional[bool] = ...) -> None: ...
 
 class KeyGroup(_message.Message):
-    __slots__ = ("kind", "block_size", "derivation")
+    __slots__ = ("kind", "block_size", "derivation", "index")
     KIND_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     DERIVATION_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     kind: str
     block_size: int
     derivation: str
-    def __init__(self, kind: _Optional[str] = ..., block_size: _Optional[int] = ..., derivation: _Optional[str] = ...) -> None: ...
+    index: int
+    def __init__(self, kind: _Optional[str] = ..., block_size: _Optional[int] = ..., derivation: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class CacheKeySpec(_message.Message):
-    __slots__ = ("profile_id", "profile_version", "hash_unit", "groups", "root", "root_derivation", "serialization", "digest", "event_encoding", "extra_keys", "partial_block", "client_computable", "required_context", "spec_json", "fingerprint")
+    __slots__ = ("profile_id", "profile_version", "hash_unit", "groups", "root", "root_derivation", "serialization", "digest", "event_encoding", "extra_keys", "partial_block", "client_computable", "required_context", "spec_json", "fingerprint", "engine", "algorithm", "vectors_digest")
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_VERSION_FIELD_NUMBER: _ClassVar[int]
     HASH_UNIT_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +44,9 @@ class CacheKeySpec(_message.Message):
     REQUIRED_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    VECTORS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     profile_id: str
     profile_version: str
     hash_unit: int
@@ -55,7 +62,10 @@ class CacheKeySpec(_message.Message):
     required_context: _containers.RepeatedScalarFieldContainer[str]
     spec_json: str
     fingerprint: str
-    def __init__(self, profile_id: _Optional[str] = ..., profile_version: _Optional[str] = ..., hash_unit: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[KeyGroup, _Mapping]]] = ..., root: _Optional[bytes] = ..., root_derivation: _Optional[str] = ..., serialization: _Optional[str] = ..., digest: _Optional[str] = ..., event_encoding: _Optional[str] = ..., extra_keys: _Optional[str] = ..., partial_block: _Optional[str] = ..., client_computable: _Optional[bool] = ..., required_context: _Optional[_Iterable[str]] = ..., spec_json: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    engine: str
+    algorithm: str
+    vectors_digest: str
+    def __init__(self, profile_id: _Optional[str] = ..., profile_version: _Optional[str] = ..., hash_unit: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[KeyGroup, _Mapping]]] = ..., root: _Optional[bytes] = ..., root_derivation: _Optional[str] = ..., serialization: _Optional[str] = ..., digest: _Optional[str] = ..., event_encoding: _Optional[str] = ..., extra_keys: _Optional[str] = ..., partial_block: _Optional[str] = ..., client_computable: _Optional[bool] = ..., required_context: _Optional[_Iterable[str]] = ..., spec_json: _Optional[str] = ..., fingerprint: _Optional[str] = ..., engine: _Optional[str] = ..., algorithm: _Optional[str] = ..., vectors_digest: _Optional[str] = ...) -> None: ...
 
 class CacheKeySpecRef(_message.Message):
     __slots__ = ("profile_id", "profile_version", "spec_fingerprint", "client_computable")
@@ -80,26 +90,26 @@ class MultimodalItem(_message.Message):
     def __init__(self, identifier: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class KeyContext(_message.Message):
-    __slots__ = ("model", "tokenizer_fingerprint", "adapter_name", "adapter_path", "cache_salt", "mm_items", "prompt_embeds_digest", "group", "parent")
+    __slots__ = ("model", "tokenizer_fingerprint", "adapter_name", "adapter_path", "cache_salt", "mm_items", "group", "parent", "prompt_embeds_digests")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_PATH_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     MM_ITEMS_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_EMBEDS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_EMBEDS_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     tokenizer_fingerprint: str
     adapter_name: str
     adapter_path: str
     cache_salt: str
     mm_items: _containers.RepeatedCompositeFieldContainer[MultimodalItem]
-    prompt_embeds_digest: bytes
     group: int
     parent: bytes
-    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., adapter_name: _Optional[str] = ..., adapter_path: _Optional[str] = ..., cache_salt: _Optional[str] = ..., mm_items: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., prompt_embeds_digest: _Optional[bytes] = ..., group: _Optional[int] = ..., parent: _Optional[bytes] = ...) -> None: ...
+    prompt_embeds_digests: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., adapter_name: _Optional[str] = ..., adapter_path: _Optional[str] = ..., cache_salt: _Optional[str] = ..., mm_items: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., group: _Optional[int] = ..., parent: _Optional[bytes] = ..., prompt_embeds_digests: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class KeyRequest(_message.Message):
     __slots__ = ("token_ids", "context")
@@ -120,12 +130,14 @@ class ComputeCacheKeysRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., requests: _Optional[_Iterable[_Union[KeyRequest, _Mapping]]] = ..., expected_spec_fingerprint: _Optional[str] = ...) -> None: ...
 
 class BlockKeys(_message.Message):
-    __slots__ = ("keys", "event_keys")
+    __slots__ = ("keys", "event_keys", "signed_event_keys")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     EVENT_KEYS_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_EVENT_KEYS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     event_keys: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., event_keys: _Optional[_Iterable[int]] = ...) -> None: ...
+    signed_event_keys: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., event_keys: _Optional[_Iterable[int]] = ..., signed_event_keys: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ComputeCacheKeysResponse(_message.Message):
     __slots__ = ("spec_fingerprint", "results")
