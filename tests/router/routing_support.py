@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from engine_stack import EngineStack, default_models, start_stack
 
 from tokenkeys.events.model import EventBatch
+from tokenkeys.keys import CacheKeySpec, make_spec
+from tokenkeys.keys.deployment import DEFAULT_PROFILE
+from tokenkeys.limits import Limits
 from tokenkeys.router.core import Router
 from tokenkeys.router.index import PrefixIndex
 from tokenkeys.router.metrics import RouterMetrics
@@ -22,6 +25,7 @@ from tokenkeys.router.pool_setup import PoolSettings
 from tokenkeys.router.registry import WorkerRegistry
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.service import RouterConfig, RoutingService
+from tokenkeys.server.cache_key_service import attach_cache_keys
 from tokenkeys.server.engine_config import EngineConfig
 from tokenkeys.server.models import ModelRegistry, ServedModel
 
@@ -37,16 +41,24 @@ def _loaded() -> ModelRegistry:
     return default_models()
 
 
-def engine_models() -> ModelRegistry:
-    """The embedded tokenizer as one served model, loaded once per test session.
+@functools.lru_cache(maxsize=4)
+def _spec(profile: str, block_size: int) -> CacheKeySpec:
+    return make_spec(profile, block_size)
+
+
+def engine_models(profile: str = DEFAULT_PROFILE, block_size: int = 16) -> ModelRegistry:
+    """The embedded tokenizer as one served model, with cache keys as ``tokenkeys serve``
+    attaches them (``--cache-key-profile``, block size): the engine keys its blocks, its
+    events and GetCacheKeySpec / ComputeCacheKeys with this one spec.
 
     Each engine gets its own registry (its runtime attaches its engine to the model) around
-    the same loaded tokenizer, Preprocessor and artifact streamer.
+    the same loaded tokenizer, Preprocessor and artifact streamer (loaded once per session).
     """
     models = ModelRegistry()
     for model in _loaded():
         extensions = {"artifacts": model.extensions["artifacts"]}
         models.add(ServedModel(model.name, model.tokenizer, model.preprocessor, extensions))
+    attach_cache_keys(models, _spec(profile, block_size), Limits())
     return models
 
 
@@ -114,7 +126,8 @@ class Cluster:
             import dataclasses
 
             config = dataclasses.replace(config, **overrides)
-        self.stacks[i] = await start_stack(config, models=engine_models(), port=self.stacks[i].port)
+        models = engine_models(self.stacks[i].local().spec.profile_id)
+        self.stacks[i] = await start_stack(config, models=models, port=self.stacks[i].port)
         self.stopped.discard(i)
         return self.stacks[i]
 
@@ -170,10 +183,12 @@ async def start_cluster(
     transport: str = "auto",
     configs: list[EngineConfig] | None = None,
     interval: float = 0.2,
+    profile: str = DEFAULT_PROFILE,
 ) -> Cluster:
-    """``n`` engines and a router over them; the registry polls every ``interval`` seconds."""
+    """``n`` engines keyed by ``profile`` and a router over them; the registry polls every
+    ``interval`` seconds."""
     configs = configs or [engine_config() for _ in range(n)]
-    stacks = [await start_stack(c, models=engine_models()) for c in configs]
+    stacks = [await start_stack(c, models=engine_models(profile)) for c in configs]
     config = RouterConfig(
         workers=tuple(s.target for s in stacks),
         policy=policy,
@@ -196,25 +211,6 @@ async def collect(engine: RoutedEngine, ids: list[int], **kw: object):  # noqa: 
         out.extend(o.token_ids)
         last = o
     return out, last
-
-
-def local_strategy(target: str, model: str, spec_fingerprint: str):  # noqa: ANN201
-    """The engines' default spec, proven locally (stands in for GetCacheKeySpec)."""
-    from tokenkeys.keys.strategy import KeyStrategy
-    from tokenkeys.server.local_engine import _default_spec
-
-    spec = _default_spec()
-    assert spec.fingerprint == spec_fingerprint
-    return KeyStrategy(spec)
-
-
-def chat_turns(preprocessor, conversation: int, turns: int) -> list[str]:  # noqa: ANN001
-    """User messages of one conversation (distinct per conversation, deterministic)."""
-    return [
-        f"Conversation {conversation}, question {t}: when does the next train from "
-        f"{['Alder', 'Birch', 'Cedar', 'Elm'][t % 4]} leave, and is there a later one?"
-        for t in range(turns)
-    ]
 
 
 async def start_frontend(cluster: Cluster):  # noqa: ANN201

@@ -13,7 +13,6 @@ from routing_support import (
     engine_models,
     engine_run,
     index_run,
-    local_strategy,
     prompt_ids,
     start_cluster,
     wait_until,
@@ -30,7 +29,7 @@ from tokenkeys.tokenizer import TokenizerOptions
 
 @pytest.fixture
 def settings(tmp_path):  # noqa: ANN001, ANN201
-    return PoolSettings(cache=tmp_path / "cache", strategy=local_strategy)
+    return PoolSettings(cache=tmp_path / "cache")
 
 
 async def test_workers_that_differ_from_their_pool_are_refused_with_a_reason(settings):
@@ -43,11 +42,7 @@ async def test_workers_that_differ_from_their_pool_are_refused_with_a_reason(set
         )
         odd.append(await start_stack(engine_config(), models=other_tokenizer))
         # The same tokenizer keyed with 32-token blocks -> another cache-key spec.
-        odd.append(
-            await start_stack(
-                engine_config(), models=engine_models(), spec=make_spec("vllm/sha256_cbor@0.31", 32)
-            )
-        )
+        odd.append(await start_stack(engine_config(), models=engine_models(block_size=32)))
         # No KV events over the transport this router follows (ZMQ here).
         odd.append(await start_stack(engine_config(kv_events=False), models=engine_models()))
         registry = cluster.registry

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from routing_support import SYSTEM, collect, local_strategy, start_cluster
+from routing_support import SYSTEM, collect, start_cluster
 
 from tokenkeys.router.pool_setup import PoolSettings
 from tokenkeys.router.routed_engine import RouteNote, current_note
@@ -47,7 +47,7 @@ async def run_conversations(cluster, conversations: int, turns: int, *, shared: 
 
 @pytest.fixture
 def settings(tmp_path):  # noqa: ANN001, ANN201
-    return PoolSettings(cache=tmp_path / "cache", strategy=local_strategy)
+    return PoolSettings(cache=tmp_path / "cache")
 
 
 async def test_follow_up_turns_land_on_the_worker_holding_their_prefix(settings, tmp_path):
@@ -77,3 +77,20 @@ async def test_precise_routing_caches_more_prompt_tokens_than_round_robin(settin
             await cluster.close()
         cached[policy] = sum(u.cached_prompt_tokens for h in turns.values() for _, u in h)
     assert cached["precise"] > cached["round_robin"]
+
+
+async def test_a_spec_the_router_cannot_compute_is_keyed_by_the_engine(settings):
+    """vLLM's pickle-based sha256 is not client-computable: the pool keys prompts remotely
+    (ComputeCacheKeys) and routing by prefix works the same."""
+    cluster = await start_cluster(3, settings=settings, profile="vllm/sha256@0.31")
+    try:
+        pool = next(iter(cluster.registry.pools.values()))
+        assert pool.strategy.decision.mode == "remote"
+        assert "not client-computable" in pool.strategy.decision.reason
+        turns = await run_conversations(cluster, conversations=3, turns=3, shared=False)
+    finally:
+        await cluster.close()
+    for history in turns.values():
+        for decision, usage in history[1:]:
+            assert decision.worker == history[0][0].worker and decision.reason == "prefix"
+            assert usage.cached_prompt_tokens > 0

@@ -6,14 +6,14 @@ import json
 
 import httpx
 import pytest
-from routing_support import SYSTEM, local_strategy, start_cluster, start_frontend
+from routing_support import SYSTEM, start_cluster, start_frontend
 
 from tokenkeys.router.pool_setup import PoolSettings
 
 
 @pytest.fixture
 async def routed(tmp_path):  # noqa: ANN001, ANN201
-    settings = PoolSettings(cache=tmp_path / "cache", strategy=local_strategy)
+    settings = PoolSettings(cache=tmp_path / "cache")
     cluster = await start_cluster(3, settings=settings)
     server, url = await start_frontend(cluster)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -104,6 +104,7 @@ async def test_metrics_and_worker_status(routed):
     status = (await client.get("/router/workers")).json()
     assert [p["members"] for p in status["pools"]] == [sorted(cluster.addresses)]
     assert {w["state"] for w in status["workers"]} == {"ready"}
+    assert status["pools"][0]["key_strategy"] == "local"  # the vectors passed here
     models = (await client.get("/v1/models")).json()["data"]
     assert [m["id"] for m in models] == ["smollm2-135m-instruct"]
 
@@ -121,3 +122,19 @@ async def test_unknown_model_and_no_ready_worker_get_openai_errors(routed):
     response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
     assert response.status_code == 503, response.text
     assert response.json()["error"]["type"] == "ServiceUnavailableError"
+
+
+async def test_a_dry_run_shows_the_decision_without_generating(routed):
+    cluster, client = routed
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}]
+    served = (await chat(client, messages)).headers["x-tokenkeys-worker"]
+    await cluster.settle()
+    before = (await client.get("/metrics")).text.count("tokenkeys_router_decisions_total{")
+    decision = (await client.post("/router/route", json={"messages": messages})).json()
+    assert decision["worker"] == served and decision["reason"] == "prefix"
+    assert decision["ranking"][0]["worker"] == served
+    assert [r["worker"] for r in decision["ranking"]][1:] != []
+    assert 0 < decision["matched_blocks"] <= decision["total_blocks"]
+    metrics = (await client.get("/metrics")).text
+    assert metrics.count("tokenkeys_router_decisions_total{") == before
+    assert 'reason="prefix"' not in metrics  # recorded decisions are only the real one (load)

@@ -10,7 +10,6 @@ from routing_support import (
     counter,
     engine_run,
     index_run,
-    local_strategy,
     prompt_ids,
     routed,
     start_cluster,
@@ -27,7 +26,7 @@ async def test_routing_continues_by_load_without_redis_and_the_index_recovers(
 ):
     redis = start_redis()
     index = RedisPrefixIndex.from_url(redis.url, namespace=f"t-{uuid.uuid4().hex[:12]}")
-    settings = PoolSettings(cache=tmp_path / "cache", strategy=local_strategy)
+    settings = PoolSettings(cache=tmp_path / "cache")
     cluster = await start_cluster(3, settings=settings, index=index, transport=transport)
     try:
         first = prompt_ids(cluster, "Conversation one. " + SYSTEM)

@@ -11,7 +11,6 @@ from routing_support import (
     engine_config,
     engine_run,
     index_run,
-    local_strategy,
     prompt_ids,
     routed,
     start_cluster,
@@ -23,7 +22,7 @@ from tokenkeys.router.pool_setup import PoolSettings
 
 @pytest.fixture
 def settings(tmp_path):  # noqa: ANN001, ANN201
-    return PoolSettings(cache=tmp_path / "cache", strategy=local_strategy)
+    return PoolSettings(cache=tmp_path / "cache")
 
 
 async def test_a_dead_worker_is_removed_and_rejoins_with_a_cleared_cache(settings):

@@ -61,7 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cache",
         metavar="DIR",
-        help="tokenizer cache folder (default: $TOKENKEYS_CACHE, else ~/.cache/tokenkeys/tokenizers)",
+        help="tokenizer cache folder (default: $TOKENKEYS_CACHE, else "
+        "~/.cache/tokenkeys/tokenizers)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument(

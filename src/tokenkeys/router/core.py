@@ -120,8 +120,12 @@ class Router:
             )
         return pool
 
-    async def route(self, request: RouteRequest) -> RouteDecision:
-        """Choose a ready worker of the request's pool; Unavailable when none is ready."""
+    async def route(self, request: RouteRequest, *, record: bool = True) -> RouteDecision:
+        """Choose a ready worker of the request's pool; Unavailable when none is ready.
+
+        ``record`` False asks without acting on the answer: no metrics, and the text-chunk
+        baseline does not remember the prompt (a dry run, ``POST /router/route``).
+        """
         pool = self.pool(request.model)
         load = pool.candidates()
         if not load:
@@ -136,7 +140,9 @@ class Router:
         elif self.policy == "round_robin":
             decision = self._round_robin(pool, load)
         else:
-            decision = self._text_chunks(pool, request, load)
+            decision = self._text_chunks(pool, request, load, record)
+        if not record:
+            return decision
         m = self.metrics
         m.route_seconds.labels(self.policy).observe(time.perf_counter() - started)
         m.decisions.labels(pool.name, self.policy, decision.reason).inc()
@@ -201,7 +207,7 @@ class Router:
         return self._decide(pool, ranking, 0, "round_robin")
 
     def _text_chunks(
-        self, pool: Pool, request: RouteRequest, load: dict[str, float]
+        self, pool: Pool, request: RouteRequest, load: dict[str, float], record: bool
     ) -> RouteDecision:
         text = request.text
         if text is None:
@@ -212,7 +218,8 @@ class Router:
         matches = {ids[w]: m for w, m in found.items()}
         ranking = score_workers(matches, len(hashes), load)
         decision = self._decide(pool, ranking, len(hashes), None)
-        self.text_chunks.record(pool.index_id(decision.worker), hashes)
+        if record:
+            self.text_chunks.record(pool.index_id(decision.worker), hashes)
         reason = "text_prefix" if decision.matched_blocks else "load"
         return dataclasses.replace(decision, reason=reason)
 

@@ -9,8 +9,9 @@ and forwards them to the chosen worker. Request schemas, error bodies, SSE strea
 (``prompt_tokens_details.cached_tokens`` as the worker reported it) are the frontend's.
 
 Added here: the ``x-tokenkeys-*`` response headers of each routed request
-(:class:`RouteHeaders`), ``GET /router/workers`` (pools, members, refusals), and the router's
-metrics on the app's ``/metrics``.
+(:class:`RouteHeaders`), ``GET /router/workers`` (pools, members, refusals), ``POST
+/router/route`` (where a completion or chat body would go, and why, without generating), and
+the router's metrics on the app's ``/metrics``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tokenkeys.router.core import Router
+from tokenkeys.router.core import RouteDecision, Router, RouteRequest
 from tokenkeys.router.pool import Pool
 from tokenkeys.router.registry import WorkerRegistry
 from tokenkeys.router.routed_engine import RoutedEngine, RouteNote, current_note
 from tokenkeys.server.http import HttpConfig, create_app
-from tokenkeys.server.http.body import json_response
+from tokenkeys.server.http.body import json_response, parse_object, read_body
+from tokenkeys.server.http.generation import key_context
+from tokenkeys.server.http.routes_tokenize import tokenize_body
+from tokenkeys.server.http.state import preprocess, resolve_model, state_of
 from tokenkeys.server.models import ModelRegistry, ServedModel
 
 #: Response headers of a routed request; several prompts (a completions batch) give
@@ -147,11 +151,51 @@ def create_router_app(
         """Pools, their members and key strategy, every worker's state and refusals."""
         return json_response(registry.status())
 
+    async def route(request: Request) -> Response:
+        """The decision for a completion or chat body (its first prompt), not forwarded."""
+        state = state_of(request)
+        raw = await read_body(request, state.config.limits.max_request_bytes)
+        body = parse_object(raw)
+        model, _ = resolve_model(state.models, body.get("model"))
+        tokens = await preprocess(state, len(raw), tokenize_body, model, body, False)
+        decision = await router.route(
+            RouteRequest(tokens.ids, model.name, key_context(body)), record=False
+        )
+        return json_response(decision_body(decision))
+
     app.add_api_route(
         "/router/workers",
         workers,
         methods=["GET"],
         summary="Pools, workers, their states and refusal reasons",
     )
+    app.add_api_route(
+        "/router/route",
+        route,
+        methods=["POST"],
+        summary="Where a completion or chat request would be routed, and why (dry run)",
+    )
     app.add_middleware(RouteHeaders)
     return app
+
+
+def decision_body(decision: RouteDecision) -> dict[str, Any]:
+    """A decision as JSON: the chosen worker, score, matched blocks, reason and the ranking."""
+    return {
+        "worker": decision.worker,
+        "model": decision.model,
+        "policy": decision.policy,
+        "score": decision.score,
+        "matched_blocks": decision.matched_blocks,
+        "total_blocks": decision.total_blocks,
+        "reason": decision.reason,
+        "ranking": [
+            {
+                "worker": s.worker,
+                "score": s.score,
+                "matched_blocks": s.matched_blocks,
+                "load": s.load,
+            }
+            for s in decision.ranking
+        ],
+    }
