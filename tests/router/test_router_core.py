@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import xxhash
 from routing_support import SYSTEM, collect, start_cluster
 
 from tokenkeys.router.pool_setup import PoolSettings
@@ -40,9 +41,14 @@ async def run_conversations(cluster, conversations: int, turns: int, *, shared: 
             assert note.served_by == [decision.worker]
             reply = pool.preprocessor.detokenize([tokens], skip_special_tokens=True)[0]
             history[c] = messages + [{"role": "assistant", "content": reply}]
-            out[c].append((decision, last.usage))
+            out[c].append((decision, last.usage, ids))
         await cluster.settle()
     return out
+
+
+def rendezvous(keys: list[int], workers: list[str]) -> str:
+    salt = keys[0].to_bytes(8, "little")
+    return max(workers, key=lambda w: xxhash.xxh64_intdigest(salt + w.encode()))
 
 
 @pytest.fixture
@@ -53,14 +59,19 @@ def settings(tmp_path):  # noqa: ANN001, ANN201
 async def test_follow_up_turns_land_on_the_worker_holding_their_prefix(settings, tmp_path):
     cluster = await start_cluster(3, settings=settings)
     try:
+        pool = next(iter(cluster.registry.pools.values()))
         turns = await run_conversations(cluster, conversations=4, turns=4, shared=False)
+        # A new prefix ties everywhere (score 0, equal loads): it goes to the worker with the
+        # highest hash of (its first block key, worker), as every replica would choose.
+        for history in turns.values():
+            decision, _, ids = history[0]
+            assert decision.reason == "load"
+            assert decision.worker == rendezvous(await pool.block_keys(ids), cluster.addresses)
     finally:
         await cluster.close()
-    # Distinct prompts start on different workers (equal scores and loads take turns) ...
-    assert len({h[0][0].worker for h in turns.values()}) == 3
-    for history in turns.values():  # ... and every follow-up stays where its prefix is.
+    for history in turns.values():  # Every follow-up stays where its prefix is.
         first = history[0][0].worker
-        for decision, usage in history[1:]:
+        for decision, usage, _ in history[1:]:
             assert decision.worker == first, history
             assert decision.reason == "prefix"
             assert decision.matched_blocks > 0
@@ -75,7 +86,7 @@ async def test_precise_routing_caches_more_prompt_tokens_than_round_robin(settin
             turns = await run_conversations(cluster, conversations=4, turns=4)
         finally:
             await cluster.close()
-        cached[policy] = sum(u.cached_prompt_tokens for h in turns.values() for _, u in h)
+        cached[policy] = sum(u.cached_prompt_tokens for h in turns.values() for _, u, _ in h)
     assert cached["precise"] > cached["round_robin"]
 
 
@@ -91,6 +102,6 @@ async def test_a_spec_the_router_cannot_compute_is_keyed_by_the_engine(settings)
     finally:
         await cluster.close()
     for history in turns.values():
-        for decision, usage in history[1:]:
+        for decision, usage, _ in history[1:]:
             assert decision.worker == history[0][0].worker and decision.reason == "prefix"
             assert usage.cached_prompt_tokens > 0

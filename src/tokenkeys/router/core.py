@@ -23,6 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import xxhash
+
 from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
 from tokenkeys.keys import KeyContext
 from tokenkeys.router.index import PrefixIndex
@@ -152,15 +154,27 @@ class Router:
         return decision
 
     def _decide(
-        self, pool: Pool, ranking: list[WorkerScore], total: int, reason: str | None
+        self,
+        pool: Pool,
+        ranking: list[WorkerScore],
+        total: int,
+        reason: str | None,
+        affinity: int | None = None,
     ) -> RouteDecision:
-        # Candidates equal in score and load take turns (llm-d's max-score picker picks one
-        # of them at random): always taking the lowest id would pile every new prefix on one
-        # worker while loads read equal between polls.
+        # Candidates equal in score and load: always taking the lowest id would pile every new
+        # prefix on one worker while loads read equal between polls (llm-d's max-score picker
+        # picks one at random). With ``affinity`` (the prompt's first block key) the tie goes
+        # to the highest hash of (affinity, worker), rendezvous hashing: new prefixes spread
+        # over the workers, and every router replica sends one prefix to the same worker even
+        # before its events arrive. Without it (no full block), the tied workers take turns.
         ties = [s for s in ranking if _key(s) == _key(ranking[0])]
         if len(ties) > 1 and reason != "round_robin":
-            turn = next(self._turn.setdefault(("ties", pool.name), itertools.count()))
-            chosen = ties[turn % len(ties)]
+            if affinity is not None:
+                salt = affinity.to_bytes(8, "little")
+                chosen = max(ties, key=lambda s: xxhash.xxh64_intdigest(salt + s.worker.encode()))
+            else:
+                turn = next(self._turn.setdefault(("ties", pool.name), itertools.count()))
+                chosen = ties[turn % len(ties)]
             ranking = [chosen, *(s for s in ranking if s is not chosen)]
         best = ranking[0]
         if reason is None:
@@ -195,7 +209,7 @@ class Router:
             found, reason = {}, "index_unavailable"
         matches = {ids[w]: m for w, m in found.items() if w in ids}
         ranking = score_workers(matches, len(keys), load, weights=self.weights)
-        return self._decide(pool, ranking, len(keys), reason)
+        return self._decide(pool, ranking, len(keys), reason, keys[0] if keys else None)
 
     def _round_robin(self, pool: Pool, load: dict[str, float]) -> RouteDecision:
         order = sorted(load)
@@ -217,7 +231,7 @@ class Router:
         found = self.text_chunks.lookup(hashes, ids)
         matches = {ids[w]: m for w, m in found.items()}
         ranking = score_workers(matches, len(hashes), load)
-        decision = self._decide(pool, ranking, len(hashes), None)
+        decision = self._decide(pool, ranking, len(hashes), None, hashes[0] if hashes else None)
         if record:
             self.text_chunks.record(pool.index_id(decision.worker), hashes)
         reason = "text_prefix" if decision.matched_blocks else "load"
