@@ -57,7 +57,8 @@ def settings(tmp_path):  # noqa: ANN001, ANN201
 
 
 async def test_follow_up_turns_land_on_the_worker_holding_their_prefix(settings, tmp_path):
-    cluster = await start_cluster(3, settings=settings)
+    # No polls: KV usage stays unknown (equal), so ties go by rendezvous hash alone.
+    cluster = await start_cluster(3, settings=settings, interval=60)
     try:
         pool = next(iter(cluster.registry.pools.values()))
         turns = await run_conversations(cluster, conversations=4, turns=4, shared=False)

@@ -162,14 +162,20 @@ class Router:
         affinity: int | None = None,
     ) -> RouteDecision:
         # Candidates equal in score and load: always taking the lowest id would pile every new
-        # prefix on one worker while loads read equal between polls (llm-d's max-score picker
-        # picks one at random). With ``affinity`` (the prompt's first block key) the tie goes
-        # to the highest hash of (affinity, worker), rendezvous hashing: new prefixes spread
-        # over the workers, and every router replica sends one prefix to the same worker even
-        # before its events arrive. Without it (no full block), the tied workers take turns.
+        # prefix on one worker while loads read equal between polls. The tie goes to the
+        # emptiest KV cache (to 1 %, as polled; llm-d weighs a kv-cache utilization scorer in
+        # beside the prefix one), then, with ``affinity`` (the prompt's first block key), to
+        # the highest hash of (affinity, worker): rendezvous hashing, so that router replicas
+        # send one new prefix to the same worker before its events arrive. Without affinity
+        # the remaining ties take turns.
         ties = [s for s in ranking if _key(s) == _key(ranking[0])]
         if len(ties) > 1 and reason != "round_robin":
-            if affinity is not None:
+            usage = {s.worker: round(pool.kv_usage(s.worker), 2) for s in ties}
+            emptiest = min(usage.values())
+            ties = [s for s in ties if usage[s.worker] == emptiest]
+            if len(ties) == 1:
+                chosen = ties[0]
+            elif affinity is not None:
                 salt = affinity.to_bytes(8, "little")
                 chosen = max(ties, key=lambda s: xxhash.xxh64_intdigest(salt + s.worker.encode()))
             else:
@@ -231,7 +237,7 @@ class Router:
         found = self.text_chunks.lookup(hashes, ids)
         matches = {ids[w]: m for w, m in found.items()}
         ranking = score_workers(matches, len(hashes), load)
-        decision = self._decide(pool, ranking, len(hashes), None, hashes[0] if hashes else None)
+        decision = self._decide(pool, ranking, len(hashes), None)
         if record:
             self.text_chunks.record(pool.index_id(decision.worker), hashes)
         reason = "text_prefix" if decision.matched_blocks else "load"

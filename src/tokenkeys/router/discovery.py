@@ -144,6 +144,11 @@ class WorkerLoad:
         """Requests running plus waiting (the scorer's tie-break: lower is better)."""
         return float(self.running + self.queued)
 
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV blocks in use (0 when the worker does not say)."""
+        return self.used_kv_blocks / self.total_kv_blocks if self.total_kv_blocks else 0.0
+
 
 async def _call(address: str, what: str, call: Awaitable[T]) -> T:
     try:

@@ -60,6 +60,8 @@ class Member:
     source: EventSource
     polled_load: float = 0.0
     inflight: int = 0
+    #: Fraction of the worker's KV blocks in use, as last polled (0 before the first poll).
+    kv_usage: float = 0.0
 
     @property
     def load(self) -> float:
@@ -215,6 +217,11 @@ class Pool:
     def candidates(self) -> dict[str, float]:
         """Ready members and their loads (what the scorer takes)."""
         return {a: m.load for a, m in self.members.items()}
+
+    def kv_usage(self, address: str) -> float:
+        """The polled KV-cache usage of a member (0 when unknown)."""
+        member = self.members.get(address)
+        return member.kv_usage if member is not None else 0.0
 
     # --- keys --------------------------------------------------------------------------------
 

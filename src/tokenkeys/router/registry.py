@@ -229,6 +229,7 @@ class WorkerRegistry:
                     member = self.pools[model].members.get(ws.address)
                     if member is not None:
                         member.polled_load = load.load
+                        member.kv_usage = load.kv_usage
                 return
             await self._join(ws, "joined" if ws.description is None else "rejoined")
 
