@@ -244,24 +244,27 @@ async def _run_async(quick: bool) -> str:
         "## Routing policies (bench_routing)",
         "",
         f"{conversations} conversations x {turns} turns ({requests} requests per policy) over "
-        f"{ENGINES} simulated engines of {NUM_BLOCKS} KV blocks each; {SYSTEMS} long system "
-        "prompts, each shared by a quarter of the conversations; turns interleaved at random; "
-        "one engine restarts (empty cache) halfway. Simulated TTFT = 1 ms + 0.2 ms per uncached "
-        'prompt token, without queueing; "busiest engine" is the share of requests the most '
-        "used engine served (25 % is even).",
+        f"{ENGINES} simulated engines of {NUM_BLOCKS} KV blocks each, behind {REPLICAS} router "
+        f"replicas picked at random per request; {SYSTEMS} long system prompts, each shared by a "
+        "quarter of the conversations; turns interleaved at random; one engine restarts (empty "
+        "cache) halfway. Simulated TTFT = 1 ms + 0.2 ms per uncached prompt token, without "
+        'queueing; "busiest engine" is the share of requests the most used engine served '
+        "(25 % is even).",
         "",
         *rows,
         "",
         _plot(results),
         "",
-        "Precise routing keeps each conversation where its prefix is cached and sees evictions "
-        "and the restart in the engines' events; the text-chunk approximation keeps "
-        "conversations together too but believes its own routing history, so it keeps sending "
-        "prefixes to an engine that evicted or lost them. Precise routing also concentrates "
-        "the conversations of one system prompt on one engine (load only breaks ties), which "
-        "the busiest-engine column shows; with queueing that would cost latency the simulation "
-        "does not model. Index ingest rate and the score latency of a 128k-token prompt are in "
-        "the bench_router_index section.",
+        "Round robin still hits often: every engine ends up holding the shared system prompts. "
+        "Precise routing follows each conversation's prefix as the engines' events report it "
+        "(both replicas see the same events, and the restarted engine is cleared at once); the "
+        "text-chunk approximation only knows what its own replica sent where, so a turn that "
+        "the other replica routed earlier, or a prefix the restarted engine lost, is a guess. "
+        "Load only breaks ties in precise routing, so the conversations of one system prompt "
+        "stay on one engine (the busiest-engine column); the simulation has no queueing, so "
+        "that concentration costs nothing here that it would cost under load. Index ingest "
+        "rate and the score latency of a 128k-token prompt are in the bench_router_index "
+        "section.",
     ]
     return "\n".join(lines)
 
