@@ -60,3 +60,10 @@ def test_unloadable_model_stops_serve_naming_the_file() -> None:
     result = run_cli("serve", "--model", str(path), "--grpc-port", "0", check=False)
     assert result.returncode == 2
     assert "tokenizer.json" in result.stderr and "Merges" in result.stderr
+
+
+def test_no_spec_needs_a_remote_engine() -> None:
+    """The simulated engine hashes with a spec; serving none would advertise hashes of nothing."""
+    result = run_cli("serve", "--cache-key-profile", "none", "--grpc-port", "0", check=False)
+    assert result.returncode == 2
+    assert "--cache-key-profile none needs --engine" in result.stderr

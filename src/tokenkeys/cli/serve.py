@@ -17,6 +17,7 @@ from tokenkeys.cli.common import (
 )
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
+from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.limits import Limits
 from tokenkeys.server.cache_key_service import attach_cache_keys
@@ -67,12 +68,21 @@ async def _serve(args: argparse.Namespace) -> int:
     http = http_config(args, limits)
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.
     spec = build_spec(key_spec_options(args))
+    engine_config = engine_config_from(args)
+    if spec is None and engine_config.remote_engine is None:
+        # The simulated engine keys its prefix cache and events with a spec; serving none while
+        # it publishes hashes of another would advertise hashes no router can reproduce.
+        raise ConfigError(
+            "--cache-key-profile none needs --engine HOST:PORT: the simulated engine hashes "
+            "its prefix-cache blocks with a spec; name the profile it should use",
+            field="cache-key-profile",
+        )
     models = local_models(args, limits, chat_options(args))
     # Every model gets the spec; the simulated engine keys its blocks with the same one
     # (local_engine.deployment_spec reads it from there).
     attach_cache_keys(models, spec, limits)
     service = TokenizerService(models)
-    runtime = EngineRuntime(models, engine_config_from(args))
+    runtime = EngineRuntime(models, engine_config)
     server, port = await start_grpc_server(
         [
             lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s),

@@ -18,7 +18,8 @@ from tokenkeys._gen.openengine.v1 import (
     server_pb2,
 )
 from tokenkeys.errors import ConfigError
-from tokenkeys.server.engine_runtime import EngineRuntime, ModelEngine, spec_ref
+from tokenkeys.keys.proto import spec_ref
+from tokenkeys.server.engine_runtime import EngineRuntime, ModelEngine
 from tokenkeys.server.models import ServedModel
 from tokenkeys.server.tokenizer_messages import supported_operations
 

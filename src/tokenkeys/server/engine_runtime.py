@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import grpc
 
-from tokenkeys._gen.openengine.v1 import cache_keys_pb2
 from tokenkeys.errors import FailedPrecondition, NotFound, Unavailable
 from tokenkeys.events.model import EventSourceInfo, SpecRef
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec, int_encoding_of
@@ -28,22 +27,13 @@ from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_endpoint import routable_endpoint
 from tokenkeys.events.zmq_publisher import ZmqEventPublisher
 from tokenkeys.keys import CacheKeySpec
+from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.engine_config import EngineConfig
 from tokenkeys.server.local_engine import LocalEngine, deployment_spec
 from tokenkeys.server.models import ModelRegistry, ServedModel
 from tokenkeys.server.remote_engine import RemoteEngine
 
 log = logging.getLogger(__name__)
-
-
-def spec_ref(spec: CacheKeySpec) -> cache_keys_pb2.CacheKeySpecRef:
-    """The reference events, sources and ModelInfo carry for ``spec``."""
-    return cache_keys_pb2.CacheKeySpecRef(
-        profile_id=spec.profile_id,
-        profile_version=spec.engine_version,
-        spec_fingerprint=spec.fingerprint,
-        client_computable=spec.client_computable,
-    )
 
 
 @dataclass
