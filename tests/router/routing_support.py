@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_stack import EngineStack, default_models, start_stack
@@ -184,11 +185,13 @@ async def start_cluster(
     configs: list[EngineConfig] | None = None,
     interval: float = 0.2,
     profile: str = DEFAULT_PROFILE,
+    models: Callable[[], ModelRegistry] | None = None,
 ) -> Cluster:
-    """``n`` engines keyed by ``profile`` and a router over them; the registry polls every
-    ``interval`` seconds."""
+    """``n`` engines keyed by ``profile`` (serving ``models()``, default the embedded
+    tokenizer) and a router over them; the registry polls every ``interval`` seconds."""
     configs = configs or [engine_config() for _ in range(n)]
-    stacks = [await start_stack(c, models=engine_models(profile)) for c in configs]
+    make = models or (lambda: engine_models(profile))
+    stacks = [await start_stack(c, models=make()) for c in configs]
     config = RouterConfig(
         workers=tuple(s.target for s in stacks),
         policy=policy,

@@ -8,7 +8,14 @@ import httpx
 import pytest
 from routing_support import SYSTEM, start_cluster, start_frontend
 
+from tokenkeys.chat import ChatOptions
+from tokenkeys.keys import make_spec
+from tokenkeys.limits import Limits
 from tokenkeys.router.pool_setup import PoolSettings
+from tokenkeys.server.cache_key_service import attach_cache_keys
+from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.models import ModelRegistry
+from tokenkeys.tokenizer import TokenizerOptions
 
 
 @pytest.fixture
@@ -138,3 +145,29 @@ async def test_a_dry_run_shows_the_decision_without_generating(routed):
     metrics = (await client.get("/metrics")).text
     assert metrics.count("tokenkeys_router_decisions_total{") == before
     assert 'reason="prefix"' not in metrics  # recorded decisions are only the real one (load)
+
+
+async def test_chat_is_refused_when_the_engines_override_the_chat_template(tmp_path):
+    """The engines render chat with a server-side template the artifacts do not carry (only
+    its digest, in the fingerprint): the router answers 501 rather than tokenize differently,
+    and completions still route."""
+
+    def overridden() -> ModelRegistry:
+        chat = ChatOptions(chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+        models = load_models([ModelSource.default()], TokenizerOptions(), Limits(), chat)
+        attach_cache_keys(models, make_spec("vllm/sha256_cbor@0.31", 16), Limits())
+        return models
+
+    cluster = await start_cluster(2, settings=PoolSettings(cache=tmp_path), models=overridden)
+    server, url = await start_frontend(cluster)
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            messages = [{"role": "user", "content": "hi"}]
+            response = await client.post("/v1/chat/completions", json={"messages": messages})
+            assert response.status_code == 501, response.text
+            assert "--chat-template" in response.json()["error"]["message"]
+            response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert response.status_code == 200
+    finally:
+        await server.stop()
+        await cluster.close()

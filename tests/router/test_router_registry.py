@@ -204,3 +204,23 @@ async def test_a_new_instance_at_a_known_address_leaves_and_rejoins(settings):
         assert await index_run(cluster, ids, address) == 0
     finally:
         await cluster.close()
+
+
+async def test_a_worker_dead_before_any_poll_noticed_is_skipped_and_checked_at_once(settings):
+    cluster = await start_cluster(3, settings=settings, interval=60)  # no poll will notice
+    try:
+        pool = next(iter(cluster.registry.pools.values()))
+        ids = prompt_ids(cluster, "Retry me. " + SYSTEM)
+        first, _ = await routed(cluster, ids)
+        await cluster.settle()
+        await cluster.stop_engine(cluster.number(first.worker))
+        again, usage = await routed(cluster, ids)  # ranked first, dead: the next one answers
+        assert again.worker == first.worker and again.reason == "prefix"
+        note_worker = [w for w in cluster.addresses if w != first.worker]
+        assert usage.prompt_tokens == len(ids)
+        requests = "tokenkeys_router_requests_total"
+        assert counter(cluster, requests, worker=first.worker, outcome="retried") == 1
+        assert sum(counter(cluster, requests, worker=w, outcome="ok") for w in note_worker) == 1
+        await wait_until(lambda: first.worker not in pool.members, what="removal")
+    finally:
+        await cluster.close()

@@ -230,16 +230,25 @@ class WorkerRegistry:
         except TokenkeysError as exc:
             ws.state, ws.error = "refused", exc.message
             return
-        if ws.state == "refused" and desc.instance_id == ws.instance_id:
-            return  # the same instance, refused before: nothing changed
+        same = ws.state == "refused" and desc.instance_id == ws.instance_id
+        if (
+            same
+            and desc == ws.description
+            and not any(r.reason == "pool_setup" for r in ws.refusals)
+        ):
+            return  # the same instance saying the same, refused before: nothing changed
+        # (A failed pool setup may be transient, a pull cut short: it is retried at each poll,
+        # and counted again only if the reason changes.)
+        known = {(r.model, r.reason) for r in ws.refusals} if same else set()
         ws.description, ws.instance_id, ws.error = desc, desc.instance_id, None
         ws.refusals = []
         for model in desc.models:
             refusal = await self._admit(ws, model)
             if refusal is not None:
                 ws.refusals.append(refusal)
-                self.metrics.refused.labels(model.name, refusal.reason).inc()
-                log.warning("refused %s for %s: %s", ws.address, model.name, refusal.message)
+                if (refusal.model, refusal.reason) not in known:
+                    self.metrics.refused.labels(model.name, refusal.reason).inc()
+                    log.warning("refused %s for %s: %s", ws.address, model.name, refusal.message)
         ws.state = "ready" if ws.engines else "refused"
         if ws.engines:
             self.metrics.worker_events.labels(event).inc()
