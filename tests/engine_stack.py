@@ -177,6 +177,8 @@ async def zmq_batches_until(
 class ServeProcess:
     """``tokenkeys serve ARGS`` in a subprocess on this checkout; ``port`` once it listens.
 
+    gRPC and HTTP ports default to free ones (0): two servers never race for the fixed 8000.
+
     Stopped with SIGINT (the server's clean shutdown path) and waited for.
     """
 
@@ -189,7 +191,17 @@ class ServeProcess:
 
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0", *args],
+            [
+                sys.executable,
+                "-m",
+                "tokenkeys.cli",
+                "serve",
+                "--grpc-port",
+                "0",
+                "--http-port",
+                "0",
+                *args,
+            ],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -52,7 +52,7 @@ class RouteProcess:
 
 
 def test_route_in_front_of_serve_processes(tmp_path):
-    engines = [ServeProcess("--http-port", "0") for _ in range(3)]
+    engines = [ServeProcess() for _ in range(3)]
     try:
         for engine in engines:
             engine.__enter__()
