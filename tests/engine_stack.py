@@ -89,9 +89,13 @@ async def start_stack(
     models: ModelRegistry | None = None,
     spec: CacheKeySpec | Callable[[ServedModel], CacheKeySpec] | None = None,
     host: str = "127.0.0.1",
+    port: int = 0,
     limits: Limits | None = None,
 ) -> EngineStack:
-    """Start the engine services for ``models`` (default: the embedded tokenizer)."""
+    """Start the engine services for ``models`` (default: the embedded tokenizer).
+
+    ``port`` 0 picks a free gRPC port; a fixed one lets a test restart an engine in place.
+    """
     models = models or default_models()
     kwargs = {}
     if spec is not None:
@@ -104,7 +108,7 @@ async def start_stack(
             *engine_service_adders(models, runtime),
         ],
         host,
-        0,
+        port,
         limits or Limits(),
     )
     await runtime.start(host, port)
@@ -174,6 +178,8 @@ async def zmq_batches_until(
 class ServeProcess:
     """``tokenkeys serve ARGS`` in a subprocess on this checkout; ``port`` once it listens.
 
+    gRPC and HTTP ports default to free ones (0): two servers never race for the fixed 8000.
+
     Stopped with SIGINT (the server's clean shutdown path) and waited for.
     """
 
@@ -186,7 +192,17 @@ class ServeProcess:
 
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0", *args],
+            [
+                sys.executable,
+                "-m",
+                "tokenkeys.cli",
+                "serve",
+                "--grpc-port",
+                "0",
+                "--http-port",
+                "0",
+                *args,
+            ],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

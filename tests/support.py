@@ -91,12 +91,16 @@ def run_cli(  # noqa: ANN201
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env_extra or {})}
-    return subprocess.run(
+    result = subprocess.run(
         [sys.executable, "-m", "tokenkeys.cli", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        check=check,
         timeout=120,
     )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"tokenkeys {' '.join(args)} exited {result.returncode}: {result.stderr[-2000:]}"
+        )
+    return result

@@ -13,12 +13,14 @@ from support import REPO, run_cli, shared_path
 
 
 @pytest.fixture
-def served():
+def served(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    # stderr goes to a file: an unread pipe would block the server once its logs fill it.
+    log = (tmp_path / "serve.log").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0"],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=log,
         text=True,
         env=env,
     )
@@ -29,10 +31,13 @@ def served():
             break
     if target is None:
         proc.kill()
-        pytest.fail(f"serve did not start: {proc.stderr.read()}")
+        pytest.fail(f"serve did not start: {(tmp_path / 'serve.log').read_text()}")
     yield target
     proc.terminate()
-    assert proc.wait(20) == 0, "serve must exit 0 on SIGTERM"
+    code = proc.wait(60)
+    log.close()
+    tail = (tmp_path / "serve.log").read_text()[-2000:]
+    assert code == 0, f"serve must exit 0 on SIGTERM, got {code}: {tail}"
 
 
 def test_remote_tokenize_equals_in_process(served: str, tmp_path) -> None:

@@ -31,8 +31,22 @@ def test_mm_items_sorted_and_non_overlapping() -> None:
         KeyContext(mm_items=(MMItem("b", 5, 1), MMItem("a", 0, 1)))
     with pytest.raises(InvalidArgument, match="length 0"):
         MMItem("a", 0, 0)
-    with pytest.raises(InvalidArgument, match=">= 0"):
-        MMItem("a", -1, 2)
+    with pytest.raises(InvalidArgument, match="integer"):
+        MMItem("a", 1.0, 2)  # type: ignore[arg-type]
+
+
+def test_negative_mm_offset_only_after_a_parent() -> None:
+    # An item that began before a continuation's first token keeps its true (negative) start.
+    item = MMItem("a", -3, 5)
+    with pytest.raises(InvalidArgument, match="parent") as info:
+        KeyContext(mm_items=(item,))
+    assert info.value.field == "mm.offset"
+    ctx = KeyContext(mm_items=(item, MMItem("b", 2, 1)), parent=bytes(32))
+    assert ctx.mm_items[0].offset == -3
+    with pytest.raises(InvalidArgument, match="must not overlap"):
+        KeyContext(mm_items=(item, MMItem("b", 1, 1)), parent=bytes(32))
+    with pytest.raises(InvalidArgument, match="parent"):
+        KeyContext.from_dict({"mm_items": [{"identifier": "a", "offset": -1, "length": 2}]})
 
 
 def test_other_fields() -> None:

@@ -90,3 +90,24 @@ def test_refusals() -> None:
         make_spec(CBOR_FNV, 16, root_hex="00")
     with pytest.raises(Unsupported, match="one KV-cache group"):
         make_spec(CBOR_FNV, 16, groups=[16, 32])
+
+
+def test_model_is_required_on_every_call() -> None:
+    """required_context is ["model"] without conditions: also with an adapter or a parent."""
+    spec = make_spec(CBOR_FNV, 16)
+    assert spec.required_context == ("model",)
+    parent = block_keys(TOKENS_32, spec, KeyContext(model="m"))[0]
+    for ctx in (KeyContext(adapter=Adapter("Alice")), KeyContext(parent=parent.digest)):
+        with pytest.raises(InvalidArgument, match="context.model"):
+            block_keys(TOKENS_16, spec, ctx)
+    # With an adapter the model is required but not hashed: its name takes the model's place.
+    a = block_keys(TOKENS_16, spec, KeyContext(model="m", adapter=Adapter("Alice")))
+    b = block_keys(TOKENS_16, spec, KeyContext(model="other", adapter=Adapter("Alice")))
+    assert a == b
+
+
+def test_group_index_not_in_the_spec_is_invalid() -> None:
+    spec = make_spec(CBOR_FNV, 16)
+    assert block_keys(TOKENS_16, spec, KeyContext(model="m", group=0))
+    with pytest.raises(InvalidArgument, match="group 1 is not in this spec"):
+        block_keys(TOKENS_16, spec, KeyContext(model="m", group=1))

@@ -25,7 +25,10 @@ salt = text.filter(lambda s: not set(s) & set("@/\\\x00"))
 
 @st.composite
 def contexts(draw: st.DrawFn) -> KeyContext:
-    offsets = sorted(draw(st.sets(st.integers(0, 200), max_size=4)))
+    parent = draw(st.none() | st.binary(min_size=1, max_size=40))
+    # Offsets are negative only after a parent (an item that began before the first token).
+    low = -200 if parent is not None else 0
+    offsets = sorted(draw(st.sets(st.integers(low, 200), max_size=4)))
     items = tuple(MMItem(draw(text), o, 1) for o in offsets)
     return KeyContext(
         model=draw(st.none() | text),
@@ -37,7 +40,7 @@ def contexts(draw: st.DrawFn) -> KeyContext:
             draw(st.lists(st.binary(min_size=32, max_size=32), max_size=3))
         ),
         group=draw(st.none() | st.integers(0, 5)),
-        parent=draw(st.none() | st.binary(min_size=1, max_size=40)),
+        parent=parent,
     )
 
 
@@ -46,6 +49,18 @@ def test_context_round_trip(ctx: KeyContext) -> None:
     message = context_to_message(ctx)
     again = kpb.KeyContext.FromString(message.SerializeToString())
     assert context_from_message(again) == ctx
+
+
+def test_negative_offset_crosses_the_wire() -> None:
+    ctx = KeyContext(mm_items=(MMItem("img", -7, 20),), parent=bytes(32))
+    again = kpb.KeyContext.FromString(context_to_message(ctx).SerializeToString())
+    assert again.mm_items[0].offset == -7
+    assert context_from_message(again) == ctx
+    # Without a parent the same item is refused, naming the message field.
+    with pytest.raises(InvalidArgument, match="parent"):
+        context_from_message(
+            kpb.KeyContext(mm_items=[kpb.MultimodalItem(identifier="a", offset=-1, length=2)])
+        )
 
 
 def test_unset_and_empty_fields_differ() -> None:

@@ -81,3 +81,31 @@ def test_strict_and_refused() -> None:
     no_vectors = KeyStrategy(cbor_spec.without_vectors().to_dict(include_vectors=False))
     assert "no test vectors" in no_vectors.decision.reason
     assert KeyStrategy({"profile_id": "x"}).decision.mode == "refused"
+
+
+@pytest.mark.parametrize(
+    ("profile_id", "change", "field"),
+    [
+        # root_hex that is not H(seed), a rule that is not the profile's, ...
+        ("vllm/sha256_cbor@0.31", {"root_hex": "ab" * 32}, "root_hex"),
+        ("vllm/sha256_cbor@0.31", {"root_derivation": "seed:1"}, "root_hex"),
+        ("vllm/sha256_cbor@0.31", {"extra_keys": "vllm_bare"}, "extra_keys"),
+        ("llmd/cbor-fnv64@0.10", {"root_derivation": "explicit"}, "root_hex"),
+        ("llmd/cbor-fnv64@0.10", {"required_context": ()}, "required_context"),
+        ("dynamo/xxh3@1.6", {"root_hex": "00" * 8}, "root"),
+        ("sglang/sha256@0.5.23", {"root_derivation": "mystery"}, "root_derivation"),
+    ],
+)
+def test_spec_that_contradicts_its_profile_is_not_used_locally(
+    profile_id: str, change: dict, field: str
+) -> None:
+    from tokenkeys.errors import FailedPrecondition
+    from tokenkeys.keys.compute import check_spec
+
+    good = make_spec(profile_id, 16)
+    assert check_spec(good).id == profile_id
+    bad = replace(good, **change).sealed()  # intact fingerprint: only the profile check catches it
+    with pytest.raises(FailedPrecondition, match=field):
+        check_spec(bad)
+    strategy = KeyStrategy(bad.to_dict())
+    assert strategy.decision.mode == "refused" and field in strategy.decision.reason

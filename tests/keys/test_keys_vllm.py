@@ -156,6 +156,19 @@ def test_continuation_from_parent_extends_the_chain() -> None:
     assert block_keys(tokens[16:], spec, KeyContext(parent=full[1].digest)) == full[2:]
 
 
+@pytest.mark.parametrize("profile_id", ["vllm/sha256_cbor@0.31", "vllm/xxhash_cbor@0.29"])
+def test_continuation_inside_a_multimodal_item(profile_id: str) -> None:
+    # vLLM keys ("mm", id, offset - block_start) in every block an item overlaps; from a parent
+    # at block k the item keeps its true start, k*U tokens earlier (a negative offset).
+    spec = make_spec(profile_id, 8, root_seed="7")
+    tokens = list(range(100, 148))
+    whole = block_keys(tokens, spec, KeyContext(mm_items=(MMItem("img", 5, 30),)))
+    for k in (1, 2, 3):
+        ctx = KeyContext(mm_items=(MMItem("img", 5 - 8 * k, 30),), parent=whole[k - 1].digest)
+        assert block_keys(tokens[8 * k :], spec, ctx) == whole[k:]
+        assert reference_block_keys(tokens[8 * k :], spec, ctx) == whole[k:]
+
+
 def test_refusals() -> None:
     with pytest.raises(InvalidArgument, match="PYTHONHASHSEED"):
         make_spec("vllm/xxhash_cbor@0.31", 16)
@@ -193,6 +206,7 @@ def test_explicit_root_and_empty_prompt() -> None:
     items=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 30)), max_size=3),
     embeds=st.booleans(),
     parent=st.booleans(),
+    before=st.integers(0, 20),
 )
 def test_fast_path_with_every_extra_equals_reference(
     profile_id: str,
@@ -203,11 +217,13 @@ def test_fast_path_with_every_extra_equals_reference(
     items: list[tuple[int, int]],
     embeds: bool,
     parent: bool,
+    before: int,
 ) -> None:
     # Shared tails (adapter alone), per-block tails (items, embeddings), block 0's own tail
     # (salt) and continuation all go through the fast path's tail handling.
     spec = make_spec(profile_id, block_size, root_seed="3", vectors=False)
-    mm, end = [], 0
+    # After a parent, items may start before the first given token (negative offsets).
+    mm, end = [], -before if parent else 0
     for gap, length in items:
         mm.append(MMItem(f"img{len(mm)}", end + gap, length))
         end += gap + length

@@ -48,6 +48,12 @@ function wellFormed(value, what) {
   return value;
 }
 
+function nonEmpty(value, what) {
+  wellFormed(value, what);
+  if (value === '') throw new InvalidArgument(`${what}: must not be empty; omit the field instead`);
+  return value;
+}
+
 /**
  * Cache salt as vLLM 0.33 `validate_cache_salt` accepts it (§1.1): non-empty, at most 128
  * code points, none of '@', '/', '\\', NUL.
@@ -98,21 +104,20 @@ export function checkContext(context) {
     }
   }
   const out = {};
-  if (ctx.model != null) out.model = wellFormed(ctx.model, 'context.model');
+  // §1.1: a field given as an empty string is refused, never read as absent.
+  if (ctx.model != null) out.model = nonEmpty(ctx.model, 'context.model');
   if (ctx.adapter != null) {
     const a = ctx.adapter;
     if (typeof a !== 'object') throw new InvalidArgument('context.adapter: expected {name, path?}');
-    const name = wellFormed(a.name, 'context.adapter.name');
-    if (name === '') throw new InvalidArgument('context.adapter.name: must not be empty');
-    out.adapter = { name, path: a.path == null ? null : wellFormed(a.path, 'context.adapter.path') };
+    const name = nonEmpty(a.name, 'context.adapter.name');
+    out.adapter = { name, path: a.path == null ? null : nonEmpty(a.path, 'context.adapter.path') };
   }
   if (ctx.cache_salt != null) out.cache_salt = checkCacheSalt(ctx.cache_salt);
   if (ctx.mm_items != null) {
     if (!Array.isArray(ctx.mm_items)) throw new InvalidArgument('context.mm_items: expected a list');
     out.mm_items = ctx.mm_items.map((item, i) => {
       const what = `context.mm_items[${i}]`;
-      const identifier = wellFormed(item?.identifier, `${what}.identifier`);
-      if (identifier === '') throw new InvalidArgument(`${what}.identifier: must not be empty`);
+      const identifier = nonEmpty(item?.identifier, `${what}.identifier`);
       const { offset, length } = item;
       if (!Number.isSafeInteger(offset)) {
         throw new InvalidArgument(`${what}.offset: expected an integer, got ${JSON.stringify(offset)}`);
@@ -122,6 +127,15 @@ export function checkContext(context) {
       }
       return { identifier, offset, length };
     });
+    // §1.1: a negative offset is an item that began before a continuation's first token, so
+    // it needs a parent.
+    const negative = out.mm_items.findIndex((m) => m.offset < 0);
+    if (negative >= 0 && ctx.parent == null) {
+      throw new InvalidArgument(
+        `context.mm_items[${negative}].offset: ${out.mm_items[negative].offset} is negative, ` +
+          'which is allowed only with a parent (an item that began before the first given token)',
+      );
+    }
     for (let i = 1; i < out.mm_items.length; i++) {
       const prev = out.mm_items[i - 1];
       if (out.mm_items[i].offset < prev.offset + prev.length) {
@@ -146,13 +160,19 @@ export function checkContext(context) {
       return b;
     });
   }
+  // An empty list means none (§1.1).
+  if (out.mm_items?.length === 0) delete out.mm_items;
+  if (out.prompt_embeds_digests?.length === 0) delete out.prompt_embeds_digests;
   if (ctx.group != null) {
     if (!Number.isSafeInteger(ctx.group) || ctx.group < 0) {
       throw new InvalidArgument(`context.group: expected a group index, got ${JSON.stringify(ctx.group)}`);
     }
     out.group = ctx.group;
   }
-  if (ctx.parent != null) out.parent = bytesOf(ctx.parent, 'context.parent');
+  if (ctx.parent != null) {
+    out.parent = bytesOf(ctx.parent, 'context.parent');
+    if (out.parent.length === 0) throw new InvalidArgument('context.parent: must not be empty');
+  }
   return out;
 }
 

@@ -10,10 +10,8 @@ import { xxh3_64With } from './hashes.js';
 import { overlapping } from './context.js';
 
 const BASE_SEED = 1337n;
-const PROCESSOR_HASH = /^[0-9a-f]{64}$/;
-// §4 says "64 hex digits" without naming the case; vLLM processor hashes are lowercase
-// hexdigests, so identifiers that would match only case-insensitively are refused.
-const UPPER_HASH = /^(?=.*[A-F])[0-9a-fA-F]{64}$/;
+// §4: exactly 64 ASCII hex digits, either case, read as a vLLM processor hash.
+const PROCESSOR_HASH = /^[0-9a-fA-F]{64}$/;
 
 /**
  * @param {number[]} tokens
@@ -28,18 +26,11 @@ export async function dynamoUnitKeys(tokens, spec, ctx) {
       `context.parent: expected the 8-byte big-endian sequence hash, got ${ctx.parent.length} bytes`,
     );
   }
-  for (const m of ctx.mm_items ?? []) {
-    if (UPPER_HASH.test(m.identifier)) {
-      throw new Unsupported(
-        `${id}: multimodal identifier ${m.identifier} is 64 hex digits with upper-case letters; ` +
-          'whether Dynamo reads it as a processor hash is not pinned, give it in lower case',
-      );
-    }
-  }
   const seed0 = await xxh3_64With(0n);
   let seed = BASE_SEED;
-  if (ctx.adapter && ctx.adapter.name !== '') seed += seed0(utf8(ctx.adapter.name));
-  if (ctx.cache_salt !== undefined && ctx.cache_salt !== '') {
+  // Empty names and salts are refused by the context checks (§1.1), so "given" is enough here.
+  if (ctx.adapter) seed += seed0(utf8(ctx.adapter.name));
+  if (ctx.cache_salt !== undefined) {
     seed += (await xxh3_64With(1n))(utf8(ctx.cache_salt));
   }
   seed = BigInt.asUintN(64, seed);
@@ -57,6 +48,7 @@ export async function dynamoUnitKeys(tokens, spec, ctx) {
   for (let i = 0; i < n; i++) {
     const start = i * U;
     const tokenBytes = body.subarray(start * 4, (start + U) * 4);
+    // Ascending as unsigned 64-bit integers, repeats kept (§4).
     const hashes = overlapping(items, start, start + U)
       .map((m) => mm(m.identifier))
       .sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));

@@ -10,4 +10,4 @@ export { verifyVectors, loadVectorFile } from './vectors.js';
 export { checkCacheSalt } from './context.js';
 export { encode as cborEncode } from './cbor.js';
 export { parse as parseJson, canonical as canonicalJson } from './json.js';
-export { KeyError, InvalidArgument, Unsupported, NotFound } from './errors.js';
+export { KeyError, InvalidArgument, Unsupported, NotFound, FailedPrecondition } from './errors.js';

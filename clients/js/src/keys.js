@@ -41,6 +41,11 @@ export async function blockKeys(tokens, spec, context = undefined, parent = unde
     raw = { ...raw, parent };
   }
   const ctx = checkContext(raw);
+  const family = FAMILIES[s.profile.family];
+  if (family === undefined) throw new Unsupported(`no implementation for ${s.profile.id}`);
+  // The family refuses what it cannot key (Unsupported) before the group index is checked
+  // (InvalidArgument): §1.4 steps 2 and 3.
+  const units = await family(ids, s, ctx);
   const groupIndex = ctx.group ?? s.groups[0].index;
   const group = s.groups.find((g) => g.index === groupIndex);
   if (group === undefined) {
@@ -48,9 +53,6 @@ export async function blockKeys(tokens, spec, context = undefined, parent = unde
       `context.group ${groupIndex} is not a group of the spec (groups: ${s.groups.map((g) => g.index).join(', ')})`,
     );
   }
-  const family = FAMILIES[s.profile.family];
-  if (family === undefined) throw new Unsupported(`no implementation for ${s.profile.id}`);
-  const units = await family(ids, s, ctx);
   const k = group.blockSize / s.hashUnit;
   const picked = k === 1 ? units : [];
   if (k > 1) {

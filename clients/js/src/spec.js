@@ -3,7 +3,7 @@
  * profile it names, recompute its fingerprint, and build a spec from deployment parameters.
  */
 
-import { InvalidArgument, Unsupported } from './errors.js';
+import { FailedPrecondition, InvalidArgument, Unsupported } from './errors.js';
 import { fromHex, toHex, utf8 } from './bytes.js';
 import { canonical } from './json.js';
 import { sha256, fnv1a64, xxh64Seed0 } from './hashes.js';
@@ -45,7 +45,7 @@ async function resolveRoot(profile, json) {
   }
   if (profile.family === 'sglang' || profile.family === 'dynamo') {
     if (derivation !== 'none' || rootHex !== '') {
-      throw new InvalidArgument(
+      throw new FailedPrecondition(
         `spec: ${profile.id} has no root; expected root_derivation "none" and root_hex "", ` +
           `got ${JSON.stringify(derivation)} / ${JSON.stringify(rootHex)}`,
       );
@@ -55,32 +55,29 @@ async function resolveRoot(profile, json) {
   const root = fromHex(rootHex, 'spec root_hex');
   if (profile.family === 'llmd') {
     // root_hex holds llm-d's initHash (§5): 8 big-endian bytes.
-    if (root.length !== 8) {
-      throw new InvalidArgument(`spec: ${profile.id} root_hex must be 8 bytes, got ${root.length}`);
+    // §5, §7: llm-d roots are always "seed:<s>", root_hex = initHash(s) as 8 bytes.
+    if (!derivation.startsWith('seed:')) {
+      throw new FailedPrecondition(
+        `spec: root_derivation ${JSON.stringify(derivation)} is not "seed:<s>", the only llm-d derivation`,
+      );
     }
-    if (derivation.startsWith('seed:')) {
-      const seed = derivation.slice(5);
-      const expect = await llmdInitHash(profile, seed);
-      if (toHex(expect) !== toHex(root)) {
-        throw new InvalidArgument(
-          `spec: root_hex ${rootHex} is not the initHash of seed ${JSON.stringify(seed)} (${toHex(expect)})`,
-        );
-      }
-      return { root, seed };
+    const seed = derivation.slice(5);
+    const expect = await llmdInitHash(profile, seed);
+    if (toHex(expect) !== toHex(root)) {
+      throw new FailedPrecondition(
+        `spec: root_hex ${rootHex} is not the initHash of seed ${JSON.stringify(seed)} (${toHex(expect)})`,
+      );
     }
-    if (derivation === 'explicit') return { root, seed: null };
-    throw new InvalidArgument(
-      `spec: root_derivation ${JSON.stringify(derivation)} is not one of "seed:<s>", "explicit" for ${profile.id}`,
-    );
+    return { root, seed };
   }
   // vLLM (§2.2)
   if (root.length < 1 || root.length > 64) {
-    throw new InvalidArgument(`spec: root_hex must be 1-64 bytes, got ${root.length}`);
+    throw new FailedPrecondition(`spec: root_hex must be 1-64 bytes, got ${root.length}`);
   }
   let seed;
   if (derivation === 'default_seed') {
     if (profile.digest !== 'sha256') {
-      throw new InvalidArgument(
+      throw new FailedPrecondition(
         `spec: ${profile.id} has no default root (vLLM seeds xxhash randomly); give root_seed or root_hex`,
       );
     }
@@ -90,13 +87,13 @@ async function resolveRoot(profile, json) {
   } else if (derivation === 'explicit') {
     return { root, seed: null };
   } else {
-    throw new InvalidArgument(
+    throw new FailedPrecondition(
       `spec: root_derivation ${JSON.stringify(derivation)} is not one of "default_seed", "seed:<s>", "explicit"`,
     );
   }
   const expect = await vllmSeedRoot(profile, seed);
   if (toHex(expect) !== toHex(root)) {
-    throw new InvalidArgument(
+    throw new FailedPrecondition(
       `spec: root_hex ${rootHex} is not H(${JSON.stringify(seed)}) = ${toHex(expect)} for ${profile.id}`,
     );
   }
@@ -126,9 +123,9 @@ const CHECKED_FIELDS = [
  * Parse a spec's JSON form (as `testvectors/*.json` carry it under "spec", or as
  * GetCacheKeySpec serves it) into the form the key functions use.
  *
- * Refuses unknown profiles (NotFound), non-client-computable ones (Unsupported), specs whose
- * fields disagree with the profile, and specs whose fingerprint or vectors digest does not
- * recompute (InvalidArgument).
+ * Refuses unknown profiles (NotFound), non-client-computable ones (Unsupported), malformed
+ * specs (InvalidArgument), and specs whose fields disagree with the profile or whose
+ * fingerprint or vectors digest does not recompute (FailedPrecondition), as §1.4 and §7 say.
  *
  * @param {Record<string, any>} json
  * @returns {Promise<Spec>}
@@ -146,7 +143,7 @@ export async function parseSpec(json) {
   }
   for (const f of CHECKED_FIELDS) {
     if (f in json && json[f] !== profile[f]) {
-      throw new InvalidArgument(
+      throw new FailedPrecondition(
         `spec: ${f} is ${JSON.stringify(json[f])} but profile ${id} has ${JSON.stringify(profile[f])}`,
       );
     }
@@ -164,7 +161,7 @@ export async function parseSpec(json) {
   const groups = groupsJson.map((g, n) => {
     const blockSize = positiveInt(g.block_size, `spec groups[${n}].block_size`);
     if (blockSize % hashUnit !== 0) {
-      throw new InvalidArgument(
+      throw new FailedPrecondition(
         `spec: group ${g.index} block_size ${blockSize} is not a multiple of hash_unit ${hashUnit}`,
       );
     }
@@ -173,7 +170,10 @@ export async function parseSpec(json) {
         `spec: group derivation ${JSON.stringify(g.derivation)} is not supported (only "last_hash_unit")`,
       );
     }
-    return { index: g.index ?? n, blockSize, kind: g.kind };
+    if (g.index !== undefined && g.index !== n) {
+      throw new FailedPrecondition(`spec: groups[${n}] has index ${g.index}; indexes run 0, 1, ... in order`);
+    }
+    return { index: n, blockSize, kind: g.kind };
   });
   if (profile.family !== 'vllm' && (groups.length !== 1 || groups[0].blockSize !== hashUnit)) {
     throw new Unsupported(
@@ -184,7 +184,7 @@ export async function parseSpec(json) {
   if (json.vectors !== undefined && json.vectors_digest !== undefined) {
     const got = canonicalDigest(json.vectors);
     if (got !== json.vectors_digest) {
-      throw new InvalidArgument(
+      throw new FailedPrecondition(
         `spec: vectors_digest ${json.vectors_digest} does not match its vectors (${got})`,
       );
     }
@@ -192,10 +192,18 @@ export async function parseSpec(json) {
   if (json.fingerprint !== undefined) {
     const got = specFingerprint(json);
     if (got !== json.fingerprint) {
-      throw new InvalidArgument(`spec: fingerprint ${json.fingerprint} does not recompute (${got})`);
+      throw new FailedPrecondition(`spec: fingerprint ${json.fingerprint} does not recompute (${got})`);
     }
   }
   const requiredContext = json.required_context ?? [];
+  // §7: the required context each profile family declares.
+  const wantContext =
+    profile.family === 'llmd' ? ['model'] : profile.extra_keys === 'vllm_tagged' ? ['adapter.path'] : [];
+  if (!Array.isArray(requiredContext) || canonical(requiredContext) !== canonical(wantContext)) {
+    throw new FailedPrecondition(
+      `spec: required_context ${JSON.stringify(requiredContext)} is not ${JSON.stringify(wantContext)} for ${id}`,
+    );
+  }
   return Object.freeze({
     __parsed_spec: true,
     profile,
@@ -256,13 +264,11 @@ export async function buildSpec(params) {
     json.required_context = profile.extra_keys === 'vllm_tagged' ? ['adapter.path'] : [];
   } else if (profile.family === 'llmd') {
     if (params.rootHex !== undefined) {
-      json.root_derivation = 'explicit';
-      json.root_hex = params.rootHex;
-    } else {
-      const seed = params.rootSeed ?? '';
-      json.root_derivation = `seed:${seed}`;
-      json.root_hex = toHex(await llmdInitHash(profile, seed));
+      throw new InvalidArgument(`${profile.id} derives its root from hashSeed: give rootSeed, not rootHex`);
     }
+    const seed = params.rootSeed ?? '';
+    json.root_derivation = `seed:${seed}`;
+    json.root_hex = toHex(await llmdInitHash(profile, seed));
     json.required_context = ['model'];
   } else {
     if (params.rootSeed !== undefined || params.rootHex !== undefined) {

@@ -59,14 +59,12 @@ export async function vllmUnitKeys(tokens, spec, ctx) {
     );
   }
   const embeds = ctx.prompt_embeds_digests;
-  if (embeds) {
-    const most = Math.ceil(tokens.length / U);
-    if (embeds.length < n || embeds.length > most) {
-      throw new InvalidArgument(
-        `context.prompt_embeds_digests: expected one digest per hash-unit block ` +
-          `(${n}${most !== n ? ` or ${most} with the partial tail` : ''}), got ${embeds.length}`,
-      );
-    }
+  // §1.1: at least one digest per full block; digest i is block i's, later ones are not used.
+  if (embeds && embeds.length < n) {
+    throw new InvalidArgument(
+      `context.prompt_embeds_digests: expected at least one digest per full hash-unit block ` +
+        `(${n}), got ${embeds.length}`,
+    );
   }
   const items = ctx.mm_items ?? [];
   const lora = ctx.adapter

@@ -172,19 +172,18 @@ test('vLLM tagged era needs the adapter path; bare era keys the name only', asyn
   assert.deepEqual(a, b);
 });
 
-test('vLLM prompt embeddings: one digest per block, or one more for the tail', async () => {
+test('vLLM prompt embeddings: at least one digest per full block, later ones unused (§1.1)', async () => {
   const spec = specs['vllm/xxhash_cbor@0.31'];
   const d = (i) => 'ab'.repeat(31) + String(i).padStart(2, '0');
   const t = tokens(40, 4);
   const two = await blockKeys(t, spec, { prompt_embeds_digests: [d(0), d(1)] });
-  const three = await blockKeys(t, spec, { prompt_embeds_digests: [d(0), d(1), d(2)] });
-  assert.deepEqual(two, three);
-  for (const n of [1, 4]) {
+  for (const n of [3, 4]) {
     const digests = Array.from({ length: n }, (_, i) => d(i));
-    await assert.rejects(blockKeys(t, spec, { prompt_embeds_digests: digests }), {
-      code: 'InvalidArgument',
-    });
+    assert.deepEqual(await blockKeys(t, spec, { prompt_embeds_digests: digests }), two);
   }
+  await assert.rejects(blockKeys(t, spec, { prompt_embeds_digests: [d(0)] }), {
+    code: 'InvalidArgument',
+  });
   await assert.rejects(blockKeys(t, spec, { prompt_embeds_digests: ['abcd', 'abcd'] }), {
     code: 'InvalidArgument',
   });
@@ -200,7 +199,7 @@ test('vLLM groups: a group block key is the hash-unit key at its last unit (§2.
   assert.deepEqual(g2, [units[3], units[7]]);
 });
 
-test('Dynamo: salt and adapter mix into every block; upper-case processor hashes refused', async () => {
+test('Dynamo: salt and adapter mix into every block; processor hashes in either case', async () => {
   const spec = specs['dynamo/xxh3@1.6'];
   const t = tokens(48, 6);
   const plain = await blockKeys(t, spec);
@@ -214,8 +213,33 @@ test('Dynamo: salt and adapter mix into every block; upper-case processor hashes
     assert.notEqual(salted[i].hex, plain[i].hex);
     assert.notEqual(adapterOnly[i].hex, plain[i].hex);
   }
-  const upper = { identifier: 'AB'.repeat(32), offset: 0, length: 1 };
-  await assert.rejects(blockKeys(t, spec, { mm_items: [upper] }), { code: 'Unsupported' });
+  // §4: 64 ASCII hex digits in either case map to the value of their first 16.
+  const upper = await blockKeys(t, spec, { mm_items: [{ identifier: 'AB'.repeat(32), offset: 0, length: 1 }] });
+  const lower = await blockKeys(t, spec, { mm_items: [{ identifier: 'ab'.repeat(32), offset: 0, length: 1 }] });
+  assert.deepEqual(upper, lower);
+  // Sorted ascending as u64: item order does not matter, repeats count.
+  const a = { identifier: 'ff'.repeat(32), offset: 1, length: 2 };
+  const b = { identifier: '01'.repeat(32), offset: 4, length: 2 };
+  const ab = await blockKeys(t, spec, { mm_items: [a, b] });
+  const ba = await blockKeys(t, spec, { mm_items: [{ ...b, offset: 1 }, { ...a, offset: 4 }] });
+  assert.deepEqual(ab, ba);
+  const twice = await blockKeys(t, spec, { mm_items: [a, { ...a, offset: 4 }] });
+  const once = await blockKeys(t, spec, { mm_items: [a] });
+  assert.notEqual(twice[0].hex, once[0].hex);
+});
+
+test('continuation inside a multimodal item: negative offsets need a parent (§1.1, §1.2)', async () => {
+  for (const id of ['vllm/sha256_cbor@0.31', 'dynamo/xxh3@1.6', 'llmd/xxh64@c027acf']) {
+    const spec = specs[id];
+    const t = tokens(64, 13);
+    const model = id.startsWith('llmd') ? { model: 'm' } : {};
+    const whole = await blockKeys(t, spec, { ...model, mm_items: [{ identifier: 'img', offset: 5, length: 30 }] });
+    for (const k of [1, 2]) {
+      const ctx = { ...model, mm_items: [{ identifier: 'img', offset: 5 - 16 * k, length: 30 }] };
+      assert.deepEqual(await blockKeys(t.slice(16 * k), spec, ctx, whole[k - 1].hex), whole.slice(k), id);
+      await assert.rejects(blockKeys(t.slice(16 * k), spec, ctx), { code: 'InvalidArgument' });
+    }
+  }
 });
 
 test('llm-d: the adapter name replaces the model; salt only on block 0 of a fresh chain', async () => {

@@ -65,10 +65,14 @@ test('a spec whose fields disagree with its profile is refused', async () => {
     ['event_encoding', 'i64_be_first8'],
     ['engine_version', '0.29'],
   ]) {
+    // §1.4, §7: a well-formed spec that contradicts its profile is a failed precondition.
     await assert.rejects(parseSpec(refingerprint({ ...file.spec, [field]: value })), {
-      code: 'InvalidArgument',
+      code: 'FailedPrecondition',
     });
   }
+  await assert.rejects(parseSpec(refingerprint({ ...file.spec, required_context: [] })), {
+    code: 'FailedPrecondition',
+  });
   await assert.rejects(parseSpec(refingerprint({ ...file.spec, partial_block: 'hashed' })), {
     code: 'Unsupported',
   });
@@ -77,26 +81,39 @@ test('a spec whose fields disagree with its profile is refused', async () => {
   });
   const badGroups = [{ index: 0, block_size: 24, derivation: 'last_hash_unit' }];
   await assert.rejects(parseSpec(refingerprint({ ...file.spec, groups: badGroups })), {
-    code: 'InvalidArgument',
+    code: 'FailedPrecondition',
+  });
+  const outOfOrder = [{ index: 1, block_size: 16, derivation: 'last_hash_unit' }];
+  await assert.rejects(parseSpec(refingerprint({ ...file.spec, groups: outOfOrder })), {
+    code: 'FailedPrecondition',
   });
 });
 
 test('a tampered spec no longer matches its fingerprint', async () => {
   await assert.rejects(parseSpec({ ...file.spec, required_context: [] }), (err) => {
-    assert.equal(err.code, 'InvalidArgument');
+    assert.equal(err.code, 'FailedPrecondition');
     assert.match(err.message, /fingerprint/);
     return true;
   });
 });
 
-test('a root that is not H(seed) is refused; explicit roots are taken as given', async () => {
+test('a root that is not H(seed) is refused; explicit vLLM roots are taken as given', async () => {
   const wrong = { ...file.spec, root_derivation: 'seed:42' };
-  await assert.rejects(parseSpec(refingerprint(wrong)), { code: 'InvalidArgument' });
+  await assert.rejects(parseSpec(refingerprint(wrong)), { code: 'FailedPrecondition' });
   const explicit = { ...file.spec, root_derivation: 'explicit', root_hex: 'ab'.repeat(32) };
   const spec = await parseSpec(refingerprint(explicit));
   assert.equal(Buffer.from(spec.root).toString('hex'), 'ab'.repeat(32));
   const tooLong = { ...explicit, root_hex: 'ab'.repeat(65) };
-  await assert.rejects(parseSpec(refingerprint(tooLong)), { code: 'InvalidArgument' });
+  await assert.rejects(parseSpec(refingerprint(tooLong)), { code: 'FailedPrecondition' });
+});
+
+test('llm-d roots are "seed:<s>" only (§5, §7)', async () => {
+  const llmd = (await loadVectorFile(join(VECTORS_DIR, 'llmd__cbor-fnv64--0.10.json'))).spec;
+  const explicit = { ...llmd, root_derivation: 'explicit' };
+  await assert.rejects(parseSpec(refingerprint(explicit)), { code: 'FailedPrecondition' });
+  await assert.rejects(buildSpec({ profile: 'llmd/xxh64@c027acf', blockSize: 16, rootHex: '00'.repeat(8) }), {
+    code: 'InvalidArgument',
+  });
 });
 
 test('buildSpec: vLLM roots (§2.2), xxhash needs a seed, llm-d initHash (§5)', async () => {

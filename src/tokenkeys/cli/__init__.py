@@ -6,11 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tokenkeys.cli import keys, pull, serve, tokens
+from tokenkeys.cli import keys, pull, route, serve, tokens
 from tokenkeys.errors import TokenkeysError
 
 # Each module exposes register(subparsers); a subcommand's parser sets ``func(args) -> int``.
-_MODULES = (serve, tokens, pull, keys)
+_MODULES = (serve, route, tokens, pull, keys)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenkeys.errors import FailedPrecondition, InvalidArgument
+from tokenkeys.errors import FailedPrecondition, InvalidArgument, TokenkeysError
 from tokenkeys.keys.context import KeyContext
 from tokenkeys.keys.profile import Profile, check_tokens
 from tokenkeys.keys.registry import get_profile
@@ -61,6 +61,51 @@ def profile_for(spec: CacheKeySpec) -> Profile:
         raise FailedPrecondition(
             f"spec {spec.profile_id} says engine={spec.engine} algorithm={spec.algorithm} "
             f"version={spec.engine_version}, which is not what that profile pins",
+            field="spec",
+        )
+    return profile
+
+
+def check_spec(spec: CacheKeySpec) -> Profile:
+    """The spec's profile, once every field is what that profile builds from the spec's own
+    parameters (hash unit, groups, root derivation); else :class:`FailedPrecondition`.
+
+    This is the check a client makes before it trusts a spec it received: the root bytes must
+    be ``H(seed)`` for a ``seed:`` or ``default_seed`` derivation (vLLM) or the seed's initHash
+    (llm-d), empty for profiles without a root, and every descriptive field (serialization,
+    digest, event encoding, extra-key rule, required context, ...) must be the profile's.
+    """
+    profile = profile_for(spec)
+    derivation = spec.root_derivation
+    root: dict[str, str] = {}
+    if derivation.startswith("seed:"):
+        root["root_seed"] = derivation[len("seed:") :]
+    elif derivation == "explicit":
+        root["root_hex"] = spec.root_hex
+    elif derivation not in ("default_seed", "none"):
+        raise FailedPrecondition(
+            f"spec {spec.profile_id} has root_derivation {derivation!r}; known: 'default_seed', "
+            "'seed:<s>', 'explicit', 'none'",
+            field="root_derivation",
+        )
+    try:
+        expected = profile.make_spec(
+            spec.hash_unit, groups=[g.to_dict() for g in spec.groups], **root
+        )
+    except TokenkeysError as exc:
+        raise FailedPrecondition(
+            f"spec {spec.profile_id} cannot be rebuilt from its own parameters: {exc.message}",
+            field="spec",
+        ) from None
+    have = spec.to_dict(include_vectors=False)
+    want = expected.to_dict(include_vectors=False)
+    differ = sorted(
+        k for k in want if k not in ("vectors_digest", "fingerprint") and have.get(k) != want[k]
+    )
+    if differ:
+        raise FailedPrecondition(
+            f"spec {spec.profile_id} disagrees with its profile in {', '.join(differ)}: "
+            + "; ".join(f"{k} is {have.get(k)!r}, the profile gives {want[k]!r}" for k in differ),
             field="spec",
         )
     return profile

@@ -58,9 +58,14 @@ def _text(value: object, name: str, *, allow_empty: bool = False) -> str:
     return value
 
 
-def _nonneg_int(value: object, name: str) -> int:
+def _int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{name} must be an integer, got {value!r}", field=name)
+    return value
+
+
+def _nonneg_int(value: object, name: str) -> int:
+    _int(value, name)
     if value < 0:
         raise InvalidArgument(f"{name} must be >= 0, got {value}", field=name)
     return value
@@ -85,7 +90,13 @@ class Adapter:
 
 @dataclass(frozen=True)
 class MMItem:
-    """One multimodal item: its identifier (processor hash or user uuid) and placeholder span."""
+    """One multimodal item: its identifier (processor hash or user uuid) and placeholder span.
+
+    ``offset`` is relative to the first given token. It is negative only for an item that began
+    before a continuation's first token (the context must then carry a ``parent``): vLLM keys
+    ``offset - block_start`` in every block the item overlaps, so the item must keep its true
+    start for the keys after the parent to equal those of the whole prompt.
+    """
 
     identifier: str
     offset: int
@@ -93,7 +104,7 @@ class MMItem:
 
     def __post_init__(self) -> None:
         _text(self.identifier, "mm.identifier")
-        _nonneg_int(self.offset, "mm.offset")
+        _int(self.offset, "mm.offset")
         _nonneg_int(self.length, "mm.length")
         if self.length == 0:
             raise InvalidArgument(
@@ -140,6 +151,15 @@ class KeyContext:
         for item in items:
             if not isinstance(item, MMItem):
                 raise InvalidArgument("mm_items must be MMItem values", field="mm_items")
+        if self.parent is None:
+            negative = next((m for m in items if m.offset < 0), None)
+            if negative is not None:
+                raise InvalidArgument(
+                    f"mm item {negative.identifier!r} has offset {negative.offset}; an offset "
+                    "is negative only for an item that began before a continuation's first "
+                    "token, so give the parent too (or an offset >= 0)",
+                    field="mm.offset",
+                )
         for before, after in zip(items, items[1:], strict=False):
             if after.offset < before.end:
                 raise InvalidArgument(

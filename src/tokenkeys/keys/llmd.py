@@ -130,10 +130,13 @@ class LlmdProfile(Profile):
     def check_context(self, spec: CacheKeySpec, ctx: KeyContext, n_blocks: int) -> None:
         """Adapter, salt and multimodal items are supported; the model name is required."""
         refuse_unsupported(self.id, ctx, n_blocks, adapter=True, salt=True, mm=True)
-        if ctx.parent is None and not ctx.model and ctx.adapter is None:
+        # required_context is ["model"] without conditions, so the rule is the same for every
+        # call (with an adapter, whose name replaces the model in the root, and after a parent,
+        # where no root is hashed): a client can check required_context alone.
+        if ctx.model is None:
             raise InvalidArgument(
                 f"{self.id} mixes the model name into the root: set context.model to the "
-                "request's model (or give an adapter, whose name replaces it)",
+                "request's model (required even with an adapter or a parent)",
                 field="model",
             )
         if ctx.parent is not None and len(ctx.parent) != 8:

@@ -217,15 +217,18 @@ def refuse_unsupported(
     salt: bool = False,
     mm: bool = False,
     embeds: bool = False,
-    groups: bool = False,
 ) -> None:
-    """Raise :class:`Unsupported` for the first context field the profile cannot key."""
+    """Raise :class:`Unsupported` for the first context field the profile cannot key.
+
+    Then, for prompt embeddings, :class:`InvalidArgument` when there are fewer digests than
+    full blocks. A group index is not checked here: every profile keys each group its spec
+    lists, and an index the spec does not list is an :class:`InvalidArgument` (``spec.group``).
+    """
     checks = (
         (ctx.adapter is not None and not adapter, "adapter", "LoRA adapters"),
         (ctx.cache_salt is not None and not salt, "cache_salt", "cache salts"),
         (bool(ctx.mm_items) and not mm, "mm_items", "multimodal items"),
         (bool(ctx.prompt_embeds_digests) and not embeds, "prompt_embeds", "prompt embeddings"),
-        (ctx.group not in (None, 0) and not groups, "group", "several KV-cache groups"),
     )
     for refused, name, what in checks:
         if refused:
@@ -238,6 +241,7 @@ def refuse_unsupported(
     if ctx.prompt_embeds_digests and len(ctx.prompt_embeds_digests) < n_blocks:
         raise InvalidArgument(
             f"prompt_embeds_digests has {len(ctx.prompt_embeds_digests)} entries for "
-            f"{n_blocks} full blocks; give one SHA-256 digest per hash-unit block",
+            f"{n_blocks} full blocks; give one SHA-256 digest per hash-unit block (digests past "
+            "the last full block are not used)",
             field="prompt_embeds_digests",
         )

@@ -3,7 +3,8 @@
 Given a spec (as served by ``GetCacheKeySpec``, a dict or a :class:`CacheKeySpec`), the
 strategy decides once, at construction:
 
-* ``local``: the profile is known here, its spec matches what the profile pins, it is
+* ``local``: the profile is known here, every spec field is what the profile builds from the
+  spec's own parameters (:func:`~tokenkeys.keys.compute.check_spec`: root, groups, rules), it is
   client-computable, the spec is intact (vectors digest and fingerprint recompute), and every
   carried vector passes through the local implementation;
 * ``remote``: anything else, when a :class:`RemoteKeyComputer` (``ComputeCacheKeys``) is given;
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from tokenkeys.errors import FailedPrecondition, TokenkeysError, Unsupported
-from tokenkeys.keys.compute import block_keys, profile_for
+from tokenkeys.keys.compute import block_keys, check_spec
 from tokenkeys.keys.context import KeyContext
 from tokenkeys.keys.spec import BlockKey, CacheKeySpec, vectors_digest
 from tokenkeys.keys.vectors import VectorReport, verify_vectors
@@ -53,7 +54,7 @@ class Decision:
 
 def _local_verdict(spec: CacheKeySpec) -> tuple[bool, str, VectorReport | None]:
     try:
-        profile = profile_for(spec)
+        profile = check_spec(spec)
     except TokenkeysError as exc:
         return False, exc.message, None
     if not profile.client_computable:

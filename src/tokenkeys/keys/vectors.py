@@ -4,9 +4,13 @@
 prompt, under one block, exact multiple, partial tail, a long prompt (2k+ tokens), cache salt,
 adapter, multimodal items crossing a block boundary and starting exactly on one, prompt
 embeddings, every group whose block spans several hash units, continuation from a parent, and
-all extras together. A case the profile does not support is recorded with the error kind it
-must raise. :func:`write_vectors` writes one JSON file per profile into ``testvectors/``;
-:func:`verify_vectors` runs a spec's vectors through the local implementation.
+all extras together; then the cases that settle what a reader of ``docs/cache-keys.md`` could
+take two ways (several multimodal items in one block, upper-case hex identifiers, negative
+offsets after a parent, prompt-embedding digest counts, group blocks after a parent, a salted
+continuation, non-ASCII strings, and every refusal with its error kind). A case the profile does
+not support is recorded with the error kind it must raise. :func:`write_vectors` writes one JSON
+file per profile into ``testvectors/``; :func:`verify_vectors` runs a spec's vectors through the
+local implementation.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ SALT = "tenant-a"
 # One identifier shaped like a vLLM processor hash (64 hex digits), one opaque user uuid.
 MM_HEX_ID = hashlib.sha256(b"tokenkeys image 1").hexdigest()
 MM_UUID = "user-image-2"
+# Non-ASCII text with a character outside the BMP (4 UTF-8 bytes, a surrogate pair in UTF-16).
+NON_ASCII_SALT = "tenant-\u00fc-\U0001d518"
+NON_ASCII_MODEL = "mod\u00e8le-\U0001d518"
 
 
 def file_spec_params(profile_id: str) -> dict[str, Any]:
@@ -59,9 +66,14 @@ def tokens_for(n: int, stream: int = 0) -> list[int]:
     return out
 
 
-def _case(spec: CacheKeySpec, name: str, tokens: list[int], ctx: KeyContext | None) -> Vector:
-    context = ctx.to_dict() if ctx is not None else None
+def _case(
+    spec: CacheKeySpec, name: str, tokens: list[int], ctx: KeyContext | dict[str, Any] | None
+) -> Vector:
+    # A dict is a context in its JSON form that KeyContext itself refuses (empty strings, ...).
+    context = ctx.to_dict() if isinstance(ctx, KeyContext) else ctx
     try:
+        if isinstance(ctx, dict):
+            ctx = KeyContext.from_dict(ctx)
         keys = block_keys(tokens, spec, ctx)
     except TokenkeysError as exc:
         return Vector(name, tuple(tokens), context, error=type(exc).__name__)
@@ -132,7 +144,109 @@ def generate_vectors(spec: CacheKeySpec) -> tuple[Vector, ...]:
         cases.append(("continuation", three[2 * bs :], ctx(parent=second)))
     if "model" in spec.required_context:
         cases.append(("missing_model", three, None))
+    cases.extend(_precise_cases(spec, base, ctx, three))
     return tuple(_case(spec, name, tokens, c) for name, tokens, c in cases)
+
+
+def _digest_at(tokens: list[int], spec: CacheKeySpec, ctx: KeyContext | None, i: int) -> bytes:
+    """Digest of key ``i`` under ``ctx``, or of the plain key when the profile refuses ``ctx``."""
+    try:
+        return block_keys(tokens, spec, ctx)[i].digest
+    except TokenkeysError:
+        plain = KeyContext(model=ctx.model) if ctx is not None and ctx.model else None
+        return block_keys(tokens, spec, plain)[i].digest
+
+
+def _precise_cases(
+    spec: CacheKeySpec, base: dict[str, Any], ctx: Any, three: list[int]
+) -> list[tuple[str, list[int], KeyContext | dict[str, Any] | None]]:
+    """Cases for the rules docs/cache-keys.md states precisely, each settling one question."""
+    bs = spec.hash_unit
+    embeds = tuple(hashlib.sha256(f"embeds block {i}".encode()).digest() for i in range(4))
+    # Three items in one block (block 1 when bs > 1): item order is not Dynamo's sorted order
+    # (xxh3 of MM_UUID > the leading 16 hex digits of MM_HEX_ID), and one identifier repeats.
+    width = max(1, (bs - 2) // 3)
+    at = bs + 1
+    order = (MM_UUID, MM_HEX_ID, MM_UUID)
+    crowded = tuple(MMItem(ident, at + j * width, width) for j, ident in enumerate(order))
+    crossing_tokens = tokens_for(4 * bs, 2)
+    crossing = MMItem(MM_HEX_ID, bs // 2, bs + 3)
+    cases: list[tuple[str, list[int], KeyContext | dict[str, Any] | None]] = [
+        ("mm_sorted_in_block", tokens_for(4 * bs, 6), ctx(mm_items=crowded)),
+        ("mm_hex_upper", tokens_for(4 * bs, 2), ctx(mm_items=(MMItem(MM_HEX_ID.upper(), 1, bs),))),
+        # The item of mm_crossing_boundary seen from a continuation at block 1: it began before
+        # the first given token, so its offset is negative; keys = mm_crossing_boundary[1:].
+        (
+            "mm_before_parent",
+            crossing_tokens[bs:],
+            ctx(
+                mm_items=(MMItem(MM_HEX_ID, crossing.offset - bs, crossing.length),),
+                parent=_digest_at(crossing_tokens, spec, ctx(mm_items=(crossing,)), 0),
+            ),
+        ),
+        (
+            "prompt_embeds_partial_tail",
+            tokens_for(3 * bs + max(bs // 2, 1) - (1 if bs == 1 else 0)),
+            ctx(prompt_embeds_digests=embeds),
+        ),
+        # Keys of a prompt prefix: digests past the last full block are not used.
+        ("prompt_embeds_prefix", three[: 2 * bs], ctx(prompt_embeds_digests=embeds[:3])),
+        ("prompt_embeds_too_few", three, ctx(prompt_embeds_digests=embeds[:2])),
+        (
+            "cache_salt_continuation",
+            three[2 * bs :],
+            ctx(cache_salt=SALT, parent=_digest_at(three, spec, ctx(cache_salt=SALT), 1)),
+        ),
+        (
+            "non_ascii",
+            three,
+            ctx(cache_salt=NON_ASCII_SALT, **({"model": NON_ASCII_MODEL} if base else {})),
+        ),
+        ("adapter_name_only", three, ctx(adapter=Adapter(ADAPTER.name))),
+        ("unknown_group", three, ctx(group=len(spec.groups))),
+        ("parent_wrong_size", three, ctx(parent=bytes(range(1, 8)))),
+        ("token_out_of_range", [*three[: bs - 1], 1 << 32], ctx()),
+        ("empty_cache_salt", three, {**base, "cache_salt": ""}),
+        ("empty_adapter_name", three, {**base, "adapter": {"name": "", "path": ADAPTER.path}}),
+        (
+            "empty_mm_identifier",
+            three,
+            {**base, "mm_items": [{"identifier": "", "offset": 1, "length": 2}]},
+        ),
+        ("empty_model", three, {"model": ""}),
+        (
+            "mm_negative_offset_without_parent",
+            three,
+            {**base, "mm_items": [{"identifier": MM_UUID, "offset": -2, "length": bs + 4}]},
+        ),
+        (
+            "mm_overlapping",
+            three,
+            {
+                **base,
+                "mm_items": [
+                    {"identifier": MM_UUID, "offset": 1, "length": 3},
+                    {"identifier": MM_HEX_ID, "offset": 3, "length": 2},
+                ],
+            },
+        ),
+    ]
+    for group in spec.groups:
+        if group.block_size != bs:
+            # A continuation on a group-block boundary: the parent is the group's key 0 (the
+            # hash-unit key at its last unit); keys = group_<i>[1:].
+            g_tokens = tokens_for(2 * group.block_size + bs // 2, 5)
+            parent = block_keys(g_tokens, spec, ctx(group=group.index))[0].digest
+            cases.append(
+                (
+                    f"group_{group.index}_continuation",
+                    g_tokens[group.block_size :],
+                    ctx(group=group.index, parent=parent),
+                )
+            )
+    if "model" in spec.required_context:
+        cases.append(("adapter_without_model", three, KeyContext(adapter=ADAPTER)))
+    return cases
 
 
 @dataclass(frozen=True)

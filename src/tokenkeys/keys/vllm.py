@@ -198,9 +198,7 @@ class VllmProfile(Profile):
 
     def check_context(self, spec: CacheKeySpec, ctx: KeyContext, n_blocks: int) -> None:
         """Everything is supported; the tagged era also needs the adapter path."""
-        refuse_unsupported(
-            self.id, ctx, n_blocks, adapter=True, salt=True, mm=True, embeds=True, groups=True
-        )
+        refuse_unsupported(self.id, ctx, n_blocks, adapter=True, salt=True, mm=True, embeds=True)
         if ctx.parent is not None and len(ctx.parent) != self.digest_size:
             raise InvalidArgument(
                 f"parent must be a {self.digest_size}-byte {self.algorithm} block digest, got "

@@ -1,27 +1,44 @@
-"""Router SDK: the prefix index (in memory or on Redis), KV-event ingestion, and scoring.
+"""Router SDK: discover workers, follow their KV events into a prefix index, route by prefix.
 
 Data flows one way: a worker's KV events (``tokenkeys.events``) -> :class:`EventIngestor` ->
 a :class:`PrefixIndex`; a prompt's block keys (``tokenkeys.keys.block_keys`` ->
 :func:`prompt_keys`) -> :meth:`PrefixIndex.lookup` -> :func:`score_workers` -> the best worker.
+:class:`WorkerRegistry` discovers workers and keeps one pool per model (one tokenizer, one
+cache-key spec); :class:`Router` turns a :class:`RouteRequest` into a :class:`RouteDecision`;
+:class:`RoutingService` assembles them from a :class:`RouterConfig` (``tokenkeys route`` puts
+the OpenAI HTTP frontend of ``tokenkeys.router.frontend`` in front).
 """
 
 from tokenkeys.router.consumer import ZmqEventConsumer
+from tokenkeys.router.consumer_grpc import GrpcEventConsumer
+from tokenkeys.router.core import RouteDecision, Router, RouteRequest
 from tokenkeys.router.index import PrefixIndex, PrefixMatch, index_key, prompt_keys
 from tokenkeys.router.index_memory import MemoryPrefixIndex
 from tokenkeys.router.index_redis import RedisPrefixIndex
 from tokenkeys.router.ingest import EventIngestor, IngestMetrics
 from tokenkeys.router.instrumented import InstrumentedIndex
+from tokenkeys.router.pool_setup import PoolSettings
+from tokenkeys.router.registry import WorkerRegistry
 from tokenkeys.router.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore, score_workers
+from tokenkeys.router.service import RouterConfig, RoutingService
 
 __all__ = [
     "DEFAULT_TIER_WEIGHTS",
     "EventIngestor",
+    "GrpcEventConsumer",
     "IngestMetrics",
     "InstrumentedIndex",
     "MemoryPrefixIndex",
+    "PoolSettings",
     "PrefixIndex",
     "PrefixMatch",
     "RedisPrefixIndex",
+    "RouteDecision",
+    "RouteRequest",
+    "Router",
+    "RouterConfig",
+    "RoutingService",
+    "WorkerRegistry",
     "WorkerScore",
     "ZmqEventConsumer",
     "index_key",

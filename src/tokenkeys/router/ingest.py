@@ -55,7 +55,9 @@ class IngestMetrics:
     - ``tokenkeys_router_kv_events_ignored_total{reason}``: events not indexed: ``foreign_spec``,
       ``no_spec``, ``other_group``, ``not_prefix_kind``, ``bad_medium``;
     - ``tokenkeys_router_worker_clears_total{reason}``: ``all_blocks_cleared``,
-      ``publisher_restart``, ``events_lost``, ``undecodable``, ``index_recovered``.
+      ``publisher_restart``, ``events_lost``, ``undecodable``, ``index_recovered``; and from
+      the worker registry ``worker_joined``, ``worker_down``, ``worker_restarted``,
+      ``worker_refused``.
 
     ``registry`` defaults to a private one (see :attr:`registry`).
     """

@@ -1,0 +1,201 @@
+"""The routing HTTP frontend: the OpenAI frontend of ``tokenkeys serve``, generating through routes.
+
+Nothing of the frontend is rewritten here. :func:`create_router_app` hands
+:func:`tokenkeys.server.http.create_app` a live view of the router's pools as served models
+(:class:`PoolModels`): each pool's pulled tokenizer and its one Preprocessor tokenize every
+request (so /tokenize, /detokenize and the generation routes agree, and answer locally), and its
+engine is a :class:`~tokenkeys.router.routed_engine.RoutedEngine`, which routes the token ids
+and forwards them to the chosen worker. Request schemas, error bodies, SSE streaming and usage
+(``prompt_tokens_details.cached_tokens`` as the worker reported it) are the frontend's.
+
+Added here: the ``x-tokenkeys-*`` response headers of each routed request
+(:class:`RouteHeaders`), ``GET /router/workers`` (pools, members, refusals), ``POST
+/router/route`` (where a completion or chat body would go, and why, without generating), and
+the router's metrics on the app's ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tokenkeys.router.core import RouteDecision, Router, RouteRequest
+from tokenkeys.router.pool import Pool
+from tokenkeys.router.registry import WorkerRegistry
+from tokenkeys.router.routed_engine import RoutedEngine, RouteNote, current_note
+from tokenkeys.server.http import HttpConfig, create_app
+from tokenkeys.server.http.body import json_response, parse_object, read_body
+from tokenkeys.server.http.generation import key_context
+from tokenkeys.server.http.routes_tokenize import tokenize_body
+from tokenkeys.server.http.state import preprocess, resolve_model, state_of
+from tokenkeys.server.models import ModelRegistry, ServedModel
+
+#: Response headers of a routed request; several prompts (a completions batch) give
+#: comma-separated values in prompt order.
+HEADER_WORKER = "x-tokenkeys-worker"
+HEADER_SCORE = "x-tokenkeys-score"
+HEADER_MATCHED = "x-tokenkeys-matched-blocks"
+HEADER_POLICY = "x-tokenkeys-policy"
+HEADER_REASON = "x-tokenkeys-reason"
+
+
+class PoolModels(ModelRegistry):
+    """The router's pools as the frontend's served models, current as workers come and go."""
+
+    def __init__(self, registry: WorkerRegistry, router: Router) -> None:
+        super().__init__()
+        self._registry = registry
+        self._router = router
+        self._served: dict[str, tuple[Pool, ServedModel]] = {}
+
+    def _model(self, pool: Pool) -> ServedModel:
+        cached = self._served.get(pool.name)
+        if cached is None or cached[0] is not pool:
+            engine = RoutedEngine(self._router, self._registry, pool.name)
+            served = ServedModel(pool.name, pool.tokenizer, pool.preprocessor, {"engine": engine})
+            cached = self._served[pool.name] = (pool, served)
+        return cached[1]
+
+    def add(self, model: ServedModel) -> None:
+        raise TypeError("the router's models are its pools; workers add them")
+
+    def get(self, name: str | None) -> ServedModel:
+        """The pool of ``name`` as a served model (NotFound / Unavailable as the router says)."""
+        return self._model(self._router.pool(name))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._registry.pools)
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter([self._model(p) for p in list(self._registry.pools.values())])
+
+
+def route_headers(note: RouteNote) -> list[tuple[bytes, bytes]]:
+    """The ``x-tokenkeys-*`` headers of a request's routing decisions."""
+    decisions = note.decisions
+    served = note.served_by or [d.worker for d in decisions]
+
+    def join(values: list[str]) -> bytes:
+        return ",".join(values).encode("latin-1")
+
+    matched = [f"{d.matched_blocks}/{d.total_blocks}" for d in decisions]
+    return [
+        (HEADER_WORKER.encode(), join(served)),
+        (HEADER_SCORE.encode(), join([f"{d.score:.4f}" for d in decisions])),
+        (HEADER_MATCHED.encode(), join(matched)),
+        (HEADER_POLICY.encode(), join(sorted({d.policy for d in decisions}))),
+        (HEADER_REASON.encode(), join([d.reason for d in decisions])),
+    ]
+
+
+class RouteHeaders:
+    """Pure ASGI middleware: a fresh :class:`RouteNote` per request, reported in headers.
+
+    The note is set before the app runs, so the routed engine (called by the generation route,
+    also from the streaming body's task: a copied context holds the same note) records into it;
+    the headers are added to the response start, which for streams follows the first token.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        note = RouteNote()
+        token = current_note.set(note)
+
+        async def send_with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start" and note.decisions:
+                headers = [*message.get("headers", []), *route_headers(note)]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            current_note.reset(token)
+
+
+class _Include:
+    """Collects another registry's metrics into the app's (prometheus custom collector)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+        return self._registry.collect()
+
+
+def create_router_app(
+    registry: WorkerRegistry,
+    router: Router,
+    config: HttpConfig | None = None,
+    *,
+    metrics: CollectorRegistry | None = None,
+) -> FastAPI:
+    """The OpenAI-compatible routing app; ``metrics`` (router, ingestion, index) is exported
+    on ``/metrics`` beside the frontend's own."""
+    app = create_app(PoolModels(registry, router), config)
+    if metrics is not None:
+        app.state.tokenkeys.metrics.registry.register(_Include(metrics))
+
+    async def workers(request: Request) -> Response:
+        """Pools, their members and key strategy, every worker's state and refusals."""
+        return json_response(registry.status())
+
+    async def route(request: Request) -> Response:
+        """The decision for a completion or chat body (its first prompt), not forwarded."""
+        state = state_of(request)
+        raw = await read_body(request, state.config.limits.max_request_bytes)
+        body = parse_object(raw)
+        model, _ = resolve_model(state.models, body.get("model"))
+        tokens = await preprocess(state, len(raw), tokenize_body, model, body, False)
+        decision = await router.route(
+            RouteRequest(tokens.ids, model.name, key_context(body)), record=False
+        )
+        return json_response(decision_body(decision))
+
+    app.add_api_route(
+        "/router/workers",
+        workers,
+        methods=["GET"],
+        summary="Pools, workers, their states and refusal reasons",
+    )
+    app.add_api_route(
+        "/router/route",
+        route,
+        methods=["POST"],
+        summary="Where a completion or chat request would be routed, and why (dry run)",
+    )
+    app.add_middleware(RouteHeaders)
+    return app
+
+
+def decision_body(decision: RouteDecision) -> dict[str, Any]:
+    """A decision as JSON: the chosen worker, score, matched blocks, reason and the ranking."""
+    return {
+        "worker": decision.worker,
+        "model": decision.model,
+        "policy": decision.policy,
+        "score": decision.score,
+        "matched_blocks": decision.matched_blocks,
+        "total_blocks": decision.total_blocks,
+        "reason": decision.reason,
+        "ranking": [
+            {
+                "worker": s.worker,
+                "score": s.score,
+                "matched_blocks": s.matched_blocks,
+                "load": s.load,
+            }
+            for s in decision.ranking
+        ],
+    }

@@ -1,0 +1,119 @@
+"""The engine a routing frontend generates with: route the token ids, forward them, report.
+
+:class:`RoutedEngine` has the simulated engine's ``generate`` signature, so the OpenAI HTTP
+frontend (``tokenkeys.server.http``) serves a pool through it unchanged: the frontend tokenizes
+once with the pool's Preprocessor, this engine asks the :class:`~tokenkeys.router.core.Router`
+for a worker and forwards the ids over ``Inference.Generate``
+(:class:`~tokenkeys.server.remote_engine.RemoteEngine`); usage, cached tokens included, comes
+back from the worker as it reported it.
+
+A worker that fails before its first token (unreachable, stopped) is reported to the registry
+and the next ranked worker is tried; after the first token a failure is the client's to see.
+Each decision is appended to the :class:`RouteNote` of the current request (a context
+variable), which the HTTP layer turns into ``x-tokenkeys-*`` response headers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from tokenkeys.engine.core import GenerateOutput, GenerationParams
+from tokenkeys.errors import TokenkeysError, Unavailable
+from tokenkeys.keys import KeyContext
+from tokenkeys.router.core import RouteDecision, Router, RouteRequest
+from tokenkeys.router.registry import WorkerRegistry
+
+
+@dataclass
+class RouteNote:
+    """The routing of one client request: a decision per prompt, and where each one ran."""
+
+    decisions: list[RouteDecision] = field(default_factory=list)
+    #: The worker that answered each prompt (differs from the decision after a retry).
+    served_by: list[str] = field(default_factory=list)
+
+
+#: The note of the request being handled; set by the transport before generating.
+current_note: contextvars.ContextVar[RouteNote | None] = contextvars.ContextVar(
+    "tokenkeys_route_note", default=None
+)
+
+
+class RoutedEngine:
+    """Generation for ``model`` on the worker ``router`` picks; see the module doc."""
+
+    def __init__(self, router: Router, registry: WorkerRegistry, model: str) -> None:
+        self.router = router
+        self.registry = registry
+        self.model = model
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The context length the pool's workers advertised."""
+        pool = self.registry.pools.get(self.model)
+        return pool.max_context_length if pool is not None else None
+
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: GenerationParams | None = None,
+        context: KeyContext | None = None,
+        *,
+        request_id: str | None = None,
+        lora_name: str | None = None,
+        lora_id: int | None = None,
+    ) -> AsyncIterator[GenerateOutput]:
+        """Route, forward and stream one prompt; outputs as the worker produced them."""
+        ids = list(prompt_token_ids)
+        decision = await self.router.route(RouteRequest(ids, self.model, context))
+        note = current_note.get()
+        if note is not None:
+            note.decisions.append(decision)
+        metrics = self.router.metrics
+        failures: list[str] = []
+        for address in [decision.worker, *decision.fallbacks()]:
+            pool = self.registry.pools[self.model]
+            member = pool.members.get(address)
+            if member is None:
+                continue
+            started = False
+            member.inflight += 1
+            try:
+                engine = self.registry.engine(address, self.model)
+                outputs = engine.generate(
+                    ids, params, context, request_id=request_id, lora_name=lora_name
+                )
+                async with contextlib.aclosing(outputs) as stream:
+                    async for output in stream:
+                        if not started:
+                            started = True
+                            if note is not None:
+                                note.served_by.append(address)
+                        if output.finished and output.usage is not None:
+                            metrics.prompt_tokens.labels(address).inc(output.usage.prompt_tokens)
+                            metrics.cached_tokens.labels(address).inc(
+                                output.usage.cached_prompt_tokens
+                            )
+                        yield output
+                metrics.requests.labels(address, "ok").inc()
+                self.registry.refresh(address)
+                return
+            except Unavailable as exc:
+                if started:
+                    metrics.requests.labels(address, "failed").inc()
+                    raise
+                metrics.requests.labels(address, "retried").inc()
+                failures.append(f"{address}: {exc.message}")
+                self.registry.suspect(address)
+            except TokenkeysError:
+                metrics.requests.labels(address, "failed").inc()
+                raise
+            finally:
+                member.inflight -= 1
+        raise Unavailable(
+            f"no worker of {self.model!r} accepted the request: " + "; ".join(failures or ["none"]),
+            field="model",
+        )

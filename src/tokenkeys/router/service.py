@@ -1,0 +1,141 @@
+"""Assembling a router: the index, the worker registry and the Router, from one config.
+
+:class:`RoutingService` is what ``tokenkeys route`` runs (with the HTTP frontend of
+``router.frontend`` in front) and what ``bench/bench_routing.py`` drives directly: the prefix
+index (in memory, or Redis for several replicas) wrapped in its metrics, the registry that
+discovers and follows the workers, and the :class:`~tokenkeys.router.core.Router` over its pools.
+All metrics share one ``CollectorRegistry`` (:attr:`RoutingService.metrics_registry`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from tokenkeys.errors import ConfigError
+from tokenkeys.router.core import POLICIES, Router
+from tokenkeys.router.discovery import check_address
+from tokenkeys.router.index import PrefixIndex
+from tokenkeys.router.index_memory import DEFAULT_CAPACITY, MemoryPrefixIndex
+from tokenkeys.router.index_redis import RedisPrefixIndex
+from tokenkeys.router.ingest import IngestMetrics
+from tokenkeys.router.instrumented import InstrumentedIndex
+from tokenkeys.router.metrics import RouterMetrics
+from tokenkeys.router.pool import TRANSPORTS
+from tokenkeys.router.pool_setup import PoolSettings, pool_factory
+from tokenkeys.router.registry import WorkerRegistry
+from tokenkeys.router.routed_engine import RoutedEngine
+
+INDEXES = ("memory", "redis")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything a router is configured with (the ``tokenkeys route`` options).
+
+    - ``workers``: engine gRPC addresses (``HOST:PORT``);
+    - ``policy``: ``precise``, ``round_robin`` or ``text_chunks`` (see ``router.core``);
+    - ``index``: ``memory`` (bounded by ``index_capacity`` block keys, LRU) or ``redis`` at
+      ``redis_url`` under ``redis_namespace`` (shared by every router replica using it);
+    - ``transport``: KV events over ``zmq``, ``grpc`` or ``auto`` (ZMQ when advertised);
+      it overrides ``pools.transport``;
+    - ``poll_interval`` / ``timeout``: seconds between worker polls (GetLoad, health,
+      rejoin) and the deadline of each discovery call; ``retry_delay``: pause before a gRPC
+      event stream is resubscribed; ``recheck_interval``: at most one rediscovery per this
+      many seconds when a worker's events follow a foreign spec;
+    - ``pools``: artifact cache, request limits, key strategy (``pool_setup.PoolSettings``).
+    """
+
+    workers: tuple[str, ...]
+    policy: str = "precise"
+    index: str = "memory"
+    redis_url: str | None = None
+    redis_namespace: str = "tokenkeys"
+    index_capacity: int = DEFAULT_CAPACITY
+    transport: str = "auto"
+    poll_interval: float = 1.0
+    timeout: float = 2.0
+    retry_delay: float = 0.5
+    recheck_interval: float = 5.0
+    pools: PoolSettings = field(default_factory=PoolSettings)
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise ConfigError("give at least one --worker HOST:PORT", field="worker")
+        for address in self.workers:
+            check_address(address)
+        if self.policy not in POLICIES:
+            raise ConfigError(
+                f"--policy {self.policy!r} is not one of {', '.join(POLICIES)}", field="policy"
+            )
+        if self.index not in INDEXES:
+            raise ConfigError(
+                f"--index {self.index!r} is not one of {', '.join(INDEXES)}", field="index"
+            )
+        if self.index == "redis" and not self.redis_url:
+            raise ConfigError(
+                "--index redis needs --redis-url (e.g. redis://127.0.0.1:6379/0)",
+                field="redis-url",
+            )
+        if self.transport not in ("auto", *TRANSPORTS):
+            raise ConfigError(
+                f"--events {self.transport!r} is not one of auto, {', '.join(TRANSPORTS)}",
+                field="events",
+            )
+        if not self.poll_interval > 0 or not self.timeout > 0:
+            raise ConfigError(
+                f"--poll-interval and --timeout must be > 0 seconds, got {self.poll_interval} "
+                f"and {self.timeout}",
+                field="poll-interval",
+            )
+
+    def make_index(self) -> PrefixIndex:
+        """The configured prefix index (not yet instrumented)."""
+        if self.index == "redis":
+            assert self.redis_url is not None
+            return RedisPrefixIndex.from_url(self.redis_url, namespace=self.redis_namespace)
+        return MemoryPrefixIndex(self.index_capacity)
+
+
+class RoutingService:
+    """A running router: index, registry, Router; see the module doc."""
+
+    def __init__(self, config: RouterConfig, *, index: PrefixIndex | None = None) -> None:
+        self.config = config
+        self.metrics_registry = CollectorRegistry()
+        self.metrics = RouterMetrics(self.metrics_registry)
+        self.ingest_metrics = IngestMetrics(self.metrics_registry)
+        inner = index if index is not None else config.make_index()
+        self.index = InstrumentedIndex(inner, registry=self.metrics_registry)
+        self.registry = WorkerRegistry(
+            self.index,
+            pool_factory(dataclasses.replace(config.pools, transport=config.transport)),
+            metrics=self.metrics,
+            ingest_metrics=self.ingest_metrics,
+            interval=config.poll_interval,
+            timeout=config.timeout,
+            retry_delay=config.retry_delay,
+            foreign_interval=config.recheck_interval,
+        )
+        self.router = Router(
+            self.registry.pools, self.index, policy=config.policy, metrics=self.metrics
+        )
+        self.registry.on_leave.append(self.router.forget)
+
+    async def start(self) -> RoutingService:
+        """Discover every worker once (unreachable ones are retried by the polls), then poll."""
+        for address in self.config.workers:
+            await self.registry.add(address)
+        await self.registry.start()
+        return self
+
+    def engine(self, model: str | None = None) -> RoutedEngine:
+        """A routing engine for ``model`` (default: the first pool's)."""
+        return RoutedEngine(self.router, self.registry, self.router.pool(model).name)
+
+    async def close(self) -> None:
+        """Stop following workers and close the index."""
+        await self.registry.close()
+        await self.index.close()

@@ -1,0 +1,100 @@
+"""``tokenkeys route`` as a process in front of three ``tokenkeys serve`` processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+from engine_stack import ServeProcess
+
+from tokenkeys.cli import main
+
+from support import REPO
+
+
+class RouteProcess:
+    """``tokenkeys route ARGS`` in a subprocess; ``url`` once it listens."""
+
+    def __init__(self, *args: str, cache: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "TOKENKEYS_CACHE": cache}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenkeys.cli", "route", "--http-port", "0", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.url = ""
+
+    def __enter__(self) -> RouteProcess:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith("HTTP listening on "):
+                self.url = "http://" + line.rsplit(" ", 1)[1].strip()
+                return self
+        _, err = self.proc.communicate(timeout=10)
+        raise AssertionError(f"tokenkeys route exited: {self.lines} {err}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def test_route_in_front_of_serve_processes(tmp_path):
+    engines = [ServeProcess() for _ in range(3)]
+    try:
+        for engine in engines:
+            engine.__enter__()
+        workers = [a for e in engines for a in ("--worker", e.target)]
+        with RouteProcess(*workers, cache=str(tmp_path / "cache")) as router:
+            assert sum(line.endswith("ready (smollm2-135m-instruct)") for line in router.lines) == 3
+            assert any(line.startswith("pool smollm2-135m-instruct") for line in router.lines)
+            messages = [{"role": "system", "content": "You answer questions about trains. " * 8}]
+            served_by, cached = set(), []
+            with httpx.Client(base_url=router.url, timeout=30) as client:
+                for turn in range(3):
+                    messages.append({"role": "user", "content": f"Turn {turn}: a train to Elm?"})
+                    if turn:  # wait until the previous turn's events reached the router
+                        for _ in range(500):
+                            decision = client.post("/router/route", json={"messages": messages})
+                            if decision.json()["reason"] == "prefix":
+                                break
+                            time.sleep(0.01)
+                    response = client.post(
+                        "/v1/chat/completions", json={"messages": messages, "max_tokens": 4}
+                    )
+                    assert response.status_code == 200, response.text
+                    if turn:
+                        assert response.headers["x-tokenkeys-reason"] == "prefix"
+                        assert response.headers["x-tokenkeys-worker"] == decision.json()["worker"]
+                    body = response.json()
+                    served_by.add(response.headers["x-tokenkeys-worker"])
+                    cached.append(body["usage"]["prompt_tokens_details"]["cached_tokens"])
+                    reply = body["choices"][0]["message"]["content"]
+                    messages.append({"role": "assistant", "content": reply})
+                metrics = client.get("/metrics").text
+            assert len(served_by) == 1 and served_by <= {e.target for e in engines}
+            assert all(c > 0 for c in cached[1:])
+            assert 'tokenkeys_router_decisions_total{model="smollm2-135m-instruct"' in metrics
+        assert router.proc.returncode == 0
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def test_route_refuses_bad_options(capsys):
+    assert main(["route", "--worker", "nohost"]) == 2
+    assert "HOST:PORT" in capsys.readouterr().err
+    assert main(["route", "--worker", "127.0.0.1:1", "--index", "redis"]) == 2
+    assert "--redis-url" in capsys.readouterr().err

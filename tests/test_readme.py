@@ -1,0 +1,35 @@
+"""The README's Python example runs as written against a real server."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tokenkeys.keys.deployment import KeySpecOptions, build_spec
+from tokenkeys.limits import Limits
+from tokenkeys.server.cache_key_service import attach_cache_keys
+from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.tokenizer import TokenizerOptions
+
+from support import REPO, ServerThread
+
+
+def readme_python() -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1, "the README holds one Python example"
+    return blocks[0]
+
+
+def test_readme_python_example(tmp_path: Path, capsys) -> None:
+    limits = Limits()
+    models = load_models([ModelSource.default()], TokenizerOptions(), limits)
+    attach_cache_keys(models, build_spec(KeySpecOptions()), limits)
+    with ServerThread(models) as server:
+        scope = {"TARGET": server.target, "CACHE": str(tmp_path / "cache")}
+        exec(compile(readme_python(), "README.md", "exec"), scope)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("local ")
+    count, digest, event_key = out[1].split()
+    assert int(count) > 0 and len(digest) == 64
+    assert int(event_key) == int.from_bytes(bytes.fromhex(digest)[-8:], "big")
