@@ -14,8 +14,8 @@ from tokenkeys.access import BearerTokens, ChannelSecurity, ClientTls, ServerTls
 from tokenkeys.errors import ConfigError
 
 
-def add_server_access_options(parser: argparse.ArgumentParser) -> None:
-    """TLS for gRPC and HTTP, bearer tokens, and where --chat-template files may come from."""
+def add_server_access_options(parser: argparse.ArgumentParser, *, templates: bool = True) -> None:
+    """TLS, bearer tokens, and (``templates``) where --chat-template files may come from."""
     g = parser.add_argument_group("access control")
     g.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve TLS with this certificate")
     g.add_argument("--tls-key", type=Path, metavar="PEM", help="private key of --tls-cert")
@@ -42,6 +42,8 @@ def add_server_access_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="require the token on /health and Control.Health too (default: exempt, for probes)",
     )
+    if not templates:
+        return
     g.add_argument(
         "--allowed-template-dir",
         type=Path,

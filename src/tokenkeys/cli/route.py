@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 
+from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
 from tokenkeys.router.core import POLICIES
@@ -16,6 +17,7 @@ from tokenkeys.router.index_memory import DEFAULT_CAPACITY
 from tokenkeys.router.pool_setup import PoolSettings
 from tokenkeys.router.service import INDEXES, RouterConfig, RoutingService
 from tokenkeys.server.http import start_http_server
+from tokenkeys.server.lifecycle import Lifecycle
 
 log = logging.getLogger("tokenkeys.route")
 
@@ -71,6 +73,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-request-bytes", type=int, default=Limits.max_request_bytes)
     p.add_argument("--tokenize-path", help="path of /tokenize (default /tokenize)")
     p.add_argument("--detokenize-path", help="path of /detokenize (default /detokenize)")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
+    )
+    add_server_access_options(p, templates=False)
     p.set_defaults(func=run)
 
 
@@ -93,7 +103,10 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
 
 async def _route(args: argparse.Namespace) -> int:
     config = config_from(args)
-    http = http_config(args, config.pools.limits)
+    tls = server_tls(args)
+    tokens = server_tokens(args)
+    http = http_config(args, config.pools.limits, auth=tokens)
+    lifecycle = Lifecycle()
     service = await RoutingService(config).start()
     try:
         for ws in service.registry.workers.values():
@@ -113,9 +126,13 @@ async def _route(args: argparse.Namespace) -> int:
                 flush=True,
             )
         app = create_router_app(
-            service.registry, service.router, http, metrics=service.metrics_registry
+            service.registry,
+            service.router,
+            http,
+            metrics=service.metrics_registry,
+            lifecycle=lifecycle,
         )
-        server = await start_http_server(app, args.host, args.http_port)
+        server = await start_http_server(app, args.host, args.http_port, tls=tls)
     except BaseException:
         await service.close()
         raise
@@ -129,7 +146,10 @@ async def _route(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await server.stop()
+    # Drain as tokenkeys serve does: new requests 503, /health draining, in-flight ones finish.
+    lifecycle.begin_drain()
+    left = await lifecycle.wait_idle(args.shutdown_timeout)
+    await server.stop(1.0 if left else 0.0)
     await service.close()
     return 0
 

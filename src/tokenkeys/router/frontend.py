@@ -33,6 +33,7 @@ from tokenkeys.server.http.body import json_response, parse_object, read_body
 from tokenkeys.server.http.generation import key_context
 from tokenkeys.server.http.routes_tokenize import tokenize_body
 from tokenkeys.server.http.state import preprocess, resolve_model, state_of
+from tokenkeys.server.lifecycle import Lifecycle
 from tokenkeys.server.models import ModelRegistry, ServedModel
 
 #: Response headers of a routed request; several prompts (a completions batch) give
@@ -140,10 +141,11 @@ def create_router_app(
     config: HttpConfig | None = None,
     *,
     metrics: CollectorRegistry | None = None,
+    lifecycle: Lifecycle | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible routing app; ``metrics`` (router, ingestion, index) is exported
-    on ``/metrics`` beside the frontend's own."""
-    app = create_app(PoolModels(registry, router), config)
+    on ``/metrics`` beside the frontend's own; /health reports ``lifecycle`` (draining)."""
+    app = create_app(PoolModels(registry, router), config, lifecycle=lifecycle)
     if metrics is not None:
         app.state.tokenkeys.metrics.registry.register(_Include(metrics))
 

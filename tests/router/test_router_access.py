@@ -1,0 +1,32 @@
+"""``tokenkeys route`` shares the server's access control and shutdown: a bearer token on its
+HTTP frontend (health exempt), loopback bind by default, and a SIGTERM drain that exits 0."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+from engine_stack import ServeProcess
+from test_router_cli import RouteProcess
+
+TOKEN = "route-token-0123456789abcdef"
+
+
+def test_route_requires_its_token_and_drains_on_sigterm(tmp_path) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n", encoding="utf-8")
+    with ServeProcess() as engine:
+        args = ["--worker", engine.target, "--auth-token-file", str(token)]
+        with RouteProcess(*args, cache=str(tmp_path / "cache")) as router:
+            assert router.url.startswith("http://127.0.0.1:")
+            with httpx.Client(base_url=router.url, timeout=30) as client:
+                assert client.get("/health").status_code == 200
+                body = {"prompt": "hello", "max_tokens": 2}
+                refused = client.post("/v1/completions", json=body)
+                assert refused.status_code == 401
+                headers = {"authorization": f"Bearer {TOKEN}"}
+                ok = client.post("/v1/completions", json=body, headers=headers)
+                assert ok.status_code == 200, ok.text
+            router.proc.send_signal(signal.SIGTERM)
+            assert router.proc.wait(30) == 0
+    assert not any(TOKEN in line for line in router.lines)
