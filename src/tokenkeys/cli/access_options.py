@@ -75,36 +75,44 @@ def server_tokens(args: argparse.Namespace) -> BearerTokens | None:
     return BearerTokens.load(args.auth_token_file, args.auth_token_env)
 
 
-def add_client_access_options(parser: argparse.ArgumentParser) -> None:
-    """TLS and token options of a command that calls a server."""
-    g = parser.add_argument_group("connecting to a server")
-    g.add_argument("--tls", action="store_true", help="connect with TLS (system roots)")
-    g.add_argument("--tls-ca", type=Path, metavar="PEM", help="connect with TLS, trusting this CA")
-    g.add_argument("--tls-cert", type=Path, metavar="PEM", help="client certificate (mutual TLS)")
-    g.add_argument("--tls-key", type=Path, metavar="PEM", help="private key of --tls-cert")
+def add_client_access_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """TLS and token options of a command that calls a server (``prefix``: e.g. ``worker-``)."""
+    g = parser.add_argument_group("connecting to " + ("the workers" if prefix else "a server"))
+    p = f"--{prefix}"
+    g.add_argument(f"{p}tls", action="store_true", help="connect with TLS (system roots)")
     g.add_argument(
-        "--tls-server-name", metavar="NAME", help="expect this name in the server certificate"
+        f"{p}tls-ca", type=Path, metavar="PEM", help="connect with TLS, trusting this CA"
     )
-    g.add_argument("--auth-token-file", type=Path, metavar="FILE", help="bearer token file")
-    g.add_argument("--auth-token-env", metavar="VAR", help="bearer token environment variable")
+    g.add_argument(f"{p}tls-cert", type=Path, metavar="PEM", help="client certificate (mutual TLS)")
+    g.add_argument(f"{p}tls-key", type=Path, metavar="PEM", help="private key of the certificate")
+    g.add_argument(
+        f"{p}tls-server-name", metavar="NAME", help="expect this name in the server certificate"
+    )
+    g.add_argument(f"{p}auth-token-file", type=Path, metavar="FILE", help="bearer token file")
+    g.add_argument(f"{p}auth-token-env", metavar="VAR", help="bearer token environment variable")
 
 
-def channel_security(args: argparse.Namespace) -> ChannelSecurity:
-    """How a client command reaches its server."""
+def channel_security(args: argparse.Namespace, prefix: str = "") -> ChannelSecurity:
+    """How a client command reaches its server(s), from the options of ``prefix``."""
+    d = prefix.replace("-", "_")
+
+    def opt(name: str):  # noqa: ANN202
+        return getattr(args, d + name)
+
     uses_tls = (
-        args.tls
-        or args.tls_ca is not None
-        or args.tls_cert is not None
-        or args.tls_server_name is not None
+        opt("tls")
+        or opt("tls_ca") is not None
+        or opt("tls_cert") is not None
+        or opt("tls_server_name") is not None
     )
     tls = (
-        ClientTls(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+        ClientTls(opt("tls_ca"), opt("tls_cert"), opt("tls_key"), opt("tls_server_name"))
         if uses_tls
         else None
     )
-    if args.auth_token_file is not None and args.auth_token_env is not None:
-        raise _config("give --auth-token-file or --auth-token-env, not both")
-    return ChannelSecurity(tls, load_token(args.auth_token_file, args.auth_token_env))
+    if opt("auth_token_file") is not None and opt("auth_token_env") is not None:
+        raise _config(f"give --{prefix}auth-token-file or --{prefix}auth-token-env, not both")
+    return ChannelSecurity(tls, load_token(opt("auth_token_file"), opt("auth_token_env")))
 
 
 def _config(message: str) -> ConfigError:

@@ -8,7 +8,13 @@ import logging
 import signal
 import sys
 
-from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
+from tokenkeys.cli.access_options import (
+    add_client_access_options,
+    add_server_access_options,
+    channel_security,
+    server_tls,
+    server_tokens,
+)
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
 from tokenkeys.router.core import POLICIES
@@ -81,6 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
     )
     add_server_access_options(p, templates=False)
+    add_client_access_options(p, prefix="worker-")
     p.set_defaults(func=run)
 
 
@@ -97,7 +104,9 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         transport=args.events,
         poll_interval=args.poll_interval,
         timeout=args.timeout,
-        pools=PoolSettings(cache=args.cache, limits=limits),
+        pools=PoolSettings(
+            cache=args.cache, limits=limits, security=channel_security(args, prefix="worker-")
+        ),
     )
 
 

@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenkeys.access.channel import PLAIN, ChannelSecurity
 from tokenkeys.artifacts import ArtifactCache, PullSettings, pull_async
 from tokenkeys.errors import FailedPrecondition, Unsupported
 from tokenkeys.keys.strategy import KeyStrategy
@@ -30,23 +32,30 @@ from tokenkeys.router.pool import Pool
 StrategyFactory = Callable[[str, str, str], KeyStrategy]
 
 
-def server_strategy(target: str, model: str, spec_fingerprint: str) -> KeyStrategy:
+def server_strategy(
+    target: str, model: str, spec_fingerprint: str, *, security: ChannelSecurity = PLAIN
+) -> KeyStrategy:
     """The key strategy of ``model`` at ``target``: local after its vectors pass, else remote."""
     from tokenkeys.client.keys import CacheKeyClient, strategy_from_server
 
-    client = CacheKeyClient(target, model)
+    client = CacheKeyClient(target, model, security=security)
     return strategy_from_server(client, expected_fingerprint=spec_fingerprint)
 
 
 @dataclass(frozen=True)
 class PoolSettings:
-    """How pools are built: the artifact cache, request limits, the event transport."""
+    """How pools are built: the artifact cache, request limits, the event transport.
+
+    ``security`` (TLS, bearer token) reaches the workers' tokenizer endpoints: the artifact pull
+    (unless ``pull`` says otherwise) and the default key strategy's cache-key calls.
+    """
 
     cache: ArtifactCache | str | os.PathLike[str] | None = None
     limits: Limits = field(default_factory=Limits)
     transport: str = "auto"
     pull: PullSettings | None = None
     strategy: StrategyFactory = server_strategy
+    security: ChannelSecurity = PLAIN
 
 
 class _ChatRefusingPreprocessor(Preprocessor):
@@ -86,13 +95,16 @@ async def build_pool(address: str, model: ModelDescription, settings: PoolSettin
         model=model.name,
         fingerprint=model.fingerprint,
         cache=settings.cache,
-        settings=settings.pull,
+        settings=settings.pull or PullSettings(security=settings.security),
     )
     chat_reproducible = tokenizer.options.chat_template_sha256 is None
     cls = Preprocessor if chat_reproducible else _ChatRefusingPreprocessor
     preprocessor = cls(tokenizer, settings.limits)
+    factory = settings.strategy
+    if factory is server_strategy:
+        factory = functools.partial(server_strategy, security=settings.security)
     strategy = await asyncio.to_thread(
-        settings.strategy, model.tokenizer_endpoint, model.name, model.key_spec.spec_fingerprint
+        factory, model.tokenizer_endpoint, model.name, model.key_spec.spec_fingerprint
     )
     return Pool(
         model.name,

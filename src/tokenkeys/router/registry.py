@@ -28,9 +28,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-import grpc
-
 from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
+from tokenkeys.access.channel import PLAIN, ChannelSecurity
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.router.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.discovery import (
@@ -75,8 +74,11 @@ class WorkerRegistry:
         timeout: float = 2.0,
         retry_delay: float = 0.5,
         foreign_interval: float = 5.0,
+        security: ChannelSecurity = PLAIN,
     ) -> None:
         self.index = index
+        #: TLS and bearer token of the channels to the workers.
+        self.security = security
         self.pool_factory = pool_factory
         self.metrics = metrics if metrics is not None else RouterMetrics()
         self.ingest_metrics = ingest_metrics if ingest_metrics is not None else IngestMetrics()
@@ -101,7 +103,7 @@ class WorkerRegistry:
         check_address(address)
         if address in self.workers:
             return self.workers[address]
-        channel = grpc.aio.insecure_channel(address)
+        channel = self.security.aio_channel(address)
         ws = WorkerState(address, channel, openengine_pb2_grpc.ControlStub(channel))
         self.workers[address] = ws
         await self._check(ws)

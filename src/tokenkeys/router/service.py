@@ -118,6 +118,7 @@ class RoutingService:
             timeout=config.timeout,
             retry_delay=config.retry_delay,
             foreign_interval=config.recheck_interval,
+            security=config.pools.security,
         )
         self.router = Router(
             self.registry.pools, self.index, policy=config.policy, metrics=self.metrics
