@@ -31,10 +31,8 @@ from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys.context import KeyContext, items_overlapping
 from tokenkeys.keys.profile import (
     Profile,
-    check_block_size,
     le_bytes,
     refuse_unsupported,
-    single_group,
 )
 from tokenkeys.keys.spec import BlockKey, CacheKeySpec
 
@@ -102,28 +100,16 @@ class DynamoProfile(Profile):
         groups: object = None,
     ) -> CacheKeySpec:
         """A spec; Dynamo has no root (the first sequence hash is the first block hash)."""
-        if root_seed is not None or root_hex is not None:
-            raise InvalidArgument(
-                f"{self.id} has no root: the chain starts at the first block hash; "
-                "drop root_seed/root_hex",
-                field="root_seed",
-            )
-        unit = check_block_size(block_size)
-        return CacheKeySpec(
-            profile_id=self.id,
-            engine=self.engine,
-            algorithm=self.algorithm,
-            engine_version=self.engine_version,
-            hash_unit=unit,
-            groups=single_group(unit, groups),
-            root_hex="",
-            root_derivation="none",
+        return self.rootless_spec(
+            block_size,
+            root_seed,
+            root_hex,
+            groups,
+            chain_start="the chain starts at the first block hash",
             serialization="u32_le_tokens+u64_le_sorted_mm",
             digest="xxh3_64",
             event_encoding="u64",
             extra_keys="dynamo_seed_mix",
-            partial_block="never_hashed",
-            client_computable=True,
         )
 
     def check_context(self, spec: CacheKeySpec, ctx: KeyContext, n_blocks: int) -> None:

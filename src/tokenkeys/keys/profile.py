@@ -207,6 +207,46 @@ class Profile(ABC):
         """Refuse context fields this profile does not support (overridden per family)."""
         refuse_unsupported(self.id, ctx, n_blocks)
 
+    def rootless_spec(
+        self,
+        block_size: int | None,
+        root_seed: str | None,
+        root_hex: str | None,
+        groups: object,
+        *,
+        chain_start: str,
+        serialization: str,
+        digest: str,
+        event_encoding: str,
+        extra_keys: str,
+    ) -> CacheKeySpec:
+        """A single-group spec for a family whose chain has no root (SGLang, Dynamo).
+
+        ``chain_start`` says how the chain begins instead, for the refusal of a root option.
+        """
+        if root_seed is not None or root_hex is not None:
+            raise InvalidArgument(
+                f"{self.id} has no root: {chain_start}; drop root_seed/root_hex",
+                field="root_seed",
+            )
+        unit = check_block_size(block_size)
+        return CacheKeySpec(
+            profile_id=self.id,
+            engine=self.engine,
+            algorithm=self.algorithm,
+            engine_version=self.engine_version,
+            hash_unit=unit,
+            groups=single_group(unit, groups),
+            root_hex="",
+            root_derivation="none",
+            serialization=serialization,
+            digest=digest,
+            event_encoding=event_encoding,
+            extra_keys=extra_keys,
+            partial_block="never_hashed",
+            client_computable=True,
+        )
+
 
 def refuse_unsupported(
     profile_id: str,

@@ -25,11 +25,9 @@ from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys.context import KeyContext
 from tokenkeys.keys.profile import (
     Profile,
-    check_block_size,
     event_keys_of,
     le_bytes,
     refuse_unsupported,
-    single_group,
 )
 from tokenkeys.keys.spec import BlockKey, CacheKeySpec, make_block_keys
 
@@ -75,28 +73,16 @@ class SglangProfile(Profile):
         groups: object = None,
     ) -> CacheKeySpec:
         """A spec; SGLang has no root (the first page has no prior digest)."""
-        if root_seed is not None or root_hex is not None:
-            raise InvalidArgument(
-                f"{self.id} has no root: the first page is hashed without a prior digest; "
-                "drop root_seed/root_hex",
-                field="root_seed",
-            )
-        unit = check_block_size(block_size)
-        return CacheKeySpec(
-            profile_id=self.id,
-            engine=self.engine,
-            algorithm=self.algorithm,
-            engine_version=self.engine_version,
-            hash_unit=unit,
-            groups=single_group(unit, groups),
-            root_hex="",
-            root_derivation="none",
+        return self.rootless_spec(
+            block_size,
+            root_seed,
+            root_hex,
+            groups,
+            chain_start="the first page is hashed without a prior digest",
             serialization="u32_le_tokens",
             digest="sha256",
             event_encoding="i64_be_first8",
             extra_keys="sglang_salt_seed",
-            partial_block="never_hashed",
-            client_computable=True,
         )
 
     def check_context(self, spec: CacheKeySpec, ctx: KeyContext, n_blocks: int) -> None:
