@@ -14,7 +14,7 @@ from pathlib import Path
 
 from timing import pct, sample, us
 
-from tokenkeys.chat import ChatPrologue
+from tokenkeys.preprocess.chat import ChatPrologue
 from tokenkeys.tokenizer.chat_template import ChatTemplateRenderer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,9 +8,9 @@ import httpx
 import pytest
 from routing_support import SYSTEM, start_cluster, start_frontend
 
-from tokenkeys.chat import ChatOptions
 from tokenkeys.keys import make_spec
 from tokenkeys.limits import Limits
+from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.router.pool_setup import PoolSettings
 from tokenkeys.server.cache_key_service import attach_cache_keys
 from tokenkeys.server.loading import ModelSource, load_models

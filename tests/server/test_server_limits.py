@@ -12,11 +12,11 @@ from engine_stack import start_stack
 
 from tokenkeys._gen.openengine.v1 import generation_pb2, lifecycle_pb2
 from tokenkeys.artifacts import ArtifactLimits, PullSettings, fetch
-from tokenkeys.chat import ChatOptions
 from tokenkeys.client import TokenizerClient
 from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.errors import ConfigError, LimitExceeded
 from tokenkeys.limits import Limits
+from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.engine_config import EngineConfig
 from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from tokenkeys.chat import ChatOptions
 from tokenkeys.keys.deployment import (
     DEFAULT_BLOCK_SIZE,
     NO_PROFILE,
     KeySpecOptions,
 )
 from tokenkeys.limits import Limits
+from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.server.models import ModelRegistry
 from tokenkeys.tokenizer import TokenizerOptions

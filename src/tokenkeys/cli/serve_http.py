@@ -16,10 +16,10 @@ from pathlib import Path
 
 from tokenkeys.access.tls import ServerTls
 from tokenkeys.access.token import BearerTokens
-from tokenkeys.chat import ChatOptions
 from tokenkeys.cli.limit_options import render_limits_from
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
+from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.http import HttpConfig, HttpServer, create_app, start_http_server
 from tokenkeys.server.http.config import DETOKENIZE_PATH_ENV, TOKENIZE_PATH_ENV, resolve_paths
 from tokenkeys.server.lifecycle import Lifecycle

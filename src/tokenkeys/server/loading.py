@@ -12,9 +12,9 @@ from typing import Any
 
 from tokenkeys.artifacts.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from tokenkeys.artifacts.streamer import ArtifactStreamer
-from tokenkeys.chat import ChatOptions
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
+from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.models import ModelRegistry, ServedModel
 from tokenkeys.server.tokenizer_messages import tokenizer_identity
 from tokenkeys.tokenizer import (

@@ -11,11 +11,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tokenkeys.chat import ChatOptions
 from tokenkeys.engine.core import Engine
 from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.keys import block_keys, make_spec
 from tokenkeys.limits import Limits
+from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.http import HttpConfig, create_app, start_http_server
 from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.server.models import ModelRegistry

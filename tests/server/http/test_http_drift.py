@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenkeys.chat import ChatOptions
 from tokenkeys.preprocess import Tokenized
+from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.http import routes_tokenize
 from tokenkeys.server.loading import ModelSource
 from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path

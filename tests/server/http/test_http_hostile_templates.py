@@ -12,9 +12,9 @@ import httpx
 import pytest
 from served import Served
 
-from tokenkeys.chat import ChatOptions
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
+from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 from tokenkeys.tokenizer.chat_template import RenderLimits

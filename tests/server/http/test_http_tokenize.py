@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tokenkeys.chat import ChatOptions
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
+from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.http import HttpConfig
 from tokenkeys.server.http.config import resolve_paths
 from tokenkeys.server.http.responses import DetokenizeResponse, ErrorResponse, TokenizeResponse

@@ -1,12 +1,13 @@
 """What a generation request asks of the engine, and the options generation cannot honour.
 
 :func:`unsupported_option` is the one rule both generation routes consult (the prompt-side
-rules live with the Preprocessor: :func:`tokenkeys.completion.unsupported_reason` and
-:func:`tokenkeys.chat.unsupported_reason`). An option is refused with 501 when honouring it
-would change what is returned or counted and this deployment does not do it: several choices,
-log probabilities, echo, stop strings, constrained decoding, forced tool calls. Options that only
-shape a sampling distribution (temperature, top_p, top_k, penalties) are accepted: the simulated
-engine draws deterministic tokens from ``(prompt, seed)`` and no count depends on them.
+rules live with the Preprocessor: :func:`tokenkeys.preprocess.completion.unsupported_reason` and
+:func:`tokenkeys.preprocess.chat.unsupported_reason`). An option is refused with 501 when
+honouring it would change what is returned or counted and this deployment does not do it:
+several choices, log probabilities, echo, stop strings, constrained decoding, forced tool calls.
+Options that only shape a sampling distribution (temperature, top_p, top_k, penalties) are
+accepted: the simulated engine draws deterministic tokens from ``(prompt, seed)`` and no count
+depends on them.
 Field names are vLLM's (0.33-era ``main``, ``vllm/entrypoints/openai/*/protocol.py``).
 """
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenkeys.chat_messages import media_kind, normalize_messages
 from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.preprocess.chat_messages import media_kind, normalize_messages
 
 
 def one(message: dict, fmt: str = "string") -> dict:

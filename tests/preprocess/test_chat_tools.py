@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenkeys.chat_tools import check_tool_choice, normalize_tools
 from tokenkeys.errors import InvalidArgument
+from tokenkeys.preprocess.chat_tools import check_tool_choice, normalize_tools
 
 
 def test_tools_are_dumped_like_vllm() -> None:

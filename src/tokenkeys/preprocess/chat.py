@@ -16,10 +16,10 @@ follow vLLM's chat path (0.33-era ``main``: ``ChatCompletionRequest.build_chat_p
    ``reasoning_effort`` (which also sets ``enable_thinking`` unless the kwargs do), all laid
    over the server's ``default_chat_template_kwargs``; a null or ``"auto"`` value never
    overrides. Only names the template reads are kept.
-4. Tools are normalized by :func:`~tokenkeys.chat_tools.normalize_tools`; ``tool_choice: "none"``
-   drops them only with ``exclude_tools_when_tool_choice_none``.
+4. Tools are normalized by :func:`~tokenkeys.preprocess.chat_tools.normalize_tools`;
+   ``tool_choice: "none"`` drops them only with ``exclude_tools_when_tool_choice_none``.
 5. The template is chosen by :func:`~tokenkeys.tokenizer.chat_template_select.select_template`,
-   messages are normalized by :func:`~tokenkeys.chat_messages.normalize_messages` for the
+   messages are normalized by :func:`~tokenkeys.preprocess.chat_messages.normalize_messages` for the
    template's content format, and the result is a frozen :class:`ChatRender`.
 
 One deliberate difference from vLLM: vLLM's /tokenize ignores ``documents``,
@@ -37,8 +37,6 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Literal
 
-from tokenkeys.chat_messages import media_kind, normalize_messages
-from tokenkeys.chat_tools import check_tool_choice, normalize_tools, optional
 from tokenkeys.errors import (
     ConfigError,
     InvalidArgument,
@@ -46,7 +44,9 @@ from tokenkeys.errors import (
     TokenkeysError,
     Unsupported,
 )
-from tokenkeys.prompt_options import shared_prompt_reason
+from tokenkeys.preprocess.chat_messages import media_kind, normalize_messages
+from tokenkeys.preprocess.chat_tools import check_tool_choice, normalize_tools, optional
+from tokenkeys.preprocess.prompt_options import shared_prompt_reason
 from tokenkeys.tokenizer.chat_template import ChatTemplateRenderer, RenderLimits
 from tokenkeys.tokenizer.chat_template_select import select_template
 
@@ -114,8 +114,8 @@ def unsupported_reason(request: Mapping[str, Any]) -> str | None:
     ``mm_processor_kwargs`` and ``media_io_kwargs`` (no multimodal processor runs here),
     media content parts (placeholder expansion is the engine's), tokenizer options inside
     ``chat_template_kwargs``, and the prompt-changing fields both request forms share
-    (:func:`~tokenkeys.prompt_options.shared_prompt_reason`). Malformed fields are not judged
-    here (``prepare`` reports them).
+    (:func:`~tokenkeys.preprocess.prompt_options.shared_prompt_reason`). Malformed fields are
+    not judged here (``prepare`` reports them).
     """
     shared = shared_prompt_reason(request)
     if shared is not None:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenkeys.chat import ChatOptions, ChatPrologue, unsupported_reason
 from tokenkeys.errors import ConfigError, InvalidArgument, Unsupported, status_of
+from tokenkeys.preprocess.chat import ChatOptions, ChatPrologue, unsupported_reason
 
-TOKENIZERS = (Path(__file__).resolve().parents[1] / ".." / "shared" / "tokenizers").resolve()
+from support import SHARED
+
+TOKENIZERS = SHARED / "tokenizers"
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenkeys import completion
-from tokenkeys.chat import ChatOptions, ChatPrologue
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.limits import Limits
-from tokenkeys.prompt_options import optional_flag
+from tokenkeys.preprocess import completion
+from tokenkeys.preprocess.chat import ChatOptions, ChatPrologue
+from tokenkeys.preprocess.prompt_options import optional_flag
 from tokenkeys.tokenizer import Tokenizer, Truncation
 from tokenkeys.tokenizer.specials import template_special_tokens
 
@@ -131,8 +131,8 @@ class Preprocessor:
         Texts are encoded by :meth:`tokenize_prompts` with the request's ``add_special_tokens``
         (unset: the served default); token-id prompts pass through unchanged after a
         vocabulary check. What cannot be built exactly is refused by
-        :func:`tokenkeys.completion.unsupported_reason`. /v1/completions and the completion
-        form of /tokenize both call this one method.
+        :func:`tokenkeys.preprocess.completion.unsupported_reason`. /v1/completions and the
+        completion form of /tokenize both call this one method.
         """
         reason = completion.unsupported_reason(request)
         if reason is not None:
@@ -169,8 +169,8 @@ class Preprocessor:
 
         The chat prologue (content parts, tool calls, template kwargs defaults, template
         selection) and the 501 checks for what generation cannot do exactly all live in
-        :class:`~tokenkeys.chat.ChatPrologue`; both /v1/chat/completions and /tokenize call
-        this one method, so they cannot disagree.
+        :class:`~tokenkeys.preprocess.chat.ChatPrologue`; both /v1/chat/completions and
+        /tokenize call this one method, so they cannot disagree.
         """
         messages = request.get("messages") if isinstance(request, Mapping) else None
         if isinstance(messages, list):

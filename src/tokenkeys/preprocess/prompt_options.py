@@ -4,8 +4,9 @@ vLLM's completion and chat requests share a few fields that rewrite the prompt a
 encoded (``vllm/entrypoints/openai/completion/protocol.py`` and
 ``chat_completion/protocol.py``, 0.33-era ``main``). This deployment does not apply them, so a
 request carrying one is refused by :func:`shared_prompt_reason`, which the completion rules
-(:mod:`tokenkeys.completion`) and the chat rules (:func:`tokenkeys.chat.unsupported_reason`) both
-consult: a count is never reported for a prompt that generation would build differently.
+(:mod:`tokenkeys.preprocess.completion`) and the chat rules
+(:func:`tokenkeys.preprocess.chat.unsupported_reason`) both consult: a count is never reported
+for a prompt that generation would build differently.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenkeys.errors import InvalidArgument
-from tokenkeys.prompt_options import shared_prompt_reason
+from tokenkeys.preprocess.prompt_options import shared_prompt_reason
 
 Prompt = str | list[int]
 
@@ -23,7 +23,7 @@ def unsupported_reason(request: Mapping[str, Any]) -> str | None:
     """Why this completion request's prompt cannot be built exactly here, or None when it can.
 
     ``suffix`` (fill-in-the-middle: the engine would splice it into the prompt; vLLM refuses it
-    too) and the prompt-changing fields of :mod:`tokenkeys.prompt_options`.
+    too) and the prompt-changing fields of :mod:`tokenkeys.preprocess.prompt_options`.
     """
     shared = shared_prompt_reason(request)
     if shared is not None:

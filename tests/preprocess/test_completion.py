@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tokenkeys.completion import prompts_of, unsupported_reason
 from tokenkeys.errors import InvalidArgument, LimitExceeded, Unsupported
 from tokenkeys.limits import Limits
+from tokenkeys.preprocess.completion import prompts_of, unsupported_reason
 from tokenkeys.server.loading import load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
