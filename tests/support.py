@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,37 +27,30 @@ def shared_path(*parts: str) -> Path:
     return path
 
 
-class ServerThread:
-    """A real asyncio gRPC server on a loopback port, run on its own thread and event loop.
+class LoopServerThread:
+    """A real server on a loopback port, run on its own thread and event loop.
 
-    Tests talk to it with ordinary blocking clients, as a router would.
+    Subclasses say how to start (``_start`` returns the server and its port) and stop it; tests
+    talk to it with ordinary blocking clients, as a router would.
     """
 
-    def __init__(self, models: ModelRegistry, limits: Limits | None = None) -> None:
-        self.models = models
-        self.limits = limits or Limits()
+    def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.port = 0
         self._error: BaseException | None = None
 
+    async def _start(self) -> tuple[Any, int]:
+        raise NotImplementedError
+
+    async def _stop(self) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            service = TokenizerService(self.models)
-            self.server, self.port = self.loop.run_until_complete(
-                start_grpc_server(
-                    [
-                        lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(
-                            service, s
-                        )
-                    ],
-                    "127.0.0.1",
-                    0,
-                    self.limits,
-                )
-            )
+            self.server, self.port = self.loop.run_until_complete(self._start())
         except BaseException as exc:  # reported to the starting test
             self._error = exc
             self._ready.set()
@@ -64,11 +58,7 @@ class ServerThread:
         self._ready.set()
         self.loop.run_forever()
 
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def __enter__(self) -> ServerThread:
+    def __enter__(self):  # noqa: ANN204 - returns the subclass
         self._thread.start()
         self._ready.wait(30)
         if self._error:
@@ -76,10 +66,34 @@ class ServerThread:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        fut = asyncio.run_coroutine_threadsafe(self.server.stop(None), self.loop)
-        fut.result(10)
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(15)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+
+
+class ServerThread(LoopServerThread):
+    """The OpenEngineTokenizer gRPC service of ``models`` on a loopback port."""
+
+    def __init__(self, models: ModelRegistry, limits: Limits | None = None) -> None:
+        super().__init__()
+        self.models = models
+        self.limits = limits or Limits()
+
+    async def _start(self) -> tuple[Any, int]:
+        service = TokenizerService(self.models)
+        return await start_grpc_server(
+            [lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s)],
+            "127.0.0.1",
+            0,
+            self.limits,
+        )
+
+    async def _stop(self) -> None:
+        await self.server.stop(None)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
 
 def run_cli(  # noqa: ANN201

@@ -6,8 +6,6 @@ a guard catch it; clients are ordinary httpx clients, as a router's would be.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,8 @@ from tokenkeys.server.http import HttpConfig, create_app, start_http_server
 from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.server.models import ModelRegistry
 from tokenkeys.tokenizer import TokenizerOptions
+
+from support import LoopServerThread
 
 BLOCK_SIZE = 16
 
@@ -64,51 +64,28 @@ def registry(
     return attach_engines(models) if engines else models
 
 
-class HttpServerThread:
+class HttpServerThread(LoopServerThread):
     """A real uvicorn server of ``create_app(models, config)`` on 127.0.0.1, own loop and thread."""
 
     def __init__(
         self, models: ModelRegistry, config: HttpConfig | None = None, *, tls: Any = None
     ) -> None:
+        super().__init__()
         self.models = models
         self.config = config or HttpConfig()
         self.tls = tls
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
         self.app = create_app(models, self.config)
-        self.port = 0
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.server = self.loop.run_until_complete(
-                start_http_server(self.app, "127.0.0.1", 0, tls=self.tls)
-            )
-            self.port = self.server.port
-        except BaseException as exc:  # reported to the starting test
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self.loop.run_forever()
+    async def _start(self) -> tuple[Any, int]:
+        server = await start_http_server(self.app, "127.0.0.1", 0, tls=self.tls)
+        return server, server.port
+
+    async def _stop(self) -> None:
+        await self.server.stop()
 
     @property
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> HttpServerThread:
-        self._thread.start()
-        self._ready.wait(30)
-        if self._error:
-            raise self._error
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(15)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
 
 
 def bos_variant(folder: Path) -> Path:
