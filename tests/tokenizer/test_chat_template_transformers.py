@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.tokenizer.chat_template import ChatTemplateRenderer
 
+from chat_fixtures import CHAT_MODELS, TOOL_CONVERSATION, TOOLS
+
 TOKENIZERS = (Path(__file__).resolve().parents[2] / ".." / "shared" / "tokenizers").resolve()
-MODELS = ("smollm2-135m-instruct", "qwen2.5-instruct", "phi-3-mini")
+MODELS = CHAT_MODELS
 
 pytestmark = pytest.mark.skipif(
     not TOKENIZERS.is_dir(), reason=f"real tokenizers not found at {TOKENIZERS}"
@@ -37,21 +39,6 @@ def hf() -> dict:
     }
 
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Météo actuelle d'une ville — 天気",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "description": "Ville, e.g. Zürich"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-
 CONVERSATIONS = {
     "cjk_emoji_accents": [
         {"role": "system", "content": "Tu es un assistant précis. 你是一个助手。"},
@@ -69,24 +56,6 @@ CONVERSATIONS = {
         {"role": "assistant", "content": "Vagues d'argent —"},
     ],
 }
-
-TOOL_CONVERSATION = [
-    {"role": "user", "content": "Quel temps fait-il à Zürich? 🌦"},
-    {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": {"city": "Zürich"}},
-            }
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": "12°C", "ciel": "nuageux"}'},
-    {"role": "assistant", "content": "Il fait 12°C ☁️"},
-    {"role": "user", "content": "Et à 東京?"},
-]
 
 
 def _ours(tok, messages, **kwargs) -> str:

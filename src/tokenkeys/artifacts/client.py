@@ -280,13 +280,11 @@ def pull(
     progress: ProgressCallback | None = None,
 ) -> Tokenizer:
     """Blocking :func:`pull_async`: the server's tokenizer, verified, cached and loaded."""
-    return asyncio.run(
-        pull_async(
-            target,
-            model=model,
-            fingerprint=fingerprint,
-            cache=cache,
-            settings=settings,
-            progress=progress,
-        )
-    )
+    return fetch(
+        target,
+        model=model,
+        fingerprint=fingerprint,
+        cache=cache,
+        settings=settings,
+        progress=progress,
+    ).load()

@@ -18,12 +18,13 @@ import pytest
 
 from tokenkeys.tokenizer import TokenizerOptions
 
+from chat_fixtures import CHAT_MODELS, TOOL_CONVERSATION, TOOLS
 from http_support import HttpServerThread, registry
 from support import shared_path
 
 transformers = pytest.importorskip("transformers")
 
-MODELS = ("smollm2-135m-instruct", "qwen2.5-instruct", "phi-3-mini")
+MODELS = CHAT_MODELS
 BACKENDS = ("tokenizers", "transformers")
 
 CONVERSATIONS = {
@@ -39,37 +40,6 @@ CONVERSATIONS = {
         {"role": "user", "content": "Zürich → São Paulo, Ærøskøbing 🚆"},
     ],
 }
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Météo actuelle d'une ville — 天気",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "description": "Ville, e.g. Zürich"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-TOOL_CONVERSATION = [
-    {"role": "user", "content": "Quel temps fait-il à Zürich? 🌦"},
-    {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": {"city": "Zürich"}},
-            }
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": "12°C", "ciel": "nuageux"}'},
-    {"role": "assistant", "content": "Il fait 12°C ☁️"},
-    {"role": "user", "content": "Et à 東京?"},
-]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
