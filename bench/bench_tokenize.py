@@ -128,7 +128,7 @@ def run(quick: bool) -> str:
         "(aim: at least 80%).",
         "",
         "Where the time of a 1k-token Tokenize goes (profiled once on this machine, 2 shared "
-        "cores at load average 6-13 from other sessions; `docs/benchmarks.md` explains):",
+        "cores at load average 6-13 from other sessions):",
         "",
         "| where | measure | 1k-token call | empty call |",
         "|---|---|---:|---:|",

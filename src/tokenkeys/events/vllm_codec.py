@@ -49,7 +49,7 @@ from tokenkeys.events.vllm_layout import (
     STORED_FIELDS,
     layout_for,
 )
-from tokenkeys.events.vllm_structs import decode_strict, encode_batch
+from tokenkeys.events.vllm_structs import batch_encoder, decode_strict, encode_batch
 
 __all__ = ["DEFAULT_VERSION", "VllmMsgpackCodec", "encode", "encode_batch", "layout_for"]
 
@@ -186,13 +186,14 @@ class VllmMsgpackCodec:
 
     def __init__(self, version: str = DEFAULT_VERSION, *, spec: SpecRef | None = None) -> None:
         self.layout = layout_for(version)
+        self._encode = batch_encoder(self.layout)
         self.version = version
         self.spec = spec
         self.stats = DecodeStats()
 
     def encode(self, batch: EventBatch) -> bytes:
         """Return the msgpack payload vLLM ``version`` would publish for ``batch``."""
-        return encode_batch(batch, self.layout)
+        return self._encode(batch)
 
     def decode(self, payload: bytes) -> EventBatch:
         """Decode one payload; drop (and count) bad events, reject a payload that is no batch."""

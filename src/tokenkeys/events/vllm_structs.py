@@ -19,6 +19,7 @@ class name) and encodes them with ``msgspec.msgpack.Encoder()``. Two uses here:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from operator import attrgetter
 from typing import Any
@@ -64,7 +65,6 @@ def _declare(name: str, names: tuple[str, ...], required: tuple[str, ...], array
     return msgspec.defstruct(name, spec, tag=name, array_like=array, omit_defaults=True, gc=False)
 
 
-@cache
 def _encoders(layout: WireLayout) -> dict[type, tuple[type, attrgetter | None]]:
     """Per event class: vLLM's struct for ``layout`` and a getter of its field values."""
     array = layout.form == "array"
@@ -78,33 +78,45 @@ def _encoders(layout: WireLayout) -> dict[type, tuple[type, attrgetter | None]]:
     }
 
 
-def _struct_of(event: KvEvent, encoders: dict[type, tuple[type, attrgetter | None]]) -> Any:
-    found = encoders.get(type(event))
-    if found is None:
-        found = next((v for c, v in encoders.items() if isinstance(event, c)), None)
+@cache
+def batch_encoder(layout: WireLayout) -> Callable[[EventBatch], bytes]:
+    """The encoder of ``layout``: batch -> the msgpack payload vLLM publishes (``batch.spec`` is
+    not written). Built once per layout, so a codec does not look its structs up per batch."""
+    encoders = _encoders(layout)
+
+    def struct_of(event: KvEvent) -> Any:
+        found = encoders.get(type(event))
         if found is None:
+            found = next((v for c, v in encoders.items() if isinstance(event, c)), None)
+            if found is None:
+                raise InvalidArgument(
+                    f"cannot encode {type(event).__name__} as a vLLM KV event; allowed: "
+                    "BlockStored, BlockRemoved, AllBlocksCleared",
+                    field="events",
+                )
+        struct, values = found
+        # Every layout has at least two fields per data event, so the getter gives a tuple.
+        return struct() if values is None else struct(*values(event))
+
+    def encode(batch: EventBatch) -> bytes:
+        events = [struct_of(event) for event in batch.events]
+        try:
+            body = _Batch(float(batch.ts), events, batch.data_parallel_rank)
+            return _ENCODER.encode(body)
+        except (OverflowError, TypeError, ValueError) as exc:
             raise InvalidArgument(
-                f"cannot encode {type(event).__name__} as a vLLM KV event; allowed: "
-                "BlockStored, BlockRemoved, AllBlocksCleared",
+                f"event batch has a value msgpack cannot encode ({exc}); hashes must be ints "
+                "in [-2**63, 2**64) or bytes, token ids ints, extra keys tuples of "
+                "str/int/bytes/None",
                 field="events",
-            )
-    struct, values = found
-    # Every layout has at least two fields per data event, so the getter returns a tuple.
-    return struct() if values is None else struct(*values(event))
+            ) from exc
+
+    return encode
 
 
 def encode_batch(batch: EventBatch, layout: WireLayout) -> bytes:
     """Encode a batch as the msgpack payload vLLM publishes (``batch.spec`` is not written)."""
-    encoders = _encoders(layout)
-    events = [_struct_of(event, encoders) for event in batch.events]
-    try:
-        return _ENCODER.encode(_Batch(float(batch.ts), events, batch.data_parallel_rank))
-    except (OverflowError, TypeError, ValueError) as exc:
-        raise InvalidArgument(
-            f"event batch has a value msgpack cannot encode ({exc}); hashes must be ints in "
-            "[-2**63, 2**64) or bytes, token ids ints, extra keys tuples of str/int/bytes/None",
-            field="events",
-        ) from exc
+    return batch_encoder(layout)(batch)
 
 
 # ----------------------------------------------------------------------------- strict decoding
