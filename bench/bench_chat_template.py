@@ -15,7 +15,7 @@ from pathlib import Path
 from timing import pct, sample, us
 
 from tokenkeys.preprocess.chat import ChatPrologue
-from tokenkeys.tokenizer.chat_template import ChatTemplateRenderer
+from tokenkeys.template.render import ChatTemplateRenderer
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN = (ROOT / ".." / "shared" / "tokenizers" / "qwen2.5-instruct").resolve()

@@ -33,7 +33,7 @@ from timing import pct
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import DEFAULT_MODEL_NAME, TokenizerOptions, default_tokenizer_path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,9 +11,9 @@ import pytest
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc_server import start_grpc_server
-from tokenkeys.server.models import ModelRegistry
-from tokenkeys.server.tokenizer_service import TokenizerService
+from tokenkeys.server.grpc.server import start_grpc_server
+from tokenkeys.server.grpc.tokenizer import TokenizerService
+from tokenkeys.serving.models import ModelRegistry
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"

@@ -15,7 +15,7 @@ import pytest
 from faulty_streams import Stall, data_indices, leftovers, served
 
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, default_tokenizer_path
 
 from support import REPO, run_cli

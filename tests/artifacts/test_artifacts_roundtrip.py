@@ -16,7 +16,7 @@ from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import FailedPrecondition
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path
 
 from support import shared_path

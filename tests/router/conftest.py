@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 import redis
 
-from tokenkeys.router.index import PrefixIndex
-from tokenkeys.router.index_memory import MemoryPrefixIndex
-from tokenkeys.router.index_redis import RedisPrefixIndex
-from tokenkeys.router.instrumented import InstrumentedIndex
+from tokenkeys.router.index.instrumented import InstrumentedIndex
+from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.index.model import PrefixIndex
+from tokenkeys.router.index.redis import RedisPrefixIndex
 
 
 def _free_port() -> int:

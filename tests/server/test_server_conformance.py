@@ -14,7 +14,7 @@ import tokenizers
 
 from tokenkeys.client import TokenizerClient
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import DEFAULT_MODEL_NAME, TokenizerOptions
 
 from support import run_cli, shared_path

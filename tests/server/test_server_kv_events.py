@@ -24,7 +24,7 @@ from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_publisher import END_SEQ
 from tokenkeys.keys import block_keys
-from tokenkeys.server.engine_config import EngineConfig
+from tokenkeys.server.runtime.config import EngineConfig
 
 CODEC = ProtobufEventCodec()
 
