@@ -184,14 +184,32 @@ async def test_malformed_replay_requests_are_ignored():
 async def test_topic_filtering():
     async with ZmqEventPublisher(topic="kv@a:1@m") as pub:
         match = await _raw_sub(pub.endpoint, "kv@a:1@")
-        other = await _raw_sub(pub.endpoint, "kv@b:1@")
+        other = _actx().socket(zmq.SUB)
+        other.setsockopt(zmq.LINGER, 0)
+        other.setsockopt(zmq.SUBSCRIBE, b"kv@b:1@")
+        # Watched from before connect(), so the handshake event cannot be missed.
+        monitor = other.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        other.connect(pub.endpoint)
         try:
             await _warm_raw(pub, match)
-            await asyncio.sleep(0.05)  # let `other` subscribe too; it must still get nothing
-            pub.publish(b"x")
+            await asyncio.wait_for(monitor.recv_multipart(), 5)  # `other` is connected
+            x = pub.publish(b"x")
             assert (await match.recv_multipart())[2] == b"x"
-            assert await other.poll(100) == 0
+            # `other` now takes the publisher's topic too. Frames of one connection arrive in
+            # order, so had x been sent to it, x would come first: the first frame must be a
+            # probe published after x.
+            other.setsockopt(zmq.SUBSCRIBE, b"kv@a:1@")
+            first = None
+            for _ in range(400):
+                pub.publish(b"probe")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    first = await asyncio.wait_for(other.recv_multipart(), 0.05)
+                    break
+            assert first is not None, "the new subscription never took effect"
+            assert first[2] == b"probe" and int.from_bytes(first[1], "big") > x
         finally:
+            other.disable_monitor()
+            monitor.close(linger=0)
             match.close(linger=0)
             other.close(linger=0)
 
