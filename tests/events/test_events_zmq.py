@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import pytest
 import zmq
@@ -20,6 +22,7 @@ from tokenkeys.events.zmq_publisher import END_SEQ, ZmqEventPublisher, make_topi
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 
 TOPIC = "kv@127.0.0.1:8000@test-model"
+T = TypeVar("T")
 
 
 def _ctx() -> zmq.Context:
@@ -48,6 +51,15 @@ async def _warm_raw(pub: ZmqEventPublisher, sub: zmq.asyncio.Socket) -> None:
                 frames = await sub.recv_multipart()
             return
     raise AssertionError("subscriber never connected")
+
+
+async def _first_while_probing(probe: Callable[[], object], recv: Callable[[], Awaitable[T]]) -> T:
+    """Call ``probe()`` until ``recv()`` gives something (a SUB joins late); return that."""
+    for _ in range(400):
+        probe()
+        with contextlib.suppress(asyncio.TimeoutError):
+            return await asyncio.wait_for(recv(), 0.05)
+    raise AssertionError("nothing received while probing")
 
 
 async def _warm(pub: ZmqEventPublisher, sub: ZmqEventSubscriber) -> int:
@@ -199,13 +211,7 @@ async def test_topic_filtering():
             # order, so had x been sent to it, x would come first: the first frame must be a
             # probe published after x.
             other.setsockopt(zmq.SUBSCRIBE, b"kv@a:1@")
-            first = None
-            for _ in range(400):
-                pub.publish(b"probe")
-                with contextlib.suppress(asyncio.TimeoutError):
-                    first = await asyncio.wait_for(other.recv_multipart(), 0.05)
-                    break
-            assert first is not None, "the new subscription never took effect"
+            first = await _first_while_probing(lambda: pub.publish(b"probe"), other.recv_multipart)
             assert first[2] == b"probe" and int.from_bytes(first[1], "big") > x
         finally:
             other.disable_monitor()
@@ -344,13 +350,7 @@ async def test_publisher_restart_is_signalled_and_the_new_run_replayed():
             except Unavailable:
                 await asyncio.sleep(0.02)
         async with second:
-            got = None
-            for _ in range(400):
-                second.publish(b"new")
-                with contextlib.suppress(asyncio.TimeoutError):
-                    got = await asyncio.wait_for(sub.recv(), 0.05)
-                    break
-            assert got is not None
+            got = await _first_while_probing(lambda: second.publish(b"new"), sub.recv)
             assert got.restarted and got.seq == 0 and got.payload == b"new"
             later = [await sub.recv() for _ in range(second.next_seq - 1)]
     finally:
