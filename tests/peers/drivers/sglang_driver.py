@@ -1,0 +1,172 @@
+"""SGLang's released page hashing and KV-event recording, behind the driver protocol (runs in
+the SGLang virtualenv).
+
+Real SGLang code called here (sglang 0.5.23 wheel):
+
+* ``sglang.srt.mem_cache.utils.get_hash_str``: the page hash; since 0.5.2x it is the C++
+  ``cpp_utils/hash_binding.cpp``, JIT-built with torch's extension loader on first use.
+* ``sglang.srt.mem_cache.utils.hash_str_to_int64``: the event form of a page hash.
+* ``sglang.srt.mem_cache.events.KVCacheEventRecorder``: ``record_store`` emits the
+  ``BlockStored`` events the ZMQ publisher sends, computing each node's hashes
+  (``compute_node_hash_values`` / ``compute_node_event_hash_values``, with the cache-salt seed).
+* ``sglang.srt.mem_cache.utils.split_node_hash_value``: what a node split does to the hashes.
+
+Not importable here: ``sglang.srt.mem_cache.radix_cache`` (``RadixCache``, ``RadixKey``,
+``TreeNode``). It imports ``memory_pool`` -> ``sglang.srt.configs`` -> ``torchvision``, and
+PyPI's torchvision wheels link CUDA libraries (``libc10_cuda.so``) that a CPU torch does not
+have. So :class:`Key`, :class:`Node` and :func:`insert` stand in for the tree: they keep exactly
+the attributes the recorder reads (``key.token_ids``, ``extra_key``, ``cache_salt``,
+``is_bigram``, ``len(key)``; ``node.parent``, ``hash_value``, ``event_hash_value``) and follow
+``RadixCache._insert_helper`` / ``_split_node`` for page-aligned keys: walk the matching pages,
+split a node where a new prompt diverges, add one node for the rest and ``record_store`` it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from array import array
+from importlib.metadata import version
+from typing import Any
+
+from driver_loop import protocol_stdout, serve
+
+answers = protocol_stdout()
+# The JIT-built page-hash extension lives in this virtualenv, built once by its recipe.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch-extensions"))
+
+from sglang.srt.mem_cache.events import KVCacheEventRecorder  # noqa: E402
+from sglang.srt.mem_cache.utils import (  # noqa: E402
+    get_hash_str,
+    hash_str_to_int64,
+    split_node_hash_value,
+)
+
+
+class Key:
+    """Stand-in for ``RadixKey`` (plain, not bigram): token ids plus the request namespace."""
+
+    def __init__(self, token_ids: array, extra_key: str | None, cache_salt: str | None):
+        self.token_ids = token_ids
+        self.extra_key = extra_key
+        self.cache_salt = cache_salt or None  # as RadixKey: an empty salt is no salt
+        self.is_bigram = False
+
+    def raw_token_ids(self) -> array:
+        return self.token_ids
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def sliced(self, start: int, stop: int | None = None) -> Key:
+        return Key(self.token_ids[start:stop], self.extra_key, self.cache_salt)
+
+
+class Node:
+    """Stand-in for ``TreeNode``: the attributes ``KVCacheEventRecorder`` reads."""
+
+    def __init__(self, key: Key, parent: Node | None):
+        self.key = key
+        self.parent = parent
+        self.children: dict[tuple, Node] = {}
+        self.hash_value: list[str] | None = None
+        self.event_hash_value: list[str] | None = None
+
+
+def insert(root: Node, key: Key, page_size: int, recorder: KVCacheEventRecorder) -> int:
+    """Insert a page-aligned key as ``RadixCache._insert_helper`` does; returns the number of
+    tokens that were already in the tree."""
+    node, done = root, 0
+    while done < len(key):
+        child = node.children.get(_child_key(key, done, page_size))
+        if child is None:
+            break
+        match = _matched_pages(child.key, key, done, page_size) * page_size
+        if match < len(child.key):
+            child = _split(child, match, page_size)
+        node, done = child, done + match
+    if done < len(key):
+        new = Node(key.sliced(done), node)
+        node.children[_child_key(key, done, page_size)] = new
+        recorder.record_store(new)
+    return done
+
+
+def _child_key(key: Key, start: int, page_size: int) -> tuple:
+    # RadixKey.child_key: the namespace and the first page.
+    return (key.extra_key, key.cache_salt, tuple(key.token_ids[start : start + page_size]))
+
+
+def _matched_pages(node_key: Key, key: Key, start: int, page_size: int) -> int:
+    pages = 0
+    limit = min(len(node_key), len(key) - start)
+    while (pages + 1) * page_size <= limit:
+        a = node_key.token_ids[pages * page_size : (pages + 1) * page_size]
+        b = key.token_ids[start + pages * page_size : start + (pages + 1) * page_size]
+        if a != b:
+            break
+        pages += 1
+    return pages
+
+
+def _split(child: Node, split_len: int, page_size: int) -> Node:
+    # RadixCache._split_node: a new node takes the shared prefix and the first hash values.
+    parent = child.parent
+    new = Node(child.key.sliced(0, split_len), parent)
+    parent.children[_child_key(child.key, 0, page_size)] = new
+    child.key = child.key.sliced(split_len)
+    child.parent = new
+    new.children[_child_key(child.key, 0, page_size)] = child
+    new.hash_value, child.hash_value = split_node_hash_value(child.hash_value, split_len, page_size)
+    new.event_hash_value, child.event_hash_value = split_node_hash_value(
+        child.event_hash_value, split_len, page_size
+    )
+    return new
+
+
+def pages(request: dict[str, Any]) -> list[dict[str, list]]:
+    """Page hashes (hex) and their event integers for each case: ``tokens`` (given as a list,
+    ``array('I')`` or ``array('q')`` per ``typecode``, the buffers the binding takes),
+    ``page_size`` and an optional ``prior_hex``."""
+    out = []
+    for case in request["cases"]:
+        tokens = case["tokens"]
+        if case.get("typecode"):
+            tokens = array(case["typecode"], tokens)
+        hashes = get_hash_str(tokens, case.get("prior_hex"), page_size=case["page_size"])
+        out.append({"hashes": hashes, "int64": [hash_str_to_int64(h) for h in hashes]})
+    return out
+
+
+def events(request: dict[str, Any]) -> list[list[list[dict[str, Any]]]]:
+    """For each case, insert its ``prompts`` in order into one tree (namespace ``extra_key``,
+    ``cache_salt``) and return, per prompt, the ``BlockStored`` events its insertion recorded."""
+    out = []
+    for case in request["cases"]:
+        page_size = case["page_size"]
+        recorder = KVCacheEventRecorder(enabled=True, page_size=page_size)
+        root = Node(Key(array("q"), None, None), None)
+        root.hash_value = []  # as RadixCache.reset
+        per_prompt = []
+        for tokens in case["prompts"]:
+            aligned = len(tokens) // page_size * page_size  # the tree keeps whole pages only
+            key = Key(array("q", tokens[:aligned]), case.get("extra_key"), case.get("cache_salt"))
+            insert(root, key, page_size, recorder)
+            per_prompt.append(
+                [
+                    {
+                        "block_hashes": list(event.block_hashes),
+                        "parent_block_hash": event.parent_block_hash,
+                        "token_ids": list(event.token_ids),
+                        "block_size": event.block_size,
+                        "cache_salt": event.cache_salt,
+                    }
+                    for event in recorder.take()
+                    if type(event).__name__ == "BlockStored"
+                ]
+            )
+        out.append(per_prompt)
+    return out
+
+
+serve({"version": lambda _request: version("sglang"), "pages": pages, "events": events}, answers)
