@@ -7,18 +7,23 @@
 * Radix-tree events: prompts sharing prefixes are inserted into one tree and SGLang's
   ``KVCacheEventRecorder.record_store`` emits the ``BlockStored`` events its ZMQ publisher
   sends (default event format), with and without a cache salt and a request ``extra_key``.
-  Every published hash, parent hash and token page must be tokenkeys' key of that page.
+  Every published hash, parent hash and token page must be tokenkeys' key of that page, and
+  tokenkeys' event decoder (``VllmMsgpackCodec``, what the router ingests with) must read the
+  same hashes from SGLang's own msgpack payload.
   The tree itself is a stand-in (``drivers/sglang_driver.py`` says why); the hashing, the salt
   seed, the node-split hash bookkeeping and the event recording are SGLang's.
 """
 
 from __future__ import annotations
 
+import base64
 import random
 
 import pytest
 from random_inputs import length, seed, text, token_ids
 
+from tokenkeys.events.model import BlockStored
+from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.keys import KeyContext, block_keys, make_spec
 
 pytestmark = pytest.mark.peers
@@ -106,7 +111,8 @@ def test_keys_equal_sglang_radix_tree_events(sglang_peer) -> None:
     for i, (case, per_prompt) in enumerate(zip(cases, answers, strict=True)):
         ps = case["page_size"]
         ctx = KeyContext(cache_salt=case["cache_salt"])
-        for p, (prompt, stored) in enumerate(zip(case["prompts"], per_prompt, strict=True)):
+        for p, (prompt, answer) in enumerate(zip(case["prompts"], per_prompt, strict=True)):
+            stored = answer["stored"]
             where = f"seed {run_seed} case {i} prompt {p}: {case}"
             pages = len(prompt) // ps
             keys = block_keys(prompt, by_size[ps], ctx)
@@ -121,5 +127,17 @@ def test_keys_equal_sglang_radix_tree_events(sglang_peer) -> None:
                 assert event["parent_block_hash"] == expected_parent, where
                 assert event["block_size"] == ps and event["cache_salt"] == case["cache_salt"]
                 expected_parent = event["block_hashes"][-1]
+            # The same events as they go over the wire, decoded as the router decodes them.
+            codec = VllmMsgpackCodec()
+            decoded = codec.decode(base64.b64decode(answer["payload"])).events
+            assert codec.stats.malformed_events == 0 and not codec.stats.unknown_types, where
+            wire = [e for e in decoded if isinstance(e, BlockStored)]
+            assert [
+                (list(e.block_hashes), e.parent_block_hash, list(e.token_ids), e.block_size)
+                for e in wire
+            ] == [
+                (e["block_hashes"], e["parent_block_hash"], e["token_ids"], e["block_size"])
+                for e in stored
+            ], where
             published += len(hashes)
     assert published > CASES // 3

@@ -10,6 +10,8 @@ Real SGLang code called here (sglang 0.5.23 wheel):
   ``BlockStored`` events the ZMQ publisher sends, computing each node's hashes
   (``compute_node_hash_values`` / ``compute_node_event_hash_values``, with the cache-salt seed).
 * ``sglang.srt.mem_cache.utils.split_node_hash_value``: what a node split does to the hashes.
+* The wire payload: ``KVEventBatch`` encoded by ``msgspec.msgpack.Encoder()``, as the scheduler's
+  publisher (``scheduler_components/kv_events_publisher.py``, ``ZmqEventPublisher``) sends it.
 
 Not importable here: ``sglang.srt.mem_cache.radix_cache`` (``RadixCache``, ``RadixKey``,
 ``TreeNode``). It imports ``memory_pool`` -> ``sglang.srt.configs`` -> ``torchvision``, and
@@ -23,6 +25,7 @@ split a node where a new prompt diverges, add one node for the rest and ``record
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 from array import array
@@ -35,6 +38,8 @@ answers = protocol_stdout()
 # The JIT-built page-hash extension lives in this virtualenv, built once by its recipe.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch-extensions"))
 
+import msgspec  # noqa: E402
+from sglang.srt.disaggregation.kv_events import KVEventBatch  # noqa: E402
 from sglang.srt.mem_cache.events import KVCacheEventRecorder  # noqa: E402
 from sglang.srt.mem_cache.utils import (  # noqa: E402
     get_hash_str,
@@ -138,9 +143,11 @@ def pages(request: dict[str, Any]) -> list[dict[str, list]]:
     return out
 
 
-def events(request: dict[str, Any]) -> list[list[list[dict[str, Any]]]]:
+def events(request: dict[str, Any]) -> list[list[dict[str, Any]]]:
     """For each case, insert its ``prompts`` in order into one tree (namespace ``extra_key``,
-    ``cache_salt``) and return, per prompt, the ``BlockStored`` events its insertion recorded."""
+    ``cache_salt``) and return, per prompt, the ``BlockStored`` events its insertion recorded
+    (``stored``) and the msgpack payload SGLang publishes for them (``payload``, base64)."""
+    encoder = msgspec.msgpack.Encoder()
     out = []
     for case in request["cases"]:
         page_size = case["page_size"]
@@ -152,18 +159,21 @@ def events(request: dict[str, Any]) -> list[list[list[dict[str, Any]]]]:
             aligned = len(tokens) // page_size * page_size  # the tree keeps whole pages only
             key = Key(array("q", tokens[:aligned]), case.get("extra_key"), case.get("cache_salt"))
             insert(root, key, page_size, recorder)
+            recorded = recorder.take()
+            payload = encoder.encode(KVEventBatch(ts=0.0, events=recorded))
+            stored = [
+                {
+                    "block_hashes": list(event.block_hashes),
+                    "parent_block_hash": event.parent_block_hash,
+                    "token_ids": list(event.token_ids),
+                    "block_size": event.block_size,
+                    "cache_salt": event.cache_salt,
+                }
+                for event in recorded
+                if type(event).__name__ == "BlockStored"
+            ]
             per_prompt.append(
-                [
-                    {
-                        "block_hashes": list(event.block_hashes),
-                        "parent_block_hash": event.parent_block_hash,
-                        "token_ids": list(event.token_ids),
-                        "block_size": event.block_size,
-                        "cache_salt": event.cache_salt,
-                    }
-                    for event in recorder.take()
-                    if type(event).__name__ == "BlockStored"
-                ]
+                {"stored": stored, "payload": base64.b64encode(payload).decode("ascii")}
             )
         out.append(per_prompt)
     return out
