@@ -4,14 +4,16 @@
   ``cpp_utils/hash_binding.cpp``, over the token buffers the radix tree passes it: a list,
   ``array('I')`` or ``array('q')``), with and without a prior page digest, and
   ``hash_str_to_int64`` for the event form, on random tokens and page sizes.
-* Radix-tree events: prompts sharing prefixes are inserted into one tree and SGLang's
-  ``KVCacheEventRecorder.record_store`` emits the ``BlockStored`` events its ZMQ publisher
-  sends (default event format), with and without a cache salt and a request ``extra_key``.
+* Radix-tree events: prompts sharing prefixes are inserted into one tree, and the tree emits
+  the ``BlockStored`` events SGLang's ZMQ publisher sends (default event format), with and
+  without a cache salt and a request ``extra_key``. Both trees of 0.5.23: the Rust TreeCore
+  binding (the default ``UnifiedRadixCache``'s) and ``KVCacheEventRecorder.record_store`` (the
+  Python ``RadixCache``'s).
   Every published hash, parent hash and token page must be tokenkeys' key of that page, and
   tokenkeys' event decoder (``VllmMsgpackCodec``, what the router ingests with) must read the
   same hashes from SGLang's own msgpack payload.
-  The tree itself is a stand-in (``drivers/sglang_driver.py`` says why); the hashing, the salt
-  seed, the node-split hash bookkeeping and the event recording are SGLang's.
+  The Python tree is a stand-in (``drivers/sglang_driver.py`` says why); its hashing, salt
+  seed, node-split hash bookkeeping and event recording are SGLang's.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def shared_pages(a: list[int], b: list[int], page_size: int) -> int:
     return pages
 
 
-def test_keys_equal_sglang_radix_tree_events(sglang_peer) -> None:
+@pytest.mark.parametrize("tree", ["rust", "python"])
+def test_keys_equal_sglang_radix_tree_events(sglang_peer, tree: str) -> None:
     run_seed = seed()
     rng = random.Random(run_seed + 1)
     cases = []
@@ -105,7 +108,7 @@ def test_keys_equal_sglang_radix_tree_events(sglang_peer) -> None:
                 "extra_key": text(rng) if rng.random() < 0.3 else None,
             }
         )
-    answers = sglang_peer.call("events", cases=cases)
+    answers = sglang_peer.call("events", tree=tree, cases=cases)
     by_size = specs()
     published = 0
     for i, (case, per_prompt) in enumerate(zip(cases, answers, strict=True)):

@@ -1,7 +1,13 @@
 """SGLang's released page hashing and KV-event recording, behind the driver protocol (runs in
 the SGLang virtualenv).
 
-Real SGLang code called here (sglang 0.5.23 wheel):
+Real SGLang code called here (sglang 0.5.23 wheel), for both radix-tree implementations of
+0.5.23: the Rust TreeCore, which the default ``UnifiedRadixCache`` uses
+(``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` defaults to ``rust``), and the Python ``RadixCache``
+path:
+
+* ``sglang.srt.mem_cache.rust_tree_core.extension.bindings.RustUnifiedTreeCoreBinding``: the
+  bundled Rust tree (``insert``, ``take_events``), which hashes pages and records events itself.
 
 * ``sglang.srt.mem_cache.utils.get_hash_str``: the page hash; since 0.5.2x it is the C++
   ``cpp_utils/hash_binding.cpp``, JIT-built with torch's extension loader on first use.
@@ -14,13 +20,18 @@ Real SGLang code called here (sglang 0.5.23 wheel):
   publisher (``scheduler_components/kv_events_publisher.py``, ``ZmqEventPublisher``) sends it.
 
 Not importable here: ``sglang.srt.mem_cache.radix_cache`` (``RadixCache``, ``RadixKey``,
-``TreeNode``). It imports ``memory_pool`` -> ``sglang.srt.configs`` -> ``torchvision``, and
-PyPI's torchvision wheels link CUDA libraries (``libc10_cuda.so``) that a CPU torch does not
-have. So :class:`Key`, :class:`Node` and :func:`insert` stand in for the tree: they keep exactly
-the attributes the recorder reads (``key.token_ids``, ``extra_key``, ``cache_salt``,
-``is_bigram``, ``len(key)``; ``node.parent``, ``hash_value``, ``event_hash_value``) and follow
-``RadixCache._insert_helper`` / ``_split_node`` for page-aligned keys: walk the matching pages,
-split a node where a new prompt diverges, add one node for the rest and ``record_store`` it.
+``TreeNode``) and so ``rust_tree_core.adapter`` (which imports ``RadixKey``). They import
+``memory_pool`` -> ``sglang.srt.configs`` -> ``torchvision``, and PyPI's torchvision wheels link
+CUDA libraries (``libc10_cuda.so``) that a CPU torch does not have. Hence two stand-ins:
+
+* :class:`PythonTree` (:class:`Key`, :class:`Node`) for ``RadixCache``: it keeps exactly the
+  attributes the recorder reads (``key.token_ids``, ``extra_key``, ``cache_salt``,
+  ``is_bigram``, ``len(key)``; ``node.parent``, ``hash_value``, ``event_hash_value``) and follows
+  ``RadixCache._insert_helper`` / ``_split_node`` for page-aligned keys: walk the matching
+  pages, split a node where a new prompt diverges, add one node for the rest and
+  ``record_store`` it.
+* :meth:`RustTree.insert` turns the binding's tagged event tuples into SGLang's ``BlockStored``
+  as ``rust_tree_core.adapter._kv_event_from_tagged`` does for a request without a LoRA name.
 """
 
 from __future__ import annotations
@@ -39,8 +50,17 @@ answers = protocol_stdout()
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch-extensions"))
 
 import msgspec  # noqa: E402
-from sglang.srt.disaggregation.kv_events import KVEventBatch  # noqa: E402
-from sglang.srt.mem_cache.events import KVCacheEventRecorder  # noqa: E402
+import torch  # noqa: E402
+from sglang.srt.disaggregation.kv_events import (  # noqa: E402
+    BlockStored,
+    KVEventBatch,
+    StorageMedium,
+    kv_event_namespace_seed,
+    namespaced_block_hash,
+)
+from sglang.srt.mem_cache.events import KVCacheEventRecorder, KvEventLoraNames  # noqa: E402
+from sglang.srt.mem_cache.rust_tree_core.extension import bindings  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: E402
 from sglang.srt.mem_cache.utils import (  # noqa: E402
     get_hash_str,
     hash_str_to_int64,
@@ -129,6 +149,77 @@ def _split(child: Node, split_len: int, page_size: int) -> Node:
     return new
 
 
+class PythonTree:
+    """``RadixCache`` with ``KVCacheEventRecorder`` (see the module docstring)."""
+
+    def __init__(self, page_size: int):
+        self.page_size = page_size
+        self.recorder = KVCacheEventRecorder(enabled=True, page_size=page_size)
+        self.root = Node(Key(array("q"), None, None), None)
+        self.root.hash_value = []  # as RadixCache.reset
+
+    def insert(self, tokens: array, extra_key: str | None, cache_salt: str | None) -> list:
+        insert(self.root, Key(tokens, extra_key, cache_salt), self.page_size, self.recorder)
+        return self.recorder.take()
+
+
+class RustTree:
+    """The Rust TreeCore binding, FULL attention only, as ``RustUnifiedTreeCore`` builds it."""
+
+    def __init__(self, page_size: int):
+        self.binding = bindings.RustUnifiedTreeCoreBinding(
+            bindings.TreeCoreInitParamsBinding(
+                eviction_policy="lru",
+                page_size=page_size,
+                device="cpu",
+                enable_kv_cache_events=True,
+            ),
+            [int(ComponentType.FULL)],
+        )
+        self.lora_names = KvEventLoraNames()  # no adapter registered: no LoRA namespace
+
+    def insert(self, tokens: array, extra_key: str | None, cache_salt: str | None) -> list:
+        self.binding.insert(
+            bindings.InsertParamsBinding(
+                key=tokens,
+                value=torch.tensor(tokens, dtype=torch.int64),
+                extra_key=extra_key,
+                cache_salt=cache_salt,
+            )
+        )
+        out = []
+        for event in self.binding.take_events():
+            if event[0] != "block_stored":
+                continue
+            lora_name = self.lora_names.get(event[8])
+            seed = (
+                kv_event_namespace_seed(extra_key=event[8], cache_salt=None)
+                if lora_name is not None
+                else None
+            )
+            out.append(
+                BlockStored(
+                    block_hashes=[namespaced_block_hash(h, namespace_seed=seed) for h in event[1]],
+                    parent_block_hash=(
+                        None
+                        if event[2] is None
+                        else namespaced_block_hash(event[2], namespace_seed=seed)
+                    ),
+                    token_ids=event[3],
+                    block_size=event[4],
+                    lora_id=None,
+                    medium=StorageMedium(event[5]),
+                    cache_salt=event[6],
+                    session_id=event[7],
+                    lora_name=lora_name,
+                )
+            )
+        return out
+
+
+TREES = {"python": PythonTree, "rust": RustTree}
+
+
 def pages(request: dict[str, Any]) -> list[dict[str, list]]:
     """Page hashes (hex) and their event integers for each case: ``tokens`` (given as a list,
     ``array('I')`` or ``array('q')`` per ``typecode``, the buffers the binding takes),
@@ -144,22 +235,21 @@ def pages(request: dict[str, Any]) -> list[dict[str, list]]:
 
 
 def events(request: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    """For each case, insert its ``prompts`` in order into one tree (namespace ``extra_key``,
-    ``cache_salt``) and return, per prompt, the ``BlockStored`` events its insertion recorded
-    (``stored``) and the msgpack payload SGLang publishes for them (``payload``, base64)."""
+    """For each case, insert its ``prompts`` in order into one ``request["tree"]`` tree
+    (namespace ``extra_key``, ``cache_salt``) and return, per prompt, the ``BlockStored`` events
+    its insertion recorded (``stored``) and the msgpack payload SGLang publishes for them
+    (``payload``, base64)."""
     encoder = msgspec.msgpack.Encoder()
     out = []
     for case in request["cases"]:
         page_size = case["page_size"]
-        recorder = KVCacheEventRecorder(enabled=True, page_size=page_size)
-        root = Node(Key(array("q"), None, None), None)
-        root.hash_value = []  # as RadixCache.reset
+        tree = TREES[request["tree"]](page_size)
         per_prompt = []
         for tokens in case["prompts"]:
             aligned = len(tokens) // page_size * page_size  # the tree keeps whole pages only
-            key = Key(array("q", tokens[:aligned]), case.get("extra_key"), case.get("cache_salt"))
-            insert(root, key, page_size, recorder)
-            recorded = recorder.take()
+            recorded = tree.insert(
+                array("q", tokens[:aligned]), case.get("extra_key"), case.get("cache_salt")
+            )
             payload = encoder.encode(KVEventBatch(ts=0.0, events=recorded))
             stored = [
                 {
@@ -170,7 +260,7 @@ def events(request: dict[str, Any]) -> list[list[dict[str, Any]]]:
                     "cache_salt": event.cache_salt,
                 }
                 for event in recorded
-                if type(event).__name__ == "BlockStored"
+                if isinstance(event, BlockStored)
             ]
             per_prompt.append(
                 {"stored": stored, "payload": base64.b64encode(payload).decode("ascii")}
