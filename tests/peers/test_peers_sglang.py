@@ -2,8 +2,9 @@
 
 * Page hashes: ``sglang.srt.mem_cache.utils.get_hash_str`` (the C++ page hash of
   ``cpp_utils/hash_binding.cpp``, over the token buffers the radix tree passes it: a list,
-  ``array('I')`` or ``array('q')``), with and without a prior page digest, and
-  ``hash_str_to_int64`` for the event form, on random tokens and page sizes.
+  ``array('I')`` or ``array('q')``) and the Rust tree's ``get_hash_str``, with and without a
+  prior page digest, and ``hash_str_to_int64`` for the event form, on random tokens and page
+  sizes.
 * Radix-tree events: prompts sharing prefixes are inserted into one tree, and the tree emits
   the ``BlockStored`` events SGLang's ZMQ publisher sends (default event format), with and
   without a cache salt and a request ``extra_key``. Both trees of 0.5.23: the Rust TreeCore
@@ -63,6 +64,7 @@ def test_keys_equal_sglang_page_hashes_on_random_tokens(sglang_peer) -> None:
         # > 1 keys are page-aligned), and tokenkeys keys full blocks only.
         full = len(case["tokens"]) // case["page_size"]
         assert [k.hex for k in keys] == answer["hashes"][:full], where
+        assert [k.hex for k in keys] == answer["rust_hashes"][:full], where
         assert [k.event_key for k in keys] == answer["int64"][:full], where
         compared += full
     assert compared > CASES

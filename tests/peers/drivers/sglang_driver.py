@@ -6,10 +6,10 @@ Real SGLang code called here (sglang 0.5.23 wheel), for both radix-tree implemen
 (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` defaults to ``rust``), and the Python ``RadixCache``
 path:
 
-* ``sglang.srt.mem_cache.rust_tree_core.extension.bindings.RustUnifiedTreeCoreBinding``: the
-  bundled Rust tree (``insert``, ``take_events``), which hashes pages and records events itself.
-
-* ``sglang.srt.mem_cache.utils.get_hash_str``: the page hash; since 0.5.2x it is the C++
+* ``sglang.srt.mem_cache.rust_tree_core.extension.bindings``: the bundled Rust tree
+  ``RustUnifiedTreeCoreBinding`` (``insert``, ``take_events``), which hashes pages and records
+  events itself, and its page hash ``get_hash_str``.
+* ``sglang.srt.mem_cache.utils.get_hash_str``: the Python tree's page hash, in 0.5.23 the C++
   ``cpp_utils/hash_binding.cpp``, JIT-built with torch's extension loader on first use.
 * ``sglang.srt.mem_cache.utils.hash_str_to_int64``: the event form of a page hash.
 * ``sglang.srt.mem_cache.events.KVCacheEventRecorder``: ``record_store`` emits the
@@ -221,16 +221,24 @@ TREES = {"python": PythonTree, "rust": RustTree}
 
 
 def pages(request: dict[str, Any]) -> list[dict[str, list]]:
-    """Page hashes (hex) and their event integers for each case: ``tokens`` (given as a list,
-    ``array('I')`` or ``array('q')`` per ``typecode``, the buffers the binding takes),
-    ``page_size`` and an optional ``prior_hex``."""
+    """Page hashes (hex) and their event integers for each case: ``tokens`` (given to the C++
+    hash as a list, ``array('I')`` or ``array('q')`` per ``typecode``, the buffers it takes),
+    ``page_size`` and an optional ``prior_hex``; ``rust_hashes`` from the Rust tree's hash."""
     out = []
     for case in request["cases"]:
         tokens = case["tokens"]
         if case.get("typecode"):
             tokens = array(case["typecode"], tokens)
-        hashes = get_hash_str(tokens, case.get("prior_hex"), page_size=case["page_size"])
-        out.append({"hashes": hashes, "int64": [hash_str_to_int64(h) for h in hashes]})
+        prior, page_size = case.get("prior_hex"), case["page_size"]
+        hashes = get_hash_str(tokens, prior, page_size=page_size)
+        rust = bindings.get_hash_str(array("q", case["tokens"]), prior, page_size)
+        out.append(
+            {
+                "hashes": hashes,
+                "int64": [hash_str_to_int64(h) for h in hashes],
+                "rust_hashes": rust,
+            }
+        )
     return out
 
 
