@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenkeys.errors import ConfigError
-from tokenkeys.router import index_memory
-from tokenkeys.router.index import PrefixMatch
-from tokenkeys.router.index_memory import MemoryPrefixIndex
+from tokenkeys.router.index import memory as index_memory
+from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.index.model import PrefixMatch
 
 
 async def test_capacity_bounds_the_key_count_evicting_the_least_recently_used():

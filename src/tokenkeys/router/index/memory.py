@@ -1,0 +1,267 @@
+"""The in-memory prefix index: one router process, bounded by a key count with LRU eviction.
+
+Like llm-d's ``InMemoryIndex`` (llm-d-router ``pkg/kvcache/kvblock/in_memory.go``), the bound
+is a number of block keys and the least recently used key goes first; adding a key and finding
+it in a lookup both count as use. A per-worker reverse map makes :meth:`clear` proportional to
+that worker's blocks instead of a scan of the whole index (llm-d's ``Clear`` scans).
+
+Each key maps to an immutable, shared :class:`_Holders` (which workers hold it, on which tiers)
+rather than to a dict of its own. A prompt's consecutive keys are mostly held by the same
+workers, so they share one object, and a lookup finds where the holders change by comparing
+identities in C (``map``/``compress``) instead of asking every worker about every key in Python:
+the work per key no longer grows with the number of workers.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Collection, Sequence
+from itertools import compress, islice
+from operator import is_not
+
+from tokenkeys.errors import ConfigError
+from tokenkeys.router.index.model import (
+    DEFAULT_TIER,
+    PrefixMatch,
+    check_filter,
+    check_keys,
+    check_tier,
+    check_worker,
+)
+
+#: Default bound, in block keys (about 100-150 bytes each in CPython: a key, its table slot and
+#: a reference to a shared holder set).
+DEFAULT_CAPACITY = 1_000_000
+
+# Distinct holder sets kept before unused ones are dropped (the sweep also runs when the table
+# doubles since the last one, so its cost stays proportional to the growth).
+_SWEEP_FLOOR = 4096
+
+
+class _Holders:
+    """The workers holding one key and their tiers; never mutated once built, shared by keys.
+
+    ``tiers`` maps worker to its sorted tier tuple. The three caches remember the result of
+    adding a (worker, tier), removing one, or clearing a worker, so an update of a key costs one
+    dict probe once its transition has been seen; ``None`` in them means "no holder left".
+    """
+
+    __slots__ = ("tiers", "added", "removed", "cleared")
+
+    def __init__(self, tiers: dict[str, tuple[str, ...]]) -> None:
+        self.tiers = tiers
+        self.added: dict[tuple[str, str], _Holders] = {}
+        self.removed: dict[tuple[str, str], _Holders | None] = {}
+        self.cleared: dict[str, _Holders | None] = {}
+
+
+class MemoryPrefixIndex:
+    """A :class:`~tokenkeys.router.index.model.PrefixIndex` in this process's memory.
+
+    ``capacity`` is the most block keys kept; beyond it the least recently used key (with every
+    worker's entry for it) is evicted and counted in :attr:`evictions`. Not shared between
+    processes: use :class:`~tokenkeys.router.index.redis.RedisPrefixIndex` for that. All
+    methods run synchronously inside the coroutine (no awaits), so concurrent tasks of one event
+    loop never see a half-applied update.
+    """
+
+    #: Label of this backend in metrics.
+    backend = "memory"
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if type(capacity) is not int or capacity < 1:
+            raise ConfigError(
+                f"capacity must be a positive number of block keys, got {capacity!r}",
+                field="capacity",
+            )
+        self.capacity = capacity
+        self.evictions = 0
+        # key -> its holders; insertion order is recency order (oldest first).
+        self._entries: OrderedDict[int, _Holders] = OrderedDict()
+        self._by_worker: dict[str, set[int]] = {}
+        # One shared tuple per distinct tier set, one shared _Holders per distinct holder set.
+        self._tier_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._holder_sets: dict[frozenset[tuple[str, tuple[str, ...]]], _Holders] = {}
+        self._sweep_at = _SWEEP_FLOOR
+
+    def __len__(self) -> int:
+        """The number of block keys held."""
+        return len(self._entries)
+
+    def _tiers(self, tiers: tuple[str, ...]) -> tuple[str, ...]:
+        return self._tier_sets.setdefault(tiers, tiers)
+
+    def _holders(self, tiers: dict[str, tuple[str, ...]]) -> _Holders | None:
+        """The shared holder set equal to ``tiers`` (``None`` when empty)."""
+        if not tiers:
+            return None
+        token = frozenset(tiers.items())
+        found = self._holder_sets.get(token)
+        if found is None:
+            found = self._holder_sets[token] = _Holders(tiers)
+        return found
+
+    def _sweep(self) -> None:
+        """Drop holder sets no key uses any more (and every cached transition, which may name
+        them). Equal sets built later are new objects: lookups stay correct either way, they
+        only compare more.
+        """
+        if len(self._holder_sets) <= self._sweep_at:
+            return
+        live = set(self._entries.values())
+        self._holder_sets = {t: h for t, h in self._holder_sets.items() if h in live}
+        for holders in self._holder_sets.values():
+            holders.added.clear()
+            holders.removed.clear()
+            holders.cleared.clear()
+        self._sweep_at = max(_SWEEP_FLOOR, 2 * len(self._holder_sets))
+
+    def _with(self, holders: _Holders, worker: str, tier: str) -> _Holders:
+        tiers = holders.tiers.get(worker, ())
+        if tier in tiers:
+            return holders
+        return self._holders({**holders.tiers, worker: self._tiers(tuple(sorted((*tiers, tier))))})
+
+    def _without(self, holders: _Holders, worker: str, tier: str) -> _Holders | None:
+        table = dict(holders.tiers)
+        left = tuple(t for t in table[worker] if t != tier)
+        if left:
+            table[worker] = self._tiers(left)
+        else:
+            del table[worker]
+        return self._holders(table)
+
+    async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
+        """Record that ``worker`` holds ``keys`` on ``tier``; may evict the oldest keys."""
+        check_worker(worker)
+        check_tier(tier)
+        check_keys(keys)
+        self._sweep()
+        entries, change = self._entries, (worker, tier)
+        single = self._holders({worker: self._tiers((tier,))})
+        held = self._by_worker.setdefault(worker, set())
+        for key in keys:
+            held.add(key)
+            holders = entries.get(key)
+            if holders is None:
+                entries[key] = single
+                # The key just added is the newest, so eviction never takes it (capacity >= 1)
+                # and `held` never empties here.
+                if len(entries) > self.capacity:
+                    self._evict_oldest()
+                continue
+            entries.move_to_end(key)
+            after = holders.added.get(change)
+            if after is None:
+                after = holders.added[change] = self._with(holders, worker, tier)
+            if after is not holders:
+                entries[key] = after
+        if not held:  # an add of no keys
+            del self._by_worker[worker]
+
+    def _evict_oldest(self) -> None:
+        key, holders = self._entries.popitem(last=False)
+        for worker in holders.tiers:
+            held = self._by_worker.get(worker)
+            if held is not None:
+                held.discard(key)
+                if not held:
+                    del self._by_worker[worker]
+        self.evictions += 1
+
+    async def remove(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
+        """Record that ``worker`` dropped ``keys`` from ``tier``; unknown keys are ignored."""
+        check_worker(worker)
+        check_tier(tier)
+        check_keys(keys)
+        held = self._by_worker.get(worker)
+        if held is None:
+            return
+        self._sweep()
+        entries, change = self._entries, (worker, tier)
+        for key in keys:
+            holders = entries.get(key)
+            tiers = None if holders is None else holders.tiers.get(worker)
+            if tiers is None or tier not in tiers:
+                continue
+            try:
+                after = holders.removed[change]
+            except KeyError:
+                after = holders.removed[change] = self._without(holders, worker, tier)
+            if len(tiers) == 1:
+                held.discard(key)
+            if after is None:
+                del entries[key]
+            else:
+                entries[key] = after
+        if not held:
+            del self._by_worker[worker]
+
+    async def clear(self, worker: str) -> None:
+        """Forget all of ``worker``'s blocks."""
+        check_worker(worker)
+        entries = self._entries
+        for key in self._by_worker.pop(worker, ()):
+            holders = entries[key]
+            try:
+                after = holders.cleared[worker]
+            except KeyError:
+                table = {w: t for w, t in holders.tiers.items() if w != worker}
+                after = holders.cleared[worker] = self._holders(table)
+            if after is None:
+                del entries[key]
+            else:
+                entries[key] = after
+
+    async def lookup(
+        self, keys: Sequence[int], workers: Collection[str] | None = None
+    ) -> dict[str, PrefixMatch]:
+        """Each worker's consecutive run over ``keys``; stops when no worker continues."""
+        check_keys(keys)
+        allowed = check_filter(workers)
+        if not keys:
+            return {}
+        entries = self._entries
+        first = entries.get(keys[0])
+        if first is None:
+            return {}
+        # Per candidate: [tiers of its current segment, where that segment began, segments].
+        runs = {w: [t, 0, []] for w, t in first.tiers.items() if allowed is None or w in allowed}
+        if not runs:
+            return {}
+        rows = list(map(entries.get, keys))
+        end = len(rows)
+        if None in rows:  # the prompt's held part ends at the first key nobody holds
+            end = rows.index(None)
+        # Only where the holder set changes can a run end or change tiers.
+        changes = compress(range(1, end), map(is_not, islice(rows, 1, end), rows))
+        out, longest = {}, 0
+        for at in changes:
+            table = rows[at].tiers
+            for worker, run in list(runs.items()):
+                tiers = table.get(worker)
+                if tiers is run[0] or tiers == run[0]:
+                    continue
+                run[2].append((at - run[1], run[0]))
+                if tiers is None:
+                    out[worker] = PrefixMatch(worker, tuple(run[2]))
+                    longest = at
+                    del runs[worker]
+                else:
+                    run[0], run[1] = tiers, at
+            if not runs:
+                break
+        for worker, (tiers, start, segments) in runs.items():
+            segments.append((end - start, tiers))
+            out[worker] = PrefixMatch(worker, tuple(segments))
+            longest = end
+        # What a lookup used is recently used (the loop runs in C).
+        deque(map(entries.move_to_end, islice(keys, longest)), maxlen=0)
+        return out
+
+    async def workers(self) -> frozenset[str]:
+        """The workers holding at least one block."""
+        return frozenset(self._by_worker)
+
+    async def close(self) -> None:
+        """Nothing to release."""
