@@ -29,8 +29,8 @@ from tokenkeys.router.index.model import (
     check_worker,
 )
 
-#: Default bound, in block keys (about 100-150 bytes each in CPython: a key, its table slot and
-#: a reference to a shared holder set).
+#: Default bound, in block keys (about 200 bytes each in CPython with a few workers per key: the
+#: key, its table slot and its reverse-map entries; one dict per key took about 380).
 DEFAULT_CAPACITY = 1_000_000
 
 # Distinct holder sets kept before unused ones are dropped (the sweep also runs when the table
