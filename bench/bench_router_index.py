@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 import redis
-from timing import pct, sample
+from timing import load_note, pct, sample
 
 from tokenkeys.events.model import BlockStored, EventBatch, SpecRef
 from tokenkeys.router.index.memory import MemoryPrefixIndex
@@ -271,6 +271,8 @@ def run(quick: bool) -> str:
             "worker's run was walked key by key in Python (5.1 ms here, 4 ms of it that walk). "
             "Computing the prompt's keys is not in these figures (`bench_keys`: "
             "`vllm/xxhash_cbor` 128k tokens in about 5 ms).",
+            "",
+            load_note(),
             *(["", *notes] if notes else []),
         ]
     )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tokenizers
-from timing import pct, sample, us
+from timing import load_note, pct, sample, us
 
 from tokenkeys.client import TokenizerClient
 from tokenkeys.tokenizer import default_tokenizer_path
@@ -126,6 +126,8 @@ def run(quick: bool) -> str:
         f"{tokens_b / pct(local_b, 50) / 1e6:.2f} M tokens/s, gRPC "
         f"{tokens_b / pct(remote_b, 50) / 1e6:.2f} M tokens/s: **{ratio:.0%}** of in-process "
         "(aim: at least 80%).",
+        "",
+        load_note(),
         "",
         "Where the time of a 1k-token Tokenize goes (profiled once on this machine, 2 shared "
         "cores at load average 6-13 from other sessions):",

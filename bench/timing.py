@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -62,3 +63,13 @@ def fastest(fns: list[Callable[[], object]], budget: float, rounds: int = 4) -> 
         if enabled:
             gc.enable()
     return best
+
+
+def load_note() -> str:
+    """One line naming the machine's load average, for sections measured on shared machines."""
+    one, five, _ = os.getloadavg()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"Load average when this section finished: {one:.1f} (1 min), {five:.1f} (5 min) on "
+        f"{cores} cores; other processes share the machine."
+    )
