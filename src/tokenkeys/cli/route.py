@@ -18,6 +18,7 @@ from tokenkeys.cli.access_options import (
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
 from tokenkeys.router.core import POLICIES
+from tokenkeys.router.cost import CostWeights
 from tokenkeys.router.frontend import create_router_app
 from tokenkeys.router.index_memory import DEFAULT_CAPACITY
 from tokenkeys.router.pool_setup import PoolSettings
@@ -64,6 +65,44 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="KV-event transport to follow (auto: ZMQ when a worker advertises it, else gRPC)",
     )
+    cost = p.add_argument_group(
+        "precise policy cost (in KV blocks; lower wins; see docs/router.md)",
+        "cost = prefix weight x blocks to prefill + load weight x KV blocks in use "
+        "+ growth weight x new blocks recently placed there",
+    )
+    defaults = CostWeights()
+    cost.add_argument(
+        "--prefix-weight",
+        type=float,
+        default=defaults.prefix,
+        metavar="W",
+        help=f"cost of one block of prefill (default {defaults.prefix}); higher keeps prompts "
+        "with their cached prefix, 0 ignores the cache",
+    )
+    cost.add_argument(
+        "--load-weight",
+        type=float,
+        default=defaults.load,
+        metavar="W",
+        help=f"cost of one KV block in use (default {defaults.load}); higher spreads running "
+        "work at the price of more prefill",
+    )
+    cost.add_argument(
+        "--growth-weight",
+        type=float,
+        default=defaults.growth,
+        metavar="W",
+        help=f"cost of one block of new cache recently placed on the worker (default "
+        f"{defaults.growth}); higher spreads new prefixes, 0 lets a shared header attract them",
+    )
+    cost.add_argument(
+        "--router-temperature",
+        type=float,
+        default=defaults.temperature,
+        metavar="T",
+        help="0 (default) always takes the cheapest worker; above 0 samples workers, cheaper "
+        "ones more often",
+    )
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
     p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
     p.add_argument(
@@ -106,6 +145,12 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         timeout=args.timeout,
         pools=PoolSettings(
             cache=args.cache, limits=limits, security=channel_security(args, prefix="worker-")
+        ),
+        cost=CostWeights(
+            prefix=args.prefix_weight,
+            load=args.load_weight,
+            growth=args.growth_weight,
+            temperature=args.router_temperature,
         ),
     )
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, Unsupported
 from tokenkeys.keys import BlockKey, CacheKeySpec, KeyContext
@@ -62,11 +63,47 @@ class Member:
     inflight: int = 0
     #: Fraction of the worker's KV blocks in use, as last polled (0 before the first poll).
     kv_usage: float = 0.0
+    #: KV blocks referenced by the worker's running requests, as last polled.
+    used_kv_blocks: int = 0
+    #: Block keys of the prompts this router has in flight there (a key per request using it).
+    inflight_keys: Counter[int] = field(default_factory=Counter)
 
     @property
     def load(self) -> float:
         """The worker's load for tie-breaks: what it reported, or what this router sent it."""
         return max(self.polled_load, float(self.inflight))
+
+    @property
+    def active_blocks(self) -> int:
+        """KV blocks in use there: as polled, or what this router's requests use if more.
+
+        The router's own count is the distinct full blocks of its in-flight prompts plus one
+        partial block per request; it is current between polls, which a burst needs.
+        """
+        return max(self.used_kv_blocks, len(self.inflight_keys) + self.inflight)
+
+    def inflight_prefix(self, keys: Sequence[int]) -> int:
+        """How many leading ``keys`` requests this router has in flight there reference."""
+        held = self.inflight_keys
+        n = 0
+        for key in keys:
+            if key not in held:
+                break
+            n += 1
+        return n
+
+    def begin(self, keys: Sequence[int]) -> None:
+        """A request with these prompt block keys was sent here."""
+        self.inflight += 1
+        self.inflight_keys.update(keys)
+
+    def end(self, keys: Sequence[int]) -> None:
+        """That request finished (or failed)."""
+        self.inflight -= 1
+        self.inflight_keys.subtract(keys)
+        for key in keys:
+            if self.inflight_keys[key] <= 0:
+                del self.inflight_keys[key]
 
 
 def choose_source(

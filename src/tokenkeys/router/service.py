@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.core import POLICIES, Router
+from tokenkeys.router.cost import CostWeights
 from tokenkeys.router.discovery import check_address
 from tokenkeys.router.index import PrefixIndex
 from tokenkeys.router.index_memory import DEFAULT_CAPACITY, MemoryPrefixIndex
@@ -45,7 +46,8 @@ class RouterConfig:
       rejoin) and the deadline of each discovery call; ``retry_delay``: pause before a gRPC
       event stream is resubscribed; ``recheck_interval``: at most one rediscovery per this
       many seconds when a worker's events follow a foreign spec;
-    - ``pools``: artifact cache, request limits, key strategy (``pool_setup.PoolSettings``).
+    - ``pools``: artifact cache, request limits, key strategy (``pool_setup.PoolSettings``);
+    - ``cost``: the precise policy's weights and temperature (``router.cost.CostWeights``).
     """
 
     workers: tuple[str, ...]
@@ -60,6 +62,7 @@ class RouterConfig:
     retry_delay: float = 0.5
     recheck_interval: float = 5.0
     pools: PoolSettings = field(default_factory=PoolSettings)
+    cost: CostWeights = field(default_factory=CostWeights)
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -121,7 +124,11 @@ class RoutingService:
             security=config.pools.security,
         )
         self.router = Router(
-            self.registry.pools, self.index, policy=config.policy, metrics=self.metrics
+            self.registry.pools,
+            self.index,
+            policy=config.policy,
+            cost=config.cost,
+            metrics=self.metrics,
         )
         self.registry.on_leave.append(self.router.forget)
 
