@@ -2,7 +2,8 @@
 
 Data flows one way: a worker's KV events (``tokenkeys.events``) -> :class:`EventIngestor` ->
 a :class:`PrefixIndex`; a prompt's block keys (``tokenkeys.keys.block_keys`` ->
-:func:`prompt_keys`) -> :meth:`PrefixIndex.lookup` -> :func:`score_workers` -> the best worker.
+:func:`prompt_keys`) -> :meth:`PrefixIndex.lookup` -> :func:`score_workers` -> a cost per
+worker (prefill against load, :class:`CostWeights`) -> the cheapest worker.
 :class:`WorkerRegistry` discovers workers and keeps one pool per model (one tokenizer, one
 cache-key spec); :class:`Router` turns a :class:`RouteRequest` into a :class:`RouteDecision`;
 :class:`RoutingService` assembles them from a :class:`RouterConfig` (``tokenkeys route`` puts
@@ -12,6 +13,7 @@ the OpenAI HTTP frontend of ``tokenkeys.router.frontend`` in front).
 from tokenkeys.router.consumer import ZmqEventConsumer
 from tokenkeys.router.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.core import RouteDecision, Router, RouteRequest
+from tokenkeys.router.cost import CostWeights
 from tokenkeys.router.index import PrefixIndex, PrefixMatch, index_key, prompt_keys
 from tokenkeys.router.index_memory import MemoryPrefixIndex
 from tokenkeys.router.index_redis import RedisPrefixIndex
@@ -24,6 +26,7 @@ from tokenkeys.router.service import RouterConfig, RoutingService
 
 __all__ = [
     "DEFAULT_TIER_WEIGHTS",
+    "CostWeights",
     "EventIngestor",
     "GrpcEventConsumer",
     "IngestMetrics",
