@@ -70,39 +70,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "cost = prefix weight x blocks to prefill + load weight x KV blocks in use "
         "+ growth weight x new blocks recently placed there",
     )
-    defaults = CostWeights()
-    cost.add_argument(
-        "--prefix-weight",
-        type=float,
-        default=defaults.prefix,
-        metavar="W",
-        help=f"cost of one block of prefill (default {defaults.prefix}); higher keeps prompts "
-        "with their cached prefix, 0 ignores the cache",
-    )
-    cost.add_argument(
-        "--load-weight",
-        type=float,
-        default=defaults.load,
-        metavar="W",
-        help=f"cost of one KV block in use (default {defaults.load}); higher spreads running "
-        "work at the price of more prefill",
-    )
-    cost.add_argument(
-        "--growth-weight",
-        type=float,
-        default=defaults.growth,
-        metavar="W",
-        help=f"cost of one block of new cache recently placed on the worker (default "
-        f"{defaults.growth}); higher spreads new prefixes, 0 lets a shared header attract them",
-    )
-    cost.add_argument(
-        "--router-temperature",
-        type=float,
-        default=defaults.temperature,
-        metavar="T",
-        help="0 (default) always takes the cheapest worker; above 0 samples workers, cheaper "
-        "ones more often",
-    )
+    d = CostWeights()
+    for option, default, what in (
+        ("--prefix-weight", d.prefix, "cost of one block of prefill; higher keeps prompts with "
+         "their cached prefix, 0 ignores the cache"),
+        ("--load-weight", d.load, "cost of one KV block in use; higher spreads running work at "
+         "the price of more prefill"),
+        ("--growth-weight", d.growth, "cost of one block of new cache recently placed on the "
+         "worker; higher spreads new prefixes, 0 lets a shared header attract them"),
+        ("--router-temperature", d.temperature, "0 always takes the cheapest worker; above 0 "
+         "samples workers, cheaper ones more often"),
+    ):  # fmt: skip
+        cost.add_argument(
+            option, type=float, default=default, metavar="X", help=f"{what} (default {default})"
+        )
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
     p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
     p.add_argument(
