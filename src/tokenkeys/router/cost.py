@@ -7,10 +7,10 @@ Each candidate worker gets a cost (lower is better)::
 - ``prefill_blocks``: the prompt's full blocks the worker would compute, i.e. those not cached
   there (tier-weighted, from the prefix index) and not already referenced there by a request
   this router has in flight (its events may not have arrived yet).
-- ``active_blocks``: the worker's KV blocks in use if the request went there: what the engine
-  reported in ``GetLoad.used_kv_blocks`` (blocks referenced by running requests, not cached
-  but free ones), or, when that is older than what this router sent since, the distinct blocks
-  of its own in-flight requests; plus the request's blocks not already in use there.
+- ``active_blocks``: the worker's KV blocks in use if the request went there: the blocks of
+  other clients' requests as last reported in ``GetLoad.used_kv_blocks`` (blocks referenced by
+  running requests, not cached but free ones), plus the blocks of this router's own in-flight
+  requests now (``pool.Member.active_blocks``), plus the request's blocks not already in use.
 - ``growth``: new blocks this router recently put into the worker's cache (a sum decayed by
   ``1 - 1/GROWTH_HORIZON`` per routing decision of the pool, so it counts decisions, not
   seconds). It spreads new prefixes when loads read equal, e.g. when requests arrive one at a

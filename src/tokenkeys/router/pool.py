@@ -63,8 +63,10 @@ class Member:
     inflight: int = 0
     #: Fraction of the worker's KV blocks in use, as last polled (0 before the first poll).
     kv_usage: float = 0.0
-    #: KV blocks referenced by the worker's running requests, as last polled.
+    #: KV blocks referenced by the worker's running requests, as last polled, and how many of
+    #: them were this router's own then.
     used_kv_blocks: int = 0
+    own_blocks_at_poll: int = 0
     #: Block keys of the prompts this router has in flight there (a key per request using it).
     inflight_keys: Counter[int] = field(default_factory=Counter)
 
@@ -74,13 +76,28 @@ class Member:
         return max(self.polled_load, float(self.inflight))
 
     @property
-    def active_blocks(self) -> int:
-        """KV blocks in use there: as polled, or what this router's requests use if more.
+    def own_blocks(self) -> int:
+        """Blocks this router's in-flight requests use there: the distinct full blocks of
+        their prompts plus one partial block per request."""
+        return len(self.inflight_keys) + self.inflight
 
-        The router's own count is the distinct full blocks of its in-flight prompts plus one
-        partial block per request; it is current between polls, which a burst needs.
+    @property
+    def active_blocks(self) -> int:
+        """KV blocks in use there now, as far as this router can tell.
+
+        Other clients' share as last polled (what the worker reported minus what this router
+        had in flight then), plus this router's own in-flight blocks now: current between two
+        polls, so a burst spreads before the next one, and a request that has finished since
+        the poll no longer counts.
         """
-        return max(self.used_kv_blocks, len(self.inflight_keys) + self.inflight)
+        return max(self.used_kv_blocks - self.own_blocks_at_poll, 0) + self.own_blocks
+
+    def polled(self, running_and_queued: float, kv_usage: float, used_kv_blocks: int) -> None:
+        """Take a GetLoad answer."""
+        self.polled_load = running_and_queued
+        self.kv_usage = kv_usage
+        self.used_kv_blocks = used_kv_blocks
+        self.own_blocks_at_poll = self.own_blocks
 
     def inflight_prefix(self, keys: Sequence[int]) -> int:
         """How many leading ``keys`` requests this router has in flight there reference."""
