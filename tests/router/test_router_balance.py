@@ -75,7 +75,7 @@ async def test_a_burst_of_new_prompts_spreads_before_any_load_poll(settings):
         assert len(set(served)) == 4
         # Nothing left in flight once the requests finished.
         pool = next(iter(cluster.registry.pools.values()))
-        assert all(m.inflight == 0 and not m.inflight_keys for m in pool.members.values())
+        assert all(not m.view.inflight and not m.view.inflight_keys for m in pool.members.values())
     finally:
         await cluster.close()
 

@@ -16,9 +16,9 @@ import pytest
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.cost import (
+    Candidate,
     CostWeights,
     GrowthLedger,
-    WorkerLoad,
     choose,
     cost_workers,
 )
@@ -31,7 +31,7 @@ WORKERS = ("w0", "w1", "w2", "w3")
 def ranked(
     matched: dict[str, int],
     total: int,
-    loads: dict[str, WorkerLoad] | None = None,
+    loads: dict[str, Candidate] | None = None,
     weights: CostWeights | None = None,
     affinity: int | None = 7,
     **kw: object,
@@ -45,7 +45,7 @@ def ranked(
 
 def test_cost_is_prefill_blocks_against_blocks_in_use_and_growth():
     weights = CostWeights(prefix=2.0, load=0.5, growth=0.25)
-    loads = {"w1": WorkerLoad(active_blocks=10, growth=8.0)}
+    loads = {"w1": Candidate(active_blocks=10, growth=8.0)}
     costs = {c.worker: c for c in ranked({"w1": 6}, 20, loads, weights)}
     # w1: 14 blocks to prefill, 10 in use + the request's 20, growth 8.
     assert costs["w1"].prefill_blocks == 14
@@ -58,7 +58,7 @@ def test_cost_is_prefill_blocks_against_blocks_in_use_and_growth():
 def test_blocks_in_flight_there_count_as_cached_and_as_already_in_use():
     """A request this router sent is still running: its events may not have arrived, but its
     blocks are referenced there; a second prompt with that prefix shares them."""
-    loads = {"w2": WorkerLoad(active_blocks=24, inflight_prefix=20)}
+    loads = {"w2": Candidate(active_blocks=24, inflight_prefix=20)}
     best = ranked({}, 24, loads)[0]
     assert best.worker == "w2"
     assert (best.prefill_blocks, best.active_blocks) == (4, 24 + 4)
@@ -67,10 +67,10 @@ def test_blocks_in_flight_there_count_as_cached_and_as_already_in_use():
 def test_new_prefixes_spread_by_load():
     """Prompts that match nowhere go to the worker with the fewest blocks in use."""
     loads = {
-        "w0": WorkerLoad(active_blocks=40),
-        "w1": WorkerLoad(active_blocks=12),
-        "w2": WorkerLoad(active_blocks=30),
-        "w3": WorkerLoad(active_blocks=25),
+        "w0": Candidate(active_blocks=40),
+        "w1": Candidate(active_blocks=12),
+        "w2": Candidate(active_blocks=30),
+        "w3": Candidate(active_blocks=25),
     }
     assert [c.worker for c in ranked({}, 10, loads)] == ["w1", "w3", "w2", "w0"]
 
@@ -82,7 +82,7 @@ def test_a_burst_of_new_prefixes_goes_round_the_workers():
     growth = GrowthLedger()
     chosen = []
     for i in range(8):
-        loads = {w: WorkerLoad(active_blocks=active[w], growth=growth.get(w)) for w in WORKERS}
+        loads = {w: Candidate(active_blocks=active[w], growth=growth.get(w)) for w in WORKERS}
         best = ranked({}, 12, loads, affinity=1000 + i)[0]
         growth.record(best.worker, best.prefill_blocks)
         active[best.worker] += 12
@@ -98,7 +98,7 @@ def simulate_header_prompts(weights: CostWeights, prompts: int = 12) -> Counter[
     holders: set[str] = {"w0"}  # w0 served the first such prompt earlier
     served: Counter[str] = Counter()
     for _ in range(prompts):
-        loads = {w: WorkerLoad(growth=growth.get(w)) for w in WORKERS}
+        loads = {w: Candidate(growth=growth.get(w)) for w in WORKERS}
         best = ranked(dict.fromkeys(holders, 2), 20, loads, weights, affinity=77)[0]
         growth.record(best.worker, best.prefill_blocks)
         holders.add(best.worker)
@@ -117,15 +117,15 @@ def test_a_worker_holding_only_a_short_common_header_does_not_attract_everything
 def test_a_long_cached_prefix_outweighs_recent_growth():
     """A follow-up turn whose 29 of 30 blocks are cached on w3 stays there, although w3 took
     far more new blocks lately than the others."""
-    loads = {"w3": WorkerLoad(growth=100.0)}
+    loads = {"w3": Candidate(growth=100.0)}
     assert ranked({"w3": 29}, 30, loads)[0].worker == "w3"
     # Load does move it once it costs more than the prefill saved (29 blocks, weight 1).
-    busy = {"w3": WorkerLoad(active_blocks=60, growth=0.0)}
+    busy = {"w3": Candidate(active_blocks=60, growth=0.0)}
     assert ranked({"w3": 29}, 30, busy)[0].worker != "w3"
 
 
 def test_prefix_weight_zero_is_pure_load_balancing():
-    loads = {"w0": WorkerLoad(active_blocks=5)}
+    loads = {"w0": Candidate(active_blocks=5)}
     weights = CostWeights(prefix=0.0, growth=0.0)
     assert ranked({"w0": 30}, 30, loads, weights)[0].worker != "w0"
 
@@ -143,7 +143,7 @@ def test_equal_costs_are_broken_by_a_stable_rule():
 
 def test_temperature_samples_cheaper_workers_more_often():
     weights = CostWeights(temperature=0.5)
-    loads = {"w1": WorkerLoad(active_blocks=4), "w2": WorkerLoad(active_blocks=8)}
+    loads = {"w1": Candidate(active_blocks=4), "w2": Candidate(active_blocks=8)}
     rng = random.Random(3)
     picks = Counter(ranked({"w0": 10}, 10, loads, weights, rng=rng)[0].worker for _ in range(400))
     # Costs w0 10, w3 20, w1 24, w2 28: probabilities exp(-(c - 10) / (18 * 0.5)), normalized.

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
 from tokenkeys.keys import KeyContext
-from tokenkeys.router.cost import CostWeights, GrowthLedger, WorkerLoad, choose, cost_workers
+from tokenkeys.router.cost import Candidate, CostWeights, GrowthLedger, choose, cost_workers
 from tokenkeys.router.index import PrefixIndex
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.pool import Pool
@@ -215,10 +215,10 @@ class Router:
         growth = self._growth.setdefault(pool.name, GrowthLedger())
         loads = {}
         for address in load:
-            member = pool.members[address]
-            loads[address] = WorkerLoad(
-                active_blocks=float(member.active_blocks),
-                inflight_prefix=member.inflight_prefix(keys),
+            view = pool.members[address].view
+            loads[address] = Candidate(
+                active_blocks=view.active_blocks,
+                inflight_prefix=view.inflight_prefix(keys),
                 growth=growth.get(address),
             )
         costs = choose(

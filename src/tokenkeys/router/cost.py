@@ -9,8 +9,9 @@ Each candidate worker gets a cost (lower is better)::
   this router has in flight (its events may not have arrived yet).
 - ``active_blocks``: the worker's KV blocks in use if the request went there: the blocks of
   other clients' requests as last reported in ``GetLoad.used_kv_blocks`` (blocks referenced by
-  running requests, not cached but free ones), plus the blocks of this router's own in-flight
-  requests now (``pool.Member.active_blocks``), plus the request's blocks not already in use.
+  running requests, not cached but free ones), fading as that report ages, plus the blocks of
+  this router's own in-flight requests now (``load_view.LoadView.active_blocks``), plus the
+  request's blocks not already in use there.
 - ``growth``: new blocks this router recently put into the worker's cache (a sum decayed by
   ``1 - 1/GROWTH_HORIZON`` per routing decision of the pool, so it counts decisions, not
   seconds). It spreads new prefixes when loads read equal, e.g. when requests arrive one at a
@@ -85,7 +86,7 @@ class CostWeights:
 
 
 @dataclass(frozen=True)
-class WorkerLoad:
+class Candidate:
     """What the cost needs of one candidate besides its prefix match.
 
     ``active_blocks``: KV blocks in use there now (see the module doc); ``inflight_prefix``:
@@ -113,7 +114,7 @@ class WorkerCost:
 def cost_workers(
     scores: Sequence[WorkerScore],
     total_blocks: int,
-    loads: Mapping[str, WorkerLoad],
+    loads: Mapping[str, Candidate],
     weights: CostWeights,
 ) -> list[WorkerCost]:
     """The cost of sending a prompt of ``total_blocks`` full blocks to each scored worker.
@@ -124,7 +125,7 @@ def cost_workers(
     """
     out = []
     for s in scores:
-        load = loads.get(s.worker, WorkerLoad())
+        load = loads.get(s.worker, Candidate())
         inflight = min(load.inflight_prefix, total_blocks)
         cached = max(s.score * total_blocks, float(inflight))
         prefill = max(total_blocks - cached, 0.0)

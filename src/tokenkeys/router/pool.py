@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from tokenkeys.preprocess import Preprocessor
 from tokenkeys.router.discovery import EventSource, KeySpecRef, ModelDescription
 from tokenkeys.router.index import prompt_keys
 from tokenkeys.router.ingest import PREFIX_KINDS
+from tokenkeys.router.load_view import LoadView
 from tokenkeys.tokenizer import Tokenizer
 
 #: Why a worker is not routed to, as counted in ``tokenkeys_router_workers_refused_total``.
@@ -54,73 +54,17 @@ class Refusal:
 
 @dataclass
 class Member:
-    """A ready worker of the pool: its polled load and the requests this router has in flight."""
+    """A ready worker of the pool and what this router knows of its load (``load_view``)."""
 
     address: str
     instance_id: str
     source: EventSource
-    polled_load: float = 0.0
-    inflight: int = 0
-    #: Fraction of the worker's KV blocks in use, as last polled (0 before the first poll).
-    kv_usage: float = 0.0
-    #: KV blocks referenced by the worker's running requests, as last polled, and how many of
-    #: them were this router's own then.
-    used_kv_blocks: int = 0
-    own_blocks_at_poll: int = 0
-    #: Block keys of the prompts this router has in flight there (a key per request using it).
-    inflight_keys: Counter[int] = field(default_factory=Counter)
+    view: LoadView = field(default_factory=LoadView)
 
     @property
     def load(self) -> float:
         """The worker's load for tie-breaks: what it reported, or what this router sent it."""
-        return max(self.polled_load, float(self.inflight))
-
-    @property
-    def own_blocks(self) -> int:
-        """Blocks this router's in-flight requests use there: the distinct full blocks of
-        their prompts plus one partial block per request."""
-        return len(self.inflight_keys) + self.inflight
-
-    @property
-    def active_blocks(self) -> int:
-        """KV blocks in use there now, as far as this router can tell.
-
-        Other clients' share as last polled (what the worker reported minus what this router
-        had in flight then), plus this router's own in-flight blocks now: current between two
-        polls, so a burst spreads before the next one, and a request that has finished since
-        the poll no longer counts.
-        """
-        return max(self.used_kv_blocks - self.own_blocks_at_poll, 0) + self.own_blocks
-
-    def polled(self, running_and_queued: float, kv_usage: float, used_kv_blocks: int) -> None:
-        """Take a GetLoad answer."""
-        self.polled_load = running_and_queued
-        self.kv_usage = kv_usage
-        self.used_kv_blocks = used_kv_blocks
-        self.own_blocks_at_poll = self.own_blocks
-
-    def inflight_prefix(self, keys: Sequence[int]) -> int:
-        """How many leading ``keys`` requests this router has in flight there reference."""
-        held = self.inflight_keys
-        n = 0
-        for key in keys:
-            if key not in held:
-                break
-            n += 1
-        return n
-
-    def begin(self, keys: Sequence[int]) -> None:
-        """A request with these prompt block keys was sent here."""
-        self.inflight += 1
-        self.inflight_keys.update(keys)
-
-    def end(self, keys: Sequence[int]) -> None:
-        """That request finished (or failed)."""
-        self.inflight -= 1
-        self.inflight_keys.subtract(keys)
-        for key in keys:
-            if self.inflight_keys[key] <= 0:
-                del self.inflight_keys[key]
+        return self.view.load
 
 
 def choose_source(
@@ -275,7 +219,7 @@ class Pool:
     def kv_usage(self, address: str) -> float:
         """The polled KV-cache usage of a member (0 when unknown)."""
         member = self.members.get(address)
-        return member.kv_usage if member is not None else 0.0
+        return member.view.kv_usage if member is not None else 0.0
 
     # --- keys --------------------------------------------------------------------------------
 

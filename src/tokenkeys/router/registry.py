@@ -153,7 +153,7 @@ class WorkerRegistry:
         for model in ws.engines:
             member = self.pools[model].members.get(ws.address)
             if member is not None:
-                member.polled(load.load, load.kv_usage, load.used_kv_blocks)
+                member.view.polled(load.load, load.kv_usage, load.used_kv_blocks)
 
     def suspect(self, address: str) -> None:
         """A request to ``address`` failed: check it at once instead of at the next poll."""
