@@ -12,7 +12,7 @@ replica at random per request. Workloads (:data:`WORKLOADS`):
 - ``shared header``: the same, one request at a time, but 16 system prompts that all open with
   one common header of a few blocks, and caches that hold a quarter of the working set each.
   A policy that follows the header puts every new prompt on one engine.
-- ``concurrent``: 8 system prompts; each round all conversations send their next turn at once
+- ``concurrent``: 16 system prompts; each round all conversations send their next turn at once
   (the engines really wait their simulated prefill and decode times, so requests overlap and a
   burst is routed before any load poll or event shows it).
 
@@ -308,7 +308,14 @@ async def _run_async(quick: bool) -> str:
         "request. Simulated TTFT = 1 ms + 0.2 ms per uncached prompt token, without queueing; "
         '"busiest engine" is the share of requests the most used engine served (25 % is even). '
         "Precise routing uses the default cost weights (`--prefix-weight 1 --load-weight 1 "
-        "--growth-weight 0.25`, docs/router.md).",
+        "--growth-weight 0.25`, docs/router.md). The caches are sized so that the working set "
+        "of a workload fits in the four engines together but not in one: round robin makes "
+        "every engine cache every prompt, and evicts. With prefix-only weights a common header "
+        "decides where every new prompt goes (the shared-header rows: one engine serves all); "
+        "the growth term spreads new prompts, and the load term moves a conversation off a "
+        "busier engine, which costs hits here because the simulated engines run any number "
+        "of requests at once without slowing down: balance buys nothing in this simulation "
+        "that it buys on a real engine (queueing, preemption, decode speed).",
         "",
         _plot(results),
     ]

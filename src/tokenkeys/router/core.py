@@ -210,7 +210,8 @@ class Router:
             log.warning("prefix index unavailable, routing %s by load: %s", pool.name, exc.message)
             found, reason = {}, "index_unavailable"
         matches = {ids[w]: m for w, m in found.items() if w in ids}
-        total = len(keys)
+        # Without keys the prompt's size still weighs in the load and growth it brings.
+        total = len(keys) if keys else len(request.token_ids) // pool.block_size
         scores = score_workers(matches, total, load, weights=self.weights)
         growth = self._growth.setdefault(pool.name, GrowthLedger())
         loads = {}
