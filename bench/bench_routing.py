@@ -17,7 +17,7 @@ replica at random per request. Workloads (:data:`WORKLOADS`):
   burst is routed before any load poll or event shows it).
 
 Policies, each on fresh engines: ``precise`` with the default cost weights (prefill blocks
-against KV blocks in use and recent cache growth, ``router.cost``); ``precise, prefix only``
+against KV blocks in use and recent cache growth, ``router.policy.cost``); ``precise, prefix only``
 (load and growth weights 0: the longest cached prefix wins, ties by rendezvous hash, which is
 how the policy routed before the cost model); ``text_chunks`` (gateway-api-inference-
 extension's approximation, 64-byte text chunks matched against what the replica sent each
@@ -43,10 +43,10 @@ from pathlib import Path
 
 from timing import pct
 
-from tokenkeys.router.cost import CostWeights
-from tokenkeys.router.pool_setup import PoolSettings
+from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RouterConfig, RoutingService
+from tokenkeys.router.workers.pool_setup import PoolSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 PLOT = ROOT / "docs" / "routing.png"

@@ -15,9 +15,9 @@ from collections import Counter
 import pytest
 from routing_support import collect, index_run, start_cluster
 
-from tokenkeys.router.cost import CostWeights
-from tokenkeys.router.pool_setup import PoolSettings
+from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.routed_engine import RouteNote, current_note
+from tokenkeys.router.workers.pool_setup import PoolSettings
 
 HEADER = "Northwind municipal help desk. Be precise and brief; never invent a figure."
 

@@ -14,7 +14,7 @@ from engine_stack import ServeProcess
 
 from tokenkeys.cli import main
 from tokenkeys.cli.route import config_from, register
-from tokenkeys.router.cost import CostWeights
+from tokenkeys.router.policy.cost import CostWeights
 
 from support import REPO
 

@@ -1,4 +1,4 @@
-"""The precise policy's cost model (``router.cost``): prefix hits weighed against load.
+"""The precise policy's cost model (``router.policy.cost``): prefix hits weighed against load.
 
 Pure functions over prefix matches and loads, so every case is exact and deterministic. The
 costs follow Dynamo's KV router (``overlap_score_weight * prefill_blocks + decode_blocks``,
@@ -15,15 +15,15 @@ from collections import Counter
 import pytest
 
 from tokenkeys.errors import ConfigError
-from tokenkeys.router.cost import (
+from tokenkeys.router.index.model import PrefixMatch
+from tokenkeys.router.policy.cost import (
     Candidate,
     CostWeights,
     GrowthLedger,
     choose,
     cost_workers,
 )
-from tokenkeys.router.index import PrefixMatch
-from tokenkeys.router.scorer import score_workers
+from tokenkeys.router.policy.scorer import score_workers
 
 WORKERS = ("w0", "w1", "w2", "w3")
 

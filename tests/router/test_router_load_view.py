@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tokenkeys.router.load_view import LoadView
+from tokenkeys.router.workers.load_view import LoadView
 
 
 class Clock:
