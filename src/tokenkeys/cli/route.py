@@ -20,6 +20,7 @@ from tokenkeys.frontend import start_http_server
 from tokenkeys.limits import Limits
 from tokenkeys.router.frontend import create_router_app
 from tokenkeys.router.index.memory import DEFAULT_CAPACITY
+from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import POLICIES
 from tokenkeys.router.service import INDEXES, RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
@@ -64,6 +65,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="KV-event transport to follow (auto: ZMQ when a worker advertises it, else gRPC)",
     )
+    cost = p.add_argument_group(
+        "precise policy cost (in KV blocks; lower wins; see docs/router.md)",
+        "cost = prefix weight x blocks to prefill + load weight x KV blocks in use "
+        "+ growth weight x new blocks recently placed there",
+    )
+    d = CostWeights()
+    for option, default, what in (
+        ("--prefix-weight", d.prefix, "cost of one block of prefill; higher keeps prompts with "
+         "their cached prefix, 0 ignores the cache"),
+        ("--load-weight", d.load, "cost of one KV block in use; higher spreads running work at "
+         "the price of more prefill"),
+        ("--growth-weight", d.growth, "cost of one block of new cache recently placed on the "
+         "worker; higher spreads new prefixes, 0 lets a shared header attract them"),
+        ("--router-temperature", d.temperature, "0 always takes the cheapest worker; above 0 "
+         "samples workers, cheaper ones more often"),
+    ):  # fmt: skip
+        cost.add_argument(
+            option, type=float, default=default, metavar="X", help=f"{what} (default {default})"
+        )
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
     p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
     p.add_argument(
@@ -106,6 +126,12 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         timeout=args.timeout,
         pools=PoolSettings(
             cache=args.cache, limits=limits, security=channel_security(args, prefix="worker-")
+        ),
+        cost=CostWeights(
+            prefix=args.prefix_weight,
+            load=args.load_weight,
+            growth=args.growth_weight,
+            temperature=args.router_temperature,
         ),
     )
 
