@@ -15,6 +15,7 @@ from tokenkeys.cli.access_options import (
     server_tls,
     server_tokens,
 )
+from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
 from tokenkeys.router.core import POLICIES
@@ -86,6 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
     )
+    add_connection_options(p, grpc=False)
     add_server_access_options(p, templates=False)
     add_client_access_options(p, prefix="worker-")
     p.set_defaults(func=run)
@@ -141,7 +143,9 @@ async def _route(args: argparse.Namespace) -> int:
             metrics=service.metrics_registry,
             lifecycle=lifecycle,
         )
-        server = await start_http_server(app, args.host, args.http_port, tls=tls)
+        server = await start_http_server(
+            app, args.host, args.http_port, tls=tls, connections=connection_limits_from(args)
+        )
     except BaseException:
         await service.close()
         raise

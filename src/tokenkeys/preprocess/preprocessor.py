@@ -20,6 +20,10 @@ from tokenkeys.preprocess.prompt_options import optional_flag
 from tokenkeys.tokenizer import Tokenizer, Truncation
 from tokenkeys.tokenizer.specials import template_special_tokens
 
+#: Above this many characters in all, a request's texts are encoded one by one (see
+#: :meth:`Preprocessor.tokenize_prompts`); below it one batch is faster.
+_ONE_BY_ONE_CHARS = 1 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class Tokenized:
@@ -105,13 +109,25 @@ class Preprocessor:
             maps.append(index_map)
         if add_special_tokens is None:
             add_special_tokens = self.tokenizer.options.add_special_tokens_completion
-        encoded = self.tokenizer.encode(
-            normalized,
-            add_special_tokens=add_special_tokens,
-            offsets=offsets,
-            truncation=truncation,
-        )
-        limits.check_sequences(field_name, [len(e.ids) for e in encoded])
+        options = {
+            "add_special_tokens": add_special_tokens,
+            "offsets": offsets,
+            "truncation": truncation,
+        }
+        if len(normalized) > 1 and sum(len(t) for t in normalized) > _ONE_BY_ONE_CHARS:
+            # Large texts one at a time, each checked as it is done, so a request over a token
+            # limit is refused after the text that crosses it, not after encoding them all.
+            encoded = []
+            total = 0
+            for i, text in enumerate(normalized):
+                (enc,) = self.tokenizer.encode([text], **options)  # type: ignore[arg-type]
+                limits.check_text_tokens(field_name, i, len(enc.ids))
+                total += len(enc.ids)
+                limits.check_tokens(field_name, total)
+                encoded.append(enc)
+        else:
+            encoded = self.tokenizer.encode(normalized, **options)  # type: ignore[arg-type]
+            limits.check_sequences(field_name, [len(e.ids) for e in encoded])
         results = []
         for enc, index_map in zip(encoded, maps, strict=True):
             spans = enc.offsets
