@@ -12,14 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-
-
-@dataclass
-class _Pending:
-    message: str
-    count: int = 0
-    flush_scheduled: bool = False
 
 
 class ThrottledLog:
@@ -36,7 +28,8 @@ class ThrottledLog:
         self.interval = interval
         self._clock = clock
         self._last: dict[str, float] = {}
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, tuple[str, int]] = {}  # kind: (latest message, count)
+        self._scheduled: set[str] = set()
         self.totals: dict[str, int] = {}
         """Occurrences of each kind since start, logged or not (for tests and diagnostics)."""
 
@@ -50,27 +43,36 @@ class ThrottledLog:
         now = self._clock()
         last = self._last.get(kind)
         if last is None or now - last >= self.interval:
-            pending = self._pending.pop(kind, None)
-            extra = pending.count if pending is not None else 0
-            self._emit(kind, message, 1 + extra, now)
+            _, held = self._pending.pop(kind, (message, 0))
+            self._emit(message, 1 + held, now, kind)
             return
-        pending = self._pending.setdefault(kind, _Pending(message))
-        pending.message = message
-        pending.count += 1
-        if not pending.flush_scheduled:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return
-            pending.flush_scheduled = True
-            loop.call_later(max(last + self.interval - now, 0.0), self._flush, kind)
+        _, held = self._pending.get(kind, (message, 0))
+        self._pending[kind] = (message, held + 1)
+        self._schedule(kind, last + self.interval - now)
+
+    def _schedule(self, kind: str, delay: float) -> None:
+        if kind in self._scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._scheduled.add(kind)
+        loop.call_later(max(delay, 0.0), self._flush, kind)
 
     def _flush(self, kind: str) -> None:
-        pending = self._pending.pop(kind, None)
-        if pending is not None and pending.count:
-            self._emit(kind, pending.message, pending.count, self._clock())
+        self._scheduled.discard(kind)
+        if kind not in self._pending:
+            return
+        now = self._clock()
+        last = self._last.get(kind, now - self.interval)
+        if now - last < self.interval:  # logged meanwhile by note(): wait for the next interval
+            self._schedule(kind, last + self.interval - now)
+            return
+        message, count = self._pending.pop(kind)
+        self._emit(message, count, now, kind)
 
-    def _emit(self, kind: str, message: str, count: int, now: float) -> None:
+    def _emit(self, message: str, count: int, now: float, kind: str) -> None:
         self._last[kind] = now
         if count == 1:
             self.logger.warning("%s", message)
