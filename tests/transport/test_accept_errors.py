@@ -35,13 +35,14 @@ def _health(address: tuple[str, int]) -> bool:
 
 def test_descriptor_exhaustion_logs_a_count_and_the_server_recovers() -> None:
     started = time.monotonic()
-    with Served("--http-header-timeout", "3", preexec=_low_descriptor_limit) as served:
+    with Served("--http-header-timeout", "11", preexec=_low_descriptor_limit) as served:
         address = host_port(served.http_address)
         # More connections than the server has descriptors: accept() fails with EMFILE for the
         # rest, again and again, for as long as they are held.
         flood = open_connections(address, 2 * _SERVER_DESCRIPTORS, sources=4, first=b"GET /")
-        # The held ones are closed by the server after its header timeout (3 s here),
-        # which frees descriptors; waiting for that is the recovery by itself.
+        # The held ones are closed by the server after its header timeout (11 s here, so the
+        # flood outlasts one 10 s log interval), which frees descriptors: the recovery is the
+        # server's own.
         still_open = wait_all_closed(flood, timeout=40)
         for sock in flood:
             sock.close()
