@@ -25,6 +25,7 @@ from tokenkeys.router.pool_setup import PoolSettings
 from tokenkeys.router.service import INDEXES, RouterConfig, RoutingService
 from tokenkeys.server.http import start_http_server
 from tokenkeys.server.lifecycle import Lifecycle
+from tokenkeys.terminal import escape_log_records, printable
 
 log = logging.getLogger("tokenkeys.route")
 
@@ -128,7 +129,7 @@ async def _route(args: argparse.Namespace) -> int:
                 line += f"; refused for {refusal.model} ({refusal.reason}): {refusal.message}"
             if ws.error:
                 line += f"; {ws.error}"
-            print(line, flush=True)
+            print(printable(line), flush=True)  # errors and names come from the workers
         for pool in service.registry.pools.values():
             decision = pool.strategy.decision
             print(
@@ -169,4 +170,5 @@ async def _route(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
     return asyncio.run(_route(args))

@@ -35,6 +35,7 @@ from tokenkeys.server.grpc_server import start_grpc_server
 from tokenkeys.server.guards import build_guards
 from tokenkeys.server.lifecycle import Lifecycle
 from tokenkeys.server.tokenizer_service import TokenizerService
+from tokenkeys.terminal import escape_log_records
 
 log = logging.getLogger("tokenkeys.serve")
 
@@ -182,4 +183,5 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
     return asyncio.run(_serve(args))
