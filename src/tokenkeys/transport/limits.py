@@ -9,9 +9,9 @@ of docs/operating.md's limits table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from tokenkeys.errors import ConfigError
+from tokenkeys.limits import check_option_fields
 
 #: Fields that accept 0 as "no limit" (every other field must be positive).
 _ZERO_MEANS_OFF = frozenset(
@@ -65,17 +65,7 @@ class ConnectionLimits:
     grpc_min_ping_interval: float = 60.0
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            floor_ok = value >= 0 if f.name in _ZERO_MEANS_OFF else value > 0
-            kind = int if isinstance(f.default, int) else (int, float)
-            if isinstance(value, bool) or not isinstance(value, kind) or not floor_ok:
-                option = "--" + f.name.replace("_", "-")
-                bound = ">= 0" if f.name in _ZERO_MEANS_OFF else "> 0"
-                raise ConfigError(
-                    f"{f.name} must be a number {bound}, got {value!r}; fix {option}",
-                    field=f.name,
-                )
+        check_option_fields(self, _ZERO_MEANS_OFF)
 
     @property
     def descriptors_needed(self) -> int:
