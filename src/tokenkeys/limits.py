@@ -83,6 +83,20 @@ class Limits:
                 limit=self.max_tokens_per_text,
             )
 
+    def check_token_floor(self, field: str, index: int, floor: int) -> None:
+        """Refuse a text certain, before encoding, to exceed ``max_tokens_per_text``.
+
+        ``floor`` is a sound lower bound on its tokens (:mod:`tokenkeys.tokenizer.token_floor`).
+        """
+        if floor > self.max_tokens_per_text:
+            raise LimitExceeded(
+                f"{field}[{index}] is too long to fit: by its size it becomes at least {floor} "
+                f"tokens; at most {self.max_tokens_per_text} are allowed per text "
+                "(max_tokens_per_text): shorten or split it",
+                field=field,
+                limit=self.max_tokens_per_text,
+            )
+
     def check_tokens(self, field: str, total: int) -> None:
         """Refuse a request whose ids add up to more than ``max_tokens_per_request``."""
         if total > self.max_tokens_per_request:

@@ -65,3 +65,21 @@ def test_small_requests_are_one_batch_with_the_same_ids(tokenizer: Tokenizer) ->
     assert backend.calls == [3]
     one_by_one = [pre.tokenize_prompts([t])[0] for t in texts]
     assert [r.ids for r in batched] == [r.ids for r in one_by_one]
+
+
+def test_a_text_certain_to_exceed_the_limit_is_refused_without_encoding(
+    tokenizer: Tokenizer,
+) -> None:
+    pre, backend = _counting(tokenizer, Limits(max_tokens_per_text=32_768))
+    with pytest.raises(LimitExceeded) as info:
+        pre.tokenize_prompts(["世界" * 2_000_000])  # 12 MB: at least 148k tokens by size
+    assert "at least" in info.value.message and "max_tokens_per_text" in info.value.message
+    assert backend.calls == [], "the text was encoded before it was refused"
+
+
+def test_a_text_the_floor_cannot_decide_is_encoded_then_refused(tokenizer: Tokenizer) -> None:
+    pre, backend = _counting(tokenizer, Limits(max_tokens_per_text=1_000))
+    with pytest.raises(LimitExceeded) as info:
+        pre.tokenize_prompts(["word " * 2_000])  # 10 kB: floor 124, count 2001
+    assert "amounts to 2001 tokens" in info.value.message  # with the BOS
+    assert backend.calls == [1]

@@ -102,9 +102,13 @@ class Preprocessor:
             raise InvalidArgument(f"nul handling {nul!r} is not 'keep' or 'strip'", field="nul")
         normalized: list[str] = []
         maps: list[list[int] | None] = []
+        floor = self.tokenizer.token_floor
         for i, text in enumerate(texts):
             limits.check_chars(field_name, i, len(text))
             norm, index_map = self.normalize(text, nul)
+            # Before any encoding: a text certain to become too many tokens costs a byte count.
+            if floor is not None and 4 * len(norm) > limits.max_tokens_per_text * floor.divisor:
+                limits.check_token_floor(field_name, i, floor.tokens_at_least(norm))
             normalized.append(norm)
             maps.append(index_map)
         if add_special_tokens is None:
