@@ -10,7 +10,7 @@ import tokenizers
 from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, default_tokenizer_path
 from tokenkeys.tokenizer.token_floor import token_floor
 
-from support import shared_path
+from conformance_data import data_path
 
 TEXTS = [
     "hello world " * 500,
@@ -28,7 +28,7 @@ TEXTS = [
 
 @pytest.mark.parametrize("name", ["embedded", "gpt2", "qwen2.5-instruct"])
 def test_the_floor_never_exceeds_the_count(name: str) -> None:
-    folder = default_tokenizer_path() if name == "embedded" else shared_path("tokenizers", name)
+    folder = default_tokenizer_path() if name == "embedded" else data_path("tokenizers", name)
     raw = (folder / "tokenizer.json").read_bytes()
     floor = token_floor(raw)
     assert floor is not None, "a byte-level BPE tokenizer has a floor"
@@ -41,7 +41,7 @@ def test_the_floor_never_exceeds_the_count(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["phi-3-mini", "t5-small"])
 def test_sentencepiece_and_unigram_have_none(name: str) -> None:
-    raw = (shared_path("tokenizers", name) / "tokenizer.json").read_bytes()
+    raw = (data_path("tokenizers", name) / "tokenizer.json").read_bytes()
     assert token_floor(raw) is None
 
 

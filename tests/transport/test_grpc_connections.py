@@ -16,9 +16,9 @@ import grpc
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc_server import start_grpc_server
-from tokenkeys.server.loading import load_models
-from tokenkeys.server.tokenizer_service import TokenizerService
+from tokenkeys.server.grpc.server import start_grpc_server
+from tokenkeys.server.grpc.tokenizer import TokenizerService
+from tokenkeys.server.runtime.loading import load_models
 from tokenkeys.tokenizer import TokenizerOptions
 from tokenkeys.transport.grpc_options import grpc_server_options
 from tokenkeys.transport.limits import ConnectionLimits

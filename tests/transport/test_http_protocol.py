@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from tokenkeys.frontend import HttpConfig, create_app, start_http_server
 from tokenkeys.limits import Limits
-from tokenkeys.server.http import HttpConfig, create_app, start_http_server
-from tokenkeys.server.loading import load_models
+from tokenkeys.server.runtime.loading import load_models
 from tokenkeys.tokenizer import TokenizerOptions
 from tokenkeys.transport.http_protocol import ConnectionCounts
 from tokenkeys.transport.limits import ConnectionLimits

@@ -14,7 +14,7 @@ adds, per connection:
   503 and closed as they are accepted, before any byte is read.
 
 The idle keep-alive timeout is uvicorn's own ``timeout_keep_alive``, set from the same limits by
-:func:`tokenkeys.server.http.server.start_http_server`.
+:func:`tokenkeys.frontend.server.start_http_server`.
 
 Matched against uvicorn 0.54 ``uvicorn/protocols/http/httptools_impl.py`` (``HttpToolsProtocol``:
 ``connection_made``/``connection_lost``, ``data_received`` feeding the parser, the parser
