@@ -15,6 +15,7 @@ from tokenkeys.cli.access_options import (
     server_tls,
     server_tokens,
 )
+from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.frontend import start_http_server
 from tokenkeys.limits import Limits
@@ -25,6 +26,7 @@ from tokenkeys.router.policy.router import POLICIES
 from tokenkeys.router.service import INDEXES, RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.terminal import escape_log_records, printable
 
 log = logging.getLogger("tokenkeys.route")
 
@@ -106,6 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
     )
+    add_connection_options(p, grpc=False)
     add_server_access_options(p, templates=False)
     add_client_access_options(p, prefix="worker-")
     p.set_defaults(func=run)
@@ -152,7 +155,7 @@ async def _route(args: argparse.Namespace) -> int:
                 line += f"; refused for {refusal.model} ({refusal.reason}): {refusal.message}"
             if ws.error:
                 line += f"; {ws.error}"
-            print(line, flush=True)
+            print(printable(line), flush=True)  # errors and names come from the workers
         for pool in service.registry.pools.values():
             decision = pool.strategy.decision
             print(
@@ -167,7 +170,9 @@ async def _route(args: argparse.Namespace) -> int:
             metrics=service.metrics_registry,
             lifecycle=lifecycle,
         )
-        server = await start_http_server(app, args.host, args.http_port, tls=tls)
+        server = await start_http_server(
+            app, args.host, args.http_port, tls=tls, connections=connection_limits_from(args)
+        )
     except BaseException:
         await service.close()
         raise
@@ -191,4 +196,5 @@ async def _route(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
     return asyncio.run(_route(args))
