@@ -38,11 +38,16 @@ import sys
 import tempfile
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+from routing_smg import POLICIES as SMG_POLICIES
+from routing_smg import chat, smg_executable, smg_router
 from timing import pct
 
+from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RouterConfig, RoutingService
@@ -52,6 +57,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PLOT = ROOT / "docs" / "routing.png"
 ENGINES = 4
 REPLICAS = 2
+MODEL = "smollm2-135m-instruct"  # the model tokenkeys serve embeds
+MAX_TOKENS = 16  # the engine's default when a gRPC Generate sets none
+LATENCY = LatencyModel()  # what tokenkeys serve --simulate-latency uses
 #: (row name, --policy, cost weights of the precise policy)
 POLICIES = (
     ("precise", "precise", CostWeights()),
@@ -101,32 +109,55 @@ def _system(i: int, w: Workload) -> str:
     return f"{head}You are the {topic} assistant #{i}. {rules}"
 
 
-def _serve_args(w: Workload, port: str = "0") -> list[str]:
+def _serve_args(w: Workload, port: str, http_port: str) -> list[str]:
     args = [
-        sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", port, "--http-port", "0",
-        "--num-kv-blocks", str(w.num_blocks),
+        sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", port,
+        "--http-port", http_port, "--num-kv-blocks", str(w.num_blocks),
     ]  # fmt: skip
     return args + (["--simulate-latency"] if w.concurrent else [])
 
 
-def _start_engine(w: Workload, port: str = "0") -> tuple[subprocess.Popen, str]:
+@dataclass
+class Engine:
+    """One ``tokenkeys serve`` process: its gRPC address and HTTP base URL."""
+
+    proc: subprocess.Popen
+    address: str
+    http: str
+
+    def restart(self, w: Workload) -> None:
+        """Stop the process and start a new one on the same ports (empty cache)."""
+        self.proc.terminate()
+        self.proc.wait(20)
+        grpc_port, http_port = self.address.rsplit(":", 1)[1], self.http.rsplit(":", 1)[1]
+        self.proc = _start_engine(w, grpc_port, http_port).proc
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _start_engine(w: Workload, port: str = "0", http_port: str = "0") -> Engine:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen(
-        _serve_args(w, port), env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        _serve_args(w, port, http_port),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert proc.stdout is not None
+    address = None
     for line in proc.stdout:
         if line.startswith("gRPC listening on "):
-            return proc, "127.0.0.1:" + line.rsplit(":", 1)[1].strip()
+            address = "127.0.0.1:" + line.rsplit(":", 1)[1].strip()
+        elif line.startswith("HTTP listening on ") and address is not None:
+            return Engine(proc, address, "http://127.0.0.1:" + line.rsplit(":", 1)[1].strip())
     proc.kill()
     raise RuntimeError("tokenkeys serve did not start")
-
-
-def _restart_engine(proc: subprocess.Popen, port: str, w: Workload) -> subprocess.Popen:
-    """Stop an engine and start a new process on the same gRPC port (empty cache)."""
-    proc.terminate()
-    proc.wait(20)
-    return _start_engine(w, port)[0]
 
 
 async def _quiet(service: RoutingService, rounds: int = 5) -> None:
@@ -145,12 +176,77 @@ async def _quiet(service: RoutingService, rounds: int = 5) -> None:
         last = now
 
 
+#: One request through a router: the conversation so far in; the engine's prompt and cached
+#: token counts, the reply text, and the engine that served it when the router says.
+Send = Callable[[list[dict]], Awaitable[tuple[int, int, str, str | None]]]
+
+
+async def _drive(
+    w: Workload,
+    send: Send,
+    restart: Callable[[], Awaitable[None]],
+    settle: Callable[[], Awaitable[None]],
+) -> dict:
+    """Play the workload's conversations through ``send``; the same questions for every router
+    (``rng`` draws only them). ``restart`` runs halfway when the workload restarts an engine;
+    ``settle`` after each round (the router applies the round's engine events: a user thinks
+    for seconds, events take milliseconds)."""
+    rng = random.Random(7)
+    history = {
+        c: [{"role": "system", "content": _system(c % w.systems, w)}]
+        for c in range(w.conversations)
+    }
+    counts: list[tuple[int, int]] = []
+    served: Counter[str] = Counter()
+
+    async def turn_of(c: int, turn: int) -> None:
+        tag = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
+        question = f"Question {turn} of conversation {c} ({tag}): {rng.choice(TOPICS)}?"
+        messages = history[c] + [{"role": "user", "content": question}]
+        prompt, cached, reply, by = await send(messages)
+        counts.append((prompt, cached))
+        if by is not None:
+            served[by] += 1
+        history[c] = messages + [{"role": "assistant", "content": reply}]
+
+    for turn in range(w.turns):
+        if w.restart and turn == w.turns // 2:  # one engine restarts: its cache is gone
+            await restart()
+        order = list(range(w.conversations))
+        rng.shuffle(order)
+        if w.concurrent:
+            await asyncio.gather(*(turn_of(c, turn) for c in order))
+        else:
+            for c in order:
+                await turn_of(c, turn)
+        await settle()
+    # The simulated engines' own formula (engine.latency), from the counts they reported.
+    ttft = [LATENCY.time_to_first_token(p - k) for p, k in counts]
+    return {
+        "hit": sum(k for _, k in counts) / sum(p for p, _ in counts),
+        "p50": pct(ttft, 50),
+        "p90": pct(ttft, 90),
+        "served": served,
+        "requests": len(counts),
+    }
+
+
+async def _start_engines(w: Workload) -> list[Engine]:
+    starts = (asyncio.to_thread(_start_engine, w) for _ in range(ENGINES))
+    return list(await asyncio.gather(*starts))
+
+
+def _finish(result: dict, served: Counter[str]) -> dict:
+    result["busiest"] = max(served.values()) / sum(served.values())
+    del result["served"]
+    return result
+
+
 async def _run_policy(policy: str, cost: CostWeights, w: Workload, cache: str) -> dict:
-    started = await asyncio.gather(*(asyncio.to_thread(_start_engine, w) for _ in range(ENGINES)))
-    procs = [p for p, _ in started]
-    addresses = [a for _, a in started]
+    """A tokenkeys policy: two in-process router replicas forwarding token ids over gRPC."""
+    engines = await _start_engines(w)
     config = RouterConfig(
-        workers=tuple(addresses),
+        workers=tuple(e.address for e in engines),
         policy=policy,
         poll_interval=0.2,
         pools=PoolSettings(cache=cache),
@@ -159,23 +255,14 @@ async def _run_policy(policy: str, cost: CostWeights, w: Workload, cache: str) -
     # Each replica follows every engine's events (an in-memory index each); what it sent, its
     # requests in flight and its cache-growth counts are its own.
     services = [await RoutingService(config).start() for _ in range(REPLICAS)]
-    rng = random.Random(7)
+    balancer = random.Random(11)  # the load balancer's picks, apart from the workload's draws
     try:
         pool = services[0].router.pool(None)
-        engines = [s.engine() for s in services]
-        history = {
-            c: [{"role": "system", "content": _system(c % w.systems, w)}]
-            for c in range(w.conversations)
-        }
-        usage: list = []
-        served: Counter[str] = Counter()
+        replicas = [s.engine() for s in services]
 
-        async def turn_of(c: int, turn: int) -> None:
-            tag = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
-            question = f"Question {turn} of conversation {c} ({tag}): {rng.choice(TOPICS)}?"
-            messages = history[c] + [{"role": "user", "content": question}]
+        async def send(messages: list[dict]) -> tuple[int, int, str, str | None]:
             ids = pool.preprocessor.tokenize_chat({"messages": messages}).tokens.ids
-            engine = rng.choice(engines)
+            engine = balancer.choice(replicas)
             note = RouteNote()
             token = current_note.set(note)
             try:
@@ -186,49 +273,72 @@ async def _run_policy(policy: str, cost: CostWeights, w: Workload, cache: str) -
                     last = o
             finally:
                 current_note.reset(token)
-            assert last is not None and last.usage is not None and last.timing is not None
-            usage.append((last.usage, last.timing))
-            served[note.served_by[0]] += 1
+            assert last is not None and last.usage is not None
             reply = pool.preprocessor.detokenize([out], skip_special_tokens=True)[0]
-            history[c] = messages + [{"role": "assistant", "content": reply}]
+            usage = last.usage
+            return usage.prompt_tokens, usage.cached_prompt_tokens, reply, note.served_by[0]
 
-        for turn in range(w.turns):
-            if w.restart and turn == w.turns // 2:  # one engine restarts: its cache is gone
-                procs[0] = await asyncio.to_thread(
-                    _restart_engine, procs[0], addresses[0].rsplit(":", 1)[1], w
-                )
-                for _ in range(200):
-                    await asyncio.sleep(0.05)
-                    if all(addresses[0] in s.router.pool(None).members for s in services):
-                        break
-            order = list(range(w.conversations))
-            rng.shuffle(order)
-            if w.concurrent:
-                await asyncio.gather(*(turn_of(c, turn) for c in order))
-            else:
-                for c in order:
-                    await turn_of(c, turn)
-            for service in services:
-                await _quiet(service)
-        prompt = sum(u.prompt_tokens for u, _ in usage)
-        ttft = [t.ttft_s for _, t in usage]
-        return {
-            "hit": sum(u.cached_prompt_tokens for u, _ in usage) / prompt,
-            "p50": pct(ttft, 50),
-            "p90": pct(ttft, 90),
-            "busiest": max(served.values()) / sum(served.values()),
-            "requests": sum(served.values()),
-        }
+        async def restart() -> None:
+            await asyncio.to_thread(engines[0].restart, w)
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                if all(engines[0].address in s.router.pool(None).members for s in services):
+                    break
+
+        result = await _drive(w, send, restart, settle=lambda: _settle(services))
+        return _finish(result, result["served"])
     finally:
         for service in services:
             await service.close()
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for engine in engines:
+            engine.stop()
+
+
+async def _settle(services: list[RoutingService]) -> None:
+    for service in services:
+        await _quiet(service)
+
+
+async def _run_smg(executable: Path, policy: str, w: Workload) -> dict:
+    """An smg policy: one ``smg launch`` over the engines' HTTP frontends (routing_smg)."""
+    engines = await _start_engines(w)
+    before_restart: Counter[str] = Counter()
+    try:
+        async with (
+            smg_router(executable, policy, [e.http for e in engines]) as base,
+            httpx.AsyncClient(timeout=120) as client,
+        ):
+
+            async def send(messages: list[dict]) -> tuple[int, int, str, str | None]:
+                prompt, cached, reply = await chat(client, base, MODEL, messages, MAX_TOKENS)
+                return prompt, cached, reply, None
+
+            async def restart() -> None:
+                before_restart.update(await _chat_requests(client, engines[:1]))
+                await asyncio.to_thread(engines[0].restart, w)
+
+            result = await _drive(w, send, restart, settle=_no_settle)
+            served = await _chat_requests(client, engines)
+            served.update(before_restart)
+            return _finish(result, served)
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+async def _no_settle() -> None:
+    """smg learns from what it sends; there are no engine events to wait for."""
+
+
+async def _chat_requests(client: httpx.AsyncClient, engines: list[Engine]) -> Counter[str]:
+    """Chat completions each engine answered, from its own /metrics (smg does not say)."""
+    served: Counter[str] = Counter()
+    for engine in engines:
+        text = (await client.get(f"{engine.http}/metrics")).text
+        for line in text.splitlines():
+            if line.startswith("tokenkeys_http_requests_total{") and "chat/completions" in line:
+                served[engine.address] += int(float(line.rsplit(" ", 1)[1]))
+    return served
 
 
 def _plot(results: dict[str, dict[str, dict]]) -> str:
@@ -242,8 +352,8 @@ def _plot(results: dict[str, dict[str, dict]]) -> str:
     except ImportError:
         return "_(plot skipped: matplotlib is not installed; `pip install -e '.[bench]'`)_"
     workloads = list(results)
-    names = [name for name, _, _ in POLICIES]
-    colors = ["#2b6", "#8c8", "#fa3", "#999"]
+    names = list(results[workloads[0]])
+    colors = ["#2b6", "#8c8", "#fa3", "#999", "#48c", "#a6d"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     width = 0.8 / len(names)
     for j, name in enumerate(names):
@@ -271,11 +381,14 @@ def _plot(results: dict[str, dict[str, dict]]) -> str:
 async def _run_async(quick: bool) -> str:
     results: dict[str, dict[str, dict]] = {}
     lines = ["## Routing policies (bench_routing)", ""]
+    smg, smg_note = await asyncio.to_thread(smg_executable)
     with tempfile.TemporaryDirectory() as cache:
         for w in _workloads(quick):
             results[w.name] = {}
             for name, policy, cost in POLICIES:
                 results[w.name][name] = await _run_policy(policy, cost, w, cache)
+            for policy in SMG_POLICIES if smg is not None else ():
+                results[w.name][f"smg {policy}"] = await _run_smg(smg, policy, w)
     for w in _workloads(quick):
         res = results[w.name]
         reference = res["round_robin"]
@@ -317,9 +430,29 @@ async def _run_async(quick: bool) -> str:
         "of requests at once without slowing down: balance buys nothing in this simulation "
         "that it buys on a real engine (queueing, preemption, decode speed).",
         "",
+        _smg_note(smg_note, smg is not None),
+        "",
         _plot(results),
     ]
     return "\n".join(lines)
+
+
+def _smg_note(where: str, ran: bool) -> str:
+    if not ran:
+        return f"smg rows skipped: {where}."
+    return (
+        f"The smg rows ({where}) run one `smg launch --policy <policy>` with its defaults in "
+        "front of the four engines' HTTP frontends (`--worker-urls http://127.0.0.1:<port>`, "
+        "loopback only), the same questions sent as chat messages to its "
+        "`/v1/chat/completions`; the hit ratio is the engines' own `cached_tokens / "
+        "prompt_tokens` from usage, the TTFT the engines' formula over the same counts, the "
+        "busiest share from the engines' own request counters. smg registers the engines as "
+        "generic OpenAI-compatible workers (it probes `/version` and `/server_info`, gets 404, "
+        "and goes on), so it sees no KV events: `cache_aware` routes by its own radix tree "
+        "of the text it sent each engine (a restarted engine's lost cache stays in that tree "
+        "until its TTL), `prefix_hash` by a consistent hash of the prompt's head with a load "
+        "bound. One smg instance holds all routing state; the tokenkeys rows use two replicas."
+    )
 
 
 def run(quick: bool) -> str:
