@@ -25,7 +25,12 @@ engine, no events); ``round_robin`` (the reference, no cache knowledge). Reporte
 and policy: cache hit ratio (``cached_tokens / prompt_tokens`` as the engines reported in usage)
 and its ratio to round robin's, the engines' simulated time to first token (``overhead +
 uncached tokens x prefill cost``) p50 and p90, and the share of requests of the busiest engine
-(1/4 is even). Index ingest rate and score latency are in the ``bench_router_index`` section.
+(1/4 is even).
+
+When SGLang's router smg (``smg==1.13.0``) can be installed, its ``cache_aware`` and
+``prefix_hash`` policies add rows: the same workloads and questions sent as chat messages
+through one ``smg launch`` in front of the same kind of engines' HTTP frontends
+(``routing_smg``), the hit ratio again from the engines' own usage. Index ingest rate and score latency are in the ``bench_router_index`` section.
 """
 
 from __future__ import annotations
