@@ -30,7 +30,8 @@ uncached tokens x prefill cost``) p50 and p90, and the share of requests of the 
 When SGLang's router smg (``smg==1.13.0``) can be installed, its ``cache_aware`` and
 ``prefix_hash`` policies add rows: the same workloads and questions sent as chat messages
 through one ``smg launch`` in front of the same kind of engines' HTTP frontends
-(``routing_smg``), the hit ratio again from the engines' own usage. Index ingest rate and score latency are in the ``bench_router_index`` section.
+(``routing_smg``), the hit ratio again from the engines' own usage. Index ingest rate and
+score latency are in the ``bench_router_index`` section.
 """
 
 from __future__ import annotations
