@@ -66,13 +66,15 @@ REPLICAS = 2
 MODEL = "smollm2-135m-instruct"  # the model tokenkeys serve embeds
 MAX_TOKENS = 16  # the engine's default when a gRPC Generate sets none
 LATENCY = LatencyModel()  # what tokenkeys serve --simulate-latency uses
-#: (row name, --policy, cost weights of the precise policy)
+#: (row name, --policy, cost weights of the precise policy, router replicas)
 POLICIES = (
-    ("precise", "precise", CostWeights()),
-    ("precise, load weight 0", "precise", CostWeights(load=0.0)),
-    ("precise, prefix only", "precise", CostWeights(load=0.0, growth=0.0)),
-    ("text_chunks", "text_chunks", CostWeights()),
-    ("round_robin", "round_robin", CostWeights()),
+    ("precise", "precise", CostWeights(), REPLICAS),
+    ("precise, load weight 0", "precise", CostWeights(load=0.0), REPLICAS),
+    # One replica sees every request it routes, as the one smg instance of the smg rows does.
+    ("precise, load weight 0, 1 replica", "precise", CostWeights(load=0.0), 1),
+    ("precise, prefix only", "precise", CostWeights(load=0.0, growth=0.0), REPLICAS),
+    ("text_chunks", "text_chunks", CostWeights(), REPLICAS),
+    ("round_robin", "round_robin", CostWeights(), REPLICAS),
 )
 TOPICS = ("rail timetables", "tax forms", "router firmware", "garden irrigation")
 HEADER = (
@@ -249,8 +251,10 @@ def _finish(result: dict, served: Counter[str]) -> dict:
     return result
 
 
-async def _run_policy(policy: str, cost: CostWeights, w: Workload, cache: str) -> dict:
-    """A tokenkeys policy: two in-process router replicas forwarding token ids over gRPC."""
+async def _run_policy(
+    policy: str, cost: CostWeights, w: Workload, cache: str, replicas: int
+) -> dict:
+    """A tokenkeys policy: in-process router replicas forwarding token ids over gRPC."""
     engines = await _start_engines(w)
     config = RouterConfig(
         workers=tuple(e.address for e in engines),
@@ -261,7 +265,7 @@ async def _run_policy(policy: str, cost: CostWeights, w: Workload, cache: str) -
     )
     # Each replica follows every engine's events (an in-memory index each); what it sent, its
     # requests in flight and its cache-growth counts are its own.
-    services = [await RoutingService(config).start() for _ in range(REPLICAS)]
+    services = [await RoutingService(config).start() for _ in range(replicas)]
     balancer = random.Random(11)  # the load balancer's picks, apart from the workload's draws
     try:
         pool = services[0].router.pool(None)
@@ -360,7 +364,7 @@ def _plot(results: dict[str, dict[str, dict]]) -> str:
         return "_(plot skipped: matplotlib is not installed; `pip install -e '.[bench]'`)_"
     workloads = list(results)
     names = list(results[workloads[0]])
-    colors = ["#2b6", "#5a5", "#8c8", "#fa3", "#999", "#48c", "#a6d"]
+    colors = ["#2b6", "#5a5", "#3d8", "#8c8", "#fa3", "#999", "#48c", "#a6d"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     width = 0.8 / len(names)
     for j, name in enumerate(names):
@@ -392,8 +396,8 @@ async def _run_async(quick: bool) -> str:
     with tempfile.TemporaryDirectory() as cache:
         for w in _workloads(quick):
             results[w.name] = {}
-            for name, policy, cost in POLICIES:
-                results[w.name][name] = await _run_policy(policy, cost, w, cache)
+            for name, policy, cost, replicas in POLICIES:
+                results[w.name][name] = await _run_policy(policy, cost, w, cache, replicas)
             for policy in SMG_POLICIES if smg is not None else ():
                 results[w.name][f"smg {policy}"] = await _run_smg(smg, policy, w)
     for w in _workloads(quick):
@@ -436,8 +440,9 @@ async def _run_async(quick: bool) -> str:
                 "",
             ]
     lines += [
-        f"{ENGINES} simulated engines behind {REPLICAS} router replicas picked at random per "
-        "request. Simulated TTFT = 1 ms + 0.2 ms per uncached prompt token, without queueing; "
+        f"{ENGINES} simulated engines behind {REPLICAS} router replicas (one in the 1-replica "
+        "row) picked at random per request. Simulated TTFT = 1 ms + 0.2 ms per uncached "
+        "prompt token, without queueing; "
         '"busiest engine" is the share of requests the most used engine served (25 % is even). '
         "Precise routing uses the default cost weights (`--prefix-weight 1 --load-weight 1 "
         "--growth-weight 0.25`, docs/router.md). The caches are sized so that the working set "
