@@ -15,11 +15,13 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from cached_venv import VenvUnavailable
+from served_pair import SERVE_ARGS, Pair, TokenkeysServe
 from vllm_env import vllm_python as build_vllm_python
-from vllm_server import TinyModel, VllmServerPool
+from vllm_server import ServerConfig, TinyModel, VllmServerPool
 
 EMBEDDED_TOKENIZER = (
     Path(__file__).resolve().parents[2] / "src" / "tokenkeys" / "data" / "smollm2-135m-instruct"
@@ -64,3 +66,19 @@ def vllm_pool(
     finally:
         pool.close()
         atexit.unregister(pool.close)
+
+
+@pytest.fixture(scope="module")
+def pair(vllm_pool: VllmServerPool) -> Iterator[Pair]:
+    """vLLM (default configuration) and ``tokenkeys serve`` on the same folder, same name."""
+    vllm = vllm_pool.get(ServerConfig(lora=True))
+    tokenkeys = TokenkeysServe(*SERVE_ARGS)
+    try:
+        tokenkeys.wait_healthy()
+        with (
+            httpx.Client(base_url=vllm.url, timeout=120) as engine,
+            httpx.Client(base_url=tokenkeys.url, timeout=120) as ours,
+        ):
+            yield Pair(engine, ours)
+    finally:
+        tokenkeys.stop()
