@@ -33,6 +33,7 @@ REFUSED = [
         {"messages": TURN, "continue_final_message": True, "add_generation_prompt": True},
     ),
     ("negative id", "/detokenize", {"tokens": [-1]}),
+    ("empty prompt", "/v1/completions", {"prompt": ""}),
     ("prompt past the context", "/v1/completions", {"prompt": [5] * (MAX_MODEL_LEN + 1)}),
     ("prompt fills the context", "/v1/completions", {"prompt": [5] * MAX_MODEL_LEN}),
     ("max_tokens past the context", "/v1/completions", {"prompt": "hi", "max_tokens": 5000}),

@@ -86,7 +86,7 @@ def test_detokenize_equals_vllm(pair) -> None:
 
 
 def test_completion_usage_equals_vllm(pair) -> None:
-    for text in [t for t in _corpus() if t][:40]:
+    for text in [t for t in _corpus() if t]:  # an empty prompt is refused (test_vllm_refusals)
         for special in (True, False):
             body = {"prompt": text, "max_tokens": 1, "add_special_tokens": special}
             theirs, ours = pair.both("/v1/completions", body)
