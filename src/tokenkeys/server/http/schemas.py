@@ -73,9 +73,10 @@ class _ChatFields(_Request):
                 ):
                     raise ValueError(
                         f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON "
-                        "string (OpenAI format), e.g. '{\"city\": \"Paris\"}'"
+                        'string (OpenAI format), e.g. \'{"city": "Paris"}\''
                     )
         return messages
+
     tools: list[Json] | None = None
     tool_choice: str | Json | None = None
     documents: list[Json] | None = None
