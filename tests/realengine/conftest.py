@@ -21,7 +21,7 @@ import pytest
 from cached_venv import VenvUnavailable
 from served_pair import SERVE_ARGS, Pair, TokenkeysServe
 from vllm_env import vllm_python as build_vllm_python
-from vllm_server import ServerConfig, TinyModel, VllmServerPool
+from vllm_server import DEFAULT_CONFIG, TinyModel, VllmServerPool
 
 EMBEDDED_TOKENIZER = (
     Path(__file__).resolve().parents[2] / "src" / "tokenkeys" / "data" / "smollm2-135m-instruct"
@@ -71,7 +71,7 @@ def vllm_pool(
 @pytest.fixture(scope="module")
 def pair(vllm_pool: VllmServerPool) -> Iterator[Pair]:
     """vLLM (default configuration) and ``tokenkeys serve`` on the same folder, same name."""
-    vllm = vllm_pool.get(ServerConfig(lora=True))
+    vllm = vllm_pool.get(DEFAULT_CONFIG)
     tokenkeys = TokenkeysServe(*SERVE_ARGS)
     try:
         tokenkeys.wait_healthy()

@@ -29,7 +29,7 @@ from tokenkeys.keys import Adapter, CacheKeySpec, KeyContext, block_keys, make_s
 
 from support import run_cli
 from vllm_events import EventCollector
-from vllm_server import BLOCK_SIZE, LORA_NAME, MODEL_NAME, ServerConfig, VllmServer
+from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, LORA_NAME, MODEL_NAME, ServerConfig, VllmServer
 
 pytestmark = pytest.mark.realengine
 
@@ -37,11 +37,12 @@ VLLM_RELEASE = "0.32"  # the wire layout and the profile era the engine under te
 PROFILE_ERA = "0.31"  # tokenkeys' tagged-extra-keys profiles cover vLLM 0.31-0.33
 VOCAB = 49152
 
+# The default configuration comes last: the parity modules after this one reuse its server.
 CONFIGS = [
-    ServerConfig("sha256_cbor", None, int_hashes=True, lora=True),
     ServerConfig("sha256", "1234", int_hashes=False, lora=True),
     ServerConfig("xxhash", "0", int_hashes=False, lora=True),
     ServerConfig("xxhash_cbor", "42", int_hashes=True, lora=True),
+    DEFAULT_CONFIG,
 ]
 # Boundary lengths around one and several blocks, and random ones (fixed seed: reproducible).
 _rng = random.Random(11)

@@ -61,6 +61,11 @@ class ServerConfig:
         return f"{self.hash_algo}-{seed}-{events}" + ("-lora" if self.lora else "")
 
 
+#: vLLM's defaults (sha256_cbor, default root, 64-bit event hashes) with the LoRA adapter: the
+#: server the parity modules share.
+DEFAULT_CONFIG = ServerConfig(lora=True)
+
+
 @dataclass(frozen=True)
 class TinyModel:
     """The model folder vLLM serves and, optionally, a LoRA adapter folder for it."""
@@ -179,7 +184,6 @@ class VllmServerPool:
         self.log_dir = log_dir
         self.capacity = capacity
         self._servers: OrderedDict[ServerConfig, VllmServer] = OrderedDict()
-        self.started: list[tuple[str, float]] = []  # (label, seconds to healthy), for reports
 
     def get(self, config: ServerConfig) -> VllmServer:
         """A healthy server of ``config``, started now unless one is already running."""
@@ -189,14 +193,12 @@ class VllmServerPool:
         while len(self._servers) >= self.capacity:
             _, oldest = self._servers.popitem(last=False)
             oldest.stop()
-        began = time.monotonic()
         server = VllmServer(self.python, self.model, config, self.log_dir)
         try:
             server.wait_healthy()
         except BaseException:
             server.stop()
             raise
-        self.started.append((config.label, time.monotonic() - began))
         self._servers[config] = server
         return server
 
