@@ -11,6 +11,7 @@ import copy
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -36,8 +37,10 @@ class TokenkeysServe:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         command = [sys.executable, "-m", "tokenkeys.cli", "serve", *args]
         command += ["--http-port", str(self.port), "--grpc-port", str(free_port())]
+        # A file, not a pipe: an unread pipe would block the server once its logs fill it.
+        self.log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            command, env=env, stdout=subprocess.DEVNULL, stderr=self.log
         )
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -45,7 +48,8 @@ class TokenkeysServe:
         deadline = time.monotonic() + 120  # a safety net, not a criterion
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise AssertionError(self.process.stderr.read().decode()[-3000:])
+                self.log.seek(0)
+                raise AssertionError(self.log.read().decode(errors="replace")[-3000:])
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
@@ -61,6 +65,7 @@ class TokenkeysServe:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+        self.log.close()
 
 
 class Pair:
