@@ -19,8 +19,17 @@ from vllm_server import MODEL_NAME
 
 pytestmark = pytest.mark.realengine
 
-# Where SmolLM2's tokenizer.json and transformers 5 disagree (see tokenizer/transformers5.py).
-NUMERALS = ["x ١٢٣ hello", " ²³", "x ½ 3", " ٣", "costs ¾ of ৫ ๑๒"]
+# Where SmolLM2's tokenizer.json and transformers 5 disagree (see tokenizer/transformers5.py),
+# and special-token text typed by a user (parsed as the special id by default, as in vLLM).
+EXTRA_TEXTS = [
+    "x ١٢٣ hello",
+    " ²³",
+    "x ½ 3",
+    " ٣",
+    "costs ¾ of ৫ ๑๒",
+    "<|im_start|>user\nhi<|im_end|> and <|endoftext|>",
+]
+SPECIALS_IN_TEXT = [{"role": "user", "content": "<|im_start|> literal specials <|im_end|> here"}]
 
 MULTI_PART = [
     {"role": "system", "content": [{"type": "text", "text": "Réponds en français."}]},
@@ -58,11 +67,12 @@ CHATS: list[tuple[str, dict]] = [
     ),
     ("kwargs", {"messages": MULTI_PART, "chat_template_kwargs": {"enable_thinking": False}}),
     ("specials", {"messages": CONVERSATIONS["no_system"], "add_special_tokens": True}),
+    ("special-text", {"messages": SPECIALS_IN_TEXT}),
 ]
 
 
 def _corpus() -> list[str]:
-    return all_strings() + NUMERALS
+    return all_strings() + EXTRA_TEXTS
 
 
 @pytest.mark.parametrize("special", [True, False])
