@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tokenkeys.artifacts import pull
+from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import TokenizerLoadError
+from tokenkeys.limits import Limits
+from tokenkeys.preprocess import Preprocessor
+from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, default_tokenizer_path
 
 from support import shared_path
@@ -66,6 +71,20 @@ def test_equals_the_installed_transformers_5(name: str) -> None:
         for skip in (False, True):
             want = [ref.decode(ids, skip_special_tokens=skip) for ids in got]
             assert tok.backend.decode_batch(got, skip_special_tokens=skip) == want
+
+
+def test_a_router_pulls_and_reproduces_the_transformers5_ids(grpc_server, tmp_path: Path) -> None:
+    """The backend travels in the identity: a pulling router tokenizes as vLLM 0.32 does, with
+    no transformers installed on either side."""
+    options = TokenizerOptions(backend="transformers5")
+    server = grpc_server(load_models([ModelSource.default()], options, Limits()))
+    tokenizer = pull(server.target, cache=tmp_path)
+    assert tokenizer.options.backend == "transformers5"
+    assert tokenizer.fingerprint == server.models.get(None).tokenizer.fingerprint
+    with TokenizerClient(server.target) as client:
+        remote = [list(r.ids) for r in client.tokenize(NUMERALS).results]
+    assert remote == [r.ids for r in Preprocessor(tokenizer).tokenize_prompts(NUMERALS)]
+    assert remote[0] == [104, 16936, 111, 164, 112, 164, 113, 33662]
 
 
 def test_an_unknown_tokenizer_class_is_refused_not_guessed() -> None:
