@@ -1,0 +1,191 @@
+"""``/v1/completions`` and ``/v1/chat/completions``: Preprocessor → token ids → the model's engine.
+
+Both routes take their prompt ids from the model's one Preprocessor (``tokenize_completion``,
+``tokenize_chat``), the same calls /tokenize makes, and report the engine's usage; so
+``usage.prompt_tokens`` is by construction what /tokenize counts. Order of checks: body shape
+(400), model (404; a LoRA adapter's name selects its base model and the adapter), generation
+options (501), prompt (400/413/501), engine (400/413).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from tokenkeys.engine.core import GenerateOutput
+from tokenkeys.engine.usage import Usage
+from tokenkeys.errors import TokenkeysError, Unsupported
+from tokenkeys.frontend import sampling
+from tokenkeys.frontend.body import json_response, parse_object, read_body, validate
+from tokenkeys.frontend.errors import error_of
+from tokenkeys.frontend.generation import EngineCall, eos_ids, key_context, usage_body
+from tokenkeys.frontend.openapi import ERROR_RESPONSES, request_body
+from tokenkeys.frontend.responses import ChatCompletionResponse, CompletionResponse
+from tokenkeys.frontend.schemas import ChatCompletionRequest, CompletionRequest
+from tokenkeys.frontend.shapes import ChatShape, CompletionShape
+from tokenkeys.frontend.state import (
+    AppState,
+    engine_of,
+    preprocess,
+    resolve_model,
+    state_of,
+)
+from tokenkeys.frontend.streaming import DONE, IncrementalText, sse
+from tokenkeys.serving.models import ServedModel
+
+
+def _decoder(model: ServedModel, skip_special_tokens: bool):  # noqa: ANN202 - a small closure
+    def decode(ids: Sequence[int]) -> str:
+        return model.preprocessor.detokenize(
+            [ids], skip_special_tokens=skip_special_tokens, field_name="output"
+        )[0]
+
+    return decode
+
+
+def _record(state: AppState, model: ServedModel, route: str, usages: Sequence[Usage]) -> None:
+    m = state.metrics
+    m.prompt_tokens.labels(model.name, route).inc(sum(u.prompt_tokens for u in usages))
+    m.cached_tokens.labels(model.name).inc(sum(u.cached_prompt_tokens for u in usages))
+    m.generation_tokens.labels(model.name).inc(sum(u.completion_tokens for u in usages))
+
+
+def _call(state: AppState, model: ServedModel, body: dict[str, Any], lora: str | None):  # noqa: ANN202
+    """The engine call of a validated request, and how its answer is shaped (501 first)."""
+    engine = engine_of(model)
+    refused = sampling.unsupported_option(body)
+    if refused is not None:
+        raise Unsupported(refused[1], field=refused[0])
+    options = sampling.sampling_of(body, state.config.default_max_tokens, eos_ids(model))
+    return EngineCall(engine, options.params, key_context(body), lora), options
+
+
+async def completions(request: Request) -> Response:
+    """OpenAI completions; the prompt may be text(s) or token ids."""
+    state = state_of(request)
+    raw = await read_body(request, state.config.limits.max_request_bytes)
+    body = parse_object(raw)
+    validate(CompletionRequest, body)
+    model, lora = resolve_model(state.models, body.get("model"))
+    call, options = _call(state, model, body, lora)
+    prompts = await preprocess(state, len(raw), model.preprocessor.tokenize_completion, body)
+    ids = [p.ids for p in prompts]
+    name = lora or model.name
+    shape = CompletionShape("cmpl", name, options.include_usage, options.return_token_ids)
+    if options.stream:
+        return await _stream(state, model, call, ids, options, shape, "completions")
+    done = await call.run_all(ids)
+    _record(state, model, "completions", [g.usage for g in done])
+    decode = _decoder(model, options.skip_special_tokens)
+    choices = [
+        shape.choice(i, decode(g.token_ids), g.finish_reason, g.token_ids)
+        for i, g in enumerate(done)
+    ]
+    return json_response(shape.whole(choices, usage_body([g.usage for g in done]), ids))
+
+
+async def chat_completions(request: Request) -> Response:
+    """OpenAI chat completions, rendered by the model's chat prologue and template."""
+    state = state_of(request)
+    raw = await read_body(request, state.config.limits.max_request_bytes)
+    body = parse_object(raw)
+    validate(ChatCompletionRequest, body)
+    model, lora = resolve_model(state.models, body.get("model"))
+    call, options = _call(state, model, body, lora)
+    chat = await preprocess(state, len(raw), model.preprocessor.tokenize_chat, body)
+    ids = chat.tokens.ids
+    name = lora or model.name
+    shape = ChatShape("chatcmpl", name, options.include_usage, options.return_token_ids)
+    if options.stream:
+        return await _stream(state, model, call, [ids], options, shape, "chat")
+    (done,) = await call.run_all([ids])
+    _record(state, model, "chat", [done.usage])
+    text = _decoder(model, options.skip_special_tokens)(done.token_ids)
+    return json_response(
+        shape.whole(text, done.finish_reason, usage_body([done.usage]), ids, done.token_ids)
+    )
+
+
+async def _stream(
+    state: AppState,
+    model: ServedModel,
+    call: EngineCall,
+    prompts: list[list[int]],
+    options: sampling.Sampling,
+    shape: CompletionShape | ChatShape,
+    route: str,
+) -> Response:
+    # The first prompt is started before the 200 goes out, so a refused request (empty prompt,
+    # over max_model_len) is answered with its own status; later prompts report in-stream.
+    first = await call.start(prompts[0])
+    events = _events(state, model, call, prompts, options, shape, route, first)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _events(
+    state: AppState,
+    model: ServedModel,
+    call: EngineCall,
+    prompts: list[list[int]],
+    options: sampling.Sampling,
+    shape: CompletionShape | ChatShape,
+    route: str,
+    first: tuple[AsyncIterator[GenerateOutput], GenerateOutput],
+) -> AsyncIterator[bytes]:
+    decode = _decoder(model, options.skip_special_tokens)
+    usages: list[Usage] = []
+    try:
+        for index, prompt in enumerate(prompts):
+            stream, head = first if index == 0 else await call.start(prompt)
+            try:
+                opening = shape.opening(index)
+                if opening is not None:
+                    yield sse(opening)
+                text = IncrementalText(decode)
+                out: GenerateOutput | None = head
+                while out is not None:
+                    delta = text.push(out.token_ids)
+                    if out.finished:
+                        delta += text.finish()
+                        if out.usage is not None:
+                            usages.append(out.usage)
+                        yield sse(shape.chunk(index, delta, out.finish_reason, list(out.token_ids)))
+                        break
+                    if delta or options.return_token_ids:
+                        yield sse(shape.chunk(index, delta, None, list(out.token_ids)))
+                    out = await anext(stream, None)
+            finally:
+                await stream.aclose()  # type: ignore[attr-defined]  # an async generator
+        if options.include_usage:
+            yield sse(shape.usage_chunk(usage_body(usages)))
+    except TokenkeysError as error:
+        yield sse(error_of(error)[1])
+    finally:
+        _record(state, model, route, usages)
+    yield DONE
+
+
+def add_routes(app: FastAPI) -> None:
+    """Mount the two generation routes."""
+    app.add_api_route(
+        "/v1/completions",
+        completions,
+        methods=["POST"],
+        response_model=CompletionResponse,
+        responses=ERROR_RESPONSES,
+        openapi_extra=request_body(CompletionRequest),
+        summary="Complete prompts (text or token ids); stream with stream: true",
+    )
+    app.add_api_route(
+        "/v1/chat/completions",
+        chat_completions,
+        methods=["POST"],
+        response_model=ChatCompletionResponse,
+        responses=ERROR_RESPONSES,
+        openapi_extra=request_body(ChatCompletionRequest),
+        summary="Answer a conversation; stream with stream: true",
+    )

@@ -1,0 +1,152 @@
+"""Request bodies of the HTTP frontend, shaped as vLLM's (0.33-era ``main``).
+
+Field names and defaults follow vLLM's ``TokenizeCompletionRequest`` / ``TokenizeChatRequest``
+/ ``DetokenizeRequest`` (``vllm/entrypoints/serve/tokenize/protocol.py``) and its completion and
+chat requests (``vllm/entrypoints/openai/{completion,chat_completion}/protocol.py``), so that a
+vLLM client works unchanged. Two deliberate differences:
+
+- validation is strict (``"true"`` is not a boolean, ``1.0`` is not a token id): the
+  Preprocessor reads the body exactly as sent, so the validated values must be those values;
+- an unset ``add_special_tokens`` means what this deployment's generation path does (for a
+  bare prompt the served ``add_special_tokens`` default, for a chat ``false``), which is what
+  vLLM's defaults mean for vLLM.
+
+Every model allows extra fields, as vLLM does; the generation routes refuse the ones that would
+change the result and are not applied (see :mod:`tokenkeys.frontend.sampling`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Json = dict[str, Any]
+TokenId = int
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = Field(
+        None, description="served model name; omitted or null selects the default model"
+    )
+
+
+class TokenizeCompletionRequest(_Request):
+    """``/tokenize`` for a bare prompt: the ids /v1/completions would send the engine."""
+
+    prompt: str
+    add_special_tokens: bool | None = Field(
+        None,
+        description="unset: what /v1/completions does in this deployment "
+        "(GET /tokenizer_info reports it as add_special_tokens)",
+    )
+    return_token_strs: bool | None = Field(
+        False, description="also return each token's decoded text in context"
+    )
+
+
+class _ChatFields(_Request):
+    messages: list[Json]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool | None = Field(
+        None, description="unset: false, the chat template holds the special tokens"
+    )
+    chat_template: str | None = Field(
+        None, description="needs a server started with --trust-request-chat-template"
+    )
+    chat_template_kwargs: Json | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _arguments_are_json_text(cls, messages: list[Json]) -> list[Json]:
+        # OpenAI's message schema, which vLLM 0.32 validates against: a tool call's
+        # function.arguments is a JSON string (templates get it parsed); an object is refused.
+        for i, message in enumerate(messages):
+            calls = message.get("tool_calls")
+            for j, call in enumerate(calls if isinstance(calls, list) else []):
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and not isinstance(
+                    function.get("arguments", ""), str
+                ):
+                    raise ValueError(
+                        f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON "
+                        'string (OpenAI format), e.g. \'{"city": "Paris"}\''
+                    )
+        return messages
+
+    tools: list[Json] | None = None
+    tool_choice: str | Json | None = None
+    documents: list[Json] | None = None
+    reasoning_effort: str | None = None
+    mm_processor_kwargs: Json | None = Field(None, description="not supported: 501 when set")
+    media_io_kwargs: Json | None = Field(None, description="not supported: 501 when set")
+
+
+class TokenizeChatRequest(_ChatFields):
+    """``/tokenize`` for a conversation: the ids /v1/chat/completions would send the engine."""
+
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Request):
+    """``/detokenize``: ids to text, special tokens kept."""
+
+    tokens: list[TokenId] = Field(description="token ids, each 0 <= id < vocabulary size")
+
+
+class StreamOptions(BaseModel):
+    """OpenAI ``stream_options``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = Field(False, description="not supported: 501 when true")
+
+
+class _GenerationFields(_Request):
+    max_tokens: int | None = Field(None, ge=1)
+    # Ranges of vLLM 0.32 SamplingParams._verify_args: out of range is a 400 there too.
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    n: int | None = Field(1, description="only 1 is supported")
+    seed: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = Field(None, description="stop strings are not supported")
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool | None = False
+    skip_special_tokens: bool | None = True
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    user: str | None = None
+    cache_salt: str | None = Field(
+        None, description="prefix-cache salt (vLLM): enters the first block's cache key"
+    )
+    return_token_ids: bool | None = Field(
+        False, description="also return prompt_token_ids and each choice's token_ids"
+    )
+
+
+class CompletionRequest(_GenerationFields):
+    """``/v1/completions``."""
+
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    add_special_tokens: bool | None = Field(
+        None, description="unset: the served default for bare prompts"
+    )
+    echo: bool | None = Field(False, description="not supported: 501 when true")
+    logprobs: int | None = Field(None, description="not supported: 501 when set")
+    suffix: str | None = Field(None, description="not supported: 501 when set")
+
+
+class ChatCompletionRequest(_GenerationFields, _ChatFields):
+    """``/v1/chat/completions``."""
+
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = Field(False, description="not supported: 501 when true")
+    top_logprobs: int | None = Field(None, description="not supported: 501 when > 0")
+    response_format: Json | None = Field(None, description="only type 'text' is supported")
