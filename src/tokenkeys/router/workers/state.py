@@ -12,6 +12,7 @@ from tokenkeys.client.engine import RemoteEngine
 from tokenkeys.router.ingest.consumer import ZmqEventConsumer
 from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.workers.discovery import WorkerDescription
+from tokenkeys.router.workers.health import Suspicion
 from tokenkeys.router.workers.pool import Pool, Refusal
 
 #: A worker's states (see ``registry``).
@@ -37,16 +38,27 @@ class WorkerState:
     error: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def as_dict(self) -> dict:
-        """A JSON-ready summary (``GET /router/workers``)."""
+    def as_dict(self, suspicions: dict[str, list[Suspicion]] | None = None) -> dict:
+        """A JSON-ready summary (``GET /router/workers``); ``suspicions`` by model (``health``)."""
+        suspicions = suspicions or {}
         return {
             "address": self.address,
             "state": self.state,
             "instance_id": self.instance_id,
             "models": sorted(self.engines),
             "events": {
-                model: {"last_seq": f.last_seq, "resyncing": f.resyncing}
+                model: {
+                    "last_seq": f.last_seq,
+                    "resyncing": f.resyncing,
+                    "last_batch_applied_at": f.applied_at,
+                    "index_writes": f.backoff.as_dict(),
+                }
                 for model, f in self.followers.items()
+            },
+            "suspect": {
+                model: [{"reason": x.reason, "message": x.message} for x in found]
+                for model, found in suspicions.items()
+                if found
             },
             "refusals": [
                 {"model": r.model, "reason": r.reason, "message": r.message} for r in self.refusals
