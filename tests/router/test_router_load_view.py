@@ -55,8 +55,8 @@ def test_before_any_request_of_its_own_a_poll_is_taken_as_it_is():
     assert view.active_blocks == 12 and view.load == 2.0
 
 
-def test_health_flags_underreported_load_after_three_polls_and_clears_on_truth():
-    from tokenkeys.router.workers.health import DOUBT_POLLS, suspicions
+def test_trust_flags_underreported_load_after_three_polls_and_clears_on_truth():
+    from tokenkeys.router.workers.trust import DOUBT_POLLS, suspicions
 
     view = LoadView(wall=lambda: 100.0)
     view.begin([1, 2])
@@ -71,8 +71,8 @@ def test_health_flags_underreported_load_after_three_polls_and_clears_on_truth()
     assert suspicions(view, 100.0, 30.0, 100.0) == []
 
 
-def test_health_flags_silence_only_after_requests_and_forgets_it_when_events_come():
-    from tokenkeys.router.workers.health import suspicions
+def test_trust_flags_silence_only_after_requests_and_forgets_it_when_events_come():
+    from tokenkeys.router.workers.trust import suspicions
 
     now = [100.0]
     view = LoadView(wall=lambda: now[0])

@@ -18,8 +18,7 @@ from routing_support import (
     SYSTEM,
     Cluster,
     counter,
-    engine_run,
-    index_run,
+    index_agrees,
     prompt_ids,
     routed,
     start_cluster,
@@ -112,18 +111,13 @@ async def test_a_full_redis_routes_by_load_with_backoff_and_recovers(
         if zmq:  # the rebuild rewinds; the replay comes with the next batch
             await _traffic(cluster, "replay", settle=True)
         await wait_until(lambda: not any(f.backoff.failing for f in _followers(cluster)), 20)
-        await wait_until(lambda: _agrees(cluster, first, home), 20, "index rebuilt")
+        await wait_until(lambda: index_agrees(cluster, first, home), 20, "index rebuilt")
         decision, _ = await routed(cluster, first)
         assert decision.reason == "prefix"
         assert [_clears(cluster, a) for a in cluster.addresses] == [2, 2, 2]
     finally:
         await cluster.close()
         admin.close()
-
-
-async def _agrees(cluster: Cluster, ids: list[int], address: str) -> bool:
-    held = engine_run(cluster, ids, cluster.number(address))
-    return await index_run(cluster, ids, address) == held > 0
 
 
 async def test_a_lying_and_a_silent_worker_are_flagged_with_reasons(tmp_path, monkeypatch):

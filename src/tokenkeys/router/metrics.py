@@ -35,7 +35,7 @@ class RouterMetrics:
     - ``worker_last_event_batch_timestamp_seconds{worker}``: when the last KV-event batch of a
       ready worker (``address@model``) was applied, Unix time (alert on ``time() - it``);
     - ``worker_suspect{worker, reason}``: 1 while a ready worker's reports are not believed
-      (reasons in ``workers.health``: ``load_underreported``, ``events_silent``), else 0.
+      (reasons in ``workers.trust``: ``load_underreported``, ``events_silent``), else 0.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:

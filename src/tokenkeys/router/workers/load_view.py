@@ -8,7 +8,7 @@ estimated as other clients' share of the last snapshot, fading as it ages (other
 requests finish too: with the time constant of this router's own requests there, the best
 guess it has), plus its own in-flight blocks now.
 
-The same counts check the worker (``health``): one that reports fewer requests than this router
+The same counts check the worker (``trust``): one that reports fewer requests than this router
 has in flight there is not believed (:attr:`LoadView.load` takes the larger), and the polls
 that did so are counted; requests sent since its last event batch tell a silent worker.
 """

@@ -45,9 +45,9 @@ from tokenkeys.router.workers.discovery import (
     describe_worker,
     read_load,
 )
-from tokenkeys.router.workers.health import REASONS, Suspicion, suspicions
 from tokenkeys.router.workers.pool import Pool, Refusal, choose_source
 from tokenkeys.router.workers.state import STATES, WorkerState, pool_status
+from tokenkeys.router.workers.trust import flag_worker
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class WorkerRegistry:
         await asyncio.gather(*(self._check(ws) for ws in list(self.workers.values())))
         self._count_states()
         for ws in self.workers.values():
-            self._suspicions(ws)
+            flag_worker(self.metrics, self.pools, ws, self.silent_after)
 
     async def _check_index(self) -> None:
         """Notice the index going away and coming back (a Redis restart comes back empty).
@@ -405,27 +405,12 @@ class WorkerRegistry:
             for state, count in counts.items():
                 self.metrics.workers.labels(model, state).set(count)
 
-    def _suspicions(self, ws: WorkerState) -> dict[str, list[Suspicion]]:
-        """Why ``ws``'s reports are not believed, by model (``health``); sets the gauges."""
-        out: dict[str, list[Suspicion]] = {}
-        for model, follower in ws.followers.items():
-            member = self.pools[model].members.get(ws.address)
-            if member is None:
-                continue
-            worker = self.pools[model].index_id(ws.address)
-            view = member.view
-            found = suspicions(view, follower.applied_at, self.silent_after, view.wall())
-            out[model] = found
-            flagged = {x.reason for x in found}
-            for reason in REASONS:
-                self.metrics.suspect.labels(worker, reason).set(reason in flagged)
-            if follower.applied_at is not None:
-                self.metrics.last_event_batch.labels(worker).set(follower.applied_at)
-        return out
-
     def status(self) -> dict:
         """Pools and workers as JSON (``GET /router/workers``)."""
         return {
             "pools": [pool_status(pool) for pool in self.pools.values()],
-            "workers": [ws.as_dict(self._suspicions(ws)) for ws in self.workers.values()],
+            "workers": [
+                ws.as_dict(flag_worker(self.metrics, self.pools, ws, self.silent_after))
+                for ws in self.workers.values()
+            ],
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -12,8 +13,10 @@ from tokenkeys.client.engine import RemoteEngine
 from tokenkeys.router.ingest.consumer import ZmqEventConsumer
 from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.workers.discovery import WorkerDescription
-from tokenkeys.router.workers.health import Suspicion
 from tokenkeys.router.workers.pool import Pool, Refusal
+
+if TYPE_CHECKING:  # trust.py imports this module
+    from tokenkeys.router.workers.trust import Suspicion
 
 #: A worker's states (see ``registry``).
 STATES = ("ready", "refused", "down")
@@ -39,7 +42,7 @@ class WorkerState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def as_dict(self, suspicions: dict[str, list[Suspicion]] | None = None) -> dict:
-        """A JSON-ready summary (``GET /router/workers``); ``suspicions`` by model (``health``)."""
+        """A JSON-ready summary (``GET /router/workers``); ``suspicions`` by model (``trust``)."""
         suspicions = suspicions or {}
         return {
             "address": self.address,

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.workers.load_view import LoadView
+from tokenkeys.router.workers.pool import Pool
+from tokenkeys.router.workers.state import WorkerState
 
 #: Consecutive under-reporting polls before a worker's load is flagged.
 DOUBT_POLLS = 3
@@ -56,4 +59,26 @@ def suspicions(
                 "prefix entries are stale",
             )
         )
+    return out
+
+
+def flag_worker(
+    metrics: RouterMetrics, pools: dict[str, Pool], ws: WorkerState, silent_after: float
+) -> dict[str, list[Suspicion]]:
+    """:func:`suspicions` of each model ``ws`` is a member for; sets the ``worker_suspect``
+    and ``worker_last_event_batch_timestamp_seconds`` gauges on the way."""
+    out: dict[str, list[Suspicion]] = {}
+    for model, follower in ws.followers.items():
+        member = pools[model].members.get(ws.address)
+        if member is None:
+            continue
+        worker = pools[model].index_id(ws.address)
+        view = member.view
+        found = suspicions(view, follower.applied_at, silent_after, view.wall())
+        out[model] = found
+        flagged = {x.reason for x in found}
+        for reason in REASONS:
+            metrics.suspect.labels(worker, reason).set(reason in flagged)
+        if follower.applied_at is not None:
+            metrics.last_event_batch.labels(worker).set(follower.applied_at)
     return out
