@@ -214,7 +214,7 @@ async def _reference(n_throughput: int, n_latency: int) -> dict[str, object]:
     )
     runtime = EngineRuntime(models, config)
     await runtime.start("127.0.0.1", 1)
-    engine = models.get(None).extensions["engine"]
+    engine = models.get(None).engine
     parts = runtime.local(models.names[0])
     info = parts.zmq_source()
     events = _Events()

@@ -61,7 +61,7 @@ class EngineStack:
         return openengine_pb2_grpc.ControlStub(self.channel)
 
     def local(self, model: str | None = None) -> LocalEngine:
-        engine = self.models.get(model).extensions["engine"]
+        engine = self.models.get(model).engine
         assert isinstance(engine, LocalEngine)
         return engine
 

@@ -22,10 +22,11 @@ from tokenkeys.keys.proto import (
     spec_from_message,
     spec_to_message,
 )
+from tokenkeys.keys.service import CacheKeyService
 from tokenkeys.keys.strategy import KeyRequest, KeyStrategy
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc.cache_keys import CacheKeyService, attach_cache_keys
 from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.serving.models import attach_cache_keys
 from tokenkeys.tokenizer import TokenizerOptions
 
 TOKENS = list(range(1000, 1100))

@@ -6,6 +6,7 @@ a guard catch it; clients are ordinary httpx clients, as a router's would be.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +30,19 @@ def attach_engines(
 ) -> ModelRegistry:
     """Give every model a simulated engine keyed by vLLM 0.31+ sha256_cbor, 16-token blocks.
 
-    Stands in for the per-model engine assembly of ``tokenkeys serve`` (a separate module):
-    same interface, ``extensions["engine"]``.
+    The bare simulated engine (an :class:`~tokenkeys.engine.protocol.Engine` without adapters
+    or event publishing) as each model's ``engine``.
     """
     spec = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE)
     for model in models:
-        model.extensions["engine"] = Engine(
+        engine = Engine(
             key_fn=lambda tokens, ctx: block_keys(tokens, spec, ctx),
             block_size=BLOCK_SIZE,
             num_blocks=num_blocks,
             latency=LatencyModel(sleep=False),
             max_model_len=max_model_len,
         )
+        models.replace(dataclasses.replace(model, engine=engine))
     return models
 
 

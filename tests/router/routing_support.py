@@ -26,9 +26,8 @@ from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.router.workers.registry import WorkerRegistry
-from tokenkeys.server.grpc.cache_keys import attach_cache_keys
 from tokenkeys.server.runtime.config import EngineConfig
-from tokenkeys.serving.models import ModelRegistry, ServedModel
+from tokenkeys.serving.models import ModelRegistry, ServedModel, attach_cache_keys
 
 SYSTEM = (
     "You are the support assistant of the Example Rail company. Answer briefly and politely, "
@@ -57,8 +56,9 @@ def engine_models(profile: str = DEFAULT_PROFILE, block_size: int = 16) -> Model
     """
     models = ModelRegistry()
     for model in _loaded():
-        extensions = {"artifacts": model.extensions["artifacts"]}
-        models.add(ServedModel(model.name, model.tokenizer, model.preprocessor, extensions))
+        models.add(
+            ServedModel(model.name, model.tokenizer, model.preprocessor, artifacts=model.artifacts)
+        )
     attach_cache_keys(models, _spec(profile, block_size), Limits())
     return models
 

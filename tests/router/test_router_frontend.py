@@ -12,9 +12,8 @@ from tokenkeys.keys import make_spec
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.router.workers.pool_setup import PoolSettings
-from tokenkeys.server.grpc.cache_keys import attach_cache_keys
 from tokenkeys.server.runtime.loading import ModelSource, load_models
-from tokenkeys.serving.models import ModelRegistry
+from tokenkeys.serving.models import ModelRegistry, attach_cache_keys
 from tokenkeys.tokenizer import TokenizerOptions
 
 

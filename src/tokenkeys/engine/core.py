@@ -25,10 +25,12 @@ from typing import Any, Protocol
 
 from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.engine.paged_cache import Block, BlockKeyLike, PagedPrefixCache
+from tokenkeys.engine.protocol import EngineLoad
 from tokenkeys.engine.sampler import TokenSampler
 from tokenkeys.engine.usage import SimulatedTiming, Usage
 from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import MEDIUM_GPU, EventBatch
+from tokenkeys.keys import Adapter
 
 
 class BlockKeyFn(Protocol):
@@ -135,6 +137,19 @@ class Engine:
     def num_blocks(self) -> int:
         """KV capacity in blocks."""
         return self.cache.num_blocks
+
+    @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        """None: the bare simulated engine hashes whatever adapter a request's context names."""
+        return ()
+
+    async def load(self) -> EngineLoad:
+        """Requests running and waiting, and KV blocks in use."""
+        used = self.cache.num_blocks - self.cache.num_free_blocks
+        return EngineLoad(self.stats.running, self.stats.waiting, used, self.cache.num_blocks)
+
+    async def close(self) -> None:
+        """Nothing to release: the engine owns no socket (its event sink is the caller's)."""
 
     def _flush(self) -> None:
         events = self.cache.take_events()

@@ -106,11 +106,9 @@ async def tokenizer_info(request: Request, model: str | None = None) -> Response
         for k, v in tok.folder.json("tokenizer_config.json").items()
         if k not in _HIDDEN_CONFIG_KEYS
     }
-    prologue = served.preprocessor.chat
-    template = prologue.options.chat_template or prologue.templates.get("default")
     info.update(
         tokenizer_class=info.get("tokenizer_class") or "PreTrainedTokenizerFast",
-        chat_template=template,
+        chat_template=served.chat_template,
         model=served.name,
         max_model_len=max_model_len_of(served),
         fingerprint=tok.fingerprint,

@@ -259,6 +259,18 @@ class ChatPrologue:
             except TokenkeysError as exc:
                 raise ConfigError(f"--chat-template: {exc.message}", field="chat_template") from exc
 
+    @property
+    def served_template(self) -> str | None:
+        """The template a request without tools or a template of its own renders with.
+
+        What the served identity reports (HTTP /tokenizer_info, gRPC GetTokenizerInfo): the
+        ``--chat-template`` override (a text, or the name of a named template) when given.
+        """
+        name = self.options.chat_template
+        if name is not None:
+            return self.templates.get(name, name)
+        return self.templates.get("default")
+
     def _check_server_template(self, renderer: ChatTemplateRenderer) -> None:
         """Refuse a hostile server template at start rather than on every request.
 

@@ -58,7 +58,7 @@ class PoolModels(ModelRegistry):
         cached = self._served.get(pool.name)
         if cached is None or cached[0] is not pool:
             engine = RoutedEngine(self._router, self._registry, pool.name)
-            served = ServedModel(pool.name, pool.tokenizer, pool.preprocessor, {"engine": engine})
+            served = ServedModel(pool.name, pool.tokenizer, pool.preprocessor, engine=engine)
             cached = self._served[pool.name] = (pool, served)
         return cached[1]
 

@@ -99,12 +99,12 @@ def load_models(
     )
     for source in sources or [ModelSource.default()]:
         tokenizer = Tokenizer.load(source.path, options)
-        model = ServedModel(source.name, tokenizer, Preprocessor(tokenizer, limits, chat))
-        model.extensions["artifacts"] = ArtifactStreamer(
+        artifacts = ArtifactStreamer(
             tokenizer,
             tokenizer_identity(tokenizer),
             default_chunk_size=chunk,
             max_chunk_size=max_chunk,
         )
-        registry.add(model)
+        preprocessor = Preprocessor(tokenizer, limits, chat)
+        registry.add(ServedModel(source.name, tokenizer, preprocessor, artifacts=artifacts))
     return registry

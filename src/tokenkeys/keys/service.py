@@ -1,4 +1,4 @@
-"""The ``cache_keys`` extension of a served model: GetCacheKeySpec and ComputeCacheKeys.
+"""Cache keys of a served model (``ServedModel.cache_keys``): GetCacheKeySpec, ComputeCacheKeys.
 
 The servicer stays a thin translation: it finds the model and hands the request here. This
 module validates the whole request before computing anything (limits, the expected spec
@@ -25,9 +25,7 @@ from tokenkeys.keys.proto import (
     spec_to_message,
 )
 from tokenkeys.limits import Limits
-from tokenkeys.serving.models import ModelRegistry
 
-EXTENSION = "cache_keys"
 # The largest GetCacheKeySpec answer clients accept (CacheKeyClient's receive limit).
 MAX_SPEC_BYTES = 64 * 1024 * 1024
 
@@ -155,13 +153,3 @@ def _at(i: int, exc: TokenkeysError) -> TokenkeysError:
         where = name or f"requests[{i}]"
     error = type(exc)(f"{where}: {exc.message}", field=where, **exc.details)
     return error
-
-
-def attach_cache_keys(models: ModelRegistry, spec: CacheKeySpec | None, limits: Limits) -> None:
-    """Give every served model a :class:`CacheKeyService` for ``spec`` (none when ``None``)."""
-    if spec is None:
-        return
-    for model in models:
-        model.extensions[EXTENSION] = CacheKeyService(
-            spec, limits, tokenizer_fingerprint=model.tokenizer.fingerprint
-        )
