@@ -1,7 +1,7 @@
 """Routing policies on a conversation workload over 4 engines: cache hits and simulated TTFT.
 
 Four ``tokenkeys serve`` processes (simulated engines, vLLM 0.31+ ``sha256_cbor`` keys, 16-token
-blocks, a bounded KV cache, ZMQ KV events) and one in-process router (``RoutingService``, in
+blocks, a bounded KV cache, ZMQ KV events) and one in-process router (``RouteServer``, in
 memory) that forwards token ids over ``Inference.Generate``. The workload: N conversations,
 each opened with one of a few long system prompts shared by several conversations, then turns
 of a user question and the engine's reply; the turns of all conversations are interleaved, and
@@ -39,6 +39,7 @@ from pathlib import Path
 
 from timing import pct
 
+from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
@@ -128,7 +129,8 @@ async def _run_policy(policy: str, conversations: int, turns: int, cache: str) -
     # Two router replicas behind a load balancer that picks one at random per request. Each
     # follows every engine's events (in-memory index each); the text-chunk baseline only knows
     # what its own replica routed.
-    services = [await RoutingService(config).start() for _ in range(REPLICAS)]
+    routers = [await RouteServer(RouteConfig(config)).start() for _ in range(REPLICAS)]
+    services = [r.service for r in routers]
     rng = random.Random(7)
     try:
         pool = services[0].router.pool(None)
@@ -183,8 +185,8 @@ async def _run_policy(policy: str, conversations: int, turns: int, cache: str) -
             "prompt_tokens": prompt,
         }
     finally:
-        for service in services:
-            await service.close()
+        for router in routers:
+            await router.stop()
         for proc in procs:
             proc.terminate()
         for proc in procs:
