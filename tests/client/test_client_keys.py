@@ -149,3 +149,24 @@ def test_local_service_matches_the_strategy_contract() -> None:
         kpb.ComputeCacheKeysRequest(requests=[request_to_message(TOKENS, ctx)])
     )
     assert keys_from_message(response.results[0], signed=False) == block_keys(TOKENS, spec, ctx)
+
+
+async def test_the_async_client_is_the_core_of_the_blocking_one(grpc_server) -> None:
+    """Both faces answer alike; the blocking one serves several threads at once."""
+    import asyncio
+    import concurrent.futures
+
+    from tokenkeys.client import AsyncCacheKeyClient
+
+    spec = make_spec("vllm/sha256@0.31", 16)
+    server = _serve(grpc_server, spec)
+    async with AsyncCacheKeyClient(server.target) as remote:
+        assert (await remote.spec()).fingerprint == spec.fingerprint
+        assert await remote.compute(spec, [KeyRequest(TOKENS)]) == [block_keys(TOKENS, spec)]
+    requests = [[KeyRequest(TOKENS[: 16 * i + 5])] for i in range(1, 7)]
+    with CacheKeyClient(server.target) as client, concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = await asyncio.gather(
+            *(asyncio.wrap_future(pool.submit(client.compute, spec, r)) for r in requests)
+        )
+    assert answers == [[block_keys(r[0].tokens, spec)] for r in requests]
+    client.close()  # closing twice is harmless

@@ -1,23 +1,26 @@
 """Cache keys from a server: the spec, remote computation, and the router's key strategy.
 
-:class:`CacheKeyClient` calls ``GetCacheKeySpec`` and ``ComputeCacheKeys`` (blocking, like
-:class:`~tokenkeys.client.TokenizerClient`) and is the :class:`RemoteKeyComputer` a
-:class:`~tokenkeys.keys.strategy.KeyStrategy` falls back to. :func:`strategy_from_server` is
-what a router calls once per served model: fetch the spec, check its fingerprint against the one
-discovery advertised, run the spec's vectors locally, and decide local or remote.
+:class:`AsyncCacheKeyClient` calls ``GetCacheKeySpec`` and ``ComputeCacheKeys``;
+:class:`CacheKeyClient` is its blocking face (as ``artifacts.client`` has ``pull_async`` and
+``pull``) and the :class:`RemoteKeyComputer` a :class:`~tokenkeys.keys.strategy.KeyStrategy`
+falls back to. :func:`strategy_from_server` is what a router calls once per served model: fetch
+the spec, check its fingerprint against the one discovery advertised, run the spec's vectors
+locally, and decide local or remote.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterator, Sequence
-
-import grpc
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2 as pb
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.access.channel import PLAIN, ChannelSecurity
-from tokenkeys.errors import FailedPrecondition, InvalidArgument, from_grpc
+from tokenkeys.client.base import GrpcClient
+from tokenkeys.errors import FailedPrecondition, InvalidArgument
 from tokenkeys.keys import BlockKey, CacheKeySpec
 from tokenkeys.keys.proto import (
     keys_from_message,
@@ -29,16 +32,16 @@ from tokenkeys.keys.strategy import KeyRequest, KeyStrategy
 
 log = logging.getLogger(__name__)
 
-# The largest answer accepted (a spec with its vectors); servers refuse to serve larger ones.
-MAX_SPEC_BYTES = 64 * 1024 * 1024
+T = TypeVar("T")
 
 
-class CacheKeyClient:
+class AsyncCacheKeyClient(GrpcClient):
     """Calls the cache-key RPCs of one served model; gRPC errors become the tokenkeys tree.
 
     ``compute`` splits a large batch into calls of at most ``max_requests_per_call`` requests
     and ``max_tokens_per_call`` token ids (the server's ``--max-texts-per-request`` and
-    ``--max-tokens-per-request`` must be at least these).
+    ``--max-tokens-per-request`` must be at least these). Create it inside the event loop
+    that will use it (gRPC asyncio channels belong to a loop).
     """
 
     def __init__(
@@ -56,49 +59,44 @@ class CacheKeyClient:
                 "max_requests_per_call and max_tokens_per_call must be at least 1",
                 field="max_requests_per_call",
             )
-        self.target = target
+        super().__init__(target, timeout=timeout, security=security)
         self.model = model
-        self.timeout = timeout
         self.max_requests_per_call = max_requests_per_call
         self.max_tokens_per_call = max_tokens_per_call
-        self._channel = security.channel(
-            target, options=[("grpc.max_receive_message_length", MAX_SPEC_BYTES)]
-        )
+        self._channel = self.aio_channel()
         self._stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(self._channel)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Close the channel."""
-        self._channel.close()
+        await self._channel.close()
 
-    def __enter__(self) -> CacheKeyClient:
+    async def __aenter__(self) -> AsyncCacheKeyClient:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
-    def _call(self, method, request):  # noqa: ANN001, ANN202
-        try:
-            return method(request, timeout=self.timeout)
-        except grpc.RpcError as error:
-            raise from_grpc(error) from error
-
-    def spec_message(self, *, include_vectors: bool = True) -> pb.CacheKeySpec:
+    async def spec_message(self, *, include_vectors: bool = True) -> pb.CacheKeySpec:
         """The raw GetCacheKeySpec answer."""
         request = pb.GetCacheKeySpecRequest(model=self.model, include_vectors=include_vectors)
-        return self._call(self._stub.GetCacheKeySpec, request)
+        return await self.call_async(self._stub.GetCacheKeySpec, request)
 
-    def spec(self, *, include_vectors: bool = True) -> CacheKeySpec:
+    async def spec(self, *, include_vectors: bool = True) -> CacheKeySpec:
         """The served spec, read from its ``spec_json`` and checked against the message."""
-        return spec_from_message(self.spec_message(include_vectors=include_vectors))
+        return spec_from_message(await self.spec_message(include_vectors=include_vectors))
 
-    def compute_message(self, request: pb.ComputeCacheKeysRequest) -> pb.ComputeCacheKeysResponse:
+    async def compute_message(
+        self, request: pb.ComputeCacheKeysRequest
+    ) -> pb.ComputeCacheKeysResponse:
         """One raw ComputeCacheKeys call (``request.model`` defaults to this client's model)."""
         if not request.model:
             request.model = self.model
-        return self._call(self._stub.ComputeCacheKeys, request)
+        return await self.call_async(self._stub.ComputeCacheKeys, request)
 
-    def compute(self, spec: CacheKeySpec, requests: Sequence[KeyRequest]) -> list[list[BlockKey]]:
-        """Keys of each request under ``spec``, computed by the server (RemoteKeyComputer).
+    async def compute(
+        self, spec: CacheKeySpec, requests: Sequence[KeyRequest]
+    ) -> list[list[BlockKey]]:
+        """Keys of each request under ``spec``, computed by the server.
 
         Every call carries ``spec.fingerprint`` as ``expected_spec_fingerprint``, so keys of
         another spec are never returned: a changed deployment is FailedPrecondition.
@@ -111,7 +109,7 @@ class CacheKeyClient:
                 requests=[request_to_message(r.tokens, r.context) for r in batch],
                 expected_spec_fingerprint=spec.fingerprint,
             )
-            response = self.compute_message(request)
+            response = await self.compute_message(request)
             if len(response.results) != len(batch):
                 raise FailedPrecondition(
                     f"ComputeCacheKeys answered {len(response.results)} results for "
@@ -140,6 +138,77 @@ class CacheKeyClient:
             tokens += n
         if batch:
             yield batch
+
+
+class CacheKeyClient:
+    """The blocking face of :class:`AsyncCacheKeyClient` (the CLI, a key strategy's remote).
+
+    Its calls run on a private event loop thread, where the channel lives, so any thread may
+    call, several at once (a router computes keys on worker threads). It is the
+    :class:`~tokenkeys.keys.strategy.RemoteKeyComputer` a key strategy falls back to.
+    Arguments are :class:`AsyncCacheKeyClient`'s.
+    """
+
+    def __init__(self, target: str, model: str = "", **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"cache-keys {target}", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._client: AsyncCacheKeyClient = self._run(_open(target, model, options))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @property
+    def target(self) -> str:
+        return self._client.target
+
+    @property
+    def model(self) -> str:
+        return self._client.model
+
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def close(self) -> None:
+        """Close the channel and end the loop thread (idempotent)."""
+        if self._loop.is_closed():
+            return
+        self._run(self._client.close())
+        self._stop_loop()
+
+    def __enter__(self) -> CacheKeyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def spec_message(self, *, include_vectors: bool = True) -> pb.CacheKeySpec:
+        """The raw GetCacheKeySpec answer."""
+        return self._run(self._client.spec_message(include_vectors=include_vectors))
+
+    def spec(self, *, include_vectors: bool = True) -> CacheKeySpec:
+        """The served spec (:meth:`AsyncCacheKeyClient.spec`)."""
+        return self._run(self._client.spec(include_vectors=include_vectors))
+
+    def compute_message(self, request: pb.ComputeCacheKeysRequest) -> pb.ComputeCacheKeysResponse:
+        """One raw ComputeCacheKeys call."""
+        return self._run(self._client.compute_message(request))
+
+    def compute(self, spec: CacheKeySpec, requests: Sequence[KeyRequest]) -> list[list[BlockKey]]:
+        """Keys of each request under ``spec`` (:meth:`AsyncCacheKeyClient.compute`)."""
+        return self._run(self._client.compute(spec, requests))
+
+
+async def _open(target: str, model: str, options: dict[str, Any]) -> AsyncCacheKeyClient:
+    return AsyncCacheKeyClient(target, model, **options)
 
 
 def strategy_from_server(

@@ -24,10 +24,7 @@ from tokenkeys.keys.proto import (
     spec_ref,
     spec_to_message,
 )
-from tokenkeys.limits import Limits
-
-# The largest GetCacheKeySpec answer clients accept (CacheKeyClient's receive limit).
-MAX_SPEC_BYTES = 64 * 1024 * 1024
+from tokenkeys.limits import MAX_ANSWER_BYTES, Limits
 
 # Above this many tokens in one call the keys are computed on a worker thread, so one large
 # call does not hold up the event loop's other RPCs for its whole duration.
@@ -61,11 +58,11 @@ class CacheKeyService:
             False: spec_to_message(spec, include_vectors=False),
         }
         size = self._messages[True].ByteSize()
-        if size > MAX_SPEC_BYTES:
+        if size > MAX_ANSWER_BYTES:
             raise ConfigError(
                 f"the {spec.profile_id} spec with hash unit {spec.hash_unit} carries "
                 f"{size} bytes of test vectors, more than a client receives in one message "
-                f"({MAX_SPEC_BYTES}); use a smaller --block-size",
+                f"({MAX_ANSWER_BYTES}); use a smaller --block-size",
                 field="block_size",
             )
 
