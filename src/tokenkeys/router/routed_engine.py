@@ -66,7 +66,7 @@ class RoutedEngine:
         """The requests this router has in flight on the pool's workers (no block counts)."""
         pool = self.registry.pools.get(self.model)
         members = pool.members.values() if pool is not None else ()
-        return EngineLoad(running=sum(m.inflight for m in members))
+        return EngineLoad(running=sum(m.view.inflight for m in members))
 
     async def close(self) -> None:
         """Nothing to release: the workers' channels belong to the registry."""
