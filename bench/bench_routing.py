@@ -1,7 +1,7 @@
 """Routing policies on three workloads over 4 engines: cache hits, TTFT and balance.
 
 Four ``tokenkeys serve`` processes (simulated engines, vLLM 0.31+ ``sha256_cbor`` keys, 16-token
-blocks, a bounded KV cache, ZMQ KV events) and two in-process router replicas (``RoutingService``,
+blocks, a bounded KV cache, ZMQ KV events) and two in-process router replicas (``RouteServer``,
 in memory) that forward token ids over ``Inference.Generate``; a load balancer in front picks a
 replica at random per request. Workloads (:data:`WORKLOADS`):
 
@@ -43,6 +43,7 @@ from pathlib import Path
 
 from timing import pct
 
+from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RouterConfig, RoutingService
@@ -158,7 +159,8 @@ async def _run_policy(policy: str, cost: CostWeights, w: Workload, cache: str) -
     )
     # Each replica follows every engine's events (an in-memory index each); what it sent, its
     # requests in flight and its cache-growth counts are its own.
-    services = [await RoutingService(config).start() for _ in range(REPLICAS)]
+    routers = [await RouteServer(RouteConfig(config)).start() for _ in range(REPLICAS)]
+    services = [r.service for r in routers]
     rng = random.Random(7)
     try:
         pool = services[0].router.pool(None)
@@ -220,8 +222,8 @@ async def _run_policy(policy: str, cost: CostWeights, w: Workload, cache: str) -
             "requests": sum(served.values()),
         }
     finally:
-        for service in services:
-            await service.close()
+        for router in routers:
+            await router.stop()
         for proc in procs:
             proc.terminate()
         for proc in procs:

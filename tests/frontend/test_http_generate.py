@@ -6,6 +6,7 @@ the cache salt, and the 501s of what generation does not honour.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import httpx
@@ -34,7 +35,7 @@ def client() -> Iterator[httpx.Client]:
         engines=False,
     )
     attach_engines(models, max_model_len=2048)
-    models.get("tokenizer-only").extensions.pop("engine")
+    models.replace(dataclasses.replace(models.get("tokenizer-only"), engine=None))
     with HttpServerThread(models) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         yield c
 

@@ -11,8 +11,13 @@ _US = 1e-6
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """Register the engine options on the ``serve`` parser."""
-    g = parser.add_argument_group("engine (simulated, or remote with --engine)")
+    """Register the engine options on the ``serve`` parser, one group each."""
+    _add_engine_group(parser.add_argument_group("engine (simulated, or remote with --engine)"))
+    _add_latency_group(parser.add_argument_group("simulated latency"))
+    _add_event_group(parser.add_argument_group("KV events (vLLM ZMQ wire format)"))
+
+
+def _add_engine_group(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--engine",
         metavar="HOST:PORT",
@@ -49,7 +54,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=PATH",
         help="LoRA adapters the engine serves (vLLM spelling); the path enters vLLM 0.31+ keys",
     )
-    lat = parser.add_argument_group("simulated latency")
+
+
+def _add_latency_group(lat: argparse._ArgumentGroup) -> None:
     lat.add_argument(
         "--prefill-us-per-token",
         type=float,
@@ -67,7 +74,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="really wait the simulated times (default: report them only)",
     )
-    ev = parser.add_argument_group("KV events (vLLM ZMQ wire format)")
+
+
+def _add_event_group(ev: argparse._ArgumentGroup) -> None:
     ev.add_argument(
         "--kv-events",
         action=argparse.BooleanOptionalAction,

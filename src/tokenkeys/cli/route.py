@@ -17,15 +17,13 @@ from tokenkeys.cli.access_options import (
 )
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.serve_http import http_config
-from tokenkeys.frontend import start_http_server
 from tokenkeys.limits import Limits
-from tokenkeys.router.frontend import create_router_app
+from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.index.memory import DEFAULT_CAPACITY
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import POLICIES
-from tokenkeys.router.service import INDEXES, RouterConfig, RoutingService
+from tokenkeys.router.service import INDEXES, RouterConfig
 from tokenkeys.router.workers.pool_setup import PoolSettings
-from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.terminal import escape_log_records, printable
 
 log = logging.getLogger("tokenkeys.route")
@@ -114,10 +112,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def config_from(args: argparse.Namespace) -> RouterConfig:
+def config_from(args: argparse.Namespace) -> RouteConfig:
     """The router configuration the options describe."""
     limits = Limits(max_request_bytes=args.max_request_bytes)
-    return RouterConfig(
+    router = RouterConfig(
         workers=tuple(args.worker),
         policy=args.policy,
         index=args.index,
@@ -137,60 +135,54 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
             temperature=args.router_temperature,
         ),
     )
+    return RouteConfig(
+        router,
+        host=args.host,
+        http_port=args.http_port,
+        http=http_config(args, limits, auth=server_tokens(args)),
+        tls=server_tls(args),
+        connections=connection_limits_from(args),
+    )
+
+
+def _describe(server: RouteServer) -> None:
+    """Workers, pools and where the router listens, one line each."""
+    registry = server.service.registry
+    for ws in registry.workers.values():
+        line = f"worker {ws.address}: {ws.state}"
+        if ws.engines:
+            line += f" ({', '.join(sorted(ws.engines))})"
+        for refusal in ws.refusals:
+            line += f"; refused for {refusal.model} ({refusal.reason}): {refusal.message}"
+        if ws.error:
+            line += f"; {ws.error}"
+        print(printable(line), flush=True)  # errors and names come from the workers
+    for pool in registry.pools.values():
+        decision = pool.strategy.decision
+        print(
+            f"pool {pool.name}: tokenizer {pool.fingerprint[:16]}, keys {pool.spec.profile_id} "
+            f"({decision.mode}: {decision.reason}), {pool.block_size}-token blocks",
+            flush=True,
+        )
+    config = server.config
+    where = f"{config.host}:{server.http_port}"
+    print(
+        f"routing ({config.router.policy}, {config.router.index} index) on HTTP {where}", flush=True
+    )
+    print(f"HTTP listening on {where}", flush=True)
 
 
 async def _route(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    tls = server_tls(args)
-    tokens = server_tokens(args)
-    http = http_config(args, config.pools.limits, auth=tokens)
-    lifecycle = Lifecycle()
-    service = await RoutingService(config).start()
-    try:
-        for ws in service.registry.workers.values():
-            line = f"worker {ws.address}: {ws.state}"
-            if ws.engines:
-                line += f" ({', '.join(sorted(ws.engines))})"
-            for refusal in ws.refusals:
-                line += f"; refused for {refusal.model} ({refusal.reason}): {refusal.message}"
-            if ws.error:
-                line += f"; {ws.error}"
-            print(printable(line), flush=True)  # errors and names come from the workers
-        for pool in service.registry.pools.values():
-            decision = pool.strategy.decision
-            print(
-                f"pool {pool.name}: tokenizer {pool.fingerprint[:16]}, keys {pool.spec.profile_id} "
-                f"({decision.mode}: {decision.reason}), {pool.block_size}-token blocks",
-                flush=True,
-            )
-        app = create_router_app(
-            service.registry,
-            service.router,
-            http,
-            metrics=service.metrics_registry,
-            lifecycle=lifecycle,
-        )
-        server = await start_http_server(
-            app, args.host, args.http_port, tls=tls, connections=connection_limits_from(args)
-        )
-    except BaseException:
-        await service.close()
-        raise
-    print(
-        f"routing ({config.policy}, {config.index} index) on HTTP {args.host}:{server.port}",
-        flush=True,
-    )
-    print(f"HTTP listening on {args.host}:{server.port}", flush=True)
+    server = await RouteServer(config_from(args)).start()
+    _describe(server)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     # Drain as tokenkeys serve does: new requests 503, /health draining, in-flight ones finish.
-    lifecycle.begin_drain()
-    left = await lifecycle.wait_idle(args.shutdown_timeout)
+    left = await server.drain(args.shutdown_timeout)
     await server.stop(1.0 if left else 0.0)
-    await service.close()
     return 0
 
 

@@ -14,7 +14,6 @@ import logging
 import signal
 import sys
 
-from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
 from tokenkeys.cli.common import (
     add_key_spec_options,
@@ -25,16 +24,10 @@ from tokenkeys.cli.common import (
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
-from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
+from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
-from tokenkeys.server.grpc.cache_keys import attach_cache_keys
-from tokenkeys.server.grpc.engine_services import engine_service_adders
-from tokenkeys.server.grpc.server import start_grpc_server
-from tokenkeys.server.grpc.tokenizer import TokenizerService
-from tokenkeys.server.runtime.engines import EngineRuntime
-from tokenkeys.serving.guards import build_guards
-from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.terminal import escape_log_records
 
 log = logging.getLogger("tokenkeys.serve")
@@ -79,18 +72,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-async def _serve(args: argparse.Namespace) -> int:
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """The serving configuration the options describe (checked before any model loads)."""
     if args.shutdown_timeout < 0:
         raise ConfigError("--shutdown-timeout must be >= 0", field="shutdown-timeout")
     limits = limits_from(args)
-    connections = connection_limits_from(args)
-    tls = server_tls(args)
     tokens = server_tokens(args)
-    http = http_config(args, limits, auth=tokens)
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.
     spec = build_spec(key_spec_options(args))
-    engine_config = engine_config_from(args)
-    if spec is None and engine_config.remote_engine is None:
+    engine = engine_config_from(args)
+    if spec is None and engine.remote_engine is None:
         # The simulated engine keys its prefix cache and events with a spec; serving none while
         # it publishes hashes of another would advertise hashes no router can reproduce.
         raise ConfigError(
@@ -98,36 +89,31 @@ async def _serve(args: argparse.Namespace) -> int:
             "its prefix-cache blocks with a spec; name the profile it should use",
             field="cache-key-profile",
         )
-    models = local_models(args, limits, chat_options(args))
-    # Every model gets the spec; the simulated engine keys its blocks with the same one
-    # (local_engine.deployment_spec reads it from there).
-    attach_cache_keys(models, spec, limits)
-    lifecycle = Lifecycle()
-    service = TokenizerService(models)
-    runtime = EngineRuntime(models, engine_config)
-    server, port = await start_grpc_server(
-        [
-            lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s),
-            *engine_service_adders(models, runtime),
-        ],
-        args.host,
-        args.grpc_port,
-        limits,
-        guards=build_guards(lifecycle, limits.max_streams_per_client, tokens, args.auth_health),
-        tls=tls,
-        connections=connections,
+    return ServeConfig(
+        host=args.host,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        limits=limits,
+        engine=engine,
+        cache_keys=spec,
+        http=http_config(args, limits, auth=tokens),
+        tls=server_tls(args),
+        tokens=tokens,
+        auth_health=args.auth_health,
+        connections=connection_limits_from(args),
     )
-    try:
-        await runtime.start(args.host, port)
-    except BaseException:
-        await server.stop(None)
-        raise
-    for model in models:
+
+
+def _describe(server: EngineServer) -> None:
+    """What the server serves and how, one line each (tests and operators read them)."""
+    config = server.config
+    for model in server.models:
         print(
             f"serving {model.name} (fingerprint {model.tokenizer.fingerprint}, "
             f"backend {model.tokenizer.options.backend})",
             flush=True,
         )
+    spec = config.cache_keys
     if spec is not None:
         print(
             f"cache keys: {spec.profile_id}, hash unit {spec.hash_unit}, root "
@@ -136,48 +122,50 @@ async def _serve(args: argparse.Namespace) -> int:
         )
     else:
         print("cache keys: no spec served (--cache-key-profile none)", flush=True)
-    for line in runtime.describe():
+    assert server.runtime is not None
+    for line in server.runtime.describe():
         print(line, flush=True)
-    if tls is not None:
-        mutual = ", client certificates required" if tls.mutual else ""
+    if config.tls is not None:
+        mutual = ", client certificates required" if config.tls.mutual else ""
         print(f"TLS on gRPC and HTTP{mutual}", flush=True)
-    if tokens is not None:
-        exempt = "" if args.auth_health else " (health checks exempt)"
-        print(f"bearer-token authentication on, tokens from {tokens.source}{exempt}", flush=True)
-    print(f"gRPC listening on {args.host}:{port}", flush=True)
-    try:
-        # After runtime.start: the engines are attached to the models by then.
-        http_server = await start_http(
-            args, models, http, lifecycle=lifecycle, tls=tls, connections=connections
-        )
-    except BaseException:
-        await server.stop(grace=None)
-        await runtime.close()
-        raise
+    if config.tokens is not None:
+        exempt = "" if config.auth_health else " (health checks exempt)"
+        source = config.tokens.source
+        print(f"bearer-token authentication on, tokens from {source}{exempt}", flush=True)
+    print(f"gRPC listening on {config.host}:{server.grpc_port}", flush=True)
+    print(f"HTTP listening on {config.host}:{server.http_port}", flush=True)
+
+
+async def _until_drained(server: EngineServer, timeout: float) -> None:
+    """Wait for SIGTERM/SIGINT, drain up to ``timeout`` s (a second signal cuts it short), stop."""
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
     received = await signals.get()
     print(
-        f"{signal.Signals(received).name}: draining {lifecycle.inflight} calls in flight, "
-        f"at most {args.shutdown_timeout:g} s",
+        f"{signal.Signals(received).name}: draining {server.lifecycle.inflight} calls in flight, "
+        f"at most {timeout:g} s",
         flush=True,
     )
-    lifecycle.begin_drain()
-    runtime.begin_shutdown()  # KV-event subscribers get their terminal message now
-    drain = asyncio.ensure_future(lifecycle.wait_idle(args.shutdown_timeout))
+    drain = asyncio.ensure_future(server.drain(timeout))
     second = asyncio.ensure_future(signals.get())
     await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
     second.cancel()
-    left = drain.result() if drain.done() else lifecycle.inflight
+    left = drain.result() if drain.done() else server.lifecycle.inflight
     drain.cancel()
     if left:
         print(f"stopping with {left} calls still in flight (deadline or second signal)", flush=True)
-    grace = _STOP_GRACE if left else 0.0
-    await asyncio.gather(http_server.stop(grace), server.stop(grace=grace))
-    await runtime.close()
+    await server.stop(_STOP_GRACE if left else 0.0)
     print("stopped", flush=True)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    config = serve_config(args)
+    models = local_models(args, config.limits, chat_options(args))
+    server = await EngineServer(models, config).start()
+    _describe(server)
+    await _until_drained(server, args.shutdown_timeout)
     return 0
 
 

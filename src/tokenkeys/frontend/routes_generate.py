@@ -20,19 +20,17 @@ from tokenkeys.engine.core import GenerateOutput
 from tokenkeys.engine.usage import Usage
 from tokenkeys.errors import TokenkeysError, Unsupported
 from tokenkeys.frontend import sampling
-from tokenkeys.frontend.body import json_response, parse_object, read_body, validate
+from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.errors import error_of
 from tokenkeys.frontend.generation import EngineCall, eos_ids, key_context, usage_body
 from tokenkeys.frontend.openapi import ERROR_RESPONSES, request_body
+from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.responses import ChatCompletionResponse, CompletionResponse
 from tokenkeys.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from tokenkeys.frontend.shapes import ChatShape, CompletionShape
 from tokenkeys.frontend.state import (
     AppState,
     engine_of,
-    preprocess,
-    resolve_model,
-    state_of,
 )
 from tokenkeys.frontend.streaming import DONE, IncrementalText, sse
 from tokenkeys.serving.models import ServedModel
@@ -66,13 +64,10 @@ def _call(state: AppState, model: ServedModel, body: dict[str, Any], lora: str |
 
 async def completions(request: Request) -> Response:
     """OpenAI completions; the prompt may be text(s) or token ids."""
-    state = state_of(request)
-    raw = await read_body(request, state.config.limits.max_request_bytes)
-    body = parse_object(raw)
-    validate(CompletionRequest, body)
-    model, lora = resolve_model(state.models, body.get("model"))
+    opened = await open_request(request, CompletionRequest)
+    state, body, model, lora = opened.state, opened.body, opened.model, opened.lora
     call, options = _call(state, model, body, lora)
-    prompts = await preprocess(state, len(raw), model.preprocessor.tokenize_completion, body)
+    prompts = await opened.run(model.preprocessor.tokenize_completion, body)
     ids = [p.ids for p in prompts]
     name = lora or model.name
     shape = CompletionShape("cmpl", name, options.include_usage, options.return_token_ids)
@@ -90,13 +85,10 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions, rendered by the model's chat prologue and template."""
-    state = state_of(request)
-    raw = await read_body(request, state.config.limits.max_request_bytes)
-    body = parse_object(raw)
-    validate(ChatCompletionRequest, body)
-    model, lora = resolve_model(state.models, body.get("model"))
+    opened = await open_request(request, ChatCompletionRequest)
+    state, body, model, lora = opened.state, opened.body, opened.model, opened.lora
     call, options = _call(state, model, body, lora)
-    chat = await preprocess(state, len(raw), model.preprocessor.tokenize_chat, body)
+    chat = await opened.run(model.preprocessor.tokenize_chat, body)
     ids = chat.tokens.ids
     name = lora or model.name
     shape = ChatShape("chatcmpl", name, options.include_usage, options.return_token_ids)

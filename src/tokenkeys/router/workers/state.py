@@ -1,8 +1,9 @@
-"""What the registry keeps per worker address, and the JSON views of workers and pools."""
+"""What the registry keeps per worker address, and its views: JSON status and state gauges."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
 from tokenkeys.client.engine import RemoteEngine
 from tokenkeys.router.ingest.consumer import ZmqEventConsumer
 from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
+from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.workers.discovery import WorkerDescription
 from tokenkeys.router.workers.pool import Pool, Refusal
 
@@ -84,3 +86,33 @@ def pool_status(pool: Pool) -> dict:
         "block_size": pool.block_size,
         "members": sorted(pool.members),
     }
+
+
+def registry_status(
+    pools: dict[str, Pool],
+    workers: dict[str, WorkerState],
+    suspicions_of: Callable[[WorkerState], dict] | None = None,
+) -> dict:
+    """Pools and workers as JSON (``GET /router/workers``), each worker with its suspicions."""
+    return {
+        "pools": [pool_status(pool) for pool in pools.values()],
+        "workers": [
+            ws.as_dict(suspicions_of(ws) if suspicions_of is not None else None)
+            for ws in workers.values()
+        ],
+    }
+
+
+def count_states(
+    metrics: RouterMetrics, pools: dict[str, Pool], workers: dict[str, WorkerState]
+) -> None:
+    """Set the ``workers{model, state}`` gauges: per pool, its workers by state."""
+    for model in pools:
+        counts = dict.fromkeys(STATES, 0)
+        for ws in workers.values():
+            if model in ws.engines:
+                counts["ready"] += 1
+            elif ws.description is not None and ws.description.model(model) is not None:
+                counts["down" if ws.state == "down" else "refused"] += 1
+        for state, count in counts.items():
+            metrics.workers.labels(model, state).set(count)

@@ -11,15 +11,14 @@ from collections.abc import AsyncIterator
 import grpc
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2, tokenizer_pb2, tokenizer_pb2_grpc
+from tokenkeys.artifacts.streamer import ArtifactStreamer
 from tokenkeys.errors import Unsupported
+from tokenkeys.keys.service import CacheKeyService
 from tokenkeys.preprocess.offload import offload
 from tokenkeys.server.grpc import status as grpc_status
+from tokenkeys.server.grpc.tokenizer_info import tokenizer_info
 from tokenkeys.serving.models import ModelRegistry, ServedModel
-from tokenkeys.tokenizer.proto import (
-    nul_from_proto,
-    tokenizer_info,
-    truncation_from_proto,
-)
+from tokenkeys.tokenizer.proto import nul_from_proto, truncation_from_proto
 
 pb = tokenizer_pb2
 
@@ -101,7 +100,7 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
         self, request: pb.GetTokenizerArtifactsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TokenizerArtifactChunk]:
         model = self._models.get(request.model)
-        streamer = _extension(model, "artifacts", "GetTokenizerArtifacts")
+        streamer = _artifacts(model)
         model.check_fingerprint(
             request.expected_fingerprint if request.HasField("expected_fingerprint") else None,
             "expected_fingerprint",
@@ -115,27 +114,32 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
     ) -> cache_keys_pb2.CacheKeySpec:
         model = self._models.get(request.model)
         include = request.include_vectors if request.HasField("include_vectors") else True
-        return _extension(model, "cache_keys", "GetCacheKeySpec").spec_message(include)
+        return _cache_keys(model, "GetCacheKeySpec").spec_message(include)
 
     @grpc_status.unary
     async def ComputeCacheKeys(
         self, request: cache_keys_pb2.ComputeCacheKeysRequest, context: grpc.aio.ServicerContext
     ) -> cache_keys_pb2.ComputeCacheKeysResponse:
         model = self._models.get(request.model)
-        return await _extension(model, "cache_keys", "ComputeCacheKeys").compute(request)
+        return await _cache_keys(model, "ComputeCacheKeys").compute(request)
 
 
-def _extension(model: ServedModel, key: str, rpc: str):  # noqa: ANN202 - duck-typed per RPC
-    """The part of a served model that implements ``rpc``; UNIMPLEMENTED when not configured."""
-    ext = model.extensions.get(key)
-    if ext is None:
+def _artifacts(model: ServedModel) -> ArtifactStreamer:
+    """The model's artifact streamer; UNIMPLEMENTED when this server streams none for it."""
+    if model.artifacts is None:
         raise Unsupported(
-            f"{rpc} is not available for model {model.name!r} on this server" + _HINTS.get(key, ""),
+            f"GetTokenizerArtifacts is not available for model {model.name!r} on this server",
             field="model",
         )
-    return ext
+    return model.artifacts
 
 
-_HINTS = {
-    "cache_keys": " (no cache-key spec is configured; see tokenkeys serve --cache-key-profile)",
-}
+def _cache_keys(model: ServedModel, rpc: str) -> CacheKeyService:
+    """The model's cache keys; UNIMPLEMENTED when no cache-key spec is configured."""
+    if model.cache_keys is None:
+        raise Unsupported(
+            f"{rpc} is not available for model {model.name!r} on this server (no cache-key spec "
+            "is configured; see tokenkeys serve --cache-key-profile)",
+            field="model",
+        )
+    return model.cache_keys

@@ -1,9 +1,9 @@
 """Assembling and running the engines of a server: one per served model, all or nothing.
 
-Per model: spec (``local_engine.deployment_spec`` unless given) -> key function ->
+Per model: spec (``runtime.local.deployment_spec`` unless given) -> key function ->
 :class:`EventStream` (with a :class:`ZmqEventPublisher` on a routable endpoint plus a replay
 endpoint, topic ``kv@<host:port>@<model>`` by default) -> the simulated engine, attached as
-``extensions["engine"]``; or, with ``--engine HOST:PORT``, a :class:`RemoteEngine`.
+the model's ``engine``; or, with ``--engine HOST:PORT``, a :class:`RemoteEngine`.
 
 Lifecycle: :meth:`EngineRuntime.start` after the gRPC server is listening (the topic and the
 advertised gRPC source name its port); :meth:`EngineRuntime.begin_shutdown` ends every KV-event
@@ -13,6 +13,7 @@ after the gRPC server stopped closes the sockets.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ class EngineRuntime:
             raise
         for model in self.models:
             parts = self.engines[model.name]
-            model.extensions["engine"] = parts.local or parts.remote
+            self.models.replace(dataclasses.replace(model, engine=parts.local or parts.remote))
         self.ready = True
 
     async def _start_model(self, index: int, model: ServedModel, bind_host: str) -> ModelEngine:
@@ -166,7 +167,7 @@ class EngineRuntime:
         return lines
 
     def engine_of(self, model: str) -> LocalEngine | RemoteEngine:
-        """What ``extensions["engine"]`` holds for ``model``."""
+        """The engine of ``model`` (what the served model's ``engine`` is)."""
         parts = self.parts(model)
         engine = parts.local or parts.remote
         assert engine is not None
