@@ -22,7 +22,6 @@ from routing_support import (
     prompt_ids,
     routed,
     start_cluster,
-    start_frontend,
     wait_until,
 )
 
@@ -71,7 +70,7 @@ async def test_a_full_redis_routes_by_load_with_backoff_and_recovers(
     settings = PoolSettings(cache=tmp_path / "cache")
     cluster = await start_cluster(3, settings=settings, index=index, transport=transport)
     clock = ManualClock()
-    backoff = cluster.registry.write_backoff
+    backoff = cluster.registry.following.write_backoff
     backoff.clock, backoff.base, backoff.cap = clock, 10.0, 40.0
     zmq = transport == "zmq"
     try:
@@ -122,21 +121,21 @@ async def test_a_full_redis_routes_by_load_with_backoff_and_recovers(
 
 async def test_a_lying_and_a_silent_worker_are_flagged_with_reasons(tmp_path, monkeypatch):
     settings = PoolSettings(cache=tmp_path / "cache")
-    cluster = await start_cluster(3, settings=settings)
+    cluster = await start_cluster(3, settings=settings, http=True)
     liar, mute = cluster.stacks[0], cluster.stacks[1]
     honest = control.load_info
 
-    def lying_load(runtime):  # noqa: ANN001, ANN202
-        info = honest(runtime)
+    async def lying_load(runtime):  # noqa: ANN001, ANN202
+        info = await honest(runtime)
         if runtime is liar.runtime:  # claims to be idle, whatever runs there
             info.running_requests = info.queued_requests = 0
         return info
 
     monkeypatch.setattr(control, "load_info", lying_load)
     mute.local().stream.emit = lambda batch: 0  # publishes nothing from now on
-    cluster.registry.silent_after = 0.0
+    cluster.registry.health.silent_after = 0.0
     held = []
-    server, url = await start_frontend(cluster)
+    url = cluster.url
     try:
         pool = next(iter(cluster.registry.pools.values()))
         views = {a: pool.members[a].view for a in cluster.addresses}
@@ -187,7 +186,6 @@ async def test_a_lying_and_a_silent_worker_are_flagged_with_reasons(tmp_path, mo
     finally:
         for stream in held:
             await stream.aclose()
-        await server.stop()
         await cluster.close()
 
 
