@@ -37,7 +37,7 @@ class RouterConfig:
     """Everything a router is configured with (the ``tokenkeys route`` options).
 
     - ``workers``: engine gRPC addresses (``HOST:PORT``);
-    - ``policy``: ``precise``, ``round_robin`` or ``text_chunks`` (see ``router.core``);
+    - ``policy``: ``precise``, ``round_robin`` or ``text_chunks`` (see ``router.policy.router``);
     - ``index``: ``memory`` (bounded by ``index_capacity`` block keys, LRU) or ``redis`` at
       ``redis_url`` under ``redis_namespace`` (shared by every router replica using it);
     - ``transport``: KV events over ``zmq``, ``grpc`` or ``auto`` (ZMQ when advertised);

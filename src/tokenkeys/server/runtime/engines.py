@@ -1,6 +1,6 @@
 """Assembling and running the engines of a server: one per served model, all or nothing.
 
-Per model: spec (``local_engine.deployment_spec`` unless given) -> key function ->
+Per model: spec (``runtime.local.deployment_spec`` unless given) -> key function ->
 :class:`EventStream` (with a :class:`ZmqEventPublisher` on a routable endpoint plus a replay
 endpoint, topic ``kv@<host:port>@<model>`` by default) -> the simulated engine, attached as
 the model's ``engine``; or, with ``--engine HOST:PORT``, a :class:`RemoteEngine`.

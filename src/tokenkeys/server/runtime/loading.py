@@ -91,7 +91,7 @@ def load_models(
     chat = chat or ChatOptions()
     options = dataclasses.replace(options, chat_template_sha256=chat_config_digest(chat))
     registry = ModelRegistry()
-    # The server sends messages up to a multiple of max_request_bytes (grpc_server.py), so a
+    # The server sends messages up to a multiple of max_request_bytes (server/grpc/server.py), so a
     # chunk no larger than max_request_bytes always fits, whatever the configured limit.
     max_chunk = min(MAX_CHUNK_SIZE, max(MIN_CHUNK_SIZE, limits.max_request_bytes))
     chunk = (
