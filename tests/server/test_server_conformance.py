@@ -18,6 +18,7 @@ from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import DEFAULT_MODEL_NAME, TokenizerOptions
 
 from support import run_cli, shared_path
+from text_corpus import all_strings, llama_cpp_cases
 
 LOADABLE = ["smollm2-135m-instruct", "qwen2.5-instruct", "phi-3-mini", "gpt2", "t5-small"]
 # llama.cpp vocabulary name -> our tokenizer folder
@@ -31,24 +32,6 @@ MULTILINGUAL = {
 # Tokenizers whose decode(encode(x)) == x for every string (byte-level BPE without a normalizer
 # that changes text). qwen2.5 applies NFC, phi-3 and t5 normalize spaces / lack bytes.
 LOSSLESS = {"smollm2-135m-instruct", "gpt2"}
-
-
-def llama_cpp_cases(vocab: str) -> list[tuple[str, list[int]]]:
-    base = shared_path("vectors", "llama.cpp")
-    texts = (base / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8")
-    outs = (base / f"ggml-vocab-{vocab}.gguf.out").read_text(encoding="utf-8")
-    strings = texts.split("\n__ggml_vocab_test__\n")[:-1]
-    expected = [[int(x) for x in line.split()] for line in outs.split("\n")[: len(strings)]]
-    return list(zip(strings, expected, strict=True))
-
-
-def all_strings() -> list[str]:
-    out: list[str] = []
-    for vocab in ("gpt-2", "qwen2", "phi-3", "llama-spm"):
-        out += [s for s, _ in llama_cpp_cases(vocab)]
-    inputs = json.loads((shared_path("vectors", "multilingual") / "inputs.json").read_text())
-    out += [e["text"] for e in inputs["inputs"]]
-    return list(dict.fromkeys(out))
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.serving.models import ModelRegistry
 from tokenkeys.tokenizer import TokenizerOptions
+from tokenkeys.tokenizer.options import BACKENDS
 
 
 def add_tokenizer_options(parser: argparse.ArgumentParser, *, many: bool) -> None:
@@ -26,7 +27,13 @@ def add_tokenizer_options(parser: argparse.ArgumentParser, *, many: bool) -> Non
         help="tokenizer folder to serve, optionally under NAME (default: the embedded "
         "smollm2-135m-instruct)" + (" ; repeat to serve several" if many else ""),
     )
-    parser.add_argument("--backend", choices=("tokenizers", "transformers"), default="tokenizers")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="tokenizers",
+        help="tokenizer library to reproduce: tokenizers (Rust frontends), transformers5 "
+        "(vLLM 0.32 / transformers 5), transformers (installed); see docs/api.md",
+    )
     parser.add_argument(
         "--nul",
         choices=("keep", "strip"),

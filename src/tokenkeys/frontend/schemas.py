@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Json = dict[str, Any]
 TokenId = int
@@ -58,6 +58,25 @@ class _ChatFields(_Request):
         None, description="needs a server started with --trust-request-chat-template"
     )
     chat_template_kwargs: Json | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _arguments_are_json_text(cls, messages: list[Json]) -> list[Json]:
+        # OpenAI's message schema, which vLLM 0.32 validates against: a tool call's
+        # function.arguments is a JSON string (templates get it parsed); an object is refused.
+        for i, message in enumerate(messages):
+            calls = message.get("tool_calls")
+            for j, call in enumerate(calls if isinstance(calls, list) else []):
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and not isinstance(
+                    function.get("arguments", ""), str
+                ):
+                    raise ValueError(
+                        f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON "
+                        'string (OpenAI format), e.g. \'{"city": "Paris"}\''
+                    )
+        return messages
+
     tools: list[Json] | None = None
     tool_choice: str | Json | None = None
     documents: list[Json] | None = None
@@ -89,9 +108,10 @@ class StreamOptions(BaseModel):
 
 class _GenerationFields(_Request):
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    # Ranges of vLLM 0.32 SamplingParams._verify_args: out of range is a 400 there too.
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
     n: int | None = Field(1, description="only 1 is supported")
     seed: int | None = None
     stream: bool | None = False
@@ -100,8 +120,8 @@ class _GenerationFields(_Request):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = False
     skip_special_tokens: bool | None = True
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     user: str | None = None
     cache_salt: str | None = Field(
         None, description="prefix-cache salt (vLLM): enters the first block's cache key"
