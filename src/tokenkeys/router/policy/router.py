@@ -213,9 +213,14 @@ class Router:
                 raise
             log.warning("prefix index unavailable, routing %s by load: %s", pool.name, exc.message)
             found, reason = {}, "index_unavailable"
-        matches = {ids[w]: m for w, m in found.items() if w in ids}
+        untrusted = pool.untrusted()
+        matches = {ids[w]: m for w, m in found.items() if w in ids and ids[w] not in untrusted}
         ranking = score_workers(matches, len(keys), load, weights=self.weights)
-        return self._decide(pool, ranking, len(keys), reason, keys[0] if keys else None)
+        decision = self._decide(pool, ranking, len(keys), reason, keys[0] if keys else None)
+        if decision.worker in untrusted and decision.reason == "load":
+            # Its prefix matches were not believed: say so in the decision metrics.
+            decision = dataclasses.replace(decision, reason="keys_unverified")
+        return decision
 
     def _round_robin(self, pool: Pool, load: dict[str, float]) -> RouteDecision:
         order = sorted(load)
