@@ -231,6 +231,13 @@ class EngineRuntime:
             )
         return parts
 
+    async def ensure_up(self) -> None:
+        """Raise Unavailable when a fronted vLLM is down: discovery then finds this server down,
+        and a router admits it again only once its engine answers."""
+        for parts in self.engines.values():
+            if isinstance(parts.local, VllmSidecarEngine):
+                await parts.local.ensure_up()
+
     def begin_shutdown(self) -> None:
         """Refuse new requests and end every KV-event subscription (terminal message)."""
         self.draining = True

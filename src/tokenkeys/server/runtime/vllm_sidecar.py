@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from tokenkeys.engine.core import GenerateOutput, GenerationParams
 from tokenkeys.engine.protocol import EngineLoad
 from tokenkeys.engine.usage import Usage
 from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
+from tokenkeys.events.model import AllBlocksCleared, EventBatch
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
@@ -107,6 +109,11 @@ class VllmSidecarEngine:
         """False from the first stored block whose hash is not the key tokenkeys computed."""
         return self.check.verified
 
+    async def ensure_up(self) -> None:
+        """Raise Unavailable unless vLLM's ``/health`` answers (the sidecar is down with it)."""
+        if not await self.client.health():
+            raise Unavailable(f"vLLM at {self.config.url} does not answer /health", field="engine")
+
     async def load(self) -> EngineLoad:
         """vLLM's running and waiting requests and KV blocks in use; Unavailable when down."""
         metrics = await self.client.metrics()
@@ -132,7 +139,10 @@ class VllmSidecarEngine:
         """vLLM's batches, in order (replayed ones first), checked then re-emitted."""
         async for delivery in subscriber:
             if delivery.restarted:
-                log.info("vLLM's KV-event publisher restarted (sequence %d)", delivery.seq)
+                # A restarted vLLM starts with an empty prefix cache: tell every consumer to
+                # drop what the old one stored before its new blocks arrive.
+                log.info("vLLM's KV-event publisher restarted: its prefix cache is empty")
+                self.stream.emit(EventBatch(time.time(), (AllBlocksCleared(),)))
             try:
                 batch = self._codec.decode(delivery.payload)
             except TokenkeysError as exc:
