@@ -14,7 +14,8 @@ from cached_venv import COMPLETE_MARKER, RunPython, VenvRecipe, VenvUnavailable,
 def _counting_recipe(counter: Path, name: str = "counting") -> VenvRecipe:
     """A recipe whose one step appends a line to ``counter``: the count is the number of builds."""
     code = f"open({str(counter)!r}, 'a').write('built\\n')"
-    return VenvRecipe(name, steps=(RunPython("count the build", code),))
+    # Without pip: these tests are about the cache, and ensurepip costs seconds per environment.
+    return VenvRecipe(name, steps=(RunPython("count the build", code),), with_pip=False)
 
 
 def _ensure_in_child(recipe: VenvRecipe, root: Path) -> str:
@@ -55,7 +56,7 @@ def test_a_folder_without_its_marker_is_rebuilt(tmp_path: Path) -> None:
 
 def test_a_failed_step_names_itself_and_leaves_nothing(tmp_path: Path) -> None:
     code = "import sys; print('No matching distribution found for torch==0.0'); sys.exit(3)"
-    recipe = VenvRecipe("failing", steps=(RunPython("install torch", code),))
+    recipe = VenvRecipe("failing", steps=(RunPython("install torch", code),), with_pip=False)
     with pytest.raises(VenvUnavailable) as caught:
         ensure_venv(recipe, tmp_path)
     reason = str(caught.value)

@@ -15,7 +15,7 @@ import pytest
 
 from tokenkeys.tokenizer import Tokenizer, TokenizerOptions
 
-from support import shared_path
+from conformance_data import data_path
 from text_corpus import all_strings
 from vllm_env import TRANSFORMERS_VERSION
 
@@ -40,7 +40,7 @@ def _reference(python: Path, folder: Path, texts: list[str], tmp_path: Path) -> 
 def test_transformers5_backend_equals_transformers_5_19(
     name: str, vllm_python: Path, tmp_path: Path
 ) -> None:
-    folder = shared_path("tokenizers", name)
+    folder = data_path("tokenizers", name)
     texts = all_strings() + NUMERALS
     ref = _reference(vllm_python, folder, texts, tmp_path)
     assert ref["version"] == TRANSFORMERS_VERSION

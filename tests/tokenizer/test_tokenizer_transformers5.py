@@ -18,10 +18,10 @@ from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import TokenizerLoadError
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, default_tokenizer_path
 
-from support import shared_path
+from conformance_data import data_path
 from text_corpus import all_strings
 
 # Texts where SmolLM2's tokenizer.json (Digits pre-tokenizer) and transformers 5's GPT2Tokenizer
@@ -61,7 +61,7 @@ def test_equals_the_installed_transformers_5(name: str) -> None:
     transformers = pytest.importorskip("transformers")
     if not transformers.__version__.startswith("5."):
         pytest.skip(f"transformers {transformers.__version__} installed; the reference is 5.x")
-    folder = shared_path("tokenizers", name)
+    folder = data_path("tokenizers", name)
     ref = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     tok = _load(folder, "transformers5")
     texts = all_strings() + NUMERALS
@@ -88,7 +88,7 @@ def test_a_router_pulls_and_reproduces_the_transformers5_ids(grpc_server, tmp_pa
 
 
 def test_an_unknown_tokenizer_class_is_refused_not_guessed() -> None:
-    folder = shared_path("tokenizers", "phi-3-mini")  # LlamaTokenizer: not reproduced
+    folder = data_path("tokenizers", "phi-3-mini")  # LlamaTokenizer: not reproduced
     with pytest.raises(TokenizerLoadError) as caught:
         _load(folder, "transformers5")
     assert "tokenizer_class 'LlamaTokenizer'" in caught.value.message
