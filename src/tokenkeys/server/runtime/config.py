@@ -81,10 +81,10 @@ class VllmEngineConfig:
             ("engine-kv-events", self.kv_events),
             ("engine-kv-replay", self.kv_replay),
         ):
-            if value is not None and not re.fullmatch(r"tcp://[^\s]+:\d{1,5}", value):
+            if value is not None and not re.fullmatch(r"tcp://[^\s*]+:\d{1,5}", value):
                 raise ConfigError(
                     f"--{name} {value!r} is not tcp://HOST:PORT (vLLM's endpoint, with the host "
-                    "this sidecar reaches it on)",
+                    "this sidecar reaches it on in place of vLLM's bind wildcard '*')",
                     field=name,
                 )
 
