@@ -21,12 +21,14 @@ from tokenkeys.cli.common import (
     key_spec_options,
     local_models,
 )
+from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.server.assembly import EngineServer, ServeConfig
+from tokenkeys.terminal import escape_log_records
 
 log = logging.getLogger("tokenkeys.serve")
 
@@ -61,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, how long calls in flight may take to finish (default 30)",
     )
     add_limit_options(p)
+    add_connection_options(p)
     keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
     add_key_spec_options(keys, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
     add_engine_options(p)
@@ -97,6 +100,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         tls=server_tls(args),
         tokens=tokens,
         auth_health=args.auth_health,
+        connections=connection_limits_from(args),
     )
 
 
@@ -167,6 +171,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
     # One line per request forwarded to a vLLM would drown the log (httpx logs at INFO).
     logging.getLogger("httpx").setLevel(logging.WARNING)
     return asyncio.run(_serve(args))

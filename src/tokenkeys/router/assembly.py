@@ -27,6 +27,7 @@ from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.transport.limits import ConnectionLimits
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class RouteConfig:
     - ``router``: workers, policy, index, event transport, polls, pools (:class:`RouterConfig`);
     - ``host`` / ``http_port``: where the HTTP frontend listens (0 picks a free port; None: no
       HTTP frontend);
-    - ``http``: the frontend's settings (default: the pools' request limits); ``tls``: HTTPS.
+    - ``http``: the frontend's settings (default: the pools' request limits); ``tls``: HTTPS;
+      ``connections``: the HTTP face's connection caps and idle timeouts.
     """
 
     router: RouterConfig
@@ -44,6 +46,7 @@ class RouteConfig:
     http_port: int | None = None
     http: HttpConfig | None = None
     tls: ServerTls | None = None
+    connections: ConnectionLimits | None = None
 
     def http_config(self) -> HttpConfig:
         """The frontend's settings: ``http`` when given, else the pools' limits."""
@@ -89,7 +92,10 @@ class RouteServer:
             metrics=service.metrics_registry,
             lifecycle=self.lifecycle,
         )
-        return await start_http_server(self.app, self.config.host, port, tls=self.config.tls)
+        config = self.config
+        return await start_http_server(
+            self.app, config.host, port, tls=config.tls, connections=config.connections
+        )
 
     def engine(self, model: str | None = None) -> RoutedEngine:
         """A routing engine for ``model`` (default: the first pool's)."""

@@ -37,6 +37,7 @@ from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.guards import build_guards
 from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel, attach_cache_keys
+from tokenkeys.transport.limits import ConnectionLimits
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class ServeConfig:
       the spec an engine keys its blocks with (default: the model's cache keys, else the
       default profile);
     - ``http``: the frontend's settings (default: ``limits`` and the access settings below);
-    - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces.
+    - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces;
+    - ``connections``: connection caps and idle timeouts on both faces (default: the defaults).
     """
 
     host: str = "127.0.0.1"
@@ -66,6 +68,7 @@ class ServeConfig:
     tls: ServerTls | None = None
     tokens: BearerTokens | None = None
     auth_health: bool = False
+    connections: ConnectionLimits | None = None
 
     def http_config(self) -> HttpConfig:
         """The frontend's settings: ``http`` when given, else from the limits and access."""
@@ -124,14 +127,23 @@ class EngineServer:
             self.lifecycle, config.limits.max_streams_per_client, config.tokens, config.auth_health
         )
         return await start_grpc_server(
-            adders, config.host, port, config.limits, guards=guards, tls=config.tls
+            adders,
+            config.host,
+            port,
+            config.limits,
+            guards=guards,
+            tls=config.tls,
+            connections=config.connections,
         )
 
     async def _start_http(self, port: int) -> HttpServer:
         self.app = create_app(self.models, self.config.http_config(), lifecycle=self.lifecycle)
+        config = self.config
         if self.runtime is not None:
             self.app.state.tokenkeys.metrics.include(self.runtime.metrics)
-        return await start_http_server(self.app, self.config.host, port, tls=self.config.tls)
+        return await start_http_server(
+            self.app, config.host, port, tls=config.tls, connections=config.connections
+        )
 
     def begin_drain(self) -> None:
         """Refuse new calls on both faces and end every KV-event subscription."""
