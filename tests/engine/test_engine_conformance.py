@@ -22,7 +22,7 @@ from tokenkeys.client.engine import RemoteEngine
 from tokenkeys.engine.core import GenerateOutput, GenerationParams
 from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.engine.protocol import Engine, EngineLoad
-from tokenkeys.errors import LimitExceeded
+from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys import Adapter
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
@@ -112,7 +112,8 @@ async def test_the_same_seed_gives_the_same_tokens_and_a_prefix_hit(engine: Engi
 async def test_a_prompt_past_the_context_is_refused(engine: Engine) -> None:
     limit = engine.max_model_len
     assert limit is None or limit == MAX_MODEL_LEN  # None: the engine behind checks it
-    with pytest.raises(LimitExceeded):
+    # ContextLengthExceeded is a bad request (INVALID_ARGUMENT, HTTP 400) as vLLM answers it.
+    with pytest.raises(InvalidArgument):
         await _run(engine, list(range(MAX_MODEL_LEN)), max_tokens=4)
 
 

@@ -17,7 +17,7 @@ import time
 import httpx
 
 from support import REPO
-from vllm_server import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME, free_port
+from vllm_server import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME, VllmServer, free_port
 
 EMBEDDED = REPO / "src" / "tokenkeys" / "data" / "smollm2-135m-instruct"
 SERVE_ARGS = (
@@ -34,9 +34,12 @@ class TokenkeysServe:
 
     def __init__(self, *args: str) -> None:
         self.port = free_port()
+        self.grpc_port = free_port()
+        #: The gRPC address (``--worker`` of a router).
+        self.target = f"127.0.0.1:{self.grpc_port}"
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         command = [sys.executable, "-m", "tokenkeys.cli", "serve", *args]
-        command += ["--http-port", str(self.port), "--grpc-port", str(free_port())]
+        command += ["--http-port", str(self.port), "--grpc-port", str(self.grpc_port)]
         # A file, not a pipe: an unread pipe would block the server once its logs fill it.
         self.log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
@@ -57,6 +60,15 @@ class TokenkeysServe:
                 pass
             time.sleep(0.2)
         raise AssertionError("tokenkeys serve never became healthy")
+
+    def log_text(self) -> str:
+        """Everything the server logged so far."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def wait_exit(self, timeout: float = 120) -> int:
+        """The exit status of a server expected to refuse to start."""
+        return self.process.wait(timeout)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -88,3 +100,17 @@ def ok(response: httpx.Response) -> dict:
     """The JSON of a 200 answer (fails with the body otherwise)."""
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def sidecar_args(vllm: VllmServer, *extra: str) -> tuple[str, ...]:
+    """``tokenkeys serve`` as the sidecar of ``vllm``: its tokenizer, spec and event endpoints."""
+    return (
+        *SERVE_ARGS[:4],  # --model NAME=DIR --backend transformers5 (vLLM's tokenization)
+        "--cache-key-profile", "vllm/sha256_cbor@0.31",
+        "--block-size", str(BLOCK_SIZE),
+        "--engine", f"vllm+{vllm.url}",
+        "--engine-kv-events", vllm.events_endpoint,
+        "--engine-kv-replay", vllm.replay_endpoint,
+        "--engine-kv-topic", vllm.topic,
+        *extra,
+    )  # fmt: skip

@@ -99,6 +99,7 @@ class VllmServer:
         self.topic = "kv"
         self.log_path = log_dir / f"vllm-{config.label}-{self.port}.log"
         self.lora_path = str(model.lora) if config.lora and model.lora else None
+        self._python, self._model = python, model
         self._process = self._spawn(python, model)
 
     def _spawn(self, python: Path, model: TinyModel) -> subprocess.Popen:
@@ -163,6 +164,12 @@ class VllmServer:
         raise RuntimeError(
             f"vLLM ({self.config.label}) not healthy after {timeout:.0f} s: {self.log_tail()}"
         )
+
+    def restart(self) -> None:
+        """Start the stopped server again on the same ports (HTTP, events, replay)."""
+        self.stop()
+        self._process = self._spawn(self._python, self._model)
+        self.wait_healthy()
 
     def log_tail(self, lines: int = 15) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()

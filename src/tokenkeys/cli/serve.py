@@ -172,4 +172,6 @@ async def _serve(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     escape_log_records()  # log lines carry client- and server-supplied strings
+    # One line per request forwarded to a vLLM would drown the log (httpx logs at INFO).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     return asyncio.run(_serve(args))

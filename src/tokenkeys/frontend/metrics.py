@@ -46,9 +46,23 @@ class HttpMetrics:
             "tokenkeys_generation_tokens", "Tokens generated", ["model"], registry=r
         )
 
+    def include(self, registry: CollectorRegistry) -> None:
+        """Export another registry's metrics (router, engines) beside this app's own."""
+        self.registry.register(_Include(registry))
+
     def render(self) -> bytes:
         """The Prometheus text exposition of this app's metrics."""
         return generate_latest(self.registry)
+
+
+class _Include:
+    """Collects another registry's metrics into the app's (prometheus custom collector)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+        return self._registry.collect()
 
 
 class MetricsMiddleware:

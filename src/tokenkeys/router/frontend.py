@@ -125,16 +125,6 @@ class RouteHeaders:
             current_note.reset(token)
 
 
-class _Include:
-    """Collects another registry's metrics into the app's (prometheus custom collector)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
-        return self._registry.collect()
-
-
 def create_router_app(
     registry: WorkerRegistry,
     router: Router,
@@ -147,7 +137,7 @@ def create_router_app(
     on ``/metrics`` beside the frontend's own; /health reports ``lifecycle`` (draining)."""
     app = create_app(PoolModels(registry, router), config, lifecycle=lifecycle)
     if metrics is not None:
-        app.state.tokenkeys.metrics.registry.register(_Include(metrics))
+        app.state.tokenkeys.metrics.include(metrics)
 
     async def workers(request: Request) -> Response:
         """Pools, their members and key strategy, every worker's state and refusals."""

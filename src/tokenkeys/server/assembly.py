@@ -139,6 +139,8 @@ class EngineServer:
     async def _start_http(self, port: int) -> HttpServer:
         self.app = create_app(self.models, self.config.http_config(), lifecycle=self.lifecycle)
         config = self.config
+        if self.runtime is not None:
+            self.app.state.tokenkeys.metrics.include(self.runtime.metrics)
         return await start_http_server(
             self.app, config.host, port, tls=config.tls, connections=config.connections
         )

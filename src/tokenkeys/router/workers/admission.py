@@ -134,7 +134,13 @@ class Admission:
             log.warning("could not clear %s in the prefix index: %s", worker, exc.message)
         self.following.start(ws, model.name, source, ingestor)
         ws.engines[model.name] = RemoteEngine(ws.address, model.name, ws.channel)
-        pool.join(ws.address, ws.instance_id, source)
+        pool.join(ws.address, ws.instance_id, source, keys_trusted=model.keys_verified)
+        if not model.keys_verified:
+            log.warning(
+                "worker %s advertises unverified keys for %s: routed by load",
+                ws.address,
+                model.name,
+            )
         return None
 
     async def recheck_spec(self, ws: WorkerState, model: str) -> None:

@@ -17,7 +17,7 @@ import logging
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.workers.admission import Admission
-from tokenkeys.router.workers.discovery import WorkerLoad, read_load
+from tokenkeys.router.workers.discovery import WorkerLoad, keys_verified, read_load
 from tokenkeys.router.workers.following import EventFollowing
 from tokenkeys.router.workers.state import WorkerState
 from tokenkeys.router.workers.tasks import BackgroundTasks, cancel
@@ -153,3 +153,27 @@ class HealthPolling:
                 await admission.join(ws, "rejoined")
                 return
             self._apply_load(ws, load)
+            await self._check_keys(ws)
+
+    async def _check_keys(self, ws: WorkerState) -> None:
+        """Stop trusting the keys of a model whose worker now advertises them unverified.
+
+        One GetModelInfo per trusted model and poll; a worker's verdict never turns back (its
+        engine published a hash no key of the spec reproduces), until it restarts and rejoins.
+        """
+        for model in ws.engines:
+            member = self.admission.pools[model].members.get(ws.address)
+            if member is None or not member.keys_trusted:
+                continue
+            try:
+                verified = await keys_verified(ws.address, ws.control, model, timeout=self.timeout)
+            except TokenkeysError:
+                continue  # the next poll's GetLoad decides whether it is down
+            if not verified:
+                member.keys_trusted = False
+                self.admission.metrics.worker_events.labels("keys_unverified").inc()
+                log.warning(
+                    "worker %s advertises unverified keys for %s: routed by load from now on",
+                    ws.address,
+                    model,
+                )

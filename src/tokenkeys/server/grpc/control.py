@@ -67,6 +67,7 @@ class ControlService(openengine_pb2_grpc.ControlServicer):
         remote = self._remote()
         if remote is not None:
             return await _forward(remote.control.GetServerInfo(request))
+        await self._runtime.ensure_up()
         return server_info(self._runtime)
 
     @grpc_status.unary

@@ -61,10 +61,10 @@ def server_info(runtime: EngineRuntime) -> server_pb2.ServerInfo:
         schema_release=SCHEMA_RELEASE,
     )
     engines = [runtime.local(name).local for name in runtime.models.names]
-    block_sizes = {e.engine.block_size for e in engines if e is not None}
+    block_sizes = {e.block_size for e in engines if e is not None}
     if len(block_sizes) == 1:
         info.capacity.kv_block_size = block_sizes.pop()
-    info.capacity.total_kv_blocks = sum(e.engine.num_blocks for e in engines if e is not None)
+    info.capacity.total_kv_blocks = sum(e.num_blocks for e in engines if e is not None)
     info.extra.update(
         {
             "kv_events_wire_format": "vllm-msgpack",
@@ -89,6 +89,7 @@ def tokenizer_advertisement(
         local = runtime.local(model.name).local
         assert local is not None
         ad.key_spec.CopyFrom(spec_ref(local.spec))
+        ad.keys_unverified = not local.keys_verified
     return ad
 
 

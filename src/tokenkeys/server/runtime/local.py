@@ -98,6 +98,21 @@ class LocalEngine:
         )
 
     @property
+    def block_size(self) -> int:
+        """The simulated engine's KV block size."""
+        return self.engine.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        """The simulated engine's KV blocks."""
+        return self.engine.num_blocks
+
+    @property
+    def keys_verified(self) -> bool:
+        """Always: the simulated engine hashes with the spec itself."""
+        return True
+
+    @property
     def max_model_len(self) -> int | None:
         """``--max-model-len``, else the tokenizer's ``model_max_length``."""
         return self.engine.max_model_len
