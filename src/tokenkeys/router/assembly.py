@@ -36,7 +36,8 @@ class RouteConfig:
     - ``router``: workers, policy, index, event transport, polls, pools (:class:`RouterConfig`);
     - ``host`` / ``http_port``: where the HTTP frontend listens (0 picks a free port; None: no
       HTTP frontend);
-    - ``http``: the frontend's settings (default: the pools' request limits); ``tls``: HTTPS.
+    - ``http``: the frontend's settings (default: the pools' request limits); ``tls``: HTTPS;
+    - ``reuse_port``: bind with SO_REUSEPORT (the workers of ``route --workers N`` share it).
     """
 
     router: RouterConfig
@@ -44,6 +45,7 @@ class RouteConfig:
     http_port: int | None = None
     http: HttpConfig | None = None
     tls: ServerTls | None = None
+    reuse_port: bool = False
 
     def http_config(self) -> HttpConfig:
         """The frontend's settings: ``http`` when given, else the pools' limits."""
@@ -89,7 +91,10 @@ class RouteServer:
             metrics=service.metrics_registry,
             lifecycle=self.lifecycle,
         )
-        return await start_http_server(self.app, self.config.host, port, tls=self.config.tls)
+        config = self.config
+        return await start_http_server(
+            self.app, config.host, port, tls=config.tls, reuse_port=config.reuse_port
+        )
 
     def engine(self, model: str | None = None) -> RoutedEngine:
         """A routing engine for ``model`` (default: the first pool's)."""

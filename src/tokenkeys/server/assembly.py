@@ -52,7 +52,9 @@ class ServeConfig:
       the spec an engine keys its blocks with (default: the model's cache keys, else the
       default profile);
     - ``http``: the frontend's settings (default: ``limits`` and the access settings below);
-    - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces.
+    - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces;
+    - ``reuse_port``: bind both ports with SO_REUSEPORT (the workers of ``serve --workers N``
+      each build a whole server and share the ports; :mod:`tokenkeys.serving.workers`).
     """
 
     host: str = "127.0.0.1"
@@ -66,6 +68,7 @@ class ServeConfig:
     tls: ServerTls | None = None
     tokens: BearerTokens | None = None
     auth_health: bool = False
+    reuse_port: bool = False
 
     def http_config(self) -> HttpConfig:
         """The frontend's settings: ``http`` when given, else from the limits and access."""
@@ -124,12 +127,21 @@ class EngineServer:
             self.lifecycle, config.limits.max_streams_per_client, config.tokens, config.auth_health
         )
         return await start_grpc_server(
-            adders, config.host, port, config.limits, guards=guards, tls=config.tls
+            adders,
+            config.host,
+            port,
+            config.limits,
+            guards=guards,
+            tls=config.tls,
+            reuse_port=config.reuse_port,
         )
 
     async def _start_http(self, port: int) -> HttpServer:
         self.app = create_app(self.models, self.config.http_config(), lifecycle=self.lifecycle)
-        return await start_http_server(self.app, self.config.host, port, tls=self.config.tls)
+        config = self.config
+        return await start_http_server(
+            self.app, config.host, port, tls=config.tls, reuse_port=config.reuse_port
+        )
 
     def begin_drain(self) -> None:
         """Refuse new calls on both faces and end every KV-event subscription."""
