@@ -220,6 +220,7 @@ def run(quick: bool) -> str:
     total = sum(requests.values())
     errors = sum(phase.errors.values())
     rate = phase.tokens / phase.seconds
+    fairness = pct(phase.latencies["grpc"], 50) / pct(phase.latencies["http"], 50)
     sizes = sorted(c for items in prompts.values() for _, c in items)
     lines = [
         "## Sustained load (HTTP /tokenize and gRPC Tokenize)",
@@ -252,10 +253,11 @@ def run(quick: bool) -> str:
         f"- server resident memory: {rss_warm:.0f} MiB after warm-up, {rss_end:.0f} MiB at the "
         f"end (peak {rss_peak:.0f} MiB): growth **{growth:+.1f}%** (bound: +10%)",
         f"- SIGTERM after the load: drained and exited {code} in {drain:.2f} s",
-        "- In the mix, HTTP requests are answered ahead of gRPC ones at the same rate: both "
-        "servers share one event loop, uvicorn reads its sockets in the loop while gRPC's "
-        "completion queue reaches it through a poller thread. Throughput, counts and memory "
-        "are the figures this bench guards; per-protocol latency here is a scheduling share.",
+        f"- fair protocols: gRPC p50 / HTTP p50 = **{fairness:.2f}** (aim: at most 2). Both "
+        "servers share one event loop and a gRPC call needs several loop turns (its completion "
+        "queue reaches the loop through a poller thread); encodes above 2 KiB run on worker "
+        "threads (`tokenizers` releases the GIL), so no protocol waits behind the other's "
+        "encodes. Before that change: 0.97 s against 0.04 s (ratio 23) on the same mix.",
         "",
     ]
     return "\n".join(lines)
