@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# Tokenizers in ../shared/tokenizers that ship a chat template.
+# Tokenizers in tests/data/tokenizers that ship a chat template.
 CHAT_MODELS = ("smollm2-135m-instruct", "qwen2.5-instruct", "phi-3-mini")
 
 TOOLS = [

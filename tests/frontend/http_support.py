@@ -102,7 +102,7 @@ def bos_variant(folder: Path) -> Path:
     """A copy of the embedded tokenizer whose post-processor adds a BOS (``<|endoftext|>``).
 
     The embedded SmolLM2 tokenizer adds no special tokens, so ``add_special_tokens`` would
-    change nothing; this variant makes the completion default observable without ../shared.
+    change nothing; this variant makes the completion default observable with it alone.
     """
     import json
 

@@ -12,7 +12,7 @@ Deployments: ``VLLM`` (NUL kept, bare prompts get special tokens) and ``DYNAMO``
 stripped, bare prompts without special tokens), both with the server default
 ``enable_thinking: false``. Models: the embedded SmolLM2, a copy whose post-processor adds a
 BOS (so special-token defaults are visible), a copy whose template reads ``enable_thinking``,
-and qwen2.5-instruct from ../shared for tools and tool calls.
+and qwen2.5-instruct from tests/data for tools and tool calls.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from tokenkeys.server.runtime.loading import ModelSource
 from tokenkeys.template.render import ChatTemplateRenderer
 from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path
 
+from conformance_data import data_path
 from http_support import HttpServerThread, bos_variant, registry
-from support import SHARED
 
-QWEN = SHARED / "tokenizers" / "qwen2.5-instruct"
+QWEN = data_path("tokenizers", "qwen2.5-instruct")
 
 THINKING_TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -107,8 +107,7 @@ def _start(options: TokenizerOptions, tmp: Path) -> HttpServerThread:
         ModelSource("smollm2-bos", bos_variant(tmp / "bos")),
         ModelSource("thinker", thinker),
     ]
-    if QWEN.is_dir():
-        sources.append(QWEN)
+    sources.append(QWEN)
     chat = ChatOptions(default_chat_template_kwargs=DEFAULT_KWARGS)
     return HttpServerThread(registry(*sources, options=options, chat=chat)).__enter__()
 
@@ -125,12 +124,6 @@ def client(request, tmp_path_factory) -> Iterator[httpx.Client]:
         c.deployment = request.param  # type: ignore[attr-defined]
         yield c
     server.__exit__(None, None, None)
-
-
-def _qwen_or_skip() -> str:
-    if not QWEN.is_dir():
-        pytest.skip(f"{QWEN} is absent (conformance data lives in ../shared beside the checkout)")
-    return QWEN.name
 
 
 # --- the guards ---
@@ -222,7 +215,7 @@ def test_chat_count_is_the_served_count(client, case) -> None:
 
 @pytest.mark.parametrize("agp", [True, False])
 def test_chat_with_tools_and_tool_calls_is_the_served_count(client, agp) -> None:
-    model = _qwen_or_skip()
+    model = QWEN.name
     request = {
         "model": model,
         "messages": TOOL_CALL_CONVERSATION,
@@ -292,7 +285,7 @@ def test_guard_catches_a_skipped_prologue_default_kwargs(client, monkeypatch) ->
 def test_guard_catches_a_skipped_prologue_tool_normalization(client, monkeypatch) -> None:
     """Drift: /tokenize renders raw tools and tool calls: the tool without a description
     lacks ``description: null`` and the call's JSON-string arguments are not parsed."""
-    model = _qwen_or_skip()
+    model = QWEN.name
     inject(monkeypatch, _render_directly)
     request = {"model": model, "messages": TOOL_CALL_CONVERSATION, "tools": TOOLS}
     with pytest.raises(Disagreement):

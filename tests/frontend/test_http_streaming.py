@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import orjson
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,11 +11,11 @@ from tokenkeys.limits import Limits
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
-from support import SHARED
+from conformance_data import data_path
 
 _MODELS = load_models([], TokenizerOptions(), Limits())
 SMOLLM = _MODELS.get(None).preprocessor
-PHI3 = SHARED / "tokenizers" / "phi-3-mini"
+PHI3 = data_path("tokenizers", "phi-3-mini")
 
 
 def _decoder(preprocessor, skip: bool):
@@ -63,8 +62,6 @@ def test_an_incomplete_character_is_held_back() -> None:
 
 
 def test_sentencepiece_leading_spaces_survive() -> None:
-    if not PHI3.is_dir():
-        pytest.skip(f"{PHI3} is absent (conformance data lives in ../shared)")
     models = load_models([ModelSource("phi", PHI3)], TokenizerOptions(), Limits())
     phi = models.get(None).preprocessor
     ids = phi.tokenize_prompts(["Hello big  world 東京"])[0].ids

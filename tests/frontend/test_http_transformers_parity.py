@@ -1,6 +1,6 @@
 """Chat-form /tokenize equals transformers' ``apply_chat_template(..., tokenize=True)``.
 
-For smollm2, qwen2.5-instruct (with tools and tool calls) and phi-3-mini from ../shared, on
+For smollm2, qwen2.5-instruct (with tools and tool calls) and phi-3-mini from tests/data, on
 conversations with CJK, emoji and accents, add_generation_prompt on and off. The reference is
 the tokenizer each backend stands for: ``PreTrainedTokenizerFast`` on tokenizer.json for the
 default ``tokenizers`` backend, ``AutoTokenizer`` for ``--backend transformers`` (what vLLM
@@ -19,8 +19,8 @@ import pytest
 from tokenkeys.tokenizer import TokenizerOptions
 
 from chat_fixtures import CHAT_MODELS, TOOL_CONVERSATION, TOOLS
+from conformance_data import data_path
 from http_support import HttpServerThread, registry
-from support import shared_path
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,7 +44,7 @@ CONVERSATIONS = {
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def served(request) -> Iterator[tuple[httpx.Client, dict]]:
-    folders = [shared_path("tokenizers", name) for name in MODELS]
+    folders = [data_path("tokenizers", name) for name in MODELS]
     backend = request.param
     if backend == "tokenizers":
         refs = {

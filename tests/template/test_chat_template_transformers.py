@@ -1,6 +1,6 @@
 """Parity: our renderer gives the text of transformers' ``apply_chat_template(tokenize=False)``.
 
-transformers (the installed 5.x) loads the real tokenizer folders of ../shared/tokenizers with
+transformers (the installed 5.x) loads the real tokenizer folders of tests/data/tokenizers with
 ``PreTrainedTokenizerFast.from_pretrained`` (local files only); both sides render the folder's
 own template with the tokenizer's ``special_tokens_map``.
 """
@@ -8,7 +8,6 @@ own template with the tokenizer's ``special_tokens_map``.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,13 +17,9 @@ from tokenkeys.errors import InvalidArgument
 from tokenkeys.template.render import ChatTemplateRenderer
 
 from chat_fixtures import CHAT_MODELS, TOOL_CONVERSATION, TOOLS
+from conformance_data import data_path
 
-TOKENIZERS = (Path(__file__).resolve().parents[2] / ".." / "shared" / "tokenizers").resolve()
 MODELS = CHAT_MODELS
-
-pytestmark = pytest.mark.skipif(
-    not TOKENIZERS.is_dir(), reason=f"real tokenizers not found at {TOKENIZERS}"
-)
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,7 +28,7 @@ transformers = pytest.importorskip("transformers")
 def hf() -> dict:
     return {
         name: transformers.PreTrainedTokenizerFast.from_pretrained(
-            str(TOKENIZERS / name), local_files_only=True
+            str(data_path("tokenizers", name)), local_files_only=True
         )
         for name in MODELS
     }

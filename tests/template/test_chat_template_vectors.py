@@ -1,4 +1,4 @@
-"""Conformance: rendered text equals the expected output of ../shared/vectors/chat-templates.
+"""Conformance: rendered text equals the expected output of tests/data/vectors/chat-templates.
 
 The vectors (from huggingface.js, MIT) are 53 real templates with inputs and expected text, plus
 one formatting case. 49 render byte-exact with the inputs as given. Four encode behaviour of the
@@ -26,20 +26,15 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.template.render import ChatTemplateRenderer
 
-VECTORS = (
-    Path(__file__).resolve().parents[2] / ".." / "shared" / "vectors" / "chat-templates"
-).resolve() / "e2e_chat_template_cases.json"
+from conformance_data import data_path
 
-pytestmark = pytest.mark.skipif(
-    not VECTORS.is_file(), reason=f"chat-template vectors not found at {VECTORS}"
-)
+VECTORS = data_path("vectors", "chat-templates", "e2e_chat_template_cases.json")
 
 DOCUMENTED = {
     "HuggingFaceTB/SmolLM3-3B",
@@ -50,8 +45,6 @@ DOCUMENTED = {
 
 
 def _cases() -> list[tuple[str, str, dict]]:
-    if not VECTORS.is_file():
-        return []
     data = json.loads(VECTORS.read_text(encoding="utf-8"))
     return [
         (group, name, case)
