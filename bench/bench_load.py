@@ -249,7 +249,8 @@ def run(quick: bool) -> str:
         "",
         f"- errors: **{errors}** of {total:,} requests"
         + (f" (first: {phase.first_error})" if phase.first_error else "")
-        + f"; warm-up errors: {sum(warm.errors.values())}",
+        + f"; warm-up errors: {sum(warm.errors.values())}"
+        + (f" (first: {warm.first_error})" if warm.first_error else ""),
         f"- served tokens/s: {rate:,.0f}; in-process Preprocessor, one call at a time, same "
         f"mix: {reference:,.0f}; ratio **{rate / reference:.2f}**",
         f"- server resident memory: {rss_warm:.0f} MiB after warm-up, {rss_end:.0f} MiB at the "
