@@ -51,7 +51,7 @@ class HttpServer:
         await self._task
 
 
-def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must be IPPROTO_TCP, not 0: asyncio only sets TCP_NODELAY on accepted sockets
     # whose proto says TCP (base_events._set_nodelay), and without it a response written as
