@@ -152,7 +152,7 @@ def test_local_service_matches_the_strategy_contract() -> None:
 
 
 async def test_the_async_client_is_the_core_of_the_blocking_one(grpc_server) -> None:
-    """Both faces answer alike; the blocking one serves several threads at once."""
+    """Both faces make the same calls; the blocking one serves several threads at once."""
     import asyncio
     import concurrent.futures
 
@@ -169,4 +169,3 @@ async def test_the_async_client_is_the_core_of_the_blocking_one(grpc_server) -> 
             *(asyncio.wrap_future(pool.submit(client.compute, spec, r)) for r in requests)
         )
     assert answers == [[block_keys(r[0].tokens, spec)] for r in requests]
-    client.close()  # closing twice is harmless

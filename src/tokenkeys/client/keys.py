@@ -1,20 +1,19 @@
 """Cache keys from a server: the spec, remote computation, and the router's key strategy.
 
-:class:`AsyncCacheKeyClient` calls ``GetCacheKeySpec`` and ``ComputeCacheKeys``;
-:class:`CacheKeyClient` is its blocking face (as ``artifacts.client`` has ``pull_async`` and
-``pull``) and the :class:`RemoteKeyComputer` a :class:`~tokenkeys.keys.strategy.KeyStrategy`
-falls back to. :func:`strategy_from_server` is what a router calls once per served model: fetch
-the spec, check its fingerprint against the one discovery advertised, run the spec's vectors
-locally, and decide local or remote.
+:class:`AsyncCacheKeyClient` calls ``GetCacheKeySpec`` and ``ComputeCacheKeys`` from an event
+loop; :class:`CacheKeyClient` is its blocking face (as ``artifacts.client`` has ``pull_async``
+and ``pull``), the same requests and checks over a blocking channel, and the
+:class:`RemoteKeyComputer` a :class:`~tokenkeys.keys.strategy.KeyStrategy` falls back to.
+:func:`strategy_from_server` is what a router calls once per served model: fetch the spec, check
+its fingerprint against the one discovery advertised, run the spec's vectors locally, and
+decide local or remote.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
-from collections.abc import Coroutine, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2 as pb
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
@@ -32,16 +31,15 @@ from tokenkeys.keys.strategy import KeyRequest, KeyStrategy
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
-
-class AsyncCacheKeyClient(GrpcClient):
-    """Calls the cache-key RPCs of one served model; gRPC errors become the tokenkeys tree.
+class _CacheKeyCalls(GrpcClient):
+    """What both faces share: the model, the batch bounds, the requests and their checks.
 
     ``compute`` splits a large batch into calls of at most ``max_requests_per_call`` requests
     and ``max_tokens_per_call`` token ids (the server's ``--max-texts-per-request`` and
-    ``--max-tokens-per-request`` must be at least these). Create it inside the event loop
-    that will use it (gRPC asyncio channels belong to a loop).
+    ``--max-tokens-per-request`` must be at least these). Every call carries
+    ``spec.fingerprint`` as ``expected_spec_fingerprint``, so keys of another spec are never
+    returned: a changed deployment is FailedPrecondition.
     """
 
     def __init__(
@@ -63,6 +61,67 @@ class AsyncCacheKeyClient(GrpcClient):
         self.model = model
         self.max_requests_per_call = max_requests_per_call
         self.max_tokens_per_call = max_tokens_per_call
+
+    def _spec_request(self, include_vectors: bool) -> pb.GetCacheKeySpecRequest:
+        return pb.GetCacheKeySpecRequest(model=self.model, include_vectors=include_vectors)
+
+    def _compute_requests(
+        self, spec: CacheKeySpec, requests: Sequence[KeyRequest]
+    ) -> Iterator[tuple[list[KeyRequest], pb.ComputeCacheKeysRequest]]:
+        """Each batch and its ComputeCacheKeys request."""
+        for batch in self._batches(requests):
+            yield (
+                batch,
+                pb.ComputeCacheKeysRequest(
+                    model=self.model,
+                    requests=[request_to_message(r.tokens, r.context) for r in batch],
+                    expected_spec_fingerprint=spec.fingerprint,
+                ),
+            )
+
+    @staticmethod
+    def _keys_of(
+        spec: CacheKeySpec, batch: list[KeyRequest], response: pb.ComputeCacheKeysResponse
+    ) -> list[list[BlockKey]]:
+        """The keys of one answered batch, once the answer is checked against the request."""
+        if len(response.results) != len(batch):
+            raise FailedPrecondition(
+                f"ComputeCacheKeys answered {len(response.results)} results for "
+                f"{len(batch)} requests",
+                field="results",
+            )
+        if response.spec_fingerprint != spec.fingerprint:
+            raise FailedPrecondition(
+                f"ComputeCacheKeys computed under spec {response.spec_fingerprint!r}, not "
+                f"{spec.fingerprint!r}",
+                field="spec_fingerprint",
+            )
+        signed = signed_events(spec)
+        return [keys_from_message(r, signed=signed) for r in response.results]
+
+    def _batches(self, requests: Sequence[KeyRequest]) -> Iterator[list[KeyRequest]]:
+        batch: list[KeyRequest] = []
+        tokens = 0
+        for r in requests:
+            n = len(r.tokens)
+            full = len(batch) >= self.max_requests_per_call
+            if batch and (full or tokens + n > self.max_tokens_per_call):
+                yield batch
+                batch, tokens = [], 0
+            batch.append(r)
+            tokens += n
+        if batch:
+            yield batch
+
+
+class AsyncCacheKeyClient(_CacheKeyCalls):
+    """The cache-key RPCs of one served model, from an event loop (see :class:`_CacheKeyCalls`).
+
+    Create it inside the event loop that will use it (gRPC asyncio channels belong to a loop).
+    """
+
+    def __init__(self, target: str, model: str = "", **options: Any) -> None:
+        super().__init__(target, model, **options)
         self._channel = self.aio_channel()
         self._stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(self._channel)
 
@@ -78,7 +137,7 @@ class AsyncCacheKeyClient(GrpcClient):
 
     async def spec_message(self, *, include_vectors: bool = True) -> pb.CacheKeySpec:
         """The raw GetCacheKeySpec answer."""
-        request = pb.GetCacheKeySpecRequest(model=self.model, include_vectors=include_vectors)
+        request = self._spec_request(include_vectors)
         return await self.call_async(self._stub.GetCacheKeySpec, request)
 
     async def spec(self, *, include_vectors: bool = True) -> CacheKeySpec:
@@ -96,93 +155,26 @@ class AsyncCacheKeyClient(GrpcClient):
     async def compute(
         self, spec: CacheKeySpec, requests: Sequence[KeyRequest]
     ) -> list[list[BlockKey]]:
-        """Keys of each request under ``spec``, computed by the server.
-
-        Every call carries ``spec.fingerprint`` as ``expected_spec_fingerprint``, so keys of
-        another spec are never returned: a changed deployment is FailedPrecondition.
-        """
-        signed = signed_events(spec)
+        """Keys of each request under ``spec``, computed by the server."""
         out: list[list[BlockKey]] = []
-        for batch in self._batches(requests):
-            request = pb.ComputeCacheKeysRequest(
-                model=self.model,
-                requests=[request_to_message(r.tokens, r.context) for r in batch],
-                expected_spec_fingerprint=spec.fingerprint,
-            )
-            response = await self.compute_message(request)
-            if len(response.results) != len(batch):
-                raise FailedPrecondition(
-                    f"ComputeCacheKeys answered {len(response.results)} results for "
-                    f"{len(batch)} requests",
-                    field="results",
-                )
-            if response.spec_fingerprint != spec.fingerprint:
-                raise FailedPrecondition(
-                    f"ComputeCacheKeys computed under spec {response.spec_fingerprint!r}, not "
-                    f"{spec.fingerprint!r}",
-                    field="spec_fingerprint",
-                )
-            out.extend(keys_from_message(r, signed=signed) for r in response.results)
+        for batch, request in self._compute_requests(spec, requests):
+            out.extend(self._keys_of(spec, batch, await self.compute_message(request)))
         return out
 
-    def _batches(self, requests: Sequence[KeyRequest]) -> Iterator[list[KeyRequest]]:
-        batch: list[KeyRequest] = []
-        tokens = 0
-        for r in requests:
-            n = len(r.tokens)
-            full = len(batch) >= self.max_requests_per_call
-            if batch and (full or tokens + n > self.max_tokens_per_call):
-                yield batch
-                batch, tokens = [], 0
-            batch.append(r)
-            tokens += n
-        if batch:
-            yield batch
 
-
-class CacheKeyClient:
-    """The blocking face of :class:`AsyncCacheKeyClient` (the CLI, a key strategy's remote).
-
-    Its calls run on a private event loop thread, where the channel lives, so any thread may
-    call, several at once (a router computes keys on worker threads). It is the
-    :class:`~tokenkeys.keys.strategy.RemoteKeyComputer` a key strategy falls back to.
-    Arguments are :class:`AsyncCacheKeyClient`'s.
-    """
+class CacheKeyClient(_CacheKeyCalls):
+    """The blocking face (the CLI; the :class:`~tokenkeys.keys.strategy.RemoteKeyComputer` a
+    key strategy falls back to, called from worker threads): the same calls and checks as
+    :class:`AsyncCacheKeyClient`, over a blocking channel any thread may use."""
 
     def __init__(self, target: str, model: str = "", **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"cache-keys {target}", daemon=True
-        )
-        self._thread.start()
-        try:
-            self._client: AsyncCacheKeyClient = self._run(_open(target, model, options))
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    @property
-    def target(self) -> str:
-        return self._client.target
-
-    @property
-    def model(self) -> str:
-        return self._client.model
-
-    def _run(self, work: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        super().__init__(target, model, **options)
+        self._channel = self.blocking_channel()
+        self._stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(self._channel)
 
     def close(self) -> None:
-        """Close the channel and end the loop thread (idempotent)."""
-        if self._loop.is_closed():
-            return
-        self._run(self._client.close())
-        self._stop_loop()
+        """Close the channel."""
+        self._channel.close()
 
     def __enter__(self) -> CacheKeyClient:
         return self
@@ -192,23 +184,24 @@ class CacheKeyClient:
 
     def spec_message(self, *, include_vectors: bool = True) -> pb.CacheKeySpec:
         """The raw GetCacheKeySpec answer."""
-        return self._run(self._client.spec_message(include_vectors=include_vectors))
+        return self.call(self._stub.GetCacheKeySpec, self._spec_request(include_vectors))
 
     def spec(self, *, include_vectors: bool = True) -> CacheKeySpec:
-        """The served spec (:meth:`AsyncCacheKeyClient.spec`)."""
-        return self._run(self._client.spec(include_vectors=include_vectors))
+        """The served spec, read from its ``spec_json`` and checked against the message."""
+        return spec_from_message(self.spec_message(include_vectors=include_vectors))
 
     def compute_message(self, request: pb.ComputeCacheKeysRequest) -> pb.ComputeCacheKeysResponse:
-        """One raw ComputeCacheKeys call."""
-        return self._run(self._client.compute_message(request))
+        """One raw ComputeCacheKeys call (``request.model`` defaults to this client's model)."""
+        if not request.model:
+            request.model = self.model
+        return self.call(self._stub.ComputeCacheKeys, request)
 
     def compute(self, spec: CacheKeySpec, requests: Sequence[KeyRequest]) -> list[list[BlockKey]]:
-        """Keys of each request under ``spec`` (:meth:`AsyncCacheKeyClient.compute`)."""
-        return self._run(self._client.compute(spec, requests))
-
-
-async def _open(target: str, model: str, options: dict[str, Any]) -> AsyncCacheKeyClient:
-    return AsyncCacheKeyClient(target, model, **options)
+        """Keys of each request under ``spec``, computed by the server."""
+        out: list[list[BlockKey]] = []
+        for batch, request in self._compute_requests(spec, requests):
+            out.extend(self._keys_of(spec, batch, self.compute_message(request)))
+        return out
 
 
 def strategy_from_server(
