@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import random
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import grpc
 import httpx
-from bench_http import text_of
+from bench_http import serve, text_of
 from timing import pct
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2, tokenizer_pb2_grpc
@@ -97,25 +96,9 @@ def _reference_rate(sources: list[ModelSource], prompts, seconds: float) -> floa
 
 
 def _start(sources: list[ModelSource]) -> tuple[subprocess.Popen, str, str]:
-    args = [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0", "--http-port", "0"]
-    args += ["--no-kv-events"]
-    for source in sources:
-        args += ["--model", f"{source.name}={source.path}"]
-    proc = subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
-    assert proc.stdout is not None
-    grpc_target = ""
-    for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
-            grpc_target = line.split()[-1]
-        if line.startswith("HTTP listening on "):
-            return proc, grpc_target, f"http://{line.split()[-1]}"
-    raise RuntimeError("tokenkeys serve did not start")
+    models = [a for source in sources for a in ("--model", f"{source.name}={source.path}")]
+    proc, grpc_target, address = serve("--no-kv-events", *models)
+    return proc, grpc_target, f"http://{address}"
 
 
 def _rss_mib(pid: int) -> float:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import grpc
 import orjson
-from bench_http import load, request_bytes, text_of
+from bench_http import load, request_bytes, serve, text_of
 from timing import pct
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2, tokenizer_pb2_grpc
@@ -39,23 +39,7 @@ WORKERS = (1, 2)
 
 
 def _serve(*args: str) -> tuple[subprocess.Popen, str, str]:
-    """``tokenkeys serve ARGS`` on free ports; (process, gRPC target, HTTP host:port)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0", "--http-port", "0"]
-        + ["--no-kv-events", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
-    assert proc.stdout is not None
-    target = ""
-    for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
-            target = line.split()[-1]
-        if line.startswith("HTTP listening on "):
-            return proc, target, line.split()[-1]
-    raise RuntimeError("tokenkeys serve did not start")
+    return serve("--no-kv-events", *args)
 
 
 def _stop(proc: subprocess.Popen) -> None:

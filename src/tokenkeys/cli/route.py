@@ -29,7 +29,7 @@ from tokenkeys.router.index.memory import DEFAULT_CAPACITY
 from tokenkeys.router.policy.router import POLICIES
 from tokenkeys.router.service import INDEXES, RouterConfig
 from tokenkeys.router.workers.pool_setup import PoolSettings
-from tokenkeys.serving.workers import Supervisor, WorkerLink, check_worker_count
+from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
 
 log = logging.getLogger("tokenkeys.route")
 
@@ -161,12 +161,7 @@ def _description(server: RouteServer) -> list[str]:
 
 async def _route(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
     server = await RouteServer(config_from(args, reuse_port=link is not None)).start()
-    lines = _description(server)
-    if link is not None:
-        link.ready(lines)
-    else:
-        for line in lines:
-            print(line, flush=True)
+    announce(_description(server), link)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # A worker hears SIGTERM only, from its supervisor, and stops as well when it is gone.

@@ -33,7 +33,7 @@ from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.server.runtime.config import new_instance_id
-from tokenkeys.serving.workers import Supervisor, WorkerLink, check_worker_count
+from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
 
 log = logging.getLogger("tokenkeys.serve")
 
@@ -205,12 +205,7 @@ async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> in
     config = serve_config(args, reuse_port=link is not None)
     models = local_models(args, config.limits, chat_options(args))
     server = await EngineServer(models, config).start()
-    lines = _description(server)
-    if link is not None:
-        link.ready(lines)
-    else:
-        for line in lines:
-            print(line, flush=True)
+    announce(_description(server), link)
     await _until_drained(server, args.shutdown_timeout, link)
     return 0
 

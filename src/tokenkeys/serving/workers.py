@@ -73,6 +73,15 @@ class WorkerLink:
         loop.add_reader(fd, readable)
 
 
+def announce(lines: list[str], link: WorkerLink | None) -> None:
+    """Print what a server serves, or, in a worker, hand it to the supervisor (printed once)."""
+    if link is not None:
+        link.ready(lines)
+        return
+    for line in lines:
+        print(line, flush=True)
+
+
 #: A command's worker body: serve until drained, return the exit status.
 WorkerMain = Callable[[argparse.Namespace, WorkerLink], int]
 
