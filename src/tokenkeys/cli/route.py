@@ -22,14 +22,17 @@ from tokenkeys.cli.access_options import (
     server_tls,
     server_tokens,
 )
+from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
 from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.index.memory import DEFAULT_CAPACITY
+from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import POLICIES
 from tokenkeys.router.service import INDEXES, RouterConfig
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
+from tokenkeys.terminal import escape_log_records, printable
 
 log = logging.getLogger("tokenkeys.route")
 
@@ -70,6 +73,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="KV-event transport to follow (auto: ZMQ when a worker advertises it, else gRPC)",
     )
+    cost = p.add_argument_group(
+        "precise policy cost (in KV blocks; lower wins; see docs/router.md)",
+        "cost = prefix weight x blocks to prefill + load weight x KV blocks in use "
+        "+ growth weight x new blocks recently placed there",
+    )
+    d = CostWeights()
+    for option, default, what in (
+        ("--prefix-weight", d.prefix, "cost of one block of prefill; higher keeps prompts with "
+         "their cached prefix, 0 ignores the cache"),
+        ("--load-weight", d.load, "cost of one KV block in use; higher spreads running work at "
+         "the price of more prefill"),
+        ("--growth-weight", d.growth, "cost of one block of new cache recently placed on the "
+         "worker; higher spreads new prefixes, 0 lets a shared header attract them"),
+        ("--router-temperature", d.temperature, "0 always takes the cheapest worker; above 0 "
+         "samples workers, cheaper ones more often"),
+    ):  # fmt: skip
+        cost.add_argument(
+            option, type=float, default=default, metavar="X", help=f"{what} (default {default})"
+        )
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
     p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
     p.add_argument(
@@ -100,6 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="route from N processes sharing the HTTP port (SO_REUSEPORT), each a full router "
         "replica with its own index (or the shared --index redis); default 1",
     )
+    add_connection_options(p, grpc=False)
     add_server_access_options(p, templates=False)
     add_client_access_options(p, prefix="worker-")
     p.set_defaults(func=run)
@@ -122,6 +145,12 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteC
         pools=PoolSettings(
             cache=args.cache, limits=limits, security=channel_security(args, prefix="worker-")
         ),
+        cost=CostWeights(
+            prefix=args.prefix_weight,
+            load=args.load_weight,
+            growth=args.growth_weight,
+            temperature=args.router_temperature,
+        ),
     )
     return RouteConfig(
         router,
@@ -130,6 +159,7 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteC
         http=http_config(args, limits, auth=server_tokens(args)),
         tls=server_tls(args),
         reuse_port=reuse_port,
+        connections=connection_limits_from(args),
     )
 
 
@@ -145,7 +175,7 @@ def _description(server: RouteServer) -> list[str]:
             line += f"; refused for {refusal.model} ({refusal.reason}): {refusal.message}"
         if ws.error:
             line += f"; {ws.error}"
-        lines.append(line)
+        lines.append(printable(line))  # errors and names come from the workers
     for pool in registry.pools.values():
         decision = pool.strategy.decision
         lines.append(
@@ -181,11 +211,13 @@ async def _route(args: argparse.Namespace, link: WorkerLink | None = None) -> in
 def route_worker(args: argparse.Namespace, link: WorkerLink) -> int:
     """One worker process of ``route --workers N``."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
     return asyncio.run(_route(args, link))
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
     if args.workers == 1:
         return asyncio.run(_route(args))
     config_from(args)  # a bad option fails once, before any worker starts

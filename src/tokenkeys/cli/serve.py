@@ -26,6 +26,7 @@ from tokenkeys.cli.common import (
     key_spec_options,
     local_models,
 )
+from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
@@ -34,6 +35,7 @@ from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.server.runtime.config import new_instance_id
 from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
+from tokenkeys.terminal import escape_log_records
 
 log = logging.getLogger("tokenkeys.serve")
 
@@ -77,6 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "live in one process); default 1",
     )
     add_limit_options(p)
+    add_connection_options(p)
     keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
     add_key_spec_options(keys, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
     add_engine_options(p)
@@ -132,6 +135,7 @@ def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> Serve
         tokens=tokens,
         auth_health=args.auth_health,
         reuse_port=reuse_port,
+        connections=connection_limits_from(args),
     )
 
 
@@ -213,11 +217,13 @@ async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> in
 def serve_worker(args: argparse.Namespace, link: WorkerLink) -> int:
     """One worker process of ``serve --workers N``."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
     return asyncio.run(_serve(args, link))
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
     if args.workers == 1:
         return asyncio.run(_serve(args))
     # Checked here so a bad option fails once, before any worker starts.

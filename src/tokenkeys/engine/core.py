@@ -144,12 +144,23 @@ class Engine:
         return ()
 
     async def load(self) -> EngineLoad:
-        """Requests running and waiting, and KV blocks in use."""
-        used = self.cache.num_blocks - self.cache.num_free_blocks
-        return EngineLoad(self.stats.running, self.stats.waiting, used, self.cache.num_blocks)
+        """Requests running and waiting, and the KV blocks they hold (:attr:`used_blocks`)."""
+        return EngineLoad(
+            self.stats.running, self.stats.waiting, self.used_blocks, self.cache.num_blocks
+        )
 
     async def close(self) -> None:
         """Nothing to release: the engine owns no socket (its event sink is the caller's)."""
+
+    @property
+    def used_blocks(self) -> int:
+        """KV blocks held for running requests: referenced, or reserved for their decode.
+
+        Cached blocks no request references are free (allocation may evict them), as in
+        vLLM's ``BlockPool.get_usage``; a running request's blocks still to be filled are
+        counted from admission, since admission already took them from what others may use.
+        """
+        return self.cache.num_blocks - self.cache.num_free_blocks + self._reserved
 
     def _flush(self) -> None:
         events = self.cache.take_events()

@@ -27,6 +27,7 @@ from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.transport.limits import ConnectionLimits
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ class RouteConfig:
     - ``host`` / ``http_port``: where the HTTP frontend listens (0 picks a free port; None: no
       HTTP frontend);
     - ``http``: the frontend's settings (default: the pools' request limits); ``tls``: HTTPS;
-    - ``reuse_port``: bind with SO_REUSEPORT (the workers of ``route --workers N`` share it).
+    - ``reuse_port``: bind with SO_REUSEPORT (the workers of ``route --workers N`` share it);
+    - ``connections``: the HTTP face's connection caps and idle timeouts.
     """
 
     router: RouterConfig
@@ -46,6 +48,7 @@ class RouteConfig:
     http: HttpConfig | None = None
     tls: ServerTls | None = None
     reuse_port: bool = False
+    connections: ConnectionLimits | None = None
 
     def http_config(self) -> HttpConfig:
         """The frontend's settings: ``http`` when given, else the pools' limits."""
@@ -93,7 +96,12 @@ class RouteServer:
         )
         config = self.config
         return await start_http_server(
-            self.app, config.host, port, tls=config.tls, reuse_port=config.reuse_port
+            self.app,
+            config.host,
+            port,
+            tls=config.tls,
+            reuse_port=config.reuse_port,
+            connections=config.connections,
         )
 
     def engine(self, model: str | None = None) -> RoutedEngine:

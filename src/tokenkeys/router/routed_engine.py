@@ -66,7 +66,7 @@ class RoutedEngine:
         """The requests this router has in flight on the pool's workers (no block counts)."""
         pool = self.registry.pools.get(self.model)
         members = pool.members.values() if pool is not None else ()
-        return EngineLoad(running=sum(m.inflight for m in members))
+        return EngineLoad(running=sum(m.view.inflight for m in members))
 
     async def close(self) -> None:
         """Nothing to release: the workers' channels belong to the registry."""
@@ -95,7 +95,7 @@ class RoutedEngine:
             if member is None:
                 continue
             started = False
-            member.inflight += 1
+            sent_at = member.view.begin(decision.keys)
             try:
                 engine = self.registry.engine(address, self.model)
                 outputs = engine.generate(
@@ -127,7 +127,7 @@ class RoutedEngine:
                 metrics.requests.labels(address, "failed").inc()
                 raise
             finally:
-                member.inflight -= 1
+                member.view.end(decision.keys, sent_at)
         raise Unavailable(
             f"no worker of {self.model!r} accepted the request: " + "; ".join(failures or ["none"]),
             field="model",

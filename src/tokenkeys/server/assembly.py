@@ -37,6 +37,7 @@ from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.guards import build_guards
 from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel, attach_cache_keys
+from tokenkeys.transport.limits import ConnectionLimits
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class ServeConfig:
     - ``http``: the frontend's settings (default: ``limits`` and the access settings below);
     - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces;
     - ``reuse_port``: bind both ports with SO_REUSEPORT (the workers of ``serve --workers N``
-      each build a whole server and share the ports; :mod:`tokenkeys.serving.workers`).
+      each build a whole server and share the ports; :mod:`tokenkeys.serving.workers`);
+    - ``connections``: connection caps and idle timeouts on both faces (default: the defaults).
     """
 
     host: str = "127.0.0.1"
@@ -69,6 +71,7 @@ class ServeConfig:
     tokens: BearerTokens | None = None
     auth_health: bool = False
     reuse_port: bool = False
+    connections: ConnectionLimits | None = None
 
     def http_config(self) -> HttpConfig:
         """The frontend's settings: ``http`` when given, else from the limits and access."""
@@ -134,13 +137,19 @@ class EngineServer:
             guards=guards,
             tls=config.tls,
             reuse_port=config.reuse_port,
+            connections=config.connections,
         )
 
     async def _start_http(self, port: int) -> HttpServer:
         self.app = create_app(self.models, self.config.http_config(), lifecycle=self.lifecycle)
         config = self.config
         return await start_http_server(
-            self.app, config.host, port, tls=config.tls, reuse_port=config.reuse_port
+            self.app,
+            config.host,
+            port,
+            tls=config.tls,
+            reuse_port=config.reuse_port,
+            connections=config.connections,
         )
 
     def begin_drain(self) -> None:

@@ -1,7 +1,8 @@
 """Health polling of workers: load, restarts, rejoins, and the prefix index itself.
 
 A poll every ``interval`` seconds reads each worker's ``GetLoad`` (and :meth:`refresh` reads it
-after each request forwarded there): the load and KV usage feed tie-breaks, a failure marks it
+after each request forwarded there): the load and KV blocks in use feed the routing cost, a
+failure marks it
 down, and a new ``instance_id`` at a known address (an engine restart) makes it leave and
 rejoin. Down and refused workers are described again at each poll; a worker that answers again
 rejoins with a cleared index entry, rebuilt from its events (replayed from sequence 0 as far as
@@ -91,8 +92,7 @@ class HealthPolling:
         for model in ws.engines:
             member = self.admission.pools[model].members.get(ws.address)
             if member is not None:
-                member.polled_load = load.load
-                member.kv_usage = load.kv_usage
+                member.view.polled(load.load, load.kv_usage, load.used_kv_blocks)
 
     async def poll_once(self) -> None:
         """Check the index and every worker once (what each poll does)."""

@@ -119,7 +119,12 @@ def model_info(model: ServedModel, runtime: EngineRuntime) -> model_pb2.ModelInf
 
 
 async def load_info(runtime: EngineRuntime) -> server_pb2.LoadInfo:
-    """GetLoad: running and waiting requests and KV blocks in use, over every model."""
+    """GetLoad: running and waiting requests and KV blocks in use, over every model.
+
+    ``used_kv_blocks`` counts the blocks running requests hold (``Engine.used_blocks``), never
+    cached blocks that no request references: those are free to allocate, and a router that
+    counted them as load would steer away from the workers whose caches serve it best.
+    """
     loads = [await runtime.engine_of(name).load() for name in runtime.models.names]
     return server_pb2.LoadInfo(
         instance_id=runtime.instance_id,

@@ -6,7 +6,6 @@ instance generation uses); nothing in this module encodes or decodes on its own.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -15,6 +14,7 @@ from tokenkeys._gen.openengine.v1 import cache_keys_pb2, tokenizer_pb2, tokenize
 from tokenkeys.artifacts.streamer import ArtifactStreamer
 from tokenkeys.errors import Unsupported
 from tokenkeys.keys.service import CacheKeyService
+from tokenkeys.preprocess.offload import offload
 from tokenkeys.server.grpc import status as grpc_status
 from tokenkeys.server.grpc.tokenizer_info import tokenizer_info
 from tokenkeys.serving.models import ModelRegistry, ServedModel
@@ -69,10 +69,10 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
             "token_strs": request.return_token_strs,
         }
         texts = list(request.texts)
-        if sum(len(t) for t in texts) <= _INLINE_CHARS:
-            results = model.preprocessor.tokenize_prompts(texts, **kwargs)
-        else:
-            results = await asyncio.to_thread(model.preprocessor.tokenize_prompts, texts, **kwargs)
+        size = sum(len(t) for t in texts)
+        results = await offload(
+            size, _INLINE_CHARS, model.preprocessor.tokenize_prompts, texts, **kwargs
+        )
         response = pb.TokenizeResponse(fingerprint=model.tokenizer.fingerprint)
         total = 0
         for r in results:
