@@ -1,10 +1,17 @@
-"""``tokenkeys route``: an OpenAI-compatible HTTP router in front of OpenEngine workers."""
+"""``tokenkeys route``: an OpenAI-compatible HTTP router in front of OpenEngine workers.
+
+``--workers N`` routes from N processes sharing the HTTP port (:mod:`tokenkeys.serving.workers`).
+Each is a whole router replica: it discovers the engines, follows their KV events into its own
+prefix index (or the shared Redis one) and counts its own requests in flight, as N router
+replicas behind a load balancer would.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -24,6 +31,7 @@ from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import POLICIES
 from tokenkeys.router.service import INDEXES, RouterConfig
 from tokenkeys.router.workers.pool_setup import PoolSettings
+from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
 from tokenkeys.terminal import escape_log_records, printable
 
 log = logging.getLogger("tokenkeys.route")
@@ -106,14 +114,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="route from N processes sharing the HTTP port (SO_REUSEPORT), each a full router "
+        "replica with its own index (or the shared --index redis); default 1",
+    )
     add_connection_options(p, grpc=False)
     add_server_access_options(p, templates=False)
     add_client_access_options(p, prefix="worker-")
     p.set_defaults(func=run)
 
 
-def config_from(args: argparse.Namespace) -> RouteConfig:
-    """The router configuration the options describe."""
+def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteConfig:
+    """The router configuration the options describe (``reuse_port``: one of N workers)."""
+    check_worker_count(getattr(args, "workers", 1))
     limits = Limits(max_request_bytes=args.max_request_bytes)
     router = RouterConfig(
         workers=tuple(args.worker),
@@ -141,12 +158,14 @@ def config_from(args: argparse.Namespace) -> RouteConfig:
         http_port=args.http_port,
         http=http_config(args, limits, auth=server_tokens(args)),
         tls=server_tls(args),
+        reuse_port=reuse_port,
         connections=connection_limits_from(args),
     )
 
 
-def _describe(server: RouteServer) -> None:
+def _description(server: RouteServer) -> list[str]:
     """Workers, pools and where the router listens, one line each."""
+    lines = []
     registry = server.service.registry
     for ws in registry.workers.values():
         line = f"worker {ws.address}: {ws.state}"
@@ -156,37 +175,50 @@ def _describe(server: RouteServer) -> None:
             line += f"; refused for {refusal.model} ({refusal.reason}): {refusal.message}"
         if ws.error:
             line += f"; {ws.error}"
-        print(printable(line), flush=True)  # errors and names come from the workers
+        lines.append(printable(line))  # errors and names come from the workers
     for pool in registry.pools.values():
         decision = pool.strategy.decision
-        print(
+        lines.append(
             f"pool {pool.name}: tokenizer {pool.fingerprint[:16]}, keys {pool.spec.profile_id} "
-            f"({decision.mode}: {decision.reason}), {pool.block_size}-token blocks",
-            flush=True,
+            f"({decision.mode}: {decision.reason}), {pool.block_size}-token blocks"
         )
     config = server.config
     where = f"{config.host}:{server.http_port}"
-    print(
-        f"routing ({config.router.policy}, {config.router.index} index) on HTTP {where}", flush=True
-    )
-    print(f"HTTP listening on {where}", flush=True)
+    lines.append(f"routing ({config.router.policy}, {config.router.index} index) on HTTP {where}")
+    lines.append(f"HTTP listening on {where}")
+    return lines
 
 
-async def _route(args: argparse.Namespace) -> int:
-    server = await RouteServer(config_from(args)).start()
-    _describe(server)
+async def _route(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
+    server = await RouteServer(config_from(args, reuse_port=link is not None)).start()
+    announce(_description(server), link)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # A worker hears SIGTERM only, from its supervisor, and stops as well when it is gone.
+    for sig in (signal.SIGTERM,) if link is not None else (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if link is not None:
+        link.watch(stop.set)
     await stop.wait()
+    if link is not None:
+        print(f"worker {link.index} (pid {os.getpid()}) draining", flush=True)
     # Drain as tokenkeys serve does: new requests 503, /health draining, in-flight ones finish.
     left = await server.drain(args.shutdown_timeout)
     await server.stop(1.0 if left else 0.0)
     return 0
 
 
+def route_worker(args: argparse.Namespace, link: WorkerLink) -> int:
+    """One worker process of ``route --workers N``."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
+    return asyncio.run(_route(args, link))
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     escape_log_records()  # log lines carry client- and server-supplied strings
-    return asyncio.run(_route(args))
+    if args.workers == 1:
+        return asyncio.run(_route(args))
+    config_from(args)  # a bad option fails once, before any worker starts
+    return Supervisor(route_worker, args, args.workers, [("http_port", "--http-port")]).run()

@@ -4,6 +4,10 @@ Shutdown drains: the first signal makes both servers refuse new calls (HTTP 503,
 UNAVAILABLE; health checks still answer, reporting draining), ends KV-event subscriptions with
 their terminal message, waits up to ``--shutdown-timeout`` seconds for the calls in flight
 (streams included) to finish, then stops and exits 0. A second signal stops at once.
+
+``--workers N`` serves from N processes sharing the ports (:mod:`tokenkeys.serving.workers`);
+generation must then be forwarded (``--engine``): a simulated engine per process would be N
+engines, each with its own prefix cache and KV events, behind one address.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -28,6 +33,8 @@ from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.server.assembly import EngineServer, ServeConfig
+from tokenkeys.server.runtime.config import new_instance_id
+from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
 from tokenkeys.terminal import escape_log_records
 
 log = logging.getLogger("tokenkeys.serve")
@@ -62,6 +69,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long calls in flight may take to finish (default 30)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve from N processes sharing the gRPC and HTTP ports (SO_REUSEPORT), one per "
+        "core; needs --engine HOST:PORT (the simulated engine's prefix cache and KV events "
+        "live in one process); default 1",
+    )
     add_limit_options(p)
     add_connection_options(p)
     keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
@@ -72,8 +88,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def serve_config(args: argparse.Namespace) -> ServeConfig:
-    """The serving configuration the options describe (checked before any model loads)."""
+def check_workers(args: argparse.Namespace) -> None:
+    """``--workers N``: a count in range, and generation that N processes can share."""
+    workers = getattr(args, "workers", 1)
+    check_worker_count(workers)
+    if workers > 1 and args.engine is None:
+        raise ConfigError(
+            f"--workers {workers} needs --engine HOST:PORT: the simulated engine keeps its "
+            "prefix cache and KV events in its process, so N processes would be N engines "
+            "behind one address. Run it as its own `tokenkeys serve` and forward to it, or "
+            "serve with --workers 1",
+            field="workers",
+        )
+
+
+def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> ServeConfig:
+    """The serving configuration the options describe (checked before any model loads).
+
+    ``reuse_port``: this process is one of several workers sharing the ports.
+    """
+    check_workers(args)
     if args.shutdown_timeout < 0:
         raise ConfigError("--shutdown-timeout must be >= 0", field="shutdown-timeout")
     limits = limits_from(args)
@@ -100,52 +134,60 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         tls=server_tls(args),
         tokens=tokens,
         auth_health=args.auth_health,
+        reuse_port=reuse_port,
         connections=connection_limits_from(args),
     )
 
 
-def _describe(server: EngineServer) -> None:
+def _description(server: EngineServer) -> list[str]:
     """What the server serves and how, one line each (tests and operators read them)."""
     config = server.config
-    for model in server.models:
-        print(
-            f"serving {model.name} (fingerprint {model.tokenizer.fingerprint}, "
-            f"backend {model.tokenizer.options.backend})",
-            flush=True,
-        )
+    lines = [
+        f"serving {model.name} (fingerprint {model.tokenizer.fingerprint}, "
+        f"backend {model.tokenizer.options.backend})"
+        for model in server.models
+    ]
     spec = config.cache_keys
     if spec is not None:
-        print(
+        lines.append(
             f"cache keys: {spec.profile_id}, hash unit {spec.hash_unit}, root "
-            f"{spec.root_derivation}, spec fingerprint {spec.fingerprint}",
-            flush=True,
+            f"{spec.root_derivation}, spec fingerprint {spec.fingerprint}"
         )
     else:
-        print("cache keys: no spec served (--cache-key-profile none)", flush=True)
+        lines.append("cache keys: no spec served (--cache-key-profile none)")
     assert server.runtime is not None
-    for line in server.runtime.describe():
-        print(line, flush=True)
+    lines += server.runtime.describe()
     if config.tls is not None:
         mutual = ", client certificates required" if config.tls.mutual else ""
-        print(f"TLS on gRPC and HTTP{mutual}", flush=True)
+        lines.append(f"TLS on gRPC and HTTP{mutual}")
     if config.tokens is not None:
         exempt = "" if config.auth_health else " (health checks exempt)"
         source = config.tokens.source
-        print(f"bearer-token authentication on, tokens from {source}{exempt}", flush=True)
-    print(f"gRPC listening on {config.host}:{server.grpc_port}", flush=True)
-    print(f"HTTP listening on {config.host}:{server.http_port}", flush=True)
+        lines.append(f"bearer-token authentication on, tokens from {source}{exempt}")
+    lines.append(f"gRPC listening on {config.host}:{server.grpc_port}")
+    lines.append(f"HTTP listening on {config.host}:{server.http_port}")
+    return lines
 
 
-async def _until_drained(server: EngineServer, timeout: float) -> None:
-    """Wait for SIGTERM/SIGINT, drain up to ``timeout`` s (a second signal cuts it short), stop."""
+async def _until_drained(
+    server: EngineServer, timeout: float, link: WorkerLink | None = None
+) -> None:
+    """Wait for SIGTERM/SIGINT, drain up to ``timeout`` s (a second signal cuts it short), stop.
+
+    A worker (``link``) hears SIGTERM only, from its supervisor, and drains as well when the
+    supervisor is gone.
+    """
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGTERM,) if link is not None else (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
+    if link is not None:
+        link.watch(lambda: signals.put_nowait(signal.SIGTERM))
+    who = f"worker {link.index} (pid {os.getpid()}) " if link is not None else ""
     received = await signals.get()
     print(
-        f"{signal.Signals(received).name}: draining {server.lifecycle.inflight} calls in flight, "
-        f"at most {timeout:g} s",
+        f"{who}{signal.Signals(received).name}: draining {server.lifecycle.inflight} calls in "
+        f"flight, at most {timeout:g} s",
         flush=True,
     )
     drain = asyncio.ensure_future(server.drain(timeout))
@@ -155,18 +197,28 @@ async def _until_drained(server: EngineServer, timeout: float) -> None:
     left = drain.result() if drain.done() else server.lifecycle.inflight
     drain.cancel()
     if left:
-        print(f"stopping with {left} calls still in flight (deadline or second signal)", flush=True)
+        print(
+            f"{who}stopping with {left} calls still in flight (deadline or second signal)",
+            flush=True,
+        )
     await server.stop(_STOP_GRACE if left else 0.0)
-    print("stopped", flush=True)
+    print(f"{who}stopped", flush=True)
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    config = serve_config(args)
+async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
+    config = serve_config(args, reuse_port=link is not None)
     models = local_models(args, config.limits, chat_options(args))
     server = await EngineServer(models, config).start()
-    _describe(server)
-    await _until_drained(server, args.shutdown_timeout)
+    announce(_description(server), link)
+    await _until_drained(server, args.shutdown_timeout, link)
     return 0
+
+
+def serve_worker(args: argparse.Namespace, link: WorkerLink) -> int:
+    """One worker process of ``serve --workers N``."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
+    return asyncio.run(_serve(args, link))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,4 +226,11 @@ def run(args: argparse.Namespace) -> int:
     escape_log_records()  # log lines carry client- and server-supplied strings
     # One line per request forwarded to a vLLM would drown the log (httpx logs at INFO).
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    return asyncio.run(_serve(args))
+    if args.workers == 1:
+        return asyncio.run(_serve(args))
+    # Checked here so a bad option fails once, before any worker starts.
+    serve_config(args)
+    # Per-process defaults fixed once, so every worker serves the same identity.
+    args.instance_id = args.instance_id or new_instance_id()
+    ports = [("grpc_port", "--grpc-port"), ("http_port", "--http-port")]
+    return Supervisor(serve_worker, args, args.workers, ports).run()

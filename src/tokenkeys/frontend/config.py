@@ -39,7 +39,8 @@ class HttpConfig:
       would spend seconds on, so both routes use this one default here.
     - ``limits``: request limits; ``max_request_bytes`` bounds an HTTP body (413 above it).
     - ``inline_bytes``: bodies up to this size are tokenized on the event loop; larger ones on
-      a worker thread so one big request does not stall the others.
+      a worker thread (``tokenizers`` releases the GIL), so encodes neither stall the other
+      requests nor the gRPC calls sharing the loop, and use a second core (bench_load).
     - ``auth``: bearer tokens every request must carry (None: no authentication);
       ``auth_health``: whether /health needs one too (default: exempt, for probes).
     """
@@ -48,7 +49,7 @@ class HttpConfig:
     detokenize_path: str = "/detokenize"
     default_max_tokens: int = 16
     limits: Limits = field(default_factory=Limits)
-    inline_bytes: int = 32_768
+    inline_bytes: int = 2048
     auth: BearerTokens | None = None
     auth_health: bool = False
 

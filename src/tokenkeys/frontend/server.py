@@ -55,13 +55,15 @@ class HttpServer:
         await self._task
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must be IPPROTO_TCP, not 0: asyncio only sets TCP_NODELAY on accepted sockets
     # whose proto says TCP (base_events._set_nodelay), and without it a response written as
     # head then body waits for the client's delayed ACK (~40 ms per request).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -78,18 +80,20 @@ async def start_http_server(
     *,
     log_level: str = "warning",
     tls: ServerTls | None = None,
+    reuse_port: bool = False,
     connections: ConnectionLimits | None = None,
 ) -> HttpServer:
     """Serve ``app`` on ``host:port`` (0 picks a free port) until :meth:`HttpServer.stop`.
 
     ``tls`` serves HTTPS (requiring client certificates when it names a client CA);
+    ``reuse_port`` binds with SO_REUSEPORT so that worker processes share the port;
     ``connections`` bounds headers, their timeout, idle time and connection counts (default:
     :class:`~tokenkeys.transport.limits.ConnectionLimits`' defaults).
     """
     connections = connections or ConnectionLimits()
     raise_descriptor_limit(connections.descriptors_needed)
     throttle_accept_errors(asyncio.get_running_loop())
-    sock = _bind(host, port)
+    sock = _bind(host, port, reuse_port)
     bound = sock.getsockname()[1]
     config = uvicorn.Config(
         app,

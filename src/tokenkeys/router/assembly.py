@@ -38,7 +38,8 @@ class RouteConfig:
     - ``host`` / ``http_port``: where the HTTP frontend listens (0 picks a free port; None: no
       HTTP frontend);
     - ``http``: the frontend's settings (default: the pools' request limits); ``tls``: HTTPS;
-      ``connections``: the HTTP face's connection caps and idle timeouts.
+    - ``reuse_port``: bind with SO_REUSEPORT (the workers of ``route --workers N`` share it);
+    - ``connections``: the HTTP face's connection caps and idle timeouts.
     """
 
     router: RouterConfig
@@ -46,6 +47,7 @@ class RouteConfig:
     http_port: int | None = None
     http: HttpConfig | None = None
     tls: ServerTls | None = None
+    reuse_port: bool = False
     connections: ConnectionLimits | None = None
 
     def http_config(self) -> HttpConfig:
@@ -94,7 +96,12 @@ class RouteServer:
         )
         config = self.config
         return await start_http_server(
-            self.app, config.host, port, tls=config.tls, connections=config.connections
+            self.app,
+            config.host,
+            port,
+            tls=config.tls,
+            reuse_port=config.reuse_port,
+            connections=config.connections,
         )
 
     def engine(self, model: str | None = None) -> RoutedEngine:

@@ -54,6 +54,8 @@ class ServeConfig:
       default profile);
     - ``http``: the frontend's settings (default: ``limits`` and the access settings below);
     - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces;
+    - ``reuse_port``: bind both ports with SO_REUSEPORT (the workers of ``serve --workers N``
+      each build a whole server and share the ports; :mod:`tokenkeys.serving.workers`);
     - ``connections``: connection caps and idle timeouts on both faces (default: the defaults).
     """
 
@@ -68,6 +70,7 @@ class ServeConfig:
     tls: ServerTls | None = None
     tokens: BearerTokens | None = None
     auth_health: bool = False
+    reuse_port: bool = False
     connections: ConnectionLimits | None = None
 
     def http_config(self) -> HttpConfig:
@@ -133,6 +136,7 @@ class EngineServer:
             config.limits,
             guards=guards,
             tls=config.tls,
+            reuse_port=config.reuse_port,
             connections=config.connections,
         )
 
@@ -142,7 +146,12 @@ class EngineServer:
         if self.runtime is not None:
             self.app.state.tokenkeys.metrics.include(self.runtime.metrics)
         return await start_http_server(
-            self.app, config.host, port, tls=config.tls, connections=config.connections
+            self.app,
+            config.host,
+            port,
+            tls=config.tls,
+            reuse_port=config.reuse_port,
+            connections=config.connections,
         )
 
     def begin_drain(self) -> None:

@@ -231,6 +231,9 @@ class TransformersBackend:
             ) from exc
         self._vocab_size = len(self._tok)
         self._num_special = self._tok.num_special_tokens_to_add(pair=False)
+        # Every call sets the shared Rust tokenizer's truncation (on or off) before it encodes,
+        # so two calls on worker threads (large requests encode off the event loop) could
+        # encode with each other's settings, or fail with "Already borrowed": one at a time.
         self._lock = threading.Lock()
 
     def vocab_size(self) -> int:
@@ -247,7 +250,7 @@ class TransformersBackend:
         kwargs = {}
         if truncation is not None:
             kwargs = {"truncation": True, "max_length": truncation.max_tokens}
-        with self._truncation_side(truncation):
+        with self._lock, self._truncation_side(truncation):
             out = self._tok(
                 list(texts),
                 add_special_tokens=add_special_tokens,
@@ -264,17 +267,16 @@ class TransformersBackend:
 
     @contextlib.contextmanager
     def _truncation_side(self, truncation: Truncation | None) -> Iterator[None]:
-        """transformers reads the side from the shared tokenizer: set it under a lock."""
+        """transformers reads the side from the shared tokenizer: set it (under the lock)."""
         if truncation is None:
             yield
             return
-        with self._lock:
-            saved = self._tok.truncation_side
-            self._tok.truncation_side = truncation.side
-            try:
-                yield
-            finally:
-                self._tok.truncation_side = saved
+        saved = self._tok.truncation_side
+        self._tok.truncation_side = truncation.side
+        try:
+            yield
+        finally:
+            self._tok.truncation_side = saved
 
     def num_special_tokens(self) -> int:
         return self._num_special

@@ -22,9 +22,13 @@ from tokenkeys.tokenizer.proto import nul_from_proto, truncation_from_proto
 
 pb = tokenizer_pb2
 
-# Above this many characters a Tokenize call runs on a worker thread so one large request does
-# not stall the event loop; below it the thread hop would cost more than the encode.
-_INLINE_CHARS = 32_768
+# Above this many characters (about 500 tokens) a Tokenize call encodes on a worker thread.
+# gRPC and HTTP share the event loop, and a gRPC call needs several loop turns (its completion
+# queue reaches the loop through a poller thread), so encodes run on the loop made gRPC wait
+# behind every HTTP encode: p50 0.97 s against HTTP's 0.04 s under the bench_load mix. `tokenizers`
+# releases the GIL while it encodes, so off the loop both protocols keep their latency and a
+# second core encodes too (bench/bench_load.py). Below this size the hop costs more than it saves.
+_INLINE_CHARS = 2048
 
 
 class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
