@@ -135,12 +135,13 @@ def test_stop_token_ids_are_honoured(client) -> None:
     assert answer["usage"]["completion_tokens"] == 1
 
 
-def test_over_max_model_len_is_413_even_when_streaming(client) -> None:
+def test_over_max_model_len_is_400_even_when_streaming(client) -> None:
     for stream in (False, True):
         body = {"prompt": "x", "max_tokens": 4096, "stream": stream}
         response = client.post("/v1/completions", json=body)
-        assert response.status_code == 413, response.text
-        assert "max_model_len" in response.json()["error"]["message"]
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "max_tokens"
+        assert "max_model_len=2048" in response.json()["error"]["message"]
 
 
 # --- chat ---

@@ -125,6 +125,76 @@ def test_chat_answers_carry_the_prompt_ids_at_the_top_and_in_the_first_chunk(ser
     assert all(c.model_extra.get("prompt_token_ids") is None for c in chunks[1:])
 
 
+# --- 3. context overflow is vLLM's 400 -----------------------------------------------------------
+
+
+def _refused(call, param: str) -> str:
+    with pytest.raises(openai.BadRequestError) as raised:
+        call()
+    error = raised.value.body
+    assert raised.value.status_code == 400 and raised.value.type == "BadRequestError"
+    assert error["param"] == param, error
+    return error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_budget_over_the_context_is_a_bad_request(server, stream) -> None:
+    # vllm/renderers/params.py (0.32) TokenizeParams.__post_init__: the message names the field.
+    message = _refused(
+        lambda: server.openai.completions.create(
+            model="smollm2", prompt="x", max_tokens=MAX_MODEL_LEN + 1, stream=stream
+        ),
+        "max_tokens",
+    )
+    assert message == (
+        f"max_tokens={MAX_MODEL_LEN + 1} cannot be greater than max_model_len={MAX_MODEL_LEN}. "
+        "Please request fewer output tokens."
+    )
+    message = _refused(
+        lambda: server.openai.chat.completions.create(
+            model="smollm2", messages=USER, max_completion_tokens=MAX_MODEL_LEN + 1
+        ),
+        "max_completion_tokens",
+    )
+    assert message.startswith(f"max_completion_tokens={MAX_MODEL_LEN + 1} cannot be greater")
+
+
+def test_a_prompt_over_the_context_is_a_bad_request(server) -> None:
+    prompt = "word " * (MAX_MODEL_LEN + 10)
+    count = len(server.count({"prompt": prompt}))
+    message = _refused(
+        lambda: server.openai.completions.create(model="smollm2", prompt=prompt, max_tokens=1),
+        "input_tokens",
+    )
+    # vllm/renderers/params.py (0.32) TokenizeParams._token_len_check.
+    assert message == (
+        f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your prompt "
+        f"contains {count} input tokens, which exceeds this limit even without any output "
+        "tokens. Please reduce the length of the input prompt."
+    )
+
+
+def test_a_prompt_filling_the_context_leaves_no_output_budget(server) -> None:
+    # vllm/entrypoints/serve/utils/api_utils.py get_max_tokens gives 0, which SamplingParams
+    # refuses (vllm/sampling_params.py, 0.32).
+    ids = [28] * MAX_MODEL_LEN
+    message = _refused(
+        lambda: server.openai.completions.create(model="smollm2", prompt=ids, max_tokens=4),
+        "max_tokens",
+    )
+    assert message == "max_tokens must be at least 1, got 0."
+
+
+def test_a_prompt_that_fits_gets_the_rest_of_the_context(server) -> None:
+    # get_max_tokens (0.32) caps the output at max_model_len - prompt instead of refusing.
+    ids = [28] * (MAX_MODEL_LEN - 3)
+    answer = server.openai.completions.create(
+        model="smollm2", prompt=ids, max_tokens=50, extra_body={"ignore_eos": True}
+    )
+    assert answer.usage.completion_tokens == 3
+    assert answer.choices[0].finish_reason == "length"
+
+
 # --- 7. answers a retry cannot change are not retried ------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ from tokenkeys.engine.core import GenerateOutput, GenerationParams
 from tokenkeys.engine.usage import Usage
 from tokenkeys.errors import TokenkeysError
 from tokenkeys.keys import KeyContext
+from tokenkeys.server.http.context_window import fit
 from tokenkeys.server.models import ServedModel
 
 
@@ -38,20 +40,30 @@ def eos_ids(model: ServedModel) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class EngineCall:
-    """How one request's prompts run on its model's engine: parameters, key context, adapter."""
+    """How one request's prompts run on its model's engine: parameters, key context, adapter.
+
+    ``max_model_len`` is the engine's context length when it states one: each prompt's output
+    budget is then fitted to it as vLLM fits it (:mod:`~tokenkeys.server.http.context_window`).
+    """
 
     engine: Any
     params: GenerationParams
     context: KeyContext | None = None
     lora_name: str | None = None
+    max_model_len: int | None = None
+
+    def check(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Refuse the request (400) when a prompt does not fit, before anything is generated."""
+        for prompt in prompts:
+            fit(len(prompt), self.params.max_tokens, self.max_model_len)
 
     def open(self, prompt: Sequence[int]) -> AsyncIterator[GenerateOutput]:
         """The engine's output stream for one prompt."""
+        budget = fit(len(prompt), self.params.max_tokens, self.max_model_len)
+        params = dataclasses.replace(self.params, max_tokens=budget)
         if self.lora_name is None:
-            return self.engine.generate(list(prompt), self.params, self.context)
-        return self.engine.generate(
-            list(prompt), self.params, self.context, lora_name=self.lora_name
-        )
+            return self.engine.generate(list(prompt), params, self.context)
+        return self.engine.generate(list(prompt), params, self.context, lora_name=self.lora_name)
 
     async def run(self, prompt: Sequence[int]) -> Generated:
         """Run one prompt to the end."""

@@ -4,7 +4,8 @@ Both routes take their prompt ids from the model's one Preprocessor (``tokenize_
 ``tokenize_chat``), the same calls /tokenize makes, and report the engine's usage; so
 ``usage.prompt_tokens`` is by construction what /tokenize counts. Order of checks: body shape
 (400), model (404; a LoRA adapter's name selects its base model and the adapter), generation
-options (501), prompt (400/413/501), engine (400/413).
+options (501), requested output over the context (400), prompt (400/413/501), prompt over the
+context (400, :mod:`~tokenkeys.server.http.context_window`), engine (400/413).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tokenkeys.server.http.schemas import ChatCompletionRequest, CompletionReque
 from tokenkeys.server.http.shapes import ChatShape, CompletionShape
 from tokenkeys.server.http.state import (
     AppState,
+    engine_context,
     engine_of,
     preprocess,
     resolve_model,
@@ -60,8 +62,9 @@ def _call(state: AppState, model: ServedModel, body: dict[str, Any], lora: str |
     refused = sampling.unsupported_option(body)
     if refused is not None:
         raise Unsupported(refused[1], field=refused[0])
-    options = sampling.sampling_of(body, state.config.default_max_tokens, eos_ids(model))
-    return EngineCall(engine, options.params, key_context(body), lora), options
+    limit = engine_context(model)
+    options = sampling.sampling_of(body, state.config.default_max_tokens, eos_ids(model), limit)
+    return EngineCall(engine, options.params, key_context(body), lora, limit), options
 
 
 async def completions(request: Request) -> Response:
@@ -74,6 +77,7 @@ async def completions(request: Request) -> Response:
     call, options = _call(state, model, body, lora)
     prompts = await preprocess(state, len(raw), model.preprocessor.tokenize_completion, body)
     ids = [p.ids for p in prompts]
+    call.check(ids)
     name = lora or model.name
     shape = CompletionShape("cmpl", name, options.include_usage, options.return_token_ids)
     if options.stream:
@@ -98,6 +102,7 @@ async def chat_completions(request: Request) -> Response:
     call, options = _call(state, model, body, lora)
     chat = await preprocess(state, len(raw), model.preprocessor.tokenize_chat, body)
     ids = chat.tokens.ids
+    call.check([ids])
     name = lora or model.name
     shape = ChatShape("chatcmpl", name, options.include_usage, options.return_token_ids)
     if options.stream:

@@ -19,6 +19,7 @@ from typing import Any
 
 from tokenkeys.engine.core import GenerationParams
 from tokenkeys.errors import InvalidArgument
+from tokenkeys.server.http.context_window import check_requested
 
 
 def _set(value: Any) -> bool:
@@ -126,15 +127,22 @@ class Sampling:
 
 
 def sampling_of(
-    request: Mapping[str, Any], default_max_tokens: int, eos_ids: tuple[int, ...]
+    request: Mapping[str, Any],
+    default_max_tokens: int,
+    eos_ids: tuple[int, ...],
+    max_model_len: int | None = None,
 ) -> Sampling:
     """Engine parameters of a validated request.
 
     ``max_completion_tokens`` (chat) wins over ``max_tokens``; unset, ``default_max_tokens``.
-    Generation stops at the tokenizer's EOS ids unless ``ignore_eos``, and at the request's
-    ``stop_token_ids`` always, as vLLM does.
+    A requested budget over ``max_model_len`` is a 400 naming the field, as in vLLM
+    (:func:`~tokenkeys.server.http.context_window.check_requested`). Generation stops at the
+    tokenizer's EOS ids unless ``ignore_eos``, and at the request's ``stop_token_ids`` always,
+    as vLLM does.
     """
-    max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
+    field = "max_completion_tokens" if request.get("max_completion_tokens") else "max_tokens"
+    max_tokens = request.get(field)
+    check_requested(max_tokens, field, max_model_len)
     if max_tokens is None:
         max_tokens = default_max_tokens
     stop_ids = tuple(request.get("stop_token_ids") or ())

@@ -86,12 +86,18 @@ def resolve_model(models: ModelRegistry, name: str | None) -> tuple[ServedModel,
         raise
 
 
-def max_model_len_of(model: ServedModel) -> int:
-    """The context length to report: the engine's, else the tokenizer's, else 0 (unknown)."""
+def engine_context(model: ServedModel) -> int | None:
+    """The context length the model's engine states, or None (no engine, or it states none)."""
     engine = model.extensions.get(ENGINE_KEY)
     limit = getattr(engine, "max_model_len", None)
     if limit is None:
         limit = getattr(getattr(engine, "engine", None), "max_model_len", None)
+    return limit
+
+
+def max_model_len_of(model: ServedModel) -> int:
+    """The context length to report: the engine's, else the tokenizer's, else 0 (unknown)."""
+    limit = engine_context(model)
     if limit is None:
         limit = model.tokenizer.specials.model_max_length
     return int(limit or 0)
