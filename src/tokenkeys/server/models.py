@@ -16,8 +16,9 @@ class ServedModel:
     """One served model: its name, tokenizer and the Preprocessor every path shares.
 
     ``aliases`` are further names requests may use for it (vLLM's ``--served-model-name A B``:
-    every name is served, answers carry the first, ``name``). ``extensions`` holds per-model parts that later layers attach (cache-key spec, engine),
-    keyed by their owner's name, so this module does not depend on them.
+    every name is served, answers carry the first, ``name``). ``extensions`` holds per-model
+    parts that later layers attach (cache-key spec, engine), keyed by their owner's name, so
+    this module does not depend on them.
     """
 
     name: str

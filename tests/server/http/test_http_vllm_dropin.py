@@ -14,10 +14,13 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokenkeys.server.loading import ModelSource
-from tokenkeys.tokenizer import default_tokenizer_path
+from tokenkeys.errors import ConfigError
+from tokenkeys.limits import Limits
+from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path
 
 from http_support import HttpServerThread, attach_engines, registry
+from served import Served
 
 MAX_MODEL_LEN = 256
 USER = [{"role": "user", "content": "Bonjour! 東京 🎌"}]
@@ -193,6 +196,53 @@ def test_a_prompt_that_fits_gets_the_rest_of_the_context(server) -> None:
     )
     assert answer.usage.completion_tokens == 3
     assert answer.choices[0].finish_reason == "length"
+
+
+# --- 4. served model names as vLLM's --served-model-name ---------------------------------------
+
+
+def test_a_hugging_face_id_is_a_served_name(tmp_path) -> None:
+    folder = default_tokenizer_path()
+    assert ModelSource.parse(f"HuggingFaceTB/SmolLM2-135M-Instruct={folder}") == ModelSource(
+        "HuggingFaceTB/SmolLM2-135M-Instruct", folder
+    )
+    # A folder whose path holds '=' is still a folder, not NAME=DIR.
+    odd = tmp_path / "a=b"
+    odd.mkdir()
+    assert ModelSource.parse(str(odd)) == ModelSource("a=b", odd)
+
+
+def test_several_names_serve_one_model_and_answers_carry_the_first() -> None:
+    source = ModelSource("org/first", default_tokenizer_path()).named(["org/first", "second"])
+    models = load_models([source], TokenizerOptions(), Limits())
+    assert models.get("second") is models.get("org/first")
+    assert models.names == ["org/first"]
+    with pytest.raises(ConfigError, match="served twice"):
+        twice = [source, ModelSource("second", default_tokenizer_path())]
+        load_models(twice, TokenizerOptions(), Limits())
+
+
+def test_serve_with_served_model_names_answers_like_vllm() -> None:
+    # vllm/config/model.py get_served_model_name and vllm/entrypoints/openai/models/serving.py
+    # (0.32): every name is listed and accepted; model_name() answers with the first.
+    names = ["HuggingFaceTB/SmolLM2-135M-Instruct", "smol"]
+    with Served("--served-model-name", *names) as served:
+        client = openai.OpenAI(base_url=f"http://{served.http_address}/v1", api_key="none")
+        with client:
+            assert [m.id for m in client.models.list()] == names
+            answer = client.chat.completions.create(model="smol", messages=USER, max_tokens=2)
+            assert answer.model == names[0]
+            with pytest.raises(openai.NotFoundError) as missing:
+                client.completions.create(model="other", prompt="x", max_tokens=1)
+            assert missing.value.body["param"] == "model"
+            assert all(name in missing.value.body["message"] for name in names)
+
+
+def test_served_model_name_with_several_folders_is_refused() -> None:
+    folder = str(default_tokenizer_path())
+    served = Served("--model", f"a={folder}", "--model", f"b={folder}", "--served-model-name", "x")
+    assert served.wait(60) == 2
+    assert any("--served-model-name names one model" in line for line in served.errors)
 
 
 # --- 7. answers a retry cannot change are not retried ------------------------------------------
