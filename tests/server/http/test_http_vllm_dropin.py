@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from served import Served
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
@@ -20,7 +21,6 @@ from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path
 
 from http_support import HttpServerThread, attach_engines, registry
-from served import Served
 
 MAX_MODEL_LEN = 256
 USER = [{"role": "user", "content": "Bonjour! 東京 🎌"}]
