@@ -25,6 +25,7 @@ from tokenkeys.server.http.config import DETOKENIZE_PATH_ENV, TOKENIZE_PATH_ENV,
 from tokenkeys.server.lifecycle import Lifecycle
 from tokenkeys.server.loading import ModelSource
 from tokenkeys.server.models import ModelRegistry
+from tokenkeys.tokenizer import TOKEN_STRS
 from tokenkeys.tokenizer.chat_template import RenderLimits
 
 # vLLM's load_chat_template treats a value with any of these characters as the template itself.
@@ -60,6 +61,13 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "string", "openai"),
         default="auto",
         help="how message content reaches the template (default: detected from the template)",
+    )
+    parser.add_argument(
+        "--token-strs",
+        choices=TOKEN_STRS,
+        default="decoded",
+        help="how /tokenize spells token_strs: each token's decoded text (' world', default) or "
+        "its vocabulary entry ('Ġworld', as vLLM); a request's token_strs_kind wins",
     )
     parser.add_argument(
         "--tokenize-path",
@@ -165,6 +173,7 @@ def http_config(
         limits=limits,
         auth=auth,
         auth_health=bool(getattr(args, "auth_health", False)),
+        token_strs=getattr(args, "token_strs", "decoded"),
     )
 
 

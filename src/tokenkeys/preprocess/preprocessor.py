@@ -17,7 +17,7 @@ from tokenkeys.limits import Limits
 from tokenkeys.preprocess import completion
 from tokenkeys.preprocess.chat import ChatOptions, ChatPrologue
 from tokenkeys.preprocess.prompt_options import optional_flag
-from tokenkeys.tokenizer import Tokenizer, Truncation
+from tokenkeys.tokenizer import Tokenizer, TokenStrs, Truncation
 from tokenkeys.tokenizer.specials import template_special_tokens
 
 
@@ -88,10 +88,14 @@ class Preprocessor:
         truncation: Truncation | None = None,
         nul: str | None = None,
         offsets: bool = False,
-        token_strs: bool = False,
+        token_strs: bool | TokenStrs = False,
         field_name: str = "texts",
     ) -> list[Tokenized]:
-        """Encode bare prompts exactly as /v1/completions sends them to the engine."""
+        """Encode bare prompts exactly as /v1/completions sends them to the engine.
+
+        ``token_strs`` asks for each token's string: ``True`` or ``"decoded"`` for its text in
+        context, ``"vocabulary"`` for its vocabulary entry (:meth:`Tokenizer.token_strs`).
+        """
         limits = self.limits
         limits.check_count(field_name, len(texts))
         if nul not in (None, "keep", "strip"):
@@ -119,12 +123,17 @@ class Preprocessor:
                 spans = [
                     (index_map[s], index_map[e - 1] + 1) if e > s else (s, e) for s, e in spans
                 ]
-            strs = self.tokenizer.token_strs(enc.ids) if token_strs else None
+            strs = self._strs(enc.ids, token_strs)
             results.append(Tokenized(enc.ids, strs, spans))
         return results
 
+    def _strs(self, ids: list[int], token_strs: bool | TokenStrs) -> list[str] | None:
+        if not token_strs:
+            return None
+        return self.tokenizer.token_strs(ids, "decoded" if token_strs is True else token_strs)
+
     def tokenize_completion(
-        self, request: Mapping[str, Any], *, token_strs: bool = False
+        self, request: Mapping[str, Any], *, token_strs: bool | TokenStrs = False
     ) -> list[Tokenized]:
         """The prompts of a completion request (OpenAI/vLLM body as a dict) as the engine gets them.
 
@@ -150,17 +159,14 @@ class Preprocessor:
         id_prompts = [list(p) for p in prompts]  # type: ignore[arg-type]
         self.limits.check_sequences("prompt", [len(p) for p in id_prompts])
         self.tokenizer.check_ids(id_prompts, field="prompt")
-        return [
-            Tokenized(ids, self.tokenizer.token_strs(ids) if token_strs else None)
-            for ids in id_prompts
-        ]
+        return [Tokenized(ids, self._strs(ids, token_strs)) for ids in id_prompts]
 
     def tokenize_chat(
         self,
         request: Mapping[str, Any],
         *,
         add_special_tokens: bool | None = None,
-        token_strs: bool = False,
+        token_strs: bool | TokenStrs = False,
     ) -> ChatTokenized:
         """Render a chat request (OpenAI/vLLM body as a dict) and encode it.
 

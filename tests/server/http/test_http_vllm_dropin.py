@@ -17,6 +17,7 @@ from served import Served
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
+from tokenkeys.server.http import HttpConfig
 from tokenkeys.server.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path
 
@@ -243,6 +244,45 @@ def test_served_model_name_with_several_folders_is_refused() -> None:
     served = Served("--model", f"a={folder}", "--model", f"b={folder}", "--served-model-name", "x")
     assert served.wait(60) == 2
     assert any("--served-model-name names one model" in line for line in served.errors)
+
+
+# --- 6. token_strs: decoded text by default, vocabulary spellings on request --------------------
+
+
+def _strs(http: httpx.Client, **extra: object) -> list[str]:
+    body = {"prompt": "Hello world, this is tokenkeys", "return_token_strs": True, **extra}
+    answer = http.post("/tokenize", json=body)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["token_strs"]
+
+
+def test_token_strs_are_decoded_text_unless_vocabulary_spellings_are_asked(server) -> None:
+    from transformers import AutoTokenizer  # the spellings vLLM's /tokenize returns
+
+    reference = AutoTokenizer.from_pretrained(str(default_tokenizer_path()))
+    ids = server.count({"prompt": "Hello world, this is tokenkeys"})
+    decoded = _strs(server.http)
+    assert "".join(decoded) == "Hello world, this is tokenkeys" and " world" in decoded
+    # vllm/entrypoints/serve/tokenize/serving.py (0.32): tokenizer.convert_ids_to_tokens(ids).
+    vocabulary = _strs(server.http, token_strs_kind="vocabulary")
+    assert vocabulary == reference.convert_ids_to_tokens(ids) and "Ġworld" in vocabulary
+    chat = server.http.post(
+        "/tokenize",
+        json={"messages": USER, "return_token_strs": True, "token_strs_kind": "vocabulary"},
+    ).json()
+    assert chat["token_strs"] == reference.convert_ids_to_tokens(chat["tokens"])
+    refused = server.http.post("/tokenize", json={"prompt": "x", "token_strs_kind": "bytes"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "token_strs_kind"
+
+
+def test_the_server_option_sets_the_default_spelling() -> None:
+    models = registry(ModelSource("smollm2", default_tokenizer_path()), engines=False)
+    config = HttpConfig(token_strs="vocabulary")
+    with HttpServerThread(models, config) as thread, httpx.Client(base_url=thread.url) as http:
+        assert "Ġworld" in _strs(http)
+        assert " world" in _strs(http, token_strs_kind="decoded")
+    with pytest.raises(ConfigError, match="token_strs"):
+        HttpConfig(token_strs="spellings")  # type: ignore[arg-type]
 
 
 # --- 7. answers a retry cannot change are not retried ------------------------------------------

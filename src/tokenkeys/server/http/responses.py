@@ -22,7 +22,9 @@ class TokenizeResponse(_Out):
     max_model_len: int
     tokens: list[int]
     token_strs: list[str] | None = Field(
-        None, description="each token's decoded text in context (' world', not 'Ġworld')"
+        None,
+        description="each token's decoded text in context (' world'), or with token_strs_kind "
+        "'vocabulary' its vocabulary entry ('Ġworld')",
     )
 
 

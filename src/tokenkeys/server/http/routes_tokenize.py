@@ -3,9 +3,10 @@
 /tokenize calls exactly what the generation routes call (``tokenize_completion`` for a bare
 prompt, ``tokenize_chat`` for messages), so ``count`` is the ``usage.prompt_tokens`` the same
 request would produce. Request shapes are vLLM's (``vllm/entrypoints/serve/tokenize/``,
-0.33-era ``main``); ``token_strs`` are decoded texts in context rather than vLLM's
+0.33-era ``main``). ``token_strs`` are by default decoded texts in context rather than vLLM's
 ``convert_ids_to_tokens`` spellings, because those depend on the backend (``Ġworld`` vs
-``▁world``) while the text is what the engine reads.
+``▁world``) while the text is what the engine reads; ``--token-strs vocabulary`` or the
+request's ``token_strs_kind: "vocabulary"`` gives vLLM's spellings.
 """
 
 from __future__ import annotations
@@ -33,16 +34,19 @@ from tokenkeys.server.http.schemas import (
 )
 from tokenkeys.server.http.state import max_model_len_of, preprocess, resolve_model, state_of
 from tokenkeys.server.models import ServedModel
+from tokenkeys.tokenizer import TokenStrs
 
 # tokenizer_config.json keys vLLM drops from /tokenizer_info (file names of the slow tokenizer).
 _HIDDEN_CONFIG_KEYS = ("vocab_file", "merges_file")
 
 
-def tokenize_body(model: ServedModel, body: dict[str, Any], token_strs: bool) -> Tokenized:
+def tokenize_body(
+    model: ServedModel, body: dict[str, Any], token_strs: TokenStrs | None
+) -> Tokenized:
     """The tokens of a /tokenize body: the generation path's own Preprocessor call."""
     if "messages" in body:
-        return model.preprocessor.tokenize_chat(body, token_strs=token_strs).tokens
-    return model.preprocessor.tokenize_completion(body, token_strs=token_strs)[0]
+        return model.preprocessor.tokenize_chat(body, token_strs=token_strs or False).tokens
+    return model.preprocessor.tokenize_completion(body, token_strs=token_strs or False)[0]
 
 
 async def tokenize(request: Request) -> Response:
@@ -65,8 +69,10 @@ async def tokenize(request: Request) -> Response:
             field="prompt",
         )
     model, _ = resolve_model(state.models, body.get("model"))  # an adapter counts as its base
-    want_strs = body.get("return_token_strs") is True
-    result = await preprocess(state, len(raw), tokenize_body, model, body, want_strs)
+    strs = None
+    if body.get("return_token_strs") is True:
+        strs = body.get("token_strs_kind") or state.config.token_strs
+    result = await preprocess(state, len(raw), tokenize_body, model, body, strs)
     state.metrics.prompt_tokens.labels(model.name, "tokenize").inc(result.count)
     return json_response(
         {

@@ -17,12 +17,19 @@ change the result and are not applied (see :mod:`tokenkeys.server.http.sampling`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Json = dict[str, Any]
 TokenId = int
+TokenStrsKind = Literal["decoded", "vocabulary"] | None
+TOKEN_STRS_KIND = Field(
+    None,
+    description="how token_strs are spelled: 'decoded' (each token's text in context, ' world') "
+    "or 'vocabulary' (its vocabulary entry, 'Ġworld', as vLLM); unset: the server's "
+    "--token-strs",
+)
 
 
 class _Request(BaseModel):
@@ -43,8 +50,9 @@ class TokenizeCompletionRequest(_Request):
         "(GET /tokenizer_info reports it as add_special_tokens)",
     )
     return_token_strs: bool | None = Field(
-        False, description="also return each token's decoded text in context"
+        False, description="also return token_strs, one string per token"
     )
+    token_strs_kind: TokenStrsKind = TOKEN_STRS_KIND
 
 
 class _ChatFields(_Request):
@@ -70,6 +78,7 @@ class TokenizeChatRequest(_ChatFields):
     """``/tokenize`` for a conversation: the ids /v1/chat/completions would send the engine."""
 
     return_token_strs: bool | None = False
+    token_strs_kind: TokenStrsKind = TOKEN_STRS_KIND
 
 
 class DetokenizeRequest(_Request):
