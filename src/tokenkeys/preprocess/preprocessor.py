@@ -15,7 +15,12 @@ from typing import Any
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import completion
-from tokenkeys.preprocess.chat import ChatOptions, ChatPrologue
+from tokenkeys.preprocess.chat import (
+    REUSED_IDS_FIELD,
+    ChatOptions,
+    ChatPrologue,
+    reused_prompt_ids,
+)
 from tokenkeys.preprocess.prompt_options import optional_flag
 from tokenkeys.tokenizer import Tokenizer, TokenStrs, Truncation
 from tokenkeys.tokenizer.specials import template_special_tokens
@@ -49,9 +54,12 @@ def _strip_nul(text: str) -> tuple[str, list[int] | None]:
 
 @dataclass(frozen=True, slots=True)
 class ChatTokenized:
-    """A rendered chat: the prompt text the template produced and its tokens."""
+    """A rendered chat: the prompt text the template produced and its tokens.
 
-    prompt: str
+    ``prompt`` is None when the request carried its ids (token-in chat: nothing rendered).
+    """
+
+    prompt: str | None
     tokens: Tokenized
 
 
@@ -176,13 +184,22 @@ class Preprocessor:
         The chat prologue (content parts, tool calls, template kwargs defaults, template
         selection) and the 501 checks for what generation cannot do exactly all live in
         :class:`~tokenkeys.preprocess.chat.ChatPrologue`; both /v1/chat/completions and
-        /tokenize call this one method, so they cannot disagree.
+        /tokenize call this one method, so they cannot disagree. A request carrying
+        ``kv_transfer_params.prompt_token_ids`` is validated the same way, then served those
+        ids unrendered, as vLLM 0.32 serves them
+        (:func:`~tokenkeys.preprocess.chat.reused_prompt_ids`).
         """
         messages = request.get("messages") if isinstance(request, Mapping) else None
         if isinstance(messages, list):
             # Before rendering: a conversation over the limit costs no template work.
             self.limits.check_messages("messages", len(messages))
-        prompt = self.chat.render(self.chat.prepare(request))
+        chat = self.chat.prepare(request)
+        reused = reused_prompt_ids(request)
+        if reused is not None:
+            self.limits.check_sequences(REUSED_IDS_FIELD, [len(reused)])
+            self._check_vocabulary(reused)
+            return ChatTokenized(None, Tokenized(reused, self._strs(reused, token_strs)))
+        prompt = self.chat.render(chat)
         if add_special_tokens is None:
             add_special_tokens = optional_flag(request, "add_special_tokens")
         if add_special_tokens is None:
@@ -194,6 +211,12 @@ class Preprocessor:
             field_name="messages",
         )[0]
         return ChatTokenized(prompt, result)
+
+    def _check_vocabulary(self, ids: list[int]) -> None:
+        # vLLM's BaseRenderer.validate_token_ids message and parameter (0.32).
+        top = max(ids)
+        if top >= self.tokenizer.vocab_size:
+            raise InvalidArgument(f"Token id {top} is out of vocabulary", field=REUSED_IDS_FIELD)
 
     def detokenize(
         self,

@@ -129,6 +129,160 @@ def test_chat_answers_carry_the_prompt_ids_at_the_top_and_in_the_first_chunk(ser
     assert all(c.model_extra.get("prompt_token_ids") is None for c in chunks[1:])
 
 
+# --- 2. token-in chat, and the fields beside it ------------------------------------------------
+
+
+def _token_in(ids: object, **extra: object) -> dict:
+    return {"kv_transfer_params": {"prompt_token_ids": ids}, **extra}
+
+
+def test_chat_serves_kv_transfer_prompt_token_ids_instead_of_rendering(server) -> None:
+    # vllm/renderers/online_renderer.py (0.32) _reused_prompt_token_ids: the ids replace
+    # templating and tokenization; the messages are still validated, and may be empty.
+    ids = server.count({"prompt": "Reused prompt ids from a prefill stage"})
+    answer = server.openai.chat.completions.create(
+        model="smollm2",
+        messages=[],
+        max_tokens=2,
+        extra_body={**_token_in(ids), "return_token_ids": True},
+    )
+    assert answer.prompt_token_ids == ids
+    assert answer.usage.prompt_tokens == len(ids)
+    # /tokenize takes the one path: it counts what generation served.
+    assert server.count({"messages": USER, **_token_in(ids)}) == ids
+    # echo makes vLLM render the messages instead (generation refuses echo here: 501).
+    assert server.count({"messages": USER, **_token_in(ids), "echo": True}) == server.count(
+        {"messages": USER}
+    )
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ([], "must be a non-empty list of non-negative integers"),
+        ([1, -2], "must be a non-empty list of non-negative integers"),
+        ([1, True], "must be a non-empty list of non-negative integers"),
+        ("1 2", "must be a non-empty list of non-negative integers"),
+        ([1, 10**9], "Token id 1000000000 is out of vocabulary"),
+    ],
+)
+def test_bad_reused_ids_are_refused_as_vllm_refuses_them(server, ids, message) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        server.openai.chat.completions.create(
+            model="smollm2", messages=USER, max_tokens=2, extra_body=_token_in(ids)
+        )
+    assert message in raised.value.body["message"]
+    assert raised.value.body["param"] == "kv_transfer_params.prompt_token_ids"
+    counted = server.http.post("/tokenize", json={"messages": USER, **_token_in(ids)})
+    assert counted.status_code == 400 and message in counted.json()["error"]["message"]
+
+
+def test_other_kv_transfer_params_and_top_level_prompt_ids_are_501(server) -> None:
+    with pytest.raises(openai.InternalServerError) as raised:
+        server.openai.chat.completions.create(
+            model="smollm2",
+            messages=USER,
+            max_tokens=2,
+            extra_body={"kv_transfer_params": {"prompt_token_ids": [1], "do_remote_prefill": 1}},
+        )
+    assert raised.value.status_code == 501
+    assert raised.value.body["param"] == "kv_transfer_params"
+    # Completions never read ids from kv_transfer_params in vLLM 0.32: all of it is transfer.
+    completion = server.http.post("/v1/completions", json={"prompt": "x", **_token_in([1])})
+    assert completion.status_code == 501
+    # A top-level prompt_token_ids is ignored by vLLM 0.32's chat (an extra field); here it
+    # is refused, on both paths, rather than silently counting the messages.
+    for path in ("/v1/chat/completions", "/tokenize"):
+        answer = server.http.post(path, json={"messages": USER, "prompt_token_ids": [1, 2]})
+        assert answer.status_code == 501, answer.text
+        assert "kv_transfer_params.prompt_token_ids" in answer.json()["error"]["message"]
+
+
+def test_request_id_and_prompt_text_as_vllm_returns_them(server) -> None:
+    answer = server.openai.chat.completions.create(
+        model="smollm2",
+        messages=USER,
+        max_tokens=2,
+        extra_body={"request_id": "abc", "return_prompt_text": True},
+    )
+    assert answer.id == "chatcmpl-abc"
+    assert answer.prompt_text.startswith("<|im_start|>") and "Bonjour" in answer.prompt_text
+    header = server.openai.completions.create(
+        model="smollm2",
+        prompt="x",
+        max_tokens=1,
+        extra_body={"request_id": "body"},
+        extra_headers={"X-Request-Id": "header"},
+    )
+    assert header.id == "cmpl-header"  # vLLM's _base_request_id: the header wins
+    chunks = list(
+        server.openai.chat.completions.create(
+            model="smollm2",
+            messages=USER,
+            max_tokens=2,
+            stream=True,
+            extra_body={"return_prompt_text": True},
+        )
+    )
+    assert chunks[0].prompt_text == answer.prompt_text
+    assert all(c.model_extra.get("prompt_text") is None for c in chunks[1:])
+
+
+# --- 5. requests vLLM refuses are refused, by generation and /tokenize alike --------------------
+
+ASSISTANT_CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get", "arguments": {"a": 1}}}
+    ],
+}
+TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"messages": [*USER, ASSISTANT_CALL]}, "messages[1].tool_calls[0].function.arguments"),
+        ({"messages": USER, "tools": []}, "tools"),
+        ({"messages": USER, "tool_choice": "auto"}, "tool_choice"),
+        ({"messages": [{"role": "user", "content": "x", "name": None}]}, "messages[0].name"),
+    ],
+)
+def test_what_vllm_refuses_is_refused_on_both_paths(server, extra, param) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        server.openai.chat.completions.create(model="smollm2", max_tokens=2, **extra)
+    assert raised.value.body["param"] == param
+    counted = server.http.post("/tokenize", json=extra)
+    assert counted.status_code == 400 and counted.json()["error"]["param"] == param
+
+
+def test_arguments_as_a_json_string_are_accepted(server) -> None:
+    call = {**ASSISTANT_CALL["tool_calls"][0], "function": {"name": "get", "arguments": '{"a": 1}'}}
+    messages = [
+        *USER,
+        {**ASSISTANT_CALL, "tool_calls": [call]},
+        {"role": "tool", "content": "2", "tool_call_id": "c1"},
+    ]
+    answer = server.openai.chat.completions.create(
+        model="smollm2", messages=messages, tools=TOOLS, max_tokens=2
+    )
+    assert answer.usage.prompt_tokens == len(server.count({"messages": messages, "tools": TOOLS}))
+
+
+def test_stream_options_need_stream(server) -> None:
+    # vLLM 0.32 validate_stream_options.
+    answer = server.http.post(
+        "/v1/completions",
+        json={"prompt": "x", "max_tokens": 1, "stream_options": {"include_usage": True}},
+    )
+    assert answer.status_code == 400
+    assert (
+        answer.json()["error"]["message"]
+        == "Stream options can only be defined when `stream=True`."
+    )
+
+
 # --- 3. context overflow is vLLM's 400 -----------------------------------------------------------
 
 

@@ -49,6 +49,11 @@ def _decoder(model: ServedModel, skip_special_tokens: bool):  # noqa: ANN202 - a
     return decode
 
 
+def _request_id(request: Request, body: dict[str, Any]) -> str | None:
+    """The id a client gave its request: the X-Request-Id header, else the body's request_id."""
+    return request.headers.get("x-request-id") or body.get("request_id")
+
+
 def _record(state: AppState, model: ServedModel, route: str, usages: Sequence[Usage]) -> None:
     m = state.metrics
     m.prompt_tokens.labels(model.name, route).inc(sum(u.prompt_tokens for u in usages))
@@ -56,10 +61,12 @@ def _record(state: AppState, model: ServedModel, route: str, usages: Sequence[Us
     m.generation_tokens.labels(model.name).inc(sum(u.completion_tokens for u in usages))
 
 
-def _call(state: AppState, model: ServedModel, body: dict[str, Any], lora: str | None):  # noqa: ANN202
+def _call(  # noqa: ANN202
+    state: AppState, model: ServedModel, body: dict[str, Any], lora: str | None, chat: bool
+):
     """The engine call of a validated request, and how its answer is shaped (501 first)."""
     engine = engine_of(model)
-    refused = sampling.unsupported_option(body)
+    refused = sampling.unsupported_option(body, chat=chat)
     if refused is not None:
         raise Unsupported(refused[1], field=refused[0])
     limit = engine_context(model)
@@ -74,12 +81,18 @@ async def completions(request: Request) -> Response:
     body = parse_object(raw)
     validate(CompletionRequest, body)
     model, lora = resolve_model(state.models, body.get("model"))
-    call, options = _call(state, model, body, lora)
+    call, options = _call(state, model, body, lora, chat=False)
     prompts = await preprocess(state, len(raw), model.preprocessor.tokenize_completion, body)
     ids = [p.ids for p in prompts]
     call.check(ids)
     name = lora or model.name
-    shape = CompletionShape("cmpl", name, options.include_usage, options.return_token_ids)
+    shape = CompletionShape(
+        "cmpl",
+        name,
+        options.include_usage,
+        options.return_token_ids,
+        request_id=_request_id(request, body),
+    )
     if options.stream:
         return await _stream(state, model, call, ids, options, shape, "completions")
     done = await call.run_all(ids)
@@ -99,12 +112,20 @@ async def chat_completions(request: Request) -> Response:
     body = parse_object(raw)
     validate(ChatCompletionRequest, body)
     model, lora = resolve_model(state.models, body.get("model"))
-    call, options = _call(state, model, body, lora)
+    call, options = _call(state, model, body, lora, chat=True)
     chat = await preprocess(state, len(raw), model.preprocessor.tokenize_chat, body)
     ids = chat.tokens.ids
     call.check([ids])
     name = lora or model.name
-    shape = ChatShape("chatcmpl", name, options.include_usage, options.return_token_ids)
+    shape = ChatShape(
+        "chatcmpl",
+        name,
+        options.include_usage,
+        options.return_token_ids,
+        request_id=_request_id(request, body),
+        prompt_text=chat.prompt,
+        return_prompt_text=body.get("return_prompt_text") is True,
+    )
     if options.stream:
         return await _stream(state, model, call, [ids], options, shape, "chat")
     (done,) = await call.run_all([ids])

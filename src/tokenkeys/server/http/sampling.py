@@ -88,24 +88,52 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("functions", _set, "the deprecated functions field is not rendered; send tools"),
     ("function_call", _set, "the deprecated function_call field is not honoured"),
     ("logits_processors", _nonempty, "custom logits processors do not run here"),
-    ("return_tokens_as_token_ids", _true, "it only changes logprobs, which are not produced"),
+    ("logprob_token_ids", _nonempty, "log probabilities are not produced by this engine"),
     (
         "spaces_between_special_tokens",
         lambda v: v is False,
         "output is always decoded as the tokenizer decodes it",
     ),
+    (
+        "include_stop_str_in_output",
+        _true,
+        "the stop token is never added to the output text here",
+    ),
+    ("repetition_detection", _set, "repetition detection is not implemented here"),
+    (
+        "thinking_token_budget",
+        _set,
+        "a thinking budget needs a reasoning parser, which does not run here",
+    ),
+    ("priority", _positive, "requests are not scheduled by priority here; send priority 0"),
     ("modalities", _not_text_only, "only text output is produced"),
     ("audio", _set, "only text output is produced"),
     ("prediction", _set, "predicted outputs are not implemented here"),
-    ("kv_transfer_params", _set, "KV transfer between engines is not implemented here"),
+    ("ec_transfer_params", _set, "encoder-cache transfer is not implemented here"),
 )
+# kv_transfer_params keys a chat request may carry: vLLM 0.32 takes the prompt ids from it
+# (token-in chat, served by the Preprocessor); every other key is KV transfer.
+_CHAT_KV_KEYS = frozenset({"prompt_token_ids"})
 
 
-def unsupported_option(request: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The first option generation cannot honour exactly, as (field, reason), or None."""
+def unsupported_option(request: Mapping[str, Any], *, chat: bool = False) -> tuple[str, str] | None:
+    """The first option generation cannot honour exactly, as (field, reason), or None.
+
+    ``chat``: the request is a chat request, whose ``kv_transfer_params.prompt_token_ids``
+    is served (token-in chat); any other ``kv_transfer_params`` is refused on both routes.
+    """
     for name, refused, why in _RULES:
         if name in request and refused(request[name]):
             return name, f"{name}={request[name]!r} is not supported: {why}"
+    kv = request.get("kv_transfer_params")
+    if kv is not None:
+        allowed = _CHAT_KV_KEYS if chat else frozenset()
+        if not isinstance(kv, Mapping) or set(kv) - allowed:
+            return "kv_transfer_params", (
+                "kv_transfer_params is not supported: KV transfer between engines is not "
+                "implemented here"
+                + (" (a chat request may carry only prompt_token_ids in it)" if chat else "")
+            )
     options = request.get("stream_options")
     if isinstance(options, Mapping) and options.get("continuous_usage_stats"):
         return "stream_options", (
@@ -152,6 +180,11 @@ def sampling_of(
     if seed is not None and not -(2**63) <= seed < 2**63:
         # vLLM bounds seed to a signed 64-bit integer (pydantic ge/le on torch.iinfo(long)).
         raise InvalidArgument(f"seed must be a signed 64-bit integer, got {seed}", field="seed")
+    if request.get("stream_options") and not request.get("stream"):
+        # vLLM 0.32 validate_stream_options (completion and chat protocol.py).
+        raise InvalidArgument(
+            "Stream options can only be defined when `stream=True`.", field="stream_options"
+        )
     options = request.get("stream_options") or {}
     skip = request.get("skip_special_tokens")
     return Sampling(

@@ -118,6 +118,18 @@ class _GenerationFields(_Request):
     return_token_ids: bool | None = Field(
         False, description="also return prompt_token_ids and each choice's token_ids"
     )
+    request_id: str | None = Field(
+        None, description="the answer's id is cmpl-/chatcmpl- and this (X-Request-Id wins)"
+    )
+    priority: int | None = Field(0, description="only 0: requests are not prioritised")
+    return_tokens_as_token_ids: bool | None = Field(
+        None, description="accepted; it only changes logprobs, which are not produced"
+    )
+    kv_transfer_params: Json | None = Field(
+        None,
+        description="chat: only {prompt_token_ids: [...]}, served instead of rendering the "
+        "messages (vLLM's token-in chat); anything else 501",
+    )
 
 
 class CompletionRequest(_GenerationFields):
@@ -139,3 +151,6 @@ class ChatCompletionRequest(_GenerationFields, _ChatFields):
     logprobs: bool | None = Field(False, description="not supported: 501 when true")
     top_logprobs: int | None = Field(None, description="not supported: 501 when > 0")
     response_format: Json | None = Field(None, description="only type 'text' is supported")
+    return_prompt_text: bool | None = Field(
+        None, description="also return the rendered prompt as prompt_text"
+    )

@@ -9,7 +9,10 @@ With ``return_token_ids`` the prompt ids are placed where vLLM 0.32 places them
 (``vllm/entrypoints/openai/completion/serving.py`` and ``chat_completion/serving.py``): on each
 completion choice (``choices[i].prompt_token_ids``, and in a stream on the first chunk of each
 choice), at the top of a chat answer (in a stream, on its first chunk, the one with the role);
-each choice or chunk also carries its generated ``token_ids``.
+each choice or chunk also carries its generated ``token_ids``. ``return_prompt_text`` adds the
+rendered chat prompt as ``prompt_text`` (first chunk in streams), and the answer id is
+``cmpl-``/``chatcmpl-`` followed by the request's ``X-Request-Id`` header, else its
+``request_id``, else a random id, as in vLLM 0.32.
 """
 
 from __future__ import annotations
@@ -28,11 +31,17 @@ class Answer:
     model: str
     include_usage: bool = False
     return_token_ids: bool = False
+    #: The request's id (X-Request-Id, else the body's request_id); None: a random one.
+    request_id: str | None = None
+    #: With return_prompt_text (chat): the rendered prompt, null for a token-in chat.
+    prompt_text: str | None = None
+    return_prompt_text: bool = False
     id: str = field(init=False)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        # vLLM 0.32: f"cmpl-{request_id}" / f"chatcmpl-{request_id}" (_base_request_id).
+        self.id = f"{self.prefix}-{self.request_id or uuid.uuid4().hex}"
 
     def _head(self, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -136,6 +145,8 @@ class ChatShape(Answer):
         if self.return_token_ids:
             choice["token_ids"] = token_ids
             out["prompt_token_ids"] = prompt_ids
+        if self.return_prompt_text:
+            out["prompt_text"] = self.prompt_text
         out["choices"] = [choice]
         out["usage"] = usage
         return out
@@ -152,6 +163,8 @@ class ChatShape(Answer):
         out = self._chunk(self.CHUNK, choice)
         if self.return_token_ids:
             out["prompt_token_ids"] = prompt_ids
+        if self.return_prompt_text:
+            out["prompt_text"] = self.prompt_text
         return out
 
     def chunk(
