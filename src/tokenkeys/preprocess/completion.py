@@ -43,6 +43,11 @@ def _is_id(value: Any) -> bool:
 def prompts_of(request: Mapping[str, Any]) -> list[Prompt]:
     """The prompts of a completion request, each a text or a list of token ids, in order."""
     prompt = request.get("prompt")
+    if prompt == "":
+        # vLLM 0.32 CompletionRequest.validate_prompt_and_prompt_embeds (its message).
+        raise InvalidArgument(
+            "Either prompt or prompt_embeds must be provided and non-empty.", field="prompt"
+        )
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt:

@@ -270,6 +270,16 @@ def test_arguments_as_a_json_string_are_accepted(server) -> None:
     assert answer.usage.prompt_tokens == len(server.count({"messages": messages, "tools": TOOLS}))
 
 
+def test_an_empty_prompt_is_refused_on_both_paths(server) -> None:
+    # vLLM 0.32 CompletionRequest.validate_prompt_and_prompt_embeds; its /tokenize would count
+    # it, but a count of a prompt generation refuses is not reported here.
+    with pytest.raises(openai.BadRequestError) as raised:
+        server.openai.completions.create(model="smollm2", prompt="", max_tokens=1)
+    message = "Either prompt or prompt_embeds must be provided and non-empty."
+    assert raised.value.body["message"] == message and raised.value.body["param"] == "prompt"
+    assert server.http.post("/tokenize", json={"prompt": ""}).status_code == 400
+
+
 def test_stream_options_need_stream(server) -> None:
     # vLLM 0.32 validate_stream_options.
     answer = server.http.post(
