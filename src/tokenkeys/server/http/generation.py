@@ -52,10 +52,13 @@ class EngineCall:
     lora_name: str | None = None
     max_model_len: int | None = None
 
-    def check(self, prompts: Sequence[Sequence[int]]) -> None:
-        """Refuse the request (400) when a prompt does not fit, before anything is generated."""
+    def check(self, prompts: Sequence[Sequence[int]], *, rendered: bool = True) -> None:
+        """Refuse the request (400) when a prompt does not fit, before anything is generated.
+
+        ``rendered`` False: token-in chat ids, refused with vLLM's message for those.
+        """
         for prompt in prompts:
-            fit(len(prompt), self.params.max_tokens, self.max_model_len)
+            fit(len(prompt), self.params.max_tokens, self.max_model_len, rendered=rendered)
 
     def open(self, prompt: Sequence[int]) -> AsyncIterator[GenerateOutput]:
         """The engine's output stream for one prompt."""

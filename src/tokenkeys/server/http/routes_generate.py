@@ -115,7 +115,7 @@ async def chat_completions(request: Request) -> Response:
     call, options = _call(state, model, body, lora, chat=True)
     chat = await preprocess(state, len(raw), model.preprocessor.tokenize_chat, body)
     ids = chat.tokens.ids
-    call.check([ids])
+    call.check([ids], rendered=chat.prompt is not None)
     name = lora or model.name
     shape = ChatShape(
         "chatcmpl",
