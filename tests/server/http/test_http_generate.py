@@ -234,9 +234,7 @@ def test_chat_options_generation_cannot_honour_are_501(client, extra, param) -> 
     assert param is None or error["param"] == param
 
 
-@pytest.mark.parametrize(
-    "extra", [{"echo": True}, {"logprobs": 0}, {"suffix": "x"}, {"truncate_prompt_tokens": 3}]
-)
+@pytest.mark.parametrize("extra", [{"echo": True}, {"logprobs": 0}, {"truncate_prompt_tokens": 3}])
 def test_completion_options_generation_cannot_honour_are_501(client, extra) -> None:
     response = client.post("/v1/completions", json={"prompt": "hi", **extra})
     assert response.status_code == 501, response.text

@@ -280,6 +280,18 @@ def test_an_empty_prompt_is_refused_on_both_paths(server) -> None:
     assert server.http.post("/tokenize", json={"prompt": ""}).status_code == 400
 
 
+def test_a_suffix_is_vllms_400_for_models_without_fim_rendering(server) -> None:
+    # vllm/renderers/online_renderer.py (0.32) render_completion; /tokenize refuses it too.
+    for path in ("/v1/completions", "/tokenize"):
+        answer = server.http.post(path, json={"prompt": "def f(", "suffix": "return 1"})
+        assert answer.status_code == 400
+        error = answer.json()["error"]
+        assert error["param"] == "suffix"
+        assert (
+            error["message"] == "suffix is only supported for models with FIM completion rendering"
+        )
+
+
 def test_stream_options_need_stream(server) -> None:
     # vLLM 0.32 validate_stream_options.
     answer = server.http.post(
