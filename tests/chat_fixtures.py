@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import json
+
 # Tokenizers in ../shared/tokenizers that ship a chat template.
 CHAT_MODELS = ("smollm2-135m-instruct", "qwen2.5-instruct", "phi-3-mini")
 
@@ -37,3 +40,17 @@ TOOL_CONVERSATION = [
     {"role": "assistant", "content": "Il fait 12°C ☁️"},
     {"role": "user", "content": "Et à 東京?"},
 ]
+
+
+def openai_form(conversation: list[dict]) -> list[dict]:
+    """The conversation as an OpenAI client sends it: tool-call arguments as JSON text.
+
+    vLLM 0.32 refuses arguments given as an object (400) and parses the text into the object
+    transformers' templates read, so an HTTP request carries this form and the transformers
+    reference the object form.
+    """
+    out = copy.deepcopy(conversation)
+    for message in out:
+        for call in message.get("tool_calls") or ():
+            call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+    return out

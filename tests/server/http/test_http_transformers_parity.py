@@ -18,7 +18,7 @@ import pytest
 
 from tokenkeys.tokenizer import TokenizerOptions
 
-from chat_fixtures import CHAT_MODELS, TOOL_CONVERSATION, TOOLS
+from chat_fixtures import CHAT_MODELS, TOOL_CONVERSATION, TOOLS, openai_form
 from http_support import HttpServerThread, registry
 from support import shared_path
 
@@ -99,7 +99,7 @@ def test_chat_tokens_are_transformers_tokens(served, model, conversation, agp) -
 def test_qwen_tools_and_tool_calls_are_transformers_tokens(served, agp) -> None:
     client, refs = served
     model = "qwen2.5-instruct"
-    body = {"model": model, "messages": TOOL_CONVERSATION, "tools": TOOLS}
+    body = {"model": model, "messages": openai_form(TOOL_CONVERSATION), "tools": TOOLS}
     ids = _tokenize(client, {**body, "add_generation_prompt": agp})
     reference = _reference_ids(
         refs[model], TOOL_CONVERSATION, tools=TOOLS, add_generation_prompt=agp
