@@ -106,6 +106,14 @@ def test_completion_stream_sends_prompt_ids_in_the_first_chunk_of_each_choice(se
         assert rest == [None] * len(rest)
 
 
+def _chat_stream(server: Server, **extra_body: object) -> list:
+    """Every chunk of a streamed chat answer to USER."""
+    stream = server.openai.chat.completions.create(
+        model="smollm2", messages=USER, max_tokens=3, stream=True, extra_body=extra_body
+    )
+    return list(stream)
+
+
 def test_chat_answers_carry_the_prompt_ids_at_the_top_and_in_the_first_chunk(server) -> None:
     expected = server.count({"messages": USER})
     answer = server.openai.chat.completions.create(
@@ -113,15 +121,7 @@ def test_chat_answers_carry_the_prompt_ids_at_the_top_and_in_the_first_chunk(ser
     )
     assert answer.prompt_token_ids == expected
     assert answer.choices[0].token_ids
-    chunks = list(
-        server.openai.chat.completions.create(
-            model="smollm2",
-            messages=USER,
-            max_tokens=3,
-            stream=True,
-            extra_body={"return_token_ids": True},
-        )
-    )
+    chunks = _chat_stream(server, return_token_ids=True)
     # vllm/entrypoints/openai/chat_completion/serving.py (0.32): "return prompt_token_ids at
     # the first chunk ever", the one carrying the role.
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -215,15 +215,7 @@ def test_request_id_and_prompt_text_as_vllm_returns_them(server) -> None:
         extra_headers={"X-Request-Id": "header"},
     )
     assert header.id == "cmpl-header"  # vLLM's _base_request_id: the header wins
-    chunks = list(
-        server.openai.chat.completions.create(
-            model="smollm2",
-            messages=USER,
-            max_tokens=2,
-            stream=True,
-            extra_body={"return_prompt_text": True},
-        )
-    )
+    chunks = _chat_stream(server, return_prompt_text=True)
     assert chunks[0].prompt_text == answer.prompt_text
     assert all(c.model_extra.get("prompt_text") is None for c in chunks[1:])
 

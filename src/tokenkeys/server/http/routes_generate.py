@@ -11,7 +11,7 @@ context (400, :mod:`~tokenkeys.server.http.context_window`), engine (400/413).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -39,6 +39,8 @@ from tokenkeys.server.http.state import (
 from tokenkeys.server.http.streaming import DONE, IncrementalText, sse
 from tokenkeys.server.models import ServedModel
 
+S = TypeVar("S", CompletionShape, ChatShape)
+
 
 def _decoder(model: ServedModel, skip_special_tokens: bool):  # noqa: ANN202 - a small closure
     def decode(ids: Sequence[int]) -> str:
@@ -49,9 +51,25 @@ def _decoder(model: ServedModel, skip_special_tokens: bool):  # noqa: ANN202 - a
     return decode
 
 
-def _request_id(request: Request, body: dict[str, Any]) -> str | None:
-    """The id a client gave its request: the X-Request-Id header, else the body's request_id."""
-    return request.headers.get("x-request-id") or body.get("request_id")
+def _shape(
+    kind: type[S],
+    request: Request,
+    body: dict[str, Any],
+    name: str,
+    options: sampling.Sampling,
+    **extra: Any,
+) -> S:
+    """The answer shape of a request; its id ends in the id the client gave the request (the
+    X-Request-Id header, else the body's request_id), as vLLM 0.32's ``_base_request_id``."""
+    request_id = request.headers.get("x-request-id") or body.get("request_id")
+    return kind(
+        kind.PREFIX,
+        name,
+        options.include_usage,
+        options.return_token_ids,
+        request_id=request_id,
+        **extra,
+    )
 
 
 def _record(state: AppState, model: ServedModel, route: str, usages: Sequence[Usage]) -> None:
@@ -85,14 +103,7 @@ async def completions(request: Request) -> Response:
     prompts = await preprocess(state, len(raw), model.preprocessor.tokenize_completion, body)
     ids = [p.ids for p in prompts]
     call.check(ids)
-    name = lora or model.name
-    shape = CompletionShape(
-        "cmpl",
-        name,
-        options.include_usage,
-        options.return_token_ids,
-        request_id=_request_id(request, body),
-    )
+    shape = _shape(CompletionShape, request, body, lora or model.name, options)
     if options.stream:
         return await _stream(state, model, call, ids, options, shape, "completions")
     done = await call.run_all(ids)
@@ -116,13 +127,12 @@ async def chat_completions(request: Request) -> Response:
     chat = await preprocess(state, len(raw), model.preprocessor.tokenize_chat, body)
     ids = chat.tokens.ids
     call.check([ids], rendered=chat.prompt is not None)
-    name = lora or model.name
-    shape = ChatShape(
-        "chatcmpl",
-        name,
-        options.include_usage,
-        options.return_token_ids,
-        request_id=_request_id(request, body),
+    shape = _shape(
+        ChatShape,
+        request,
+        body,
+        lora or model.name,
+        options,
         prompt_text=chat.prompt,
         return_prompt_text=body.get("return_prompt_text") is True,
     )

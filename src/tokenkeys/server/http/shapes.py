@@ -72,6 +72,7 @@ class Answer:
 class CompletionShape(Answer):
     """``/v1/completions`` answers."""
 
+    PREFIX = "cmpl"
     KIND = "text_completion"
     CHUNK = "text_completion"
 
@@ -123,6 +124,7 @@ class CompletionShape(Answer):
 class ChatShape(Answer):
     """``/v1/chat/completions`` answers."""
 
+    PREFIX = "chatcmpl"
     KIND = "chat.completion"
     CHUNK = "chat.completion.chunk"
 
