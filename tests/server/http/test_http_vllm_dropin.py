@@ -239,11 +239,16 @@ TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {"type":
         ({"messages": USER, "tools": []}, "tools"),
         ({"messages": USER, "tool_choice": "auto"}, "tool_choice"),
         ({"messages": [{"role": "user", "content": "x", "name": None}]}, "messages[0].name"),
+        ({"messages": USER, "documents": [{"title": "t", "text": 1}]}, "documents"),
     ],
 )
 def test_what_vllm_refuses_is_refused_on_both_paths(server, extra, param) -> None:
+    known = {k: v for k, v in extra.items() if k in ("messages", "tools", "tool_choice")}
+    vllm_only = {k: v for k, v in extra.items() if k not in known}
     with pytest.raises(openai.BadRequestError) as raised:
-        server.openai.chat.completions.create(model="smollm2", max_tokens=2, **extra)
+        server.openai.chat.completions.create(
+            model="smollm2", max_tokens=2, extra_body=vllm_only, **known
+        )
     assert raised.value.body["param"] == param
     counted = server.http.post("/tokenize", json=extra)
     assert counted.status_code == 400 and counted.json()["error"]["param"] == param
@@ -260,6 +265,15 @@ def test_arguments_as_a_json_string_are_accepted(server) -> None:
         model="smollm2", messages=messages, tools=TOOLS, max_tokens=2
     )
     assert answer.usage.prompt_tokens == len(server.count({"messages": messages, "tools": TOOLS}))
+
+
+def test_a_truncation_side_vllm_does_not_know_is_refused(server) -> None:
+    # vLLM 0.32: truncation_side: Literal["left", "right"] | None.
+    body = {"prompt": "x", "max_tokens": 1, "truncation_side": "middle"}
+    answer = server.http.post("/v1/completions", json=body)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "truncation_side"
+    accepted = server.http.post("/v1/completions", json={**body, "truncation_side": "left"})
+    assert accepted.status_code == 200, accepted.text
 
 
 def test_an_empty_prompt_is_refused_on_both_paths(server) -> None:

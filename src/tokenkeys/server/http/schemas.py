@@ -68,7 +68,9 @@ class _ChatFields(_Request):
     chat_template_kwargs: Json | None = None
     tools: list[Json] | None = None
     tool_choice: str | Json | None = None
-    documents: list[Json] | None = None
+    documents: list[dict[str, str]] | None = Field(
+        None, description="RAG documents for the template; every value a string (vLLM 0.32)"
+    )
     reasoning_effort: str | None = None
     mm_processor_kwargs: Json | None = Field(None, description="not supported: 501 when set")
     media_io_kwargs: Json | None = Field(None, description="not supported: 501 when set")
@@ -117,6 +119,9 @@ class _GenerationFields(_Request):
     )
     return_token_ids: bool | None = Field(
         False, description="also return prompt_token_ids and each choice's token_ids"
+    )
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="only with truncate_prompt_tokens, which is not supported (501)"
     )
     request_id: str | None = Field(
         None, description="the answer's id is cmpl-/chatcmpl- and this (X-Request-Id wins)"
