@@ -41,9 +41,13 @@ _HIDDEN_CONFIG_KEYS = ("vocab_file", "merges_file")
 
 
 def tokenize_body(
-    model: ServedModel, body: dict[str, Any], token_strs: TokenStrs | None
+    model: ServedModel, body: dict[str, Any], token_strs: bool | TokenStrs | None
 ) -> Tokenized:
-    """The tokens of a /tokenize body: the generation path's own Preprocessor call."""
+    """The tokens of a /tokenize body: the generation path's own Preprocessor call.
+
+    ``token_strs``: none (None or False), or how to spell them (``"decoded"`` or True,
+    ``"vocabulary"``).
+    """
     if "messages" in body:
         return model.preprocessor.tokenize_chat(body, token_strs=token_strs or False).tokens
     return model.preprocessor.tokenize_completion(body, token_strs=token_strs or False)[0]
