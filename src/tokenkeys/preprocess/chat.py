@@ -45,7 +45,7 @@ from tokenkeys.errors import (
     Unsupported,
 )
 from tokenkeys.preprocess.chat_messages import media_kind, normalize_messages
-from tokenkeys.preprocess.chat_schema import check_messages, check_tool_usage
+from tokenkeys.preprocess.chat_schema import check_chat_request
 from tokenkeys.preprocess.chat_tools import check_tool_choice, normalize_tools, optional
 from tokenkeys.preprocess.prompt_options import shared_prompt_reason
 from tokenkeys.tokenizer.chat_template import ChatTemplateRenderer, RenderLimits
@@ -347,8 +347,7 @@ class ChatPrologue:
         if not isinstance(request, Mapping):
             raise InvalidArgument("the request body must be a JSON object", field="body")
         # vLLM's request validators run before anything is rendered (400s first).
-        check_messages(request.get("messages"))
-        check_tool_usage(request)
+        check_chat_request(request)
         reason = unsupported_reason(request)
         if reason is not None:
             raise Unsupported(reason)

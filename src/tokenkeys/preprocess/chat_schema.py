@@ -175,3 +175,9 @@ def check_tool_usage(request: Mapping[str, Any]) -> None:
                 "The tool specified in `tool_choice` does not match any of the specified `tools`",
                 field="tool_choice",
             )
+
+
+def check_chat_request(request: Mapping[str, Any]) -> None:
+    """Every check of this module on a chat request: its messages, then its tool usage."""
+    check_messages(request.get("messages"))
+    check_tool_usage(request)

@@ -24,6 +24,7 @@ from http_support import HttpServerThread, attach_engines, registry
 
 LONG = "The router must tokenize every request before it picks a worker. " * 6
 USER = [{"role": "user", "content": "Bonjour! 東京 🎌"}]
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
 
 
 @pytest.fixture(scope="module")
@@ -212,12 +213,15 @@ def test_a_multi_prompt_stream_indexes_its_choices(client) -> None:
         ({"n": 2}, "n"),
         ({"best_of": 3}, "best_of"),
         ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
         ({"stop": ["\n"]}, "stop"),
         ({"stop": "END"}, "stop"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "tool_choice",
+        ),
         ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs"),
         ({"logit_bias": {"12": 5}}, "logit_bias"),
         ({"min_tokens": 3}, "min_tokens"),

@@ -298,6 +298,19 @@ def test_a_suffix_is_vllms_400_for_models_without_fim_rendering(server) -> None:
         )
 
 
+def test_vllms_400s_come_before_the_501s(server) -> None:
+    # vLLM validates the request first: a 501 option does not hide a request vLLM refuses.
+    cases = [
+        ({"messages": USER, "tool_choice": "required"}, "tool_choice"),  # no tools
+        ({"messages": USER, "top_logprobs": 2}, "top_logprobs"),  # without logprobs
+        ({"messages": USER, "n": 2, "stream_options": {"include_usage": True}}, "stream_options"),
+    ]
+    for body, param in cases:
+        answer = server.http.post("/v1/chat/completions", json={"max_tokens": 1, **body})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == param
+
+
 def test_stream_options_need_stream(server) -> None:
     # vLLM 0.32 validate_stream_options.
     answer = server.http.post(

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tokenkeys.engine.context_window import fit
 from tokenkeys.engine.core import GenerateOutput, GenerationParams
 from tokenkeys.engine.usage import Usage
 from tokenkeys.errors import TokenkeysError
 from tokenkeys.keys import KeyContext
-from tokenkeys.server.http.context_window import fit
 from tokenkeys.server.models import ServedModel
 
 
@@ -43,7 +43,7 @@ class EngineCall:
     """How one request's prompts run on its model's engine: parameters, key context, adapter.
 
     ``max_model_len`` is the engine's context length when it states one: each prompt's output
-    budget is then fitted to it as vLLM fits it (:mod:`~tokenkeys.server.http.context_window`).
+    budget is then fitted to it as vLLM fits it (:mod:`~tokenkeys.engine.context_window`).
     """
 
     engine: Any

@@ -3,9 +3,10 @@
 Both routes take their prompt ids from the model's one Preprocessor (``tokenize_completion``,
 ``tokenize_chat``), the same calls /tokenize makes, and report the engine's usage; so
 ``usage.prompt_tokens`` is by construction what /tokenize counts. Order of checks: body shape
-(400), model (404; a LoRA adapter's name selects its base model and the adapter), generation
-options (501), requested output over the context (400), prompt (400/413/501), prompt over the
-context (400, :mod:`~tokenkeys.server.http.context_window`), engine (400/413).
+(400, with chat's message and tool checks), model (404; a LoRA adapter's name selects its base
+model and the adapter), requested output over the context (400), generation options (501),
+prompt (400/413/501), prompt over the context (400, :mod:`~tokenkeys.engine.context_window`),
+engine (400/413).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from tokenkeys.engine.core import GenerateOutput
 from tokenkeys.engine.usage import Usage
 from tokenkeys.errors import TokenkeysError, Unsupported
+from tokenkeys.preprocess.chat_schema import check_chat_request
 from tokenkeys.server.http import sampling
 from tokenkeys.server.http.body import json_response, parse_object, read_body, validate
 from tokenkeys.server.http.errors import error_of
@@ -82,13 +84,17 @@ def _record(state: AppState, model: ServedModel, route: str, usages: Sequence[Us
 def _call(  # noqa: ANN202
     state: AppState, model: ServedModel, body: dict[str, Any], lora: str | None, chat: bool
 ):
-    """The engine call of a validated request, and how its answer is shaped (501 first)."""
+    """The engine call of a validated request, and how its answer is shaped.
+
+    What vLLM refuses (400) is refused before what this deployment does not do (501), so a
+    request gets vLLM's answer whenever vLLM would refuse it.
+    """
     engine = engine_of(model)
+    limit = engine_context(model)
+    options = sampling.sampling_of(body, state.config.default_max_tokens, eos_ids(model), limit)
     refused = sampling.unsupported_option(body, chat=chat)
     if refused is not None:
         raise Unsupported(refused[1], field=refused[0])
-    limit = engine_context(model)
-    options = sampling.sampling_of(body, state.config.default_max_tokens, eos_ids(model), limit)
     return EngineCall(engine, options.params, key_context(body), lora, limit), options
 
 
@@ -122,6 +128,7 @@ async def chat_completions(request: Request) -> Response:
     raw = await read_body(request, state.config.limits.max_request_bytes)
     body = parse_object(raw)
     validate(ChatCompletionRequest, body)
+    check_chat_request(body)  # vLLM's request validators, before the 501s of _call
     model, lora = resolve_model(state.models, body.get("model"))
     call, options = _call(state, model, body, lora, chat=True)
     chat = await preprocess(state, len(raw), model.preprocessor.tokenize_chat, body)

@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokenkeys.engine.context_window import check_requested
 from tokenkeys.engine.core import GenerationParams
 from tokenkeys.errors import InvalidArgument
-from tokenkeys.server.http.context_window import check_requested
 
 
 def _set(value: Any) -> bool:
@@ -143,6 +143,25 @@ def unsupported_option(request: Mapping[str, Any], *, chat: bool = False) -> tup
     return None
 
 
+def _check_logprob_fields(request: Mapping[str, Any]) -> None:
+    """vLLM 0.32's check_logprobs: logprob fields that need ``logprobs`` are a 400 without it
+    (with it they are a 501 here, as logprobs are)."""
+    chat = "messages" in request
+    if request.get("logprob_token_ids") and not (
+        request.get("logprobs") if chat else request.get("logprobs") is not None
+    ):
+        raise InvalidArgument(
+            "when using `logprob_token_ids`, `logprobs` must be set"
+            + (" to true." if chat else "."),
+            field="logprob_token_ids",
+        )
+    top = request.get("top_logprobs")
+    if chat and isinstance(top, int) and (top > 0 or top == -1) and not request.get("logprobs"):
+        raise InvalidArgument(
+            "when using `top_logprobs`, `logprobs` must be set to true.", field="top_logprobs"
+        )
+
+
 @dataclass(frozen=True)
 class Sampling:
     """The engine parameters of a request and how its answer is shaped."""
@@ -164,7 +183,7 @@ def sampling_of(
 
     ``max_completion_tokens`` (chat) wins over ``max_tokens``; unset, ``default_max_tokens``.
     A requested budget over ``max_model_len`` is a 400 naming the field, as in vLLM
-    (:func:`~tokenkeys.server.http.context_window.check_requested`). Generation stops at the
+    (:func:`~tokenkeys.engine.context_window.check_requested`). Generation stops at the
     tokenizer's EOS ids unless ``ignore_eos``, and at the request's ``stop_token_ids`` always,
     as vLLM does.
     """
@@ -180,6 +199,7 @@ def sampling_of(
     if seed is not None and not -(2**63) <= seed < 2**63:
         # vLLM bounds seed to a signed 64-bit integer (pydantic ge/le on torch.iinfo(long)).
         raise InvalidArgument(f"seed must be a signed 64-bit integer, got {seed}", field="seed")
+    _check_logprob_fields(request)
     if request.get("stream_options") and not request.get("stream"):
         # vLLM 0.32 validate_stream_options (completion and chat protocol.py).
         raise InvalidArgument(
