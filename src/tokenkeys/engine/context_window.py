@@ -20,16 +20,17 @@ A context length is only known when the model's engine states one; otherwise the
 
 from __future__ import annotations
 
-from tokenkeys.errors import InvalidArgument
+from tokenkeys.errors import InvalidArgument, vllm_invalid
 
 
 def check_requested(max_tokens: int | None, field: str, limit: int | None) -> None:
     """Refuse an output budget larger than the whole context (case 1), before tokenizing."""
     if limit is not None and max_tokens is not None and max_tokens > limit:
-        raise InvalidArgument(
+        raise vllm_invalid(
             f"{field}={max_tokens} cannot be greater than max_model_len={limit}. "
             "Please request fewer output tokens.",
-            field=field,
+            field,
+            max_tokens,
         )
 
 
@@ -45,13 +46,14 @@ def fit(prompt_len: int, max_tokens: int, limit: int | None, *, rendered: bool =
             f"Input length ({prompt_len}) exceeds model's maximum context length ({limit})."
         )
     if prompt_len > limit:
-        raise InvalidArgument(
+        raise vllm_invalid(
             f"This model's maximum context length is {limit} tokens. However, your prompt "
             f"contains {prompt_len} input tokens, which exceeds this limit even without any "
             "output tokens. Please reduce the length of the input prompt.",
-            field="input_tokens",
+            "input_tokens",
+            prompt_len,
         )
     budget = min(max_tokens, limit - prompt_len)
     if budget < 1:
-        raise InvalidArgument(f"max_tokens must be at least 1, got {budget}.", field="max_tokens")
+        raise vllm_invalid(f"max_tokens must be at least 1, got {budget}.", "max_tokens", budget)
     return budget

@@ -43,6 +43,7 @@ from tokenkeys.errors import (
     LimitExceeded,
     TokenkeysError,
     Unsupported,
+    vllm_invalid,
 )
 from tokenkeys.preprocess.chat_messages import media_kind, normalize_messages
 from tokenkeys.preprocess.chat_schema import check_chat_request
@@ -179,10 +180,10 @@ def reused_prompt_ids(request: Mapping[str, Any]) -> list[int] | None:
     if (
         not isinstance(ids, list) or not ids or any(type(i) is not int or i < 0 for i in ids)  # noqa: E721 - bool is no id
     ):
-        raise InvalidArgument(
+        raise vllm_invalid(
             "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of "
             "non-negative integers.",
-            field=REUSED_IDS_FIELD,
+            REUSED_IDS_FIELD,
         )
     return list(ids)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tokenkeys.errors import InvalidArgument
+from tokenkeys.errors import InvalidArgument, vllm_invalid
 
 # Roles whose OpenAI message type allows null content.
 _NULL_CONTENT_ROLES = frozenset({"assistant", "function"})
@@ -150,16 +150,16 @@ def check_tool_usage(request: Mapping[str, Any]) -> None:
     """vLLM 0.32 ``ChatCompletionRequest.check_tool_usage``, with its messages and params."""
     tools = request.get("tools")
     if tools == []:
-        raise InvalidArgument(
+        raise vllm_invalid(
             "`tools` must not be an empty array. Either provide at least one tool or omit "
             "the field entirely.",
-            field="tools",
+            "tools",
         )
     choice = request.get("tool_choice")
     if choice is None or choice == "none":
         return
     if tools is None:
-        raise InvalidArgument("When using `tool_choice`, `tools` must be set.", field="tool_choice")
+        raise vllm_invalid("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if not isinstance(choice, Mapping):
         return  # "auto" and "required"; other strings are refused by check_tool_choice
     function = choice.get("function")

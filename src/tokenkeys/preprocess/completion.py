@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tokenkeys.errors import InvalidArgument
+from tokenkeys.errors import InvalidArgument, vllm_invalid
 from tokenkeys.preprocess.prompt_options import shared_prompt_reason
 
 Prompt = str | list[int]
@@ -42,8 +42,8 @@ def prompts_of(request: Mapping[str, Any]) -> list[Prompt]:
     prompt = request.get("prompt")
     if prompt == "":
         # vLLM 0.32 CompletionRequest.validate_prompt_and_prompt_embeds (its message).
-        raise InvalidArgument(
-            "Either prompt or prompt_embeds must be provided and non-empty.", field="prompt"
+        raise vllm_invalid(
+            "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
         )
     if isinstance(prompt, str):
         return [prompt]

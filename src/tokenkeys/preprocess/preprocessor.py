@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.errors import InvalidArgument, Unsupported, vllm_invalid
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import completion
 from tokenkeys.preprocess.chat import (
@@ -216,7 +216,7 @@ class Preprocessor:
         # vLLM's BaseRenderer.validate_token_ids message and parameter (0.32).
         top = max(ids)
         if top >= self.tokenizer.vocab_size:
-            raise InvalidArgument(f"Token id {top} is out of vocabulary", field=REUSED_IDS_FIELD)
+            raise vllm_invalid(f"Token id {top} is out of vocabulary", REUSED_IDS_FIELD)
 
     def detokenize(
         self,

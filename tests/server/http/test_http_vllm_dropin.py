@@ -281,7 +281,7 @@ def test_an_empty_prompt_is_refused_on_both_paths(server) -> None:
     # it, but a count of a prompt generation refuses is not reported here.
     with pytest.raises(openai.BadRequestError) as raised:
         server.openai.completions.create(model="smollm2", prompt="", max_tokens=1)
-    message = "Either prompt or prompt_embeds must be provided and non-empty."
+    message = "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)"
     assert raised.value.body["message"] == message and raised.value.body["param"] == "prompt"
     assert server.http.post("/tokenize", json={"prompt": ""}).status_code == 400
 
@@ -320,7 +320,7 @@ def test_stream_options_need_stream(server) -> None:
     assert answer.status_code == 400
     assert (
         answer.json()["error"]["message"]
-        == "Stream options can only be defined when `stream=True`."
+        == "Stream options can only be defined when `stream=True`. (parameter=stream_options)"
     )
 
 
@@ -345,9 +345,10 @@ def test_a_budget_over_the_context_is_a_bad_request(server, stream) -> None:
         ),
         "max_tokens",
     )
+    # vllm/exceptions.py VLLMValidationError.__str__ appends the parameter and the value.
     assert message == (
         f"max_tokens={MAX_MODEL_LEN + 1} cannot be greater than max_model_len={MAX_MODEL_LEN}. "
-        "Please request fewer output tokens."
+        f"Please request fewer output tokens. (parameter=max_tokens, value={MAX_MODEL_LEN + 1})"
     )
     message = _refused(
         lambda: server.openai.chat.completions.create(
@@ -369,7 +370,8 @@ def test_a_prompt_over_the_context_is_a_bad_request(server) -> None:
     assert message == (
         f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your prompt "
         f"contains {count} input tokens, which exceeds this limit even without any output "
-        "tokens. Please reduce the length of the input prompt."
+        f"tokens. Please reduce the length of the input prompt. (parameter=input_tokens, "
+        f"value={count})"
     )
 
 
@@ -396,7 +398,7 @@ def test_a_prompt_filling_the_context_leaves_no_output_budget(server) -> None:
         lambda: server.openai.completions.create(model="smollm2", prompt=ids, max_tokens=4),
         "max_tokens",
     )
-    assert message == "max_tokens must be at least 1, got 0."
+    assert message == "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
 
 
 def test_a_prompt_that_fits_gets_the_rest_of_the_context(server) -> None:

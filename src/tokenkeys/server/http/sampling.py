@@ -19,7 +19,7 @@ from typing import Any
 
 from tokenkeys.engine.context_window import check_requested
 from tokenkeys.engine.core import GenerationParams
-from tokenkeys.errors import InvalidArgument
+from tokenkeys.errors import InvalidArgument, vllm_invalid
 
 
 def _set(value: Any) -> bool:
@@ -150,15 +150,15 @@ def _check_logprob_fields(request: Mapping[str, Any]) -> None:
     if request.get("logprob_token_ids") and not (
         request.get("logprobs") if chat else request.get("logprobs") is not None
     ):
-        raise InvalidArgument(
+        raise vllm_invalid(
             "when using `logprob_token_ids`, `logprobs` must be set"
             + (" to true." if chat else "."),
-            field="logprob_token_ids",
+            "logprob_token_ids",
         )
     top = request.get("top_logprobs")
     if chat and isinstance(top, int) and (top > 0 or top == -1) and not request.get("logprobs"):
-        raise InvalidArgument(
-            "when using `top_logprobs`, `logprobs` must be set to true.", field="top_logprobs"
+        raise vllm_invalid(
+            "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
         )
 
 
@@ -202,8 +202,8 @@ def sampling_of(
     _check_logprob_fields(request)
     if request.get("stream_options") and not request.get("stream"):
         # vLLM 0.32 validate_stream_options (completion and chat protocol.py).
-        raise InvalidArgument(
-            "Stream options can only be defined when `stream=True`.", field="stream_options"
+        raise vllm_invalid(
+            "Stream options can only be defined when `stream=True`.", "stream_options"
         )
     options = request.get("stream_options") or {}
     skip = request.get("skip_special_tokens")
