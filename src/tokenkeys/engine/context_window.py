@@ -48,7 +48,8 @@ def fit(prompt_len: int, max_tokens: int, limit: int | None, *, rendered: bool =
     if prompt_len > limit:
         raise vllm_invalid(
             f"This model's maximum context length is {limit} tokens. However, your prompt "
-            f"contains {prompt_len} input tokens, which exceeds this limit even without any "
+            f"contains {_at_least(prompt_len, limit)}{prompt_len} input tokens, which exceeds "
+            "this limit even without any "
             "output tokens. Please reduce the length of the input prompt.",
             "input_tokens",
             prompt_len,
@@ -57,3 +58,9 @@ def fit(prompt_len: int, max_tokens: int, limit: int | None, *, rendered: bool =
     if budget < 1:
         raise vllm_invalid(f"max_tokens must be at least 1, got {budget}.", "max_tokens", budget)
     return budget
+
+
+def _at_least(prompt_len: int, limit: int) -> str:
+    # vLLM encodes text with truncation at limit + 1, so a count of exactly limit + 1 may hide a
+    # longer prompt; its message then says "at least", for token prompts too (params.py, 0.32).
+    return "at least " if prompt_len == limit + 1 else ""

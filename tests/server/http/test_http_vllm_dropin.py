@@ -375,6 +375,16 @@ def test_a_prompt_over_the_context_is_a_bad_request(server) -> None:
     )
 
 
+def test_one_token_over_the_context_says_at_least(server) -> None:
+    # vLLM truncates encoding at limit + 1, so that count reads "at least" (params.py, 0.32).
+    ids = [28] * (MAX_MODEL_LEN + 1)
+    message = _refused(
+        lambda: server.openai.completions.create(model="smollm2", prompt=ids, max_tokens=1),
+        "input_tokens",
+    )
+    assert f"your prompt contains at least {MAX_MODEL_LEN + 1} input tokens" in message
+
+
 def test_token_in_chat_over_the_context_gets_get_max_tokens_message(server) -> None:
     # The reused ids skip vLLM's renderer, so get_max_tokens (api_utils.py, 0.32) refuses them.
     ids = [28] * (MAX_MODEL_LEN + 1)
