@@ -1,7 +1,7 @@
 """Tokenizer pull throughput over loopback, end to end with verification, against the bare stream.
 
-A ``tokenkeys serve`` subprocess serves the embedded default and, when ../shared is present,
-qwen2.5-instruct. Each measured pull starts from an empty cache and includes everything a router
+A ``tokenkeys serve`` subprocess serves the embedded default and qwen2.5-instruct (from
+tests/data). Each measured pull starts from an empty cache and includes everything a router
 pays: GetTokenizerInfo, the stream, size and SHA-256 checks of every file, the fingerprint
 recomputation, the identity record and the atomic rename. The reference, measured in the same
 run, is the bare stream drained without any check or write: the ratio is what verification and
@@ -27,8 +27,10 @@ from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.artifacts import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, PullSettings, fetch, pull
 from tokenkeys.tokenizer import default_tokenizer_path
 
+from conformance_data import data_path
+
 ROOT = Path(__file__).resolve().parent.parent
-QWEN = ROOT.parent / "shared" / "tokenizers" / "qwen2.5-instruct"
+QWEN = data_path("tokenizers", "qwen2.5-instruct")
 # The reference drains over a channel configured exactly as a pull's.
 CHANNEL = PullSettings().channel_options()
 
@@ -79,9 +81,7 @@ def timed(fn, n: int) -> list[float]:  # noqa: ANN001
 
 def run(quick: bool) -> str:
     n = 5 if quick else 25
-    models = [("smollm2-135m-instruct", default_tokenizer_path())]
-    if QWEN.is_dir():
-        models.append(("qwen2.5-instruct", QWEN))
+    models = [("smollm2-135m-instruct", default_tokenizer_path()), ("qwen2.5-instruct", QWEN)]
     proc, target = start_server([f"{name}={path}" for name, path in models])
     scratch = Path(tempfile.mkdtemp(prefix="bench-artifacts-"))
     rows: list[str] = []

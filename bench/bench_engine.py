@@ -33,9 +33,9 @@ from tokenkeys.engine.core import GenerationParams
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.limits import Limits
-from tokenkeys.server.engine_config import EngineConfig
-from tokenkeys.server.engine_runtime import EngineRuntime
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.config import EngineConfig
+from tokenkeys.server.runtime.engines import EngineRuntime
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ import orjson
 from timing import pct, sample
 
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import load_models
+from tokenkeys.server.runtime.loading import load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,7 @@
 """Sustained load: HTTP /tokenize and gRPC Tokenize at concurrency 64, two models, mixed sizes.
 
 ``tokenkeys serve`` runs in a subprocess serving two models (the embedded SmolLM2 tokenizer and
-``../shared/tokenizers/qwen2.5-instruct`` when present). 64 workers in this process send
+qwen2.5-instruct from tests/data). 64 workers in this process send
 requests for as long as the phase lasts, each request to HTTP or gRPC, to either model, with a
 prompt of 10 to 8k tokens (log-uniform), every choice from a seeded generator. After a warm-up
 phase the measured phase counts errors (any non-200 answer, any gRPC error, any count that
@@ -33,11 +33,13 @@ from timing import pct
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import DEFAULT_MODEL_NAME, TokenizerOptions, default_tokenizer_path
 
+from conformance_data import data_path
+
 ROOT = Path(__file__).resolve().parent.parent
-QWEN = ROOT.parent / "shared" / "tokenizers" / "qwen2.5-instruct"
+QWEN = data_path("tokenizers", "qwen2.5-instruct")
 CONCURRENCY = 64
 SIZES = (10, 8000)
 PROMPTS_PER_MODEL = 24
@@ -56,10 +58,10 @@ class Phase:
 
 
 def _sources() -> list[ModelSource]:
-    sources = [ModelSource(DEFAULT_MODEL_NAME, default_tokenizer_path())]
-    if QWEN.exists():
-        sources.append(ModelSource("qwen2.5-instruct", QWEN))
-    return sources
+    return [
+        ModelSource(DEFAULT_MODEL_NAME, default_tokenizer_path()),
+        ModelSource("qwen2.5-instruct", QWEN),
+    ]
 
 
 def _prompts(sources: list[ModelSource]) -> dict[str, list[tuple[str, int]]]:

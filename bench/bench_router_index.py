@@ -31,11 +31,11 @@ import redis
 from timing import pct, sample
 
 from tokenkeys.events.model import BlockStored, EventBatch, SpecRef
-from tokenkeys.router.index import PrefixIndex
-from tokenkeys.router.index_memory import MemoryPrefixIndex
-from tokenkeys.router.index_redis import RedisPrefixIndex
-from tokenkeys.router.ingest import EventIngestor
-from tokenkeys.router.scorer import score_workers
+from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.index.model import PrefixIndex
+from tokenkeys.router.index.redis import RedisPrefixIndex
+from tokenkeys.router.ingest.ingestor import EventIngestor
+from tokenkeys.router.policy.scorer import score_workers
 
 BLOCK = 16
 PROMPT_TOKENS = 128 * 1024

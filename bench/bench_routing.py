@@ -39,9 +39,9 @@ from pathlib import Path
 
 from timing import pct
 
-from tokenkeys.router.pool_setup import PoolSettings
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RouterConfig, RoutingService
+from tokenkeys.router.workers.pool_setup import PoolSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 PLOT = ROOT / "docs" / "routing.png"

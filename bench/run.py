@@ -25,7 +25,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("only", nargs="*", help="module names to run, e.g. bench_tokenize")
     args = parser.parse_args()
-    sys.path[:0] = [str(HERE), str(ROOT / "src")]
+    # tests/: conformance_data gives the real tokenizers of tests/data (README there).
+    sys.path[:0] = [str(HERE), str(ROOT / "src"), str(ROOT / "tests")]
     names = sorted(p.stem for p in HERE.glob("bench_*.py"))
     if args.only:
         names = [n for n in names if n in args.only]

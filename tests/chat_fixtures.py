@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
-# Tokenizers in ../shared/tokenizers that ship a chat template.
+# Tokenizers in tests/data/tokenizers that ship a chat template.
 CHAT_MODELS = ("smollm2-135m-instruct", "qwen2.5-instruct", "phi-3-mini")
 
 TOOLS = [

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tokenkeys.limits import Limits
-from tokenkeys.server.models import ModelRegistry
+from tokenkeys.serving.models import ModelRegistry
 
 from support import ServerThread
 

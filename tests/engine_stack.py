@@ -22,14 +22,14 @@ from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.limits import Limits
-from tokenkeys.server.engine_config import EngineConfig
-from tokenkeys.server.engine_runtime import EngineRuntime
-from tokenkeys.server.engine_services import engine_service_adders
-from tokenkeys.server.grpc_server import start_grpc_server
-from tokenkeys.server.loading import ModelSource, load_models
-from tokenkeys.server.local_engine import LocalEngine
-from tokenkeys.server.models import ModelRegistry, ServedModel
-from tokenkeys.server.tokenizer_service import TokenizerService
+from tokenkeys.server.grpc.engine_services import engine_service_adders
+from tokenkeys.server.grpc.server import start_grpc_server
+from tokenkeys.server.grpc.tokenizer import TokenizerService
+from tokenkeys.server.runtime.config import EngineConfig
+from tokenkeys.server.runtime.engines import EngineRuntime
+from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.server.runtime.local import LocalEngine
+from tokenkeys.serving.models import ModelRegistry, ServedModel
 from tokenkeys.tokenizer import TokenizerOptions
 
 

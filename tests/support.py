@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: the ../shared conformance data and real loopback servers."""
+"""Helpers shared by the tests: real loopback servers and the ``tokenkeys`` command line."""
 
 from __future__ import annotations
 
@@ -7,24 +7,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc_server import start_grpc_server
-from tokenkeys.server.models import ModelRegistry
-from tokenkeys.server.tokenizer_service import TokenizerService
+from tokenkeys.server.grpc.server import start_grpc_server
+from tokenkeys.server.grpc.tokenizer import TokenizerService
+from tokenkeys.serving.models import ModelRegistry
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-
-
-def shared_path(*parts: str) -> Path:
-    """A path under ../shared, or skip the test with the reason when it is absent."""
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"{path} is absent (conformance data lives in ../shared beside the checkout)")
-    return path
 
 
 class LoopServerThread:

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from support import REPO, run_cli, shared_path
+from conformance_data import data_path
+from support import REPO, run_cli
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def test_detokenize_cli(served: str) -> None:
 
 
 def test_unloadable_model_stops_serve_naming_the_file() -> None:
-    path = shared_path("tokenizers", "llama2-unloadable")
+    path = data_path("tokenizers", "llama2-unloadable")
     result = run_cli("serve", "--model", str(path), "--grpc-port", "0", check=False)
     assert result.returncode == 2
     assert "tokenizer.json" in result.stderr and "Merges" in result.stderr

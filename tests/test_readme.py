@@ -7,8 +7,8 @@ from pathlib import Path
 
 from tokenkeys.keys.deployment import KeySpecOptions, build_spec
 from tokenkeys.limits import Limits
-from tokenkeys.server.cache_key_service import attach_cache_keys
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.grpc.cache_keys import attach_cache_keys
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
 from support import REPO, ServerThread

@@ -22,9 +22,9 @@ from tokenkeys.artifacts import ArtifactStreamer
 from tokenkeys.artifacts.manifest import options_from_identity
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
-from tokenkeys.server.models import ModelRegistry, ServedModel
-from tokenkeys.server.tokenizer_messages import tokenizer_identity
+from tokenkeys.serving.models import ModelRegistry, ServedModel
 from tokenkeys.tokenizer import FileEntry, Tokenizer, fingerprint
+from tokenkeys.tokenizer.proto import tokenizer_identity
 
 
 @dataclass(frozen=True)

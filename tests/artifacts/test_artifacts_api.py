@@ -7,7 +7,7 @@ from pathlib import Path
 
 import tokenkeys.artifacts
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path
 
 from support import REPO

@@ -17,8 +17,8 @@ from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
 from tokenkeys.artifacts import ArtifactCache, ArtifactStreamer, Receiver, default_cache_dir
 from tokenkeys.artifacts.cache import METADATA_FILE
 from tokenkeys.errors import FailedPrecondition, InvalidArgument
-from tokenkeys.server.tokenizer_messages import tokenizer_identity
 from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, default_tokenizer_path, fingerprint
+from tokenkeys.tokenizer.proto import tokenizer_identity
 
 TOKENIZER = Tokenizer.load(default_tokenizer_path())
 

@@ -15,7 +15,7 @@ import pytest
 from faulty_streams import Stall, data_indices, leftovers, served
 
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, default_tokenizer_path
 
 from support import REPO, run_cli
@@ -81,6 +81,11 @@ def test_pull_draws_a_progress_bar_on_a_terminal(server, tmp_path: Path) -> None
     assert f"{fp} (1.8 MB in " in text
 
 
+def _written(cache: Path, name: str) -> int:
+    """Bytes of ``name`` written so far in the cache's partial folder (files are unbuffered)."""
+    return sum(p.stat().st_size for p in cache.rglob(name)) if cache.exists() else 0
+
+
 def test_interrupt_leaves_nothing(grpc_server, tmp_path: Path) -> None:  # noqa: ANN001
     tokenizer = Tokenizer.load(default_tokenizer_path())
 
@@ -101,9 +106,8 @@ def test_interrupt_leaves_nothing(grpc_server, tmp_path: Path) -> None:  # noqa:
         env=env,
     )
     deadline = time.monotonic() + 30
-    while len(leftovers(cache)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.2)  # both chunks before the stall are written
+    while _written(cache, "tokenizer.json") < 131072 and time.monotonic() < deadline:
+        time.sleep(0.02)  # until both chunks before the stall are written
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130

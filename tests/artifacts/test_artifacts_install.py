@@ -15,8 +15,8 @@ from tokenkeys.artifacts import ArtifactCache, ArtifactStreamer, Receiver
 from tokenkeys.artifacts.cache import METADATA_FILE
 from tokenkeys.artifacts.streamer import StreamPlan
 from tokenkeys.errors import ArtifactError
-from tokenkeys.server.tokenizer_messages import tokenizer_identity
 from tokenkeys.tokenizer import Tokenizer, default_tokenizer_path, read_folder
+from tokenkeys.tokenizer.proto import tokenizer_identity
 
 TOKENIZER = Tokenizer.load(default_tokenizer_path())
 STREAMER = ArtifactStreamer(TOKENIZER, tokenizer_identity(TOKENIZER))

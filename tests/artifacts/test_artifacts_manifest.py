@@ -15,8 +15,8 @@ from tokenkeys.artifacts import ArtifactLimits, ArtifactStreamer, Manifest
 from tokenkeys.artifacts.manifest import options_from_identity
 from tokenkeys.artifacts.streamer import StreamPlan
 from tokenkeys.errors import ArtifactError, LimitExceeded
-from tokenkeys.server.tokenizer_messages import tokenizer_identity
 from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, default_tokenizer_path
+from tokenkeys.tokenizer.proto import tokenizer_identity
 
 
 @pytest.fixture(scope="module")

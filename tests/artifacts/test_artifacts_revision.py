@@ -17,8 +17,8 @@ from tokenkeys.artifacts import ArtifactCache, fetch, pull
 from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import FailedPrecondition
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import ModelSource, load_models
-from tokenkeys.server.models import ModelRegistry
+from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.serving.models import ModelRegistry
 from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path
 
 from support import ServerThread

@@ -16,21 +16,21 @@ from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import FailedPrecondition
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path
 
-from support import shared_path
+from conformance_data import data_path
 
 
 def multilingual_texts() -> list[str]:
-    doc = json.loads(shared_path("vectors", "multilingual", "inputs.json").read_text("utf-8"))
+    doc = json.loads(data_path("vectors", "multilingual", "inputs.json").read_text("utf-8"))
     return [item["text"] for item in doc["inputs"]]
 
 
 def source(name: str) -> ModelSource:
     if name == "default":
         return ModelSource.default()
-    return ModelSource(name, shared_path("tokenizers", name))
+    return ModelSource(name, data_path("tokenizers", name))
 
 
 @pytest.mark.parametrize("name", ["default", "qwen2.5-instruct"])

@@ -16,9 +16,9 @@ from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.artifacts import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, ArtifactStreamer
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import ModelSource, load_models
-from tokenkeys.server.tokenizer_messages import tokenizer_identity
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, default_tokenizer_path
+from tokenkeys.tokenizer.proto import tokenizer_identity
 
 from support import ServerThread
 

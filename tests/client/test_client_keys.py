@@ -24,8 +24,8 @@ from tokenkeys.keys.proto import (
 )
 from tokenkeys.keys.strategy import KeyRequest, KeyStrategy
 from tokenkeys.limits import Limits
-from tokenkeys.server.cache_key_service import CacheKeyService, attach_cache_keys
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.grpc.cache_keys import CacheKeyService, attach_cache_keys
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
 TOKENS = list(range(1000, 1100))

@@ -206,9 +206,11 @@ async def test_request_waits_for_blocks_held_by_a_running_request():
     holder = engine.generate(list(range(12)), GenerationParams(max_tokens=2))  # needs 4 blocks
     await holder.__anext__()
     waiter = asyncio.ensure_future(run(engine, [500, 501, 502, 503], max_tokens=1))
-    for _ in range(20):
+    for _ in range(1000):  # until the waiter has asked for its blocks and been put off
+        if engine.stats.waiting == 1 or waiter.done():
+            break
         await asyncio.sleep(0)
-    assert not waiter.done()
+    assert engine.stats.waiting == 1 and not waiter.done()
     async for _ in holder:
         pass
     out = (await waiter)[-1]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import pytest
 import zmq
@@ -21,6 +23,7 @@ from tokenkeys.events.zmq_publisher import END_SEQ, ZmqEventPublisher, make_topi
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 
 TOPIC = "kv@127.0.0.1:8000@test-model"
+T = TypeVar("T")
 
 
 def _ctx() -> zmq.Context:
@@ -49,6 +52,15 @@ async def _warm_raw(pub: ZmqEventPublisher, sub: zmq.asyncio.Socket) -> None:
                 frames = await sub.recv_multipart()
             return
     raise AssertionError("subscriber never connected")
+
+
+async def _first_while_probing(probe: Callable[[], object], recv: Callable[[], Awaitable[T]]) -> T:
+    """Call ``probe()`` until ``recv()`` gives something (a SUB joins late); return that."""
+    for _ in range(400):
+        probe()
+        with contextlib.suppress(asyncio.TimeoutError):
+            return await asyncio.wait_for(recv(), 0.05)
+    raise AssertionError("nothing received while probing")
 
 
 async def _warm(pub: ZmqEventPublisher, sub: ZmqEventSubscriber) -> int:
@@ -210,14 +222,28 @@ async def test_malformed_replay_requests_are_ignored():
 async def test_topic_filtering():
     async with ZmqEventPublisher(topic="kv@a:1@m") as pub:
         match = await _raw_sub(pub.endpoint, "kv@a:1@")
-        other = await _raw_sub(pub.endpoint, "kv@b:1@")
+        other = _actx().socket(zmq.SUB)
+        other.setsockopt(zmq.LINGER, 0)
+        other.setsockopt(zmq.SUBSCRIBE, b"kv@b:1@")
+        # Watched from before connect(), so the handshake event cannot be missed.
+        monitor = other.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        other.connect(pub.endpoint)
         try:
+            await asyncio.wait_for(monitor.recv_multipart(), 5)  # `other` is connected
+            # Probes sent after that handshake also let the publisher take in `other`'s
+            # subscription (libzmq reads it on a later send).
             await _warm_raw(pub, match)
-            await asyncio.sleep(0.05)  # let `other` subscribe too; it must still get nothing
-            pub.publish(b"x")
+            x = pub.publish(b"x")
             assert (await match.recv_multipart())[2] == b"x"
-            assert await other.poll(100) == 0
+            # `other` now takes the publisher's topic too. Frames of one connection arrive in
+            # order, so had x been sent to it, x would come first: the first frame must be a
+            # probe published after x.
+            other.setsockopt(zmq.SUBSCRIBE, b"kv@a:1@")
+            first = await _first_while_probing(lambda: pub.publish(b"probe"), other.recv_multipart)
+            assert first[2] == b"probe" and int.from_bytes(first[1], "big") > x
         finally:
+            other.disable_monitor()
+            monitor.close(linger=0)
             match.close(linger=0)
             other.close(linger=0)
 
@@ -352,13 +378,7 @@ async def test_publisher_restart_is_signalled_and_the_new_run_replayed():
             except Unavailable:
                 await asyncio.sleep(0.02)
         async with second:
-            got = None
-            for _ in range(400):
-                second.publish(b"new")
-                with contextlib.suppress(asyncio.TimeoutError):
-                    got = await asyncio.wait_for(sub.recv(), 0.05)
-                    break
-            assert got is not None
+            got = await _first_while_probing(lambda: second.publish(b"new"), sub.recv)
             assert got.restarted and got.seq == 0 and got.payload == b"new"
             later = [await sub.recv() for _ in range(second.next_seq - 1)]
     finally:

@@ -17,7 +17,7 @@ from tokenkeys.keys import Adapter, KeyContext, MMItem, block_keys, make_spec
 from tokenkeys.keys.compute import reference_block_keys
 from tokenkeys.keys.llmd import fnv1a64
 
-from support import shared_path
+from conformance_data import data_path
 
 CBOR_FNV = "llmd/cbor-fnv64@0.10"
 XXH64 = "llmd/xxh64@c027acf"
@@ -61,7 +61,7 @@ def test_xxh64_keys() -> None:
 
 
 def test_golden_prompt_with_model_and_adapter() -> None:
-    data = json.loads(shared_path("vectors", "vllm-kv-events", "kv_event_base.json").read_text())
+    data = json.loads(data_path("vectors", "vllm-kv-events", "kv_event_base.json").read_text())
     spec = make_spec(CBOR_FNV, 16, root_seed="42")
     base = block_keys(data["token_ids"], spec, KeyContext(model="Qwen/Qwen3-0.6B"))
     assert (base[0].event_key, base[-1].event_key) == (12153654422267818227, 3809804460949024921)

@@ -13,7 +13,7 @@ from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys import Adapter, KeyContext, MMItem, block_keys, get_profile, make_spec
 from tokenkeys.keys.compute import reference_block_keys
 
-from support import shared_path
+from conformance_data import data_path
 
 VLLM_IDS = [
     f"vllm/{a}@{e}"
@@ -35,9 +35,9 @@ VLLM_IDS = [
     ],
 )
 def test_real_vllm_engine_hashes(name: str, context: KeyContext | None) -> None:
-    # ../shared/vectors/vllm-kv-events: BlockStored events of a real vLLM engine
+    # tests/data/vectors/vllm-kv-events: BlockStored events of a real vLLM engine
     # (PYTHONHASHSEED=42, block_size 16, sha256_cbor), from llm-d-kv-cache-manager testdata.
-    data = json.loads(shared_path("vectors", "vllm-kv-events", name).read_text())
+    data = json.loads(data_path("vectors", "vllm-kv-events", name).read_text())
     spec = make_spec("vllm/sha256_cbor@0.29", data["block_size"], root_seed=data["hash_seed"])
     keys = block_keys(data["token_ids"], spec, context)
     assert [k.event_key for k in keys] == data["block_hashes"]

@@ -13,9 +13,7 @@ from hypothesis import strategies as st
 from tokenkeys.errors import ConfigError, InvalidArgument, Unsupported, status_of
 from tokenkeys.preprocess.chat import ChatOptions, ChatPrologue, unsupported_reason
 
-from support import SHARED
-
-TOKENIZERS = SHARED / "tokenizers"
+from conformance_data import data_path
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -333,17 +331,12 @@ def test_string_and_text_parts_render_the_same(texts: list[str]) -> None:
 
 # --- parity with transformers on real tokenizers ---
 
-needs_tokenizers = pytest.mark.skipif(
-    not TOKENIZERS.is_dir(), reason=f"real tokenizers not found at {TOKENIZERS}"
-)
 
-
-@needs_tokenizers
 def test_openai_request_matches_transformers_on_vllm_conversation() -> None:
     """An OpenAI-style request renders as transformers does on vLLM's parsed conversation."""
     transformers = pytest.importorskip("transformers")
     tok = transformers.PreTrainedTokenizerFast.from_pretrained(
-        str(TOKENIZERS / "qwen2.5-instruct"), local_files_only=True
+        str(data_path("tokenizers", "qwen2.5-instruct")), local_files_only=True
     )
     request = {
         "messages": [

@@ -7,7 +7,7 @@ import pytest
 from tokenkeys.errors import InvalidArgument, LimitExceeded, Unsupported
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.completion import prompts_of, unsupported_reason
-from tokenkeys.server.loading import load_models
+from tokenkeys.server.runtime.loading import load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
 PRE = load_models([], TokenizerOptions(), Limits(max_tokens_per_request=64)).get(None).preprocessor

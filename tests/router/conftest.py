@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 import redis
 
-from tokenkeys.router.index import PrefixIndex
-from tokenkeys.router.index_memory import MemoryPrefixIndex
-from tokenkeys.router.index_redis import RedisPrefixIndex
-from tokenkeys.router.instrumented import InstrumentedIndex
+from tokenkeys.router.index.instrumented import InstrumentedIndex
+from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.index.model import PrefixIndex
+from tokenkeys.router.index.redis import RedisPrefixIndex
 
 
 def _free_port() -> int:
@@ -60,6 +60,7 @@ class RedisServer:
                     return self
                 except redis.exceptions.RedisError as exc:
                     if self.proc.poll() is not None or time.monotonic() > deadline:
+                        self.stop()
                         with open(log, errors="replace") as f:
                             tail = f.read()[-2000:]
                         raise RuntimeError(f"redis-server did not start: {tail}") from exc
@@ -70,7 +71,11 @@ class RedisServer:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(10)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
         self.proc = None
 
     def remove(self) -> None:
@@ -80,29 +85,26 @@ class RedisServer:
 
 @pytest.fixture(scope="session")
 def redis_binary() -> str:
+    """The ``redis-server`` on PATH; tests that need one skip, naming the package, without it."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip(
-            "redis-server is not installed (apt-get install -y redis-server) and REDIS_URL is unset"
-        )
+        pytest.skip("redis-server is not on PATH (Debian: apt-get install -y redis-server)")
     return binary
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """A Redis everyone in this session shares; tests isolate themselves by namespace."""
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A Redis everyone in this session shares; tests isolate themselves by namespace.
+
+    ``REDIS_URL`` when set; otherwise a ``redis-server`` started here for the session.
+    """
     url = os.environ.get("REDIS_URL")
     if url:
         yield url
         return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip(
-            "redis-server is not installed (apt-get install -y redis-server) and REDIS_URL is unset"
-        )
-    server = RedisServer(binary).start()
+    server = RedisServer(request.getfixturevalue("redis_binary"))
     try:
-        yield server.url
+        yield server.start().url
     finally:
         server.remove()
 
@@ -116,9 +118,11 @@ def start_redis(redis_binary: str) -> Iterator[Callable[[], RedisServer]]:
         servers.append(RedisServer(redis_binary))
         return servers[-1].start()
 
-    yield start
-    for server in servers:
-        server.remove()
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.remove()
 
 
 class Backend:

@@ -19,16 +19,16 @@ from tokenkeys.events.model import EventBatch
 from tokenkeys.keys import CacheKeySpec, make_spec
 from tokenkeys.keys.deployment import DEFAULT_PROFILE
 from tokenkeys.limits import Limits
-from tokenkeys.router.core import Router
-from tokenkeys.router.index import PrefixIndex
+from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.metrics import RouterMetrics
-from tokenkeys.router.pool_setup import PoolSettings
-from tokenkeys.router.registry import WorkerRegistry
+from tokenkeys.router.policy.router import Router
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.service import RouterConfig, RoutingService
-from tokenkeys.server.cache_key_service import attach_cache_keys
-from tokenkeys.server.engine_config import EngineConfig
-from tokenkeys.server.models import ModelRegistry, ServedModel
+from tokenkeys.router.workers.pool_setup import PoolSettings
+from tokenkeys.router.workers.registry import WorkerRegistry
+from tokenkeys.server.grpc.cache_keys import attach_cache_keys
+from tokenkeys.server.runtime.config import EngineConfig
+from tokenkeys.serving.models import ModelRegistry, ServedModel
 
 SYSTEM = (
     "You are the support assistant of the Example Rail company. Answer briefly and politely, "
@@ -218,8 +218,8 @@ async def collect(engine: RoutedEngine, ids: list[int], **kw: object):  # noqa: 
 
 async def start_frontend(cluster: Cluster):  # noqa: ANN201
     """The routing HTTP app over ``cluster`` on a loopback port; returns (server, base URL)."""
+    from tokenkeys.frontend import start_http_server
     from tokenkeys.router.frontend import create_router_app
-    from tokenkeys.server.http import start_http_server
 
     service = cluster.service
     app = create_router_app(service.registry, service.router, metrics=service.metrics_registry)

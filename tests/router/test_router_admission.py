@@ -22,8 +22,8 @@ from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.keys import make_spec
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.limits import Limits
-from tokenkeys.router.pool_setup import PoolSettings
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.router.workers.pool_setup import PoolSettings
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
 

@@ -19,11 +19,11 @@ from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, BlockStored, 
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_publisher import ZmqEventPublisher
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
-from tokenkeys.router.consumer import ZmqEventConsumer
-from tokenkeys.router.index import PrefixIndex
-from tokenkeys.router.index_memory import MemoryPrefixIndex
-from tokenkeys.router.index_redis import RedisPrefixIndex
-from tokenkeys.router.ingest import EventIngestor
+from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.index.model import PrefixIndex
+from tokenkeys.router.index.redis import RedisPrefixIndex
+from tokenkeys.router.ingest.consumer import ZmqEventConsumer
+from tokenkeys.router.ingest.ingestor import EventIngestor
 
 SPEC = SpecRef("vllm/sha256_cbor@0.31", "c" * 64)
 FOREIGN = SpecRef("vllm/sha256_cbor@0.31", "d" * 64)

@@ -6,8 +6,8 @@ import pytest
 import xxhash
 from routing_support import SYSTEM, collect, start_cluster
 
-from tokenkeys.router.pool_setup import PoolSettings
 from tokenkeys.router.routed_engine import RouteNote, current_note
+from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
 async def run_conversations(cluster, conversations: int, turns: int, *, shared: bool = True):  # noqa: ANN001, ANN201, E501

@@ -11,10 +11,10 @@ from routing_support import SYSTEM, start_cluster, start_frontend
 from tokenkeys.keys import make_spec
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
-from tokenkeys.router.pool_setup import PoolSettings
-from tokenkeys.server.cache_key_service import attach_cache_keys
-from tokenkeys.server.loading import ModelSource, load_models
-from tokenkeys.server.models import ModelRegistry
+from tokenkeys.router.workers.pool_setup import PoolSettings
+from tokenkeys.server.grpc.cache_keys import attach_cache_keys
+from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.serving.models import ModelRegistry
 from tokenkeys.tokenizer import TokenizerOptions
 
 

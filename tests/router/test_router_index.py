@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenkeys.errors import InvalidArgument
-from tokenkeys.router.index import PrefixIndex, PrefixMatch, index_key, medium_tier
+from tokenkeys.router.index.model import PrefixIndex, PrefixMatch, index_key, medium_tier
 
 GPU = ("gpu",)
 CPU = ("cpu",)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tokenkeys.errors import ConfigError
-from tokenkeys.router.index_memory import MemoryPrefixIndex
+from tokenkeys.router.index.memory import MemoryPrefixIndex
 
 
 async def test_capacity_bounds_the_key_count_evicting_the_least_recently_used():

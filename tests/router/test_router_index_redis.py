@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from tokenkeys.errors import ConfigError, FailedPrecondition, Unavailable
-from tokenkeys.router.index import PrefixMatch
-from tokenkeys.router.index_redis import RedisPrefixIndex
-from tokenkeys.router.scorer import score_workers
+from tokenkeys.router.index.model import PrefixMatch
+from tokenkeys.router.index.redis import RedisPrefixIndex
+from tokenkeys.router.policy.scorer import score_workers
 
 GPU = ("gpu",)
 

@@ -18,8 +18,8 @@ from tokenkeys.events.model import (
     EventBatch,
     SpecRef,
 )
-from tokenkeys.router.index_memory import MemoryPrefixIndex
-from tokenkeys.router.ingest import EventIngestor, IngestMetrics
+from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.ingest.ingestor import EventIngestor, IngestMetrics
 
 SPEC = SpecRef("vllm/sha256_cbor@0.31", "a" * 64)
 OTHER = SpecRef("vllm/sha256_cbor@0.31", "b" * 64)

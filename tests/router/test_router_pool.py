@@ -8,8 +8,8 @@ from tokenkeys.errors import FailedPrecondition
 from tokenkeys.keys import KeyContext, make_spec
 from tokenkeys.keys.strategy import KeyStrategy
 from tokenkeys.preprocess import Preprocessor
-from tokenkeys.router.discovery import EventSource, KeySpecRef, ModelDescription
-from tokenkeys.router.pool import Pool, choose_source, index_worker_id
+from tokenkeys.router.workers.discovery import EventSource, KeySpecRef, ModelDescription
+from tokenkeys.router.workers.pool import Pool, choose_source, index_worker_id
 from tokenkeys.tokenizer import Tokenizer, default_tokenizer_path
 
 SPEC = make_spec("vllm/sha256_cbor@0.31", 16)

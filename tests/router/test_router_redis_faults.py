@@ -16,8 +16,8 @@ from routing_support import (
     wait_until,
 )
 
-from tokenkeys.router.index_redis import RedisPrefixIndex
-from tokenkeys.router.pool_setup import PoolSettings
+from tokenkeys.router.index.redis import RedisPrefixIndex
+from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
 @pytest.mark.parametrize("transport", ["zmq", "grpc"])

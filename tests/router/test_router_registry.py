@@ -17,7 +17,7 @@ from routing_support import (
     wait_until,
 )
 
-from tokenkeys.router.pool_setup import PoolSettings
+from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
 @pytest.fixture

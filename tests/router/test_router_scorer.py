@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys import block_keys, make_spec
-from tokenkeys.router.index import PrefixMatch, prompt_keys
-from tokenkeys.router.index_memory import MemoryPrefixIndex
-from tokenkeys.router.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore, score_workers
+from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.index.model import PrefixMatch, prompt_keys
+from tokenkeys.router.policy.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore, score_workers
 
 
 def match(worker: str, *segments: tuple[int, tuple[str, ...]]) -> PrefixMatch:

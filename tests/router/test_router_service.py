@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tokenkeys.errors import ConfigError
-from tokenkeys.router.discovery import check_address
-from tokenkeys.router.index_memory import MemoryPrefixIndex
+from tokenkeys.router.index.memory import MemoryPrefixIndex
 from tokenkeys.router.service import RouterConfig
+from tokenkeys.router.workers.discovery import check_address
 
 
 @pytest.mark.parametrize("address", ["10.0.0.7:50051", "[::1]:50051", "engine-3.svc:9000"])

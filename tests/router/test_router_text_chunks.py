@@ -6,7 +6,12 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenkeys.router.text_chunks import CHUNK_BYTES, MAX_CHUNKS, TextChunkTable, chunk_hashes
+from tokenkeys.router.policy.text_chunks import (
+    CHUNK_BYTES,
+    MAX_CHUNKS,
+    TextChunkTable,
+    chunk_hashes,
+)
 
 
 def test_chunks_are_chained_xxh64_seeded_by_the_model_name():

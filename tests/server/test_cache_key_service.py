@@ -21,9 +21,9 @@ from tokenkeys.keys.registry import profile_ids
 from tokenkeys.keys.spec import BlockKey
 from tokenkeys.keys.vectors import generate_vectors
 from tokenkeys.limits import Limits
-from tokenkeys.server.cache_key_service import CacheKeyService, attach_cache_keys
-from tokenkeys.server.loading import ModelSource, load_models
-from tokenkeys.server.models import ModelRegistry, ServedModel
+from tokenkeys.server.grpc.cache_keys import CacheKeyService, attach_cache_keys
+from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.serving.models import ModelRegistry, ServedModel
 from tokenkeys.tokenizer import TokenizerOptions
 
 from support import ServerThread

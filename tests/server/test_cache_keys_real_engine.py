@@ -1,9 +1,9 @@
 """Acceptance: the 50 block hashes of a real vLLM engine, reproduced over ComputeCacheKeys.
 
-``../shared/vectors/vllm-kv-events`` holds two BlockStored events of vLLM serving
+``tests/data/vectors/vllm-kv-events`` holds two BlockStored events of vLLM serving
 Qwen/Qwen3-0.6B (``PYTHONHASHSEED=42``, block size 16, ``sha256_cbor``, bare-era extra keys),
 without and with the LoRA adapter ``Alice``. Qwen3 shares Qwen2.5's vocabulary, so the served
-tokenizer is ``../shared/tokenizers/qwen2.5-instruct``. The chain is text -> Tokenize ->
+tokenizer is ``tests/data/tokenizers/qwen2.5-instruct``. The chain is text -> Tokenize ->
 ComputeCacheKeys on one real loopback server, then the same through ``tokenkeys serve`` started
 with the serve options and ``tokenkeys keys --remote``.
 """
@@ -28,11 +28,12 @@ from tokenkeys.keys.deployment import KeySpecOptions, build_spec
 from tokenkeys.keys.proto import request_to_message
 from tokenkeys.keys.strategy import KeyRequest
 from tokenkeys.limits import Limits
-from tokenkeys.server.cache_key_service import attach_cache_keys
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.grpc.cache_keys import attach_cache_keys
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
-from support import REPO, run_cli, shared_path
+from conformance_data import data_path
+from support import REPO, run_cli
 
 OPTIONS = KeySpecOptions(profile="vllm/sha256_cbor@0.29", block_size=16, root_seed="42")
 SERVE_ARGS = ["--cache-key-profile", "vllm/sha256_cbor@0.29", "--block-size", "16"]
@@ -42,7 +43,7 @@ ADAPTER = ("Alice", "charent/self_cognition_Alice")
 
 
 def _events() -> list[dict]:
-    folder = shared_path("vectors", "vllm-kv-events")
+    folder = data_path("vectors", "vllm-kv-events")
     return [
         json.loads((folder / n).read_text()) for n in ("kv_event_base.json", "kv_event_lora.json")
     ]
@@ -54,7 +55,7 @@ def _context(event: dict) -> KeyContext | None:
 
 def test_text_to_engine_hashes_over_grpc(grpc_server) -> None:
     events = _events()
-    qwen = shared_path("tokenizers", "qwen2.5-instruct")
+    qwen = data_path("tokenizers", "qwen2.5-instruct")
     models = load_models([ModelSource("qwen3", qwen)], TokenizerOptions(), Limits())
     attach_cache_keys(models, build_spec(OPTIONS), Limits())
     server = grpc_server(models)
@@ -78,7 +79,7 @@ def test_text_to_engine_hashes_over_grpc(grpc_server) -> None:
 @pytest.fixture
 def serve_process():
     """``tokenkeys serve`` with the engine's options, on a free loopback port."""
-    qwen = shared_path("tokenizers", "qwen2.5-instruct")
+    qwen = data_path("tokenizers", "qwen2.5-instruct")
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     process = subprocess.Popen(
         [sys.executable, "-m", "tokenkeys.cli", "serve", "--model", f"qwen3={qwen}"]

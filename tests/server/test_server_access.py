@@ -21,7 +21,7 @@ from tokenkeys.artifacts import PullSettings, fetch
 from tokenkeys.cli import build_parser
 from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import ConfigError, TokenkeysError, Unauthenticated
-from tokenkeys.server.engine_config import EngineConfig
+from tokenkeys.server.runtime.config import EngineConfig
 
 from support import run_cli
 

@@ -1,7 +1,7 @@
 """Over gRPC, Tokenize and Detokenize equal the backend's own results on real tokenizers.
 
-Vectors: ../shared/vectors/llama.cpp (expected ids from Hugging Face tokenizers, per vocabulary)
-and ../shared/vectors/multilingual (transformers 4.57 baselines with add_special_tokens=True).
+Vectors: tests/data/vectors/llama.cpp (expected ids from Hugging Face tokenizers, per vocabulary)
+and tests/data/vectors/multilingual (transformers 4.57 baselines with add_special_tokens=True).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import tokenizers
 
 from tokenkeys.client import TokenizerClient
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import DEFAULT_MODEL_NAME, TokenizerOptions
 
-from support import run_cli, shared_path
+from conformance_data import data_path
+from support import run_cli
 
 LOADABLE = ["smollm2-135m-instruct", "qwen2.5-instruct", "phi-3-mini", "gpt2", "t5-small"]
 # llama.cpp vocabulary name -> our tokenizer folder
@@ -34,7 +35,7 @@ LOSSLESS = {"smollm2-135m-instruct", "gpt2"}
 
 
 def llama_cpp_cases(vocab: str) -> list[tuple[str, list[int]]]:
-    base = shared_path("vectors", "llama.cpp")
+    base = data_path("vectors", "llama.cpp")
     texts = (base / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8")
     outs = (base / f"ggml-vocab-{vocab}.gguf.out").read_text(encoding="utf-8")
     strings = texts.split("\n__ggml_vocab_test__\n")[:-1]
@@ -46,7 +47,7 @@ def all_strings() -> list[str]:
     out: list[str] = []
     for vocab in ("gpt-2", "qwen2", "phi-3", "llama-spm"):
         out += [s for s, _ in llama_cpp_cases(vocab)]
-    inputs = json.loads((shared_path("vectors", "multilingual") / "inputs.json").read_text())
+    inputs = json.loads((data_path("vectors", "multilingual") / "inputs.json").read_text())
     out += [e["text"] for e in inputs["inputs"]]
     return list(dict.fromkeys(out))
 
@@ -55,16 +56,17 @@ def all_strings() -> list[str]:
 def server():
     from support import ServerThread
 
-    base = shared_path("tokenizers")
-    models = load_models([ModelSource(n, base / n) for n in LOADABLE], TokenizerOptions(), Limits())
+    folders = {n: data_path("tokenizers", n) for n in LOADABLE}
+    sources = [ModelSource(n, f) for n, f in folders.items()]
+    models = load_models(sources, TokenizerOptions(), Limits())
     with ServerThread(models) as srv, TokenizerClient(srv.target) as client:
-        yield base, client
+        yield folders, client
 
 
 @pytest.mark.parametrize("name", LOADABLE)
 def test_tokenize_equals_the_backend(server, name: str) -> None:
-    base, client = server
-    ref = tokenizers.Tokenizer.from_file(str(base / name / "tokenizer.json"))
+    folders, client = server
+    ref = tokenizers.Tokenizer.from_file(str(folders[name] / "tokenizer.json"))
     strings = all_strings()
     for special in (False, True):
         got = client.tokenize(strings, model=name, add_special_tokens=special)
@@ -89,7 +91,7 @@ def test_llama_cpp_expected_ids(server, vocab: str, name: str) -> None:
 @pytest.mark.parametrize(("baseline", "name"), sorted(MULTILINGUAL.items()))
 def test_multilingual_baselines(server, baseline: str, name: str) -> None:
     _, client = server
-    base = shared_path("vectors", "multilingual")
+    base = data_path("vectors", "multilingual")
     inputs = {e["id"]: e["text"] for e in json.loads((base / "inputs.json").read_text())["inputs"]}
     entries = json.loads((base / "baselines" / baseline).read_text())["entries"]
     keys = sorted(entries)

@@ -18,9 +18,9 @@ from tokenkeys._gen.openengine.v1 import kv_pb2, lifecycle_pb2, model_pb2, serve
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as tpb
 from tokenkeys.events.zmq_endpoint import is_wildcard
 from tokenkeys.keys import make_spec
-from tokenkeys.server.discovery_messages import endpoint_of
-from tokenkeys.server.engine_config import EngineConfig, LoraModule
-from tokenkeys.server.engine_runtime import EngineRuntime
+from tokenkeys.server.grpc.discovery_messages import endpoint_of
+from tokenkeys.server.runtime.config import EngineConfig, LoraModule
+from tokenkeys.server.runtime.engines import EngineRuntime
 
 
 async def test_server_info_reports_engine_capacity_and_identity():
@@ -167,7 +167,7 @@ async def test_health_is_starting_until_the_engines_are_assembled():
     from engine_stack import default_models
 
     runtime = EngineRuntime(default_models(), EngineConfig())
-    from tokenkeys.server.discovery_messages import health
+    from tokenkeys.server.grpc.discovery_messages import health
 
     assert health(runtime, False).state == lifecycle_pb2.HEALTH_STATE_STARTING
     with pytest.raises(Exception, match="starting"):
@@ -198,7 +198,7 @@ async def test_two_engines_side_by_side_have_their_own_ports_and_instance_ids():
 
 async def test_several_models_each_have_their_own_stream():
     from tokenkeys.limits import Limits
-    from tokenkeys.server.loading import ModelSource, load_models
+    from tokenkeys.server.runtime.loading import ModelSource, load_models
     from tokenkeys.tokenizer import TokenizerOptions
 
     source = ModelSource.default()

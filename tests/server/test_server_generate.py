@@ -16,10 +16,10 @@ from engine_stack import GrpcEvents, start_stack
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys.engine.core import GenerationParams
 from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.engine.proto import TTFT_METADATA
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.keys import KeyContext
-from tokenkeys.server.engine_config import EngineConfig, LoraModule
-from tokenkeys.server.generate_messages import TTFT_METADATA
+from tokenkeys.server.runtime.config import EngineConfig, LoraModule
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 8
 

@@ -8,7 +8,7 @@ import pytest
 
 from tokenkeys.access import BearerTokens
 from tokenkeys.errors import TooManyRequests, Unauthenticated, Unavailable, status_of
-from tokenkeys.server.guards import (
+from tokenkeys.serving.guards import (
     AuthGuard,
     Call,
     DrainGuard,
@@ -17,7 +17,7 @@ from tokenkeys.server.guards import (
     build_guards,
     client_of,
 )
-from tokenkeys.server.lifecycle import Lifecycle
+from tokenkeys.serving.lifecycle import Lifecycle
 
 TOKEN = "t" * 20
 

@@ -24,7 +24,7 @@ from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_publisher import END_SEQ
 from tokenkeys.keys import block_keys
-from tokenkeys.server.engine_config import EngineConfig
+from tokenkeys.server.runtime.config import EngineConfig
 
 CODEC = ProtobufEventCodec()
 
@@ -194,11 +194,11 @@ async def test_subscriber_that_falls_behind_gets_a_terminal_overloaded_message()
 async def test_stopping_server_ends_subscriptions_with_a_terminal_draining_message():
     stack = await start_stack()
     try:
+        stack.local().engine.reset_prefix_cache()
         events = GrpcEvents(stack, 0)
-        waiting = asyncio.ensure_future(events.next())
-        await asyncio.sleep(0.05)
+        await events.batches(1)  # the subscription is live: it delivered the batch before it
         stack.runtime.begin_shutdown()
-        message = await waiting
+        message = await events.next()
         assert message.WhichOneof("event") == "error"
         assert message.error.code == error_pb2.ERROR_CODE_DRAINING and message.error.retryable
     finally:

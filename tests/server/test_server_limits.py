@@ -17,10 +17,10 @@ from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.errors import ConfigError, LimitExceeded
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
-from tokenkeys.server.engine_config import EngineConfig
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.config import EngineConfig
+from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.template.render import RenderLimits
 from tokenkeys.tokenizer import TokenizerOptions
-from tokenkeys.tokenizer.chat_template import RenderLimits
 
 from support import run_cli
 

@@ -18,16 +18,16 @@ from tokenkeys._gen.openengine.v1 import (
     openengine_pb2_grpc,
     server_pb2,
 )
+from tokenkeys.client.engine import RemoteEngine
 from tokenkeys.engine.core import GenerationParams
+from tokenkeys.engine.proto import TTFT_METADATA
 from tokenkeys.errors import Unavailable
 from tokenkeys.events.model import BlockStored
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.keys import KeyContext
 from tokenkeys.limits import Limits
-from tokenkeys.server.engine_config import EngineConfig
-from tokenkeys.server.generate_messages import TTFT_METADATA
-from tokenkeys.server.loading import ModelSource, load_models
-from tokenkeys.server.remote_engine import RemoteEngine
+from tokenkeys.server.runtime.config import EngineConfig
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
 # NUL handling differs on purpose: the frontend strips NUL (Dynamo style), the engine would keep

@@ -13,7 +13,7 @@ from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
 from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, LimitExceeded, NotFound
 from tokenkeys.limits import Limits
-from tokenkeys.server.loading import ModelSource, load_models
+from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import DEFAULT_MODEL_NAME, TokenizerOptions
 
 

@@ -11,7 +11,7 @@ import pytest
 from tokenkeys.errors import TokenizerLoadError
 from tokenkeys.tokenizer import Tokenizer, default_tokenizer_path
 
-from support import shared_path
+from conformance_data import data_path
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def folder(tmp_path: Path) -> Path:
 
 
 def test_unloadable_tokenizer_names_the_file_and_cause() -> None:
-    path = shared_path("tokenizers", "llama2-unloadable")
+    path = data_path("tokenizers", "llama2-unloadable")
     with pytest.raises(TokenizerLoadError) as info:
         Tokenizer.load(path)
     assert "tokenizer.json" in str(info.value)
@@ -131,7 +131,7 @@ def test_token_strs_are_decoded_text() -> None:
 
 
 def test_sentencepiece_token_strs_keep_leading_space() -> None:
-    tok = Tokenizer.load(shared_path("tokenizers", "phi-3-mini"))
+    tok = Tokenizer.load(data_path("tokenizers", "phi-3-mini"))
     ids = tok.encode(["Hello world"], add_special_tokens=False)[0].ids
     assert "".join(tok.token_strs(ids)).strip() == "Hello world"
     assert tok.token_strs(ids)[-1] == " world"

@@ -1,19 +1,16 @@
-// All 50 block hashes a real vLLM engine published (../shared/vectors/vllm-kv-events: Qwen3-0.6B,
+// All 50 block hashes a real vLLM engine published (tests/data/vectors/vllm-kv-events: Qwen3-0.6B,
 // PYTHONHASHSEED=42, block 16, sha256_cbor, bare-era extra keys; base and adapter "Alice"),
 // reproduced from the token ids with vllm/sha256_cbor@0.29.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { blockKeys, buildSpec, parseJson } from '../src/index.js';
 import { KV_EVENTS_DIR } from './paths.js';
 
-const present = existsSync(join(KV_EVENTS_DIR, 'kv_event_base.json'));
-const skip = present ? false : `${KV_EVENTS_DIR} is absent (shared engine captures not on this machine)`;
-
 for (const name of ['kv_event_base.json', 'kv_event_lora.json']) {
-  test(`vLLM engine capture ${name}: every block hash`, { skip }, async () => {
+  test(`vLLM engine capture ${name}: every block hash`, async () => {
     const capture = parseJson(readFileSync(join(KV_EVENTS_DIR, name), 'utf8'));
     assert.equal(capture.hash_seed, '42');
     const spec = await buildSpec({

@@ -210,7 +210,7 @@ class Manifest:
 def options_from_identity(identity: pb.TokenizerIdentity) -> tuple[TokenizerOptions, str]:
     """The behaviour options and behaviour string a ``TokenizerIdentity`` describes.
 
-    The inverse of :func:`tokenkeys.server.tokenizer_messages.tokenizer_identity`; a property
+    The inverse of :func:`tokenkeys.tokenizer.proto.tokenizer_identity`; a property
     test keeps the two in step.
     """
     defaults = identity.defaults

@@ -12,8 +12,8 @@ from tokenkeys.keys.deployment import (
 )
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
-from tokenkeys.server.loading import ModelSource, load_models
-from tokenkeys.server.models import ModelRegistry
+from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.serving.models import ModelRegistry
 from tokenkeys.tokenizer import TokenizerOptions
 
 

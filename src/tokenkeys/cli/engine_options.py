@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from tokenkeys.engine.latency import LatencyModel
-from tokenkeys.server.engine_config import DEFAULT_TOPIC, EngineConfig, LoraModule, new_instance_id
+from tokenkeys.server.runtime.config import DEFAULT_TOPIC, EngineConfig, LoraModule, new_instance_id
 
 _US = 1e-6
 

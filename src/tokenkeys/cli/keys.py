@@ -23,7 +23,7 @@ from tokenkeys.keys.deployment import build_spec
 from tokenkeys.keys.proto import request_to_message
 from tokenkeys.keys.vectors import write_vectors
 from tokenkeys.limits import Limits
-from tokenkeys.server.cache_key_service import CacheKeyService
+from tokenkeys.server.grpc.cache_keys import CacheKeyService
 
 
 def register(sub: argparse._SubParsersAction) -> None:

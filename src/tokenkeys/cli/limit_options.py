@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
-from tokenkeys.tokenizer.chat_template import RenderLimits
+from tokenkeys.template.render import RenderLimits
 
 _LIMIT_HELP = {
     "max_request_bytes": "bytes of one gRPC message or HTTP body (HTTP 413 / RESOURCE_EXHAUSTED)",

@@ -16,14 +16,14 @@ from tokenkeys.cli.access_options import (
     server_tokens,
 )
 from tokenkeys.cli.serve_http import http_config
+from tokenkeys.frontend import start_http_server
 from tokenkeys.limits import Limits
-from tokenkeys.router.core import POLICIES
 from tokenkeys.router.frontend import create_router_app
-from tokenkeys.router.index_memory import DEFAULT_CAPACITY
-from tokenkeys.router.pool_setup import PoolSettings
+from tokenkeys.router.index.memory import DEFAULT_CAPACITY
+from tokenkeys.router.policy.router import POLICIES
 from tokenkeys.router.service import INDEXES, RouterConfig, RoutingService
-from tokenkeys.server.http import start_http_server
-from tokenkeys.server.lifecycle import Lifecycle
+from tokenkeys.router.workers.pool_setup import PoolSettings
+from tokenkeys.serving.lifecycle import Lifecycle
 
 log = logging.getLogger("tokenkeys.route")
 

@@ -27,13 +27,13 @@ from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
-from tokenkeys.server.cache_key_service import attach_cache_keys
-from tokenkeys.server.engine_runtime import EngineRuntime
-from tokenkeys.server.engine_services import engine_service_adders
-from tokenkeys.server.grpc_server import start_grpc_server
-from tokenkeys.server.guards import build_guards
-from tokenkeys.server.lifecycle import Lifecycle
-from tokenkeys.server.tokenizer_service import TokenizerService
+from tokenkeys.server.grpc.cache_keys import attach_cache_keys
+from tokenkeys.server.grpc.engine_services import engine_service_adders
+from tokenkeys.server.grpc.server import start_grpc_server
+from tokenkeys.server.grpc.tokenizer import TokenizerService
+from tokenkeys.server.runtime.engines import EngineRuntime
+from tokenkeys.serving.guards import build_guards
+from tokenkeys.serving.lifecycle import Lifecycle
 
 log = logging.getLogger("tokenkeys.serve")
 

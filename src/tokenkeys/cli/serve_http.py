@@ -3,7 +3,7 @@
 Chat options carry vLLM's flag names (``vllm serve --chat-template``,
 ``--trust-request-chat-template``, ``--default-chat-template-kwargs``,
 ``--chat-template-content-format``) with their meaning; they enter the tokenizer fingerprint
-(:func:`tokenkeys.server.loading.chat_config_digest`).
+(:func:`tokenkeys.server.runtime.loading.chat_config_digest`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from tokenkeys.access.tls import ServerTls
 from tokenkeys.access.token import BearerTokens
 from tokenkeys.cli.limit_options import render_limits_from
 from tokenkeys.errors import ConfigError
+from tokenkeys.frontend import HttpConfig, HttpServer, create_app, start_http_server
+from tokenkeys.frontend.config import DETOKENIZE_PATH_ENV, TOKENIZE_PATH_ENV, resolve_paths
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
-from tokenkeys.server.http import HttpConfig, HttpServer, create_app, start_http_server
-from tokenkeys.server.http.config import DETOKENIZE_PATH_ENV, TOKENIZE_PATH_ENV, resolve_paths
-from tokenkeys.server.lifecycle import Lifecycle
-from tokenkeys.server.loading import ModelSource
-from tokenkeys.server.models import ModelRegistry
+from tokenkeys.server.runtime.loading import ModelSource
+from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.serving.models import ModelRegistry
+from tokenkeys.template.render import RenderLimits
 from tokenkeys.tokenizer import TOKEN_STRS
-from tokenkeys.tokenizer.chat_template import RenderLimits
 
 # vLLM's load_chat_template treats a value with any of these characters as the template itself.
 _TEMPLATE_CHARS = frozenset("{}\n")

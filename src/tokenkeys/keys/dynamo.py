@@ -4,7 +4,8 @@ Matched against ``ai-dynamo/dynamo`` ``lib/kv-router/src/protocols.rs`` @038eab2
 (``compute_block_hash_for_seq``, ``hash_mm_identifier``, ``compute_next_seq_hash``),
 ``lib/kv-hashing/src/salt.rs`` (``compute_salt_hash``) and ``lib/tokens/src/lib.rs``
 (``compute_next_sequence_hash``), and checked against the compiled
-``dynamo._core.compute_block_hash_for_seq`` of ``ai-dynamo-runtime`` 1.6.1:
+``dynamo._core.compute_block_hash_for_seq`` of ``ai-dynamo-runtime`` 1.6.1 (live, by
+``tests/peers/test_peers_dynamo.py``; the wheel exposes the local hashes, not the chain):
 
 * seed = 1337 (+ XXH3-64(adapter name, seed 0)) (+ XXH3-64(cache namespace, seed 1)), wrapping
   u64 additions, empty strings count as absent;

@@ -10,8 +10,13 @@ big-endian int64.
 
 A cache salt (SGLang 0.5.23, default event format) seeds the event chain: the first page's
 prior is SHA-256(b"sglang-cache-salt-v1\\0" || UTF-8 salt). LoRA adapters are refused: SGLang
-keys them by an internal per-load uuid (``extra_key``), which no client can know. Multimodal
-inputs are already in the token ids (pad values), so separate items are refused too.
+namespaces a LoRA request's event hashes with its ``extra_key``, which ends in the adapter's
+``lora_id``, a uuid5 of name and path for ``--lora-paths`` adapters but a random uuid4 for
+adapters loaded at run time (``sglang/srt/lora/lora_registry.py``); nothing in a request says
+which, so no client can know it. Multimodal inputs are already in the token ids (pad values), so
+separate items are refused too.
+
+Checked live against the sglang 0.5.23 wheel by ``tests/peers/test_peers_sglang.py``.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from tokenkeys.preprocess.chat_messages import media_kind, normalize_messages
 from tokenkeys.preprocess.chat_schema import check_chat_request
 from tokenkeys.preprocess.chat_tools import check_tool_choice, normalize_tools, optional
 from tokenkeys.preprocess.prompt_options import shared_prompt_reason
-from tokenkeys.tokenizer.chat_template import ChatTemplateRenderer, RenderLimits
+from tokenkeys.template.render import ChatTemplateRenderer, RenderLimits
 from tokenkeys.tokenizer.chat_template_select import select_template
 
 # transformers' apply_chat_template parameters that change tokenization, with their defaults.

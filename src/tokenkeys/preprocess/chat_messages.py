@@ -8,7 +8,7 @@ Matched against vLLM's ``vllm/entrypoints/chat_utils.py`` (0.33-era ``main``:
 - content given as a string is one text part; null or missing content is no parts;
 - with the ``"string"`` content format the texts of the parts are joined with ``"\\n"``; with
   ``"openai"`` they stay a list of ``{"type": "text", "text": ...}`` parts (see
-  :mod:`tokenkeys.tokenizer.chat_template_ast` for how the format is detected);
+  :mod:`tokenkeys.template.syntax` for how the format is detected);
 - text parts are ``text``, ``input_text``, ``output_text``, ``refusal`` and ``thinking`` (a
   ``text`` or ``refusal`` part without its text is skipped), plain strings, and
   ``tool_reference`` (its name);
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenkeys.errors import InvalidArgument, Unsupported
-from tokenkeys.tokenizer.chat_template_ast import ContentFormat
+from tokenkeys.template.syntax import ContentFormat
 
 # Part types that carry text, and the key holding it (vLLM MM_PARSER_MAP).
 _TEXT_PART_KEYS = {

@@ -9,18 +9,18 @@ cache-key spec); :class:`Router` turns a :class:`RouteRequest` into a :class:`Ro
 the OpenAI HTTP frontend of ``tokenkeys.router.frontend`` in front).
 """
 
-from tokenkeys.router.consumer import ZmqEventConsumer
-from tokenkeys.router.consumer_grpc import GrpcEventConsumer
-from tokenkeys.router.core import RouteDecision, Router, RouteRequest
-from tokenkeys.router.index import PrefixIndex, PrefixMatch, index_key, prompt_keys
-from tokenkeys.router.index_memory import MemoryPrefixIndex
-from tokenkeys.router.index_redis import RedisPrefixIndex
-from tokenkeys.router.ingest import EventIngestor, IngestMetrics
-from tokenkeys.router.instrumented import InstrumentedIndex
-from tokenkeys.router.pool_setup import PoolSettings
-from tokenkeys.router.registry import WorkerRegistry
-from tokenkeys.router.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore, score_workers
+from tokenkeys.router.index.instrumented import InstrumentedIndex
+from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.index.model import PrefixIndex, PrefixMatch, index_key, prompt_keys
+from tokenkeys.router.index.redis import RedisPrefixIndex
+from tokenkeys.router.ingest.consumer import ZmqEventConsumer
+from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
+from tokenkeys.router.ingest.ingestor import EventIngestor, IngestMetrics
+from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
+from tokenkeys.router.policy.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore, score_workers
 from tokenkeys.router.service import RouterConfig, RoutingService
+from tokenkeys.router.workers.pool_setup import PoolSettings
+from tokenkeys.router.workers.registry import WorkerRegistry
 
 __all__ = [
     "DEFAULT_TIER_WEIGHTS",

@@ -1,7 +1,7 @@
 """The routing HTTP frontend: the OpenAI frontend of ``tokenkeys serve``, generating through routes.
 
 Nothing of the frontend is rewritten here. :func:`create_router_app` hands
-:func:`tokenkeys.server.http.create_app` a live view of the router's pools as served models
+:func:`tokenkeys.frontend.create_app` a live view of the router's pools as served models
 (:class:`PoolModels`): each pool's pulled tokenizer and its one Preprocessor tokenize every
 request (so /tokenize, /detokenize and the generation routes agree, and answer locally), and its
 engine is a :class:`~tokenkeys.router.routed_engine.RoutedEngine`, which routes the token ids
@@ -24,17 +24,17 @@ from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tokenkeys.router.core import RouteDecision, Router, RouteRequest
-from tokenkeys.router.pool import Pool
-from tokenkeys.router.registry import WorkerRegistry
+from tokenkeys.frontend import HttpConfig, create_app
+from tokenkeys.frontend.body import json_response, parse_object, read_body
+from tokenkeys.frontend.generation import key_context
+from tokenkeys.frontend.routes_tokenize import tokenize_body
+from tokenkeys.frontend.state import preprocess, resolve_model, state_of
+from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
 from tokenkeys.router.routed_engine import RoutedEngine, RouteNote, current_note
-from tokenkeys.server.http import HttpConfig, create_app
-from tokenkeys.server.http.body import json_response, parse_object, read_body
-from tokenkeys.server.http.generation import key_context
-from tokenkeys.server.http.routes_tokenize import tokenize_body
-from tokenkeys.server.http.state import preprocess, resolve_model, state_of
-from tokenkeys.server.lifecycle import Lifecycle
-from tokenkeys.server.models import ModelRegistry, ServedModel
+from tokenkeys.router.workers.pool import Pool
+from tokenkeys.router.workers.registry import WorkerRegistry
+from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.serving.models import ModelRegistry, ServedModel
 
 #: Response headers of a routed request; several prompts (a completions batch) give
 #: comma-separated values in prompt order.

@@ -1,11 +1,11 @@
 """The engine a routing frontend generates with: route the token ids, forward them, report.
 
 :class:`RoutedEngine` has the simulated engine's ``generate`` signature, so the OpenAI HTTP
-frontend (``tokenkeys.server.http``) serves a pool through it unchanged: the frontend tokenizes
-once with the pool's Preprocessor, this engine asks the :class:`~tokenkeys.router.core.Router`
-for a worker and forwards the ids over ``Inference.Generate``
-(:class:`~tokenkeys.server.remote_engine.RemoteEngine`); usage, cached tokens included, comes
-back from the worker as it reported it.
+frontend (``tokenkeys.frontend``) serves a pool through it unchanged: the frontend tokenizes
+once with the pool's Preprocessor, this engine asks the
+:class:`~tokenkeys.router.policy.router.Router` for a worker and forwards the ids over
+``Inference.Generate`` (:class:`~tokenkeys.client.engine.RemoteEngine`); usage, cached tokens
+included, comes back from the worker as it reported it.
 
 A worker that fails before its first token (unreachable, stopped) is reported to the registry
 and the next ranked worker is tried; after the first token a failure is the client's to see.
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from tokenkeys.engine.core import GenerateOutput, GenerationParams
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.keys import KeyContext
-from tokenkeys.router.core import RouteDecision, Router, RouteRequest
-from tokenkeys.router.registry import WorkerRegistry
+from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
+from tokenkeys.router.workers.registry import WorkerRegistry
 
 
 @dataclass

@@ -3,7 +3,8 @@
 :class:`RoutingService` is what ``tokenkeys route`` runs (with the HTTP frontend of
 ``router.frontend`` in front) and what ``bench/bench_routing.py`` drives directly: the prefix
 index (in memory, or Redis for several replicas) wrapped in its metrics, the registry that
-discovers and follows the workers, and the :class:`~tokenkeys.router.core.Router` over its pools.
+discovers and follows the workers, and the :class:`~tokenkeys.router.policy.router.Router` over
+its pools.
 All metrics share one ``CollectorRegistry`` (:attr:`RoutingService.metrics_registry`).
 """
 
@@ -15,18 +16,18 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from tokenkeys.errors import ConfigError
-from tokenkeys.router.core import POLICIES, Router
-from tokenkeys.router.discovery import check_address
-from tokenkeys.router.index import PrefixIndex
-from tokenkeys.router.index_memory import DEFAULT_CAPACITY, MemoryPrefixIndex
-from tokenkeys.router.index_redis import RedisPrefixIndex
-from tokenkeys.router.ingest import IngestMetrics
-from tokenkeys.router.instrumented import InstrumentedIndex
+from tokenkeys.router.index.instrumented import InstrumentedIndex
+from tokenkeys.router.index.memory import DEFAULT_CAPACITY, MemoryPrefixIndex
+from tokenkeys.router.index.model import PrefixIndex
+from tokenkeys.router.index.redis import RedisPrefixIndex
+from tokenkeys.router.ingest.ingestor import IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
-from tokenkeys.router.pool import TRANSPORTS
-from tokenkeys.router.pool_setup import PoolSettings, pool_factory
-from tokenkeys.router.registry import WorkerRegistry
+from tokenkeys.router.policy.router import POLICIES, Router
 from tokenkeys.router.routed_engine import RoutedEngine
+from tokenkeys.router.workers.discovery import check_address
+from tokenkeys.router.workers.pool import TRANSPORTS
+from tokenkeys.router.workers.pool_setup import PoolSettings, pool_factory
+from tokenkeys.router.workers.registry import WorkerRegistry
 
 INDEXES = ("memory", "redis")
 

@@ -1,0 +1,106 @@
+"""Generation forwarded to an OpenEngine engine: ``tokenkeys serve --engine HOST:PORT``.
+
+The frontend tokenizes once, with the model's own Preprocessor, and sends token ids to the
+engine's ``Inference.Generate``; :class:`RemoteEngine` then yields the same
+:class:`~tokenkeys.engine.core.GenerateOutput` values as the simulated engine, so every caller
+(gRPC Generate, the HTTP routes) is indifferent to where generation runs. Control calls that
+describe the engine (server info, load, KV-event sources and streams) are forwarded through
+:attr:`RemoteEngine.control`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
+from tokenkeys.engine.core import GenerateOutput, GenerationParams
+from tokenkeys.engine.proto import (
+    finish_of,
+    generate_request,
+    timing_from_metadata,
+    usage_of,
+)
+from tokenkeys.engine.proto_errors import error_of
+from tokenkeys.errors import TokenkeysError, Unavailable, from_grpc
+from tokenkeys.keys import KeyContext
+
+
+class RemoteEngine:
+    """An OpenEngine engine at ``target`` (``host:port``) serving ``model`` under that name.
+
+    Create it inside the event loop that will use it (gRPC asyncio channels belong to a loop).
+    """
+
+    def __init__(self, target: str, model: str, channel: grpc.aio.Channel) -> None:
+        self.target = target
+        self.model = model
+        self.channel = channel
+        self.inference = openengine_pb2_grpc.InferenceStub(channel)
+        self.control = openengine_pb2_grpc.ControlStub(channel)
+
+    def _unavailable(self, error: grpc.RpcError) -> TokenkeysError:
+        translated = from_grpc(error)
+        if isinstance(translated, Unavailable):
+            return Unavailable(
+                f"remote engine {self.target} is unreachable: {translated.message}; start it or "
+                "fix --engine",
+                field="engine",
+            )
+        return translated
+
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: GenerationParams | None = None,
+        context: KeyContext | None = None,
+        *,
+        request_id: str | None = None,
+        lora_name: str | None = None,
+        lora_id: int | None = None,
+    ) -> AsyncIterator[GenerateOutput]:
+        """Forward one request; outputs as :meth:`Engine.generate` yields them.
+
+        ``lora_id`` is the engine's business (it registers adapters) and is not forwarded.
+        Each token is yielded when the next message arrives, because OpenEngine ends a stream
+        with a separate GenerationFinished while the engine interface marks the last token.
+        """
+        params = params or GenerationParams()
+        request = generate_request(
+            self.model, list(prompt_token_ids), params, context, request_id, lora_name
+        )
+        call = self.inference.Generate(request)
+        rid = request.request_id
+        held: GenerateOutput | None = None
+        try:
+            async for message in call:
+                rid = message.request_id or rid
+                kind = message.WhichOneof("event")
+                if kind == "token":
+                    if held is not None:
+                        yield held
+                    ids = tuple(t.token_id for t in message.token.tokens)
+                    held = GenerateOutput(rid, ids)
+                elif kind == "finished":
+                    timing = timing_from_metadata(await call.trailing_metadata())
+                    last = held.token_ids if held is not None else ()
+                    yield GenerateOutput(
+                        rid,
+                        last,
+                        True,
+                        finish_of(message.finished),
+                        usage_of(message),
+                        timing,
+                    )
+                    return
+                elif kind == "error":
+                    raise error_of(message.error, f"remote engine {self.target}")
+        except grpc.RpcError as error:
+            raise self._unavailable(error) from None
+        finally:
+            call.cancel()
+        raise Unavailable(
+            f"remote engine {self.target} ended the Generate stream without GenerationFinished",
+            field="engine",
+        )

@@ -1,0 +1,77 @@
+"""/v1/models, /health and /metrics."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tokenkeys.frontend.body import json_response
+from tokenkeys.frontend.metrics import CONTENT_TYPE
+from tokenkeys.frontend.responses import ModelList
+from tokenkeys.frontend.state import adapters_of, max_model_len_of, state_of
+
+
+def add_routes(app: FastAPI) -> None:
+    """Mount the system routes."""
+    created = int(time.time())
+
+    async def models(request: Request) -> Response:
+        """The served models, the default first, each of its names a card sharing one root
+        (its first name), then LoRA adapters with their base as parent and their path as root
+        (as vLLM 0.32 lists them: ``vllm/entrypoints/openai/models/serving.py``)."""
+        state = state_of(request)
+        data = [
+            _card(name, m.name, None, max_model_len_of(m))
+            for m in state.models
+            for name in m.served_names
+        ]
+        for m in state.models:
+            data += [_card(a.name, a.path, m.name, max_model_len_of(m)) for a in adapters_of(m)]
+        return json_response({"object": "list", "data": data})
+
+    def _card(name: str, root: str, parent: str | None, max_model_len: int) -> dict:
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "tokenkeys",
+            "root": root,
+            "parent": parent,
+            "max_model_len": max_model_len,
+        }
+
+    async def health(request: Request) -> Response:
+        """200 with an empty body while the server serves (as vLLM's /health); 503 with
+        ``{"status": "draining", "in_flight": N}`` while it shuts down."""
+        lifecycle = state_of(request).lifecycle
+        if lifecycle.draining:
+            return json_response({"status": lifecycle.state, "in_flight": lifecycle.inflight}, 503)
+        return Response(status_code=200)
+
+    async def metrics(request: Request) -> Response:
+        """Prometheus text exposition of this app's metrics."""
+        return Response(state_of(request).metrics.render(), media_type=CONTENT_TYPE)
+
+    app.add_api_route(
+        "/v1/models", models, methods=["GET"], response_model=ModelList, summary="Served models"
+    )
+    app.add_api_route(
+        "/health",
+        health,
+        methods=["GET"],
+        summary="Liveness",
+        responses={
+            200: {"description": "serving", "content": {}},
+            503: {"description": "draining: shutting down, new calls are refused"},
+        },
+    )
+    app.add_api_route(
+        "/metrics",
+        metrics,
+        methods=["GET"],
+        summary="Prometheus metrics",
+        responses={200: {"description": "text exposition", "content": {"text/plain": {}}}},
+    )

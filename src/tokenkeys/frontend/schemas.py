@@ -1,0 +1,161 @@
+"""Request bodies of the HTTP frontend, shaped as vLLM's (0.33-era ``main``).
+
+Field names and defaults follow vLLM's ``TokenizeCompletionRequest`` / ``TokenizeChatRequest``
+/ ``DetokenizeRequest`` (``vllm/entrypoints/serve/tokenize/protocol.py``) and its completion and
+chat requests (``vllm/entrypoints/openai/{completion,chat_completion}/protocol.py``), so that a
+vLLM client works unchanged. Two deliberate differences:
+
+- validation is strict (``"true"`` is not a boolean, ``1.0`` is not a token id): the
+  Preprocessor reads the body exactly as sent, so the validated values must be those values;
+- an unset ``add_special_tokens`` means what this deployment's generation path does (for a
+  bare prompt the served ``add_special_tokens`` default, for a chat ``false``), which is what
+  vLLM's defaults mean for vLLM.
+
+Every model allows extra fields, as vLLM does; the generation routes refuse the ones that would
+change the result and are not applied (see :mod:`tokenkeys.frontend.sampling`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Json = dict[str, Any]
+TokenId = int
+TokenStrsKind = Literal["decoded", "vocabulary"] | None
+TOKEN_STRS_KIND = Field(
+    None,
+    description="how token_strs are spelled: 'decoded' (each token's text in context, ' world') "
+    "or 'vocabulary' (its vocabulary entry, 'Ġworld', as vLLM); unset: the server's "
+    "--token-strs",
+)
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = Field(
+        None, description="served model name; omitted or null selects the default model"
+    )
+
+
+class TokenizeCompletionRequest(_Request):
+    """``/tokenize`` for a bare prompt: the ids /v1/completions would send the engine."""
+
+    prompt: str
+    add_special_tokens: bool | None = Field(
+        None,
+        description="unset: what /v1/completions does in this deployment "
+        "(GET /tokenizer_info reports it as add_special_tokens)",
+    )
+    return_token_strs: bool | None = Field(
+        False, description="also return token_strs, one string per token"
+    )
+    token_strs_kind: TokenStrsKind = TOKEN_STRS_KIND
+
+
+class _ChatFields(_Request):
+    messages: list[Json]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool | None = Field(
+        None, description="unset: false, the chat template holds the special tokens"
+    )
+    chat_template: str | None = Field(
+        None, description="needs a server started with --trust-request-chat-template"
+    )
+    chat_template_kwargs: Json | None = None
+    tools: list[Json] | None = None
+    tool_choice: str | Json | None = None
+    documents: list[dict[str, str]] | None = Field(
+        None, description="RAG documents for the template; every value a string (vLLM 0.32)"
+    )
+    reasoning_effort: str | None = None
+    mm_processor_kwargs: Json | None = Field(None, description="not supported: 501 when set")
+    media_io_kwargs: Json | None = Field(None, description="not supported: 501 when set")
+
+
+class TokenizeChatRequest(_ChatFields):
+    """``/tokenize`` for a conversation: the ids /v1/chat/completions would send the engine."""
+
+    return_token_strs: bool | None = False
+    token_strs_kind: TokenStrsKind = TOKEN_STRS_KIND
+
+
+class DetokenizeRequest(_Request):
+    """``/detokenize``: ids to text, special tokens kept."""
+
+    tokens: list[TokenId] = Field(description="token ids, each 0 <= id < vocabulary size")
+
+
+class StreamOptions(BaseModel):
+    """OpenAI ``stream_options``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = Field(False, description="not supported: 501 when true")
+
+
+class _GenerationFields(_Request):
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    n: int | None = Field(1, description="only 1 is supported")
+    seed: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = Field(None, description="stop strings are not supported")
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool | None = False
+    skip_special_tokens: bool | None = True
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    user: str | None = None
+    cache_salt: str | None = Field(
+        None, description="prefix-cache salt (vLLM): enters the first block's cache key"
+    )
+    return_token_ids: bool | None = Field(
+        False, description="also return prompt_token_ids and each choice's token_ids"
+    )
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="only with truncate_prompt_tokens, which is not supported (501)"
+    )
+    request_id: str | None = Field(
+        None, description="the answer's id is cmpl-/chatcmpl- and this (X-Request-Id wins)"
+    )
+    priority: int | None = Field(0, description="only 0: requests are not prioritised")
+    return_tokens_as_token_ids: bool | None = Field(
+        None, description="accepted; it only changes logprobs, which are not produced"
+    )
+    kv_transfer_params: Json | None = Field(
+        None,
+        description="chat: only {prompt_token_ids: [...]}, served instead of rendering the "
+        "messages (vLLM's token-in chat); anything else 501",
+    )
+
+
+class CompletionRequest(_GenerationFields):
+    """``/v1/completions``."""
+
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    add_special_tokens: bool | None = Field(
+        None, description="unset: the served default for bare prompts"
+    )
+    echo: bool | None = Field(False, description="not supported: 501 when true")
+    logprobs: int | None = Field(None, description="not supported: 501 when set")
+    suffix: str | None = Field(None, description="not supported: 501 when set")
+
+
+class ChatCompletionRequest(_GenerationFields, _ChatFields):
+    """``/v1/chat/completions``."""
+
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = Field(False, description="not supported: 501 when true")
+    top_logprobs: int | None = Field(None, description="not supported: 501 when > 0")
+    response_format: Json | None = Field(None, description="only type 'text' is supported")
+    return_prompt_text: bool | None = Field(
+        None, description="also return the rendered prompt as prompt_text"
+    )

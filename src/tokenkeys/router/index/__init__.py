@@ -1,0 +1,1 @@
+"""The prefix index: its protocol (``model``), backends (``memory``, ``redis``), metrics wrapper."""

@@ -1,0 +1,1 @@
+"""Following workers' KV events into a prefix index: the ingestor and one consumer per transport."""

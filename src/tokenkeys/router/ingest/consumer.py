@@ -1,0 +1,102 @@
+"""Feeding one worker's ZMQ KV-event stream into an :class:`EventIngestor`, in order.
+
+The subscriber moves bytes and repairs sequence gaps by replay; the codec decodes; the ingestor
+applies. This module only connects them and keeps the index honest when the index itself fails:
+
+- a sequence gap is replayed by the subscriber before the next delivery arrives, so batches
+  come here in order; batches lost for good arrive as ``lost_before`` and clear the worker;
+- a publisher restart arrives as ``restarted`` and clears the worker;
+- an undecodable payload clears the worker (its events are unknown);
+- an index failure (:class:`~tokenkeys.errors.Unavailable`, e.g. Redis down) leaves the worker's
+  entries partial. Later deliveries are dropped until a reset of the worker succeeds; then the
+  subscriber is rewound to sequence 0, so the next live batch first replays everything the
+  publisher still buffers (vLLM keeps ``buffer_steps`` = 10,000 batches) and the worker's
+  entries are rebuilt. Blocks stored before that window stay unknown (missed hits, never
+  false ones).
+
+Known limit: a Redis that restarts empty while a worker publishes nothing is noticed only at
+that worker's next batch (when its clear and replay rebuild it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tokenkeys.errors import InvalidArgument, Unavailable
+from tokenkeys.events.vllm_codec import VllmMsgpackCodec
+from tokenkeys.events.zmq_subscriber import Delivery, ZmqEventSubscriber
+from tokenkeys.router.index.model import check_worker
+from tokenkeys.router.ingest.ingestor import EventIngestor
+
+log = logging.getLogger(__name__)
+
+
+class ZmqEventConsumer:
+    """Reads one worker's ``subscriber``, decodes with ``codec``, applies with ``ingestor``.
+
+    The codec should stamp the source's :class:`~tokenkeys.events.model.SpecRef` (as
+    advertised by discovery) on each batch; the ingestor compares it with the pool's. Run
+    :meth:`run` as a task and cancel it to stop; the subscriber's owner closes it.
+    """
+
+    def __init__(
+        self,
+        worker: str,
+        subscriber: ZmqEventSubscriber,
+        codec: VllmMsgpackCodec,
+        ingestor: EventIngestor,
+    ) -> None:
+        self.worker = check_worker(worker)
+        self.subscriber = subscriber
+        self.codec = codec
+        self.ingestor = ingestor
+        #: True while the index failed and the worker waits for a reset and a replay.
+        self.resyncing = False
+        #: Sequence number of the last delivery handled (applied, ignored or dropped).
+        self.last_seq: int | None = None
+
+    async def run(self) -> None:
+        """Handle deliveries until cancelled (starts the subscriber if needed)."""
+        await self.subscriber.start()
+        while True:
+            await self.handle(await self.subscriber.recv())
+
+    async def handle(self, delivery: Delivery) -> None:
+        """Handle one delivery (what :meth:`run` does for each)."""
+        metrics = self.ingestor.metrics
+        try:
+            if self.resyncing:
+                await self.ingestor.reset(self.worker, "index_recovered")
+                self.resyncing = False
+                self.subscriber.rewind(0)
+                log.info(
+                    "prefix index back: rebuilding %s from the publisher's replay buffer",
+                    self.worker,
+                )
+            try:
+                batch = self.codec.decode(delivery.payload)
+            except InvalidArgument as exc:
+                metrics.batches.labels(self.worker, "undecodable").inc()
+                log.warning(
+                    "undecodable KV-event batch %d of %s: %s",
+                    delivery.seq,
+                    self.worker,
+                    exc.message,
+                )
+                await self.ingestor.reset(self.worker, "undecodable")
+            else:
+                await self.ingestor.apply(
+                    self.worker,
+                    batch,
+                    restarted=delivery.restarted,
+                    lost_before=delivery.lost_before,
+                )
+        except Unavailable as exc:
+            if not self.resyncing:
+                log.warning(
+                    "prefix index unavailable while ingesting %s: %s", self.worker, exc.message
+                )
+            else:
+                metrics.batches.labels(self.worker, "dropped").inc()
+            self.resyncing = True
+        self.last_seq = delivery.seq

@@ -1,0 +1,221 @@
+"""Applying decoded KV-event batches to a prefix index, per worker and in order.
+
+Rules (llm-d's ``kvevents/pool.go`` ``processEventBatch``, llm-d-router ``ebab687``, and the
+vLLM router checklist in ../shared/reference/engines/vllm.md §8):
+
+- ``BlockStored`` adds its hashes for the worker on the tier of its ``medium`` (None = "gpu");
+  ``BlockRemoved`` removes them from that tier; ``AllBlocksCleared`` clears the worker.
+- A publisher restart (its sequence went back) or batches lost for good (neither received nor
+  replayable) clear the worker first: what the index said about it can no longer be trusted,
+  and an index that under-reports only costs cache hits, while one that over-reports routes to
+  a worker that lost the prefix.
+- A batch whose ``spec`` (cache-key profile and spec fingerprint) is not the pool's is never
+  indexed: its hashes follow keys this router does not compute. Its events are counted.
+- With ``group_idx`` set (hybrid models: one KV-cache group's hashes per index), events of
+  other groups are skipped; stores of groups that are not prefix-reusable attention
+  (sliding window, mamba) are skipped always, as llm-d's ``blockStoredEventDigestible`` does.
+
+Consecutive events of the same kind and tier are coalesced into one index call (vLLM sends one
+``BlockRemoved`` per hash); order between different kinds is kept.
+
+Callers apply one worker's batches one at a time (one consumer task per worker); different
+workers may be applied concurrently.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter
+
+from tokenkeys.errors import InvalidArgument, TokenkeysError
+from tokenkeys.events.model import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEvent,
+    SpecRef,
+)
+from tokenkeys.router.index.model import PrefixIndex, check_worker, index_keys, medium_tier
+
+log = logging.getLogger(__name__)
+
+#: ``kv_cache_spec_kind`` values whose blocks a later request reuses by prefix (llm-d-router
+#: ``pool.go``); stores of other kinds (sliding_window, mamba, ...) are not indexed.
+PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+
+
+class IngestMetrics:
+    """Prometheus counters of ingestion, labelled by worker.
+
+    - ``tokenkeys_router_kv_batches_total{outcome}``: ``applied``, ``ignored`` (foreign spec),
+      ``undecodable``, ``failed`` (index error), ``dropped`` (skipped while the index is down);
+    - ``tokenkeys_router_kv_events_total{type}``: events applied, by event type;
+    - ``tokenkeys_router_kv_events_ignored_total{reason}``: events not indexed: ``foreign_spec``,
+      ``no_spec``, ``other_group``, ``not_prefix_kind``, ``bad_medium``;
+    - ``tokenkeys_router_worker_clears_total{reason}``: ``all_blocks_cleared``,
+      ``publisher_restart``, ``events_lost``, ``undecodable``, ``index_recovered``; and from
+      the worker registry ``worker_joined``, ``worker_down``, ``worker_restarted``,
+      ``worker_refused``.
+
+    ``registry`` defaults to a private one (see :attr:`registry`).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.batches = Counter(
+            "tokenkeys_router_kv_batches",
+            "KV-event batches by outcome.",
+            ("worker", "outcome"),
+            registry=self.registry,
+        )
+        self.events = Counter(
+            "tokenkeys_router_kv_events",
+            "KV events applied to the prefix index, by type.",
+            ("worker", "type"),
+            registry=self.registry,
+        )
+        self.ignored = Counter(
+            "tokenkeys_router_kv_events_ignored",
+            "KV events not indexed, by reason.",
+            ("worker", "reason"),
+            registry=self.registry,
+        )
+        self.clears = Counter(
+            "tokenkeys_router_worker_clears",
+            "Workers cleared from the prefix index, by reason.",
+            ("worker", "reason"),
+            registry=self.registry,
+        )
+
+
+class EventIngestor:
+    """Applies a pool's KV-event batches to ``index``; ``spec`` is the pool's expected spec.
+
+    One ingestor serves every worker of a pool. See the module docstring for the rules.
+    """
+
+    def __init__(
+        self,
+        index: PrefixIndex,
+        spec: SpecRef,
+        *,
+        group_idx: int | None = None,
+        metrics: IngestMetrics | None = None,
+    ) -> None:
+        if not isinstance(spec, SpecRef):
+            raise InvalidArgument(
+                f"spec must be a SpecRef (profile id, spec fingerprint), got {type(spec).__name__}",
+                field="spec",
+            )
+        self.index = index
+        self.spec = spec
+        self.group_idx = group_idx
+        self.metrics = metrics if metrics is not None else IngestMetrics()
+
+    async def reset(self, worker: str, reason: str) -> None:
+        """Clear ``worker`` from the index and count it under ``reason``."""
+        check_worker(worker)
+        await self.index.clear(worker)
+        self.metrics.clears.labels(worker, reason).inc()
+        log.info("prefix index: cleared worker %s (%s)", worker, reason)
+
+    async def apply(
+        self,
+        worker: str,
+        batch: EventBatch,
+        *,
+        restarted: bool = False,
+        lost_before: int = 0,
+    ) -> bool:
+        """Apply one batch of ``worker``'s events; False when the batch was ignored.
+
+        ``restarted`` and ``lost_before`` come from the transport (a
+        :class:`~tokenkeys.events.zmq_subscriber.Delivery`): either clears the worker first.
+        Index errors propagate (the index may then hold part of the batch; the caller resets
+        the worker once the index is back).
+        """
+        check_worker(worker)
+        if restarted:
+            await self.reset(worker, "publisher_restart")
+        elif lost_before > 0:
+            await self.reset(worker, "events_lost")
+        if batch.spec != self.spec:
+            reason = "no_spec" if batch.spec is None else "foreign_spec"
+            if batch.events:
+                self.metrics.ignored.labels(worker, reason).inc(len(batch.events))
+            self.metrics.batches.labels(worker, "ignored").inc()
+            log.debug(
+                "ignoring a KV-event batch of %s: spec %s, expected %s",
+                worker,
+                batch.spec,
+                self.spec,
+            )
+            return False
+        try:
+            applied = await self._apply_events(worker, batch.events)
+        except TokenkeysError:
+            self.metrics.batches.labels(worker, "failed").inc()
+            raise
+        for kind, count in applied.items():
+            self.metrics.events.labels(worker, kind).inc(count)
+        self.metrics.batches.labels(worker, "applied").inc()
+        return True
+
+    async def _apply_events(self, worker: str, events: tuple[KvEvent, ...]) -> dict[str, int]:
+        """Apply events in order, coalescing runs of one kind and tier into one index call."""
+        applied: dict[str, int] = {}
+        pending: tuple[str, str] | None = None  # (kind, tier) of the keys collected so far
+        keys: list[int] = []
+        for event in events:
+            op = self._operation(worker, event)
+            if op is None:
+                continue
+            kind, tier, hashes = op
+            applied[type(event).__name__] = applied.get(type(event).__name__, 0) + 1
+            if pending != (kind, tier) and keys:
+                await self._flush(worker, pending, keys)
+                keys = []
+            pending = (kind, tier)
+            if kind == "clear":
+                await self.reset(worker, "all_blocks_cleared")
+                pending = None
+                continue
+            keys.extend(index_keys(hashes))
+        if keys:
+            await self._flush(worker, pending, keys)
+        return applied
+
+    async def _flush(self, worker: str, pending: tuple[str, str] | None, keys: list[int]) -> None:
+        assert pending is not None
+        kind, tier = pending
+        if kind == "add":
+            await self.index.add(worker, keys, tier)
+        else:
+            await self.index.remove(worker, keys, tier)
+
+    def _operation(self, worker: str, event: KvEvent) -> tuple[str, str, tuple] | None:
+        """(index operation, tier, hashes) for one event, or None when it is skipped."""
+        if isinstance(event, AllBlocksCleared):
+            return "clear", "", ()
+        if self.group_idx is not None and event.group_idx not in (None, self.group_idx):
+            return self._skip(worker, "other_group")
+        if isinstance(event, BlockStored):
+            kind = event.kv_cache_spec_kind
+            if kind is not None and kind not in PREFIX_KINDS:
+                return self._skip(worker, "not_prefix_kind")
+            operation = "add"
+        elif isinstance(event, BlockRemoved):
+            operation = "remove"
+        else:  # the model has three event kinds; anything else is a caller's bug
+            raise InvalidArgument(f"not a KV event: {type(event).__name__}", field="events")
+        try:
+            tier = medium_tier(event.medium)
+        except InvalidArgument:
+            return self._skip(worker, "bad_medium")
+        return operation, tier, event.block_hashes
+
+    def _skip(self, worker: str, reason: str) -> None:
+        self.metrics.ignored.labels(worker, reason).inc()
+        return None

@@ -1,0 +1,1 @@
+"""Choosing a worker: the Router, the scorer and the text-chunk baseline."""

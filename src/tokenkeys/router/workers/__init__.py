@@ -1,0 +1,1 @@
+"""Workers: discovery, admission into pools, the registry and its status view."""

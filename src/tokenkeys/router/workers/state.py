@@ -1,0 +1,71 @@
+"""What the registry keeps per worker address, and the JSON views of workers and pools."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+
+from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
+from tokenkeys.client.engine import RemoteEngine
+from tokenkeys.router.ingest.consumer import ZmqEventConsumer
+from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
+from tokenkeys.router.workers.discovery import WorkerDescription
+from tokenkeys.router.workers.pool import Pool, Refusal
+
+#: A worker's states (see ``registry``).
+STATES = ("ready", "refused", "down")
+
+
+@dataclass
+class WorkerState:
+    """What the registry knows about one worker address."""
+
+    address: str
+    channel: grpc.aio.Channel
+    control: openengine_pb2_grpc.ControlStub
+    state: str = "down"
+    instance_id: str | None = None
+    description: WorkerDescription | None = None
+    refusals: list[Refusal] = field(default_factory=list)
+    #: The models it serves in a pool, and the forwarding engine of each.
+    engines: dict[str, RemoteEngine] = field(default_factory=dict)
+    consumers: dict[str, asyncio.Task] = field(default_factory=dict)
+    #: The event consumer of each model (``last_seq``, ``resyncing``).
+    followers: dict[str, ZmqEventConsumer | GrpcEventConsumer] = field(default_factory=dict)
+    error: str | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def as_dict(self) -> dict:
+        """A JSON-ready summary (``GET /router/workers``)."""
+        return {
+            "address": self.address,
+            "state": self.state,
+            "instance_id": self.instance_id,
+            "models": sorted(self.engines),
+            "events": {
+                model: {"last_seq": f.last_seq, "resyncing": f.resyncing}
+                for model, f in self.followers.items()
+            },
+            "refusals": [
+                {"model": r.model, "reason": r.reason, "message": r.message} for r in self.refusals
+            ],
+            "error": self.error,
+        }
+
+
+def pool_status(pool: Pool) -> dict:
+    """A JSON-ready summary of a pool: identity, key strategy and why, block size, members."""
+    return {
+        "model": pool.name,
+        "tokenizer_fingerprint": pool.fingerprint,
+        "key_spec": {
+            "profile_id": pool.key_spec.profile_id,
+            "spec_fingerprint": pool.key_spec.spec_fingerprint,
+        },
+        "key_strategy": pool.strategy.decision.mode,
+        "key_strategy_reason": pool.strategy.decision.reason,
+        "block_size": pool.block_size,
+        "members": sorted(pool.members),
+    }

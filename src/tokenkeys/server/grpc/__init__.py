@@ -1,0 +1,1 @@
+"""The gRPC face of ``tokenkeys serve``: servicers, message conversion, guard, status, server."""

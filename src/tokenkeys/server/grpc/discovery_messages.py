@@ -1,0 +1,201 @@
+"""The discovery answers of ``Control``: ServerInfo, ModelInfo (with the tokenizer advertisement),
+LoadInfo, HealthResponse and the KV-event sources, built from the running engines.
+
+Field meanings follow OpenEngine v1 (ai-dynamo/openengine docs/api.md @4def7c5): presence-aware
+scalars are set only when known; ``endpoint_addr`` is always a routable host, never a wildcard.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import tokenkeys
+from tokenkeys._gen.openengine.v1 import (
+    kv_pb2,
+    lifecycle_pb2,
+    model_pb2,
+    server_pb2,
+)
+from tokenkeys.errors import ConfigError
+from tokenkeys.keys.proto import spec_ref
+from tokenkeys.server.runtime.engines import EngineRuntime, ModelEngine
+from tokenkeys.serving.models import ServedModel
+from tokenkeys.tokenizer.proto import supported_operations
+
+ENGINE_NAME = "tokenkeys-sim"
+#: The OpenEngine revision implemented and the immutable source it is taken from.
+SCHEMA_REVISION = 1
+SCHEMA_RELEASE = "ai-dynamo/openengine@4def7c50b05e0674a0c3b26917399155535966e4"
+ARTIFACT_FORMAT = "huggingface"
+
+_TCP = re.compile(r"tcp://\[?(?P<host>[^\]]*?)\]?:(?P<port>\d+)")
+
+
+def endpoint_of(address: str, protocol: str) -> kv_pb2.KvEndpoint:
+    """``tcp://host:port`` (or ``host:port``) as a KvEndpoint; wildcards are a bug here."""
+    match = _TCP.fullmatch(address if "://" in address else f"tcp://{address}")
+    if match is None or match["host"] in ("", "*", "0.0.0.0", "::"):
+        raise ConfigError(f"cannot advertise {address!r}: not a routable tcp host:port")
+    return kv_pb2.KvEndpoint(host=match["host"], port=int(match["port"]), protocol=protocol)
+
+
+def server_info(runtime: EngineRuntime) -> server_pb2.ServerInfo:
+    """GetServerInfo of a server whose engines are simulated."""
+    info = server_pb2.ServerInfo(
+        engine_name=ENGINE_NAME,
+        engine_version=tokenkeys.__version__,
+        engine_role=server_pb2.ENGINE_ROLE_AGGREGATED,
+        instance_id=runtime.instance_id,
+        supported_models=runtime.models.names,
+        parallelism=server_pb2.ParallelismInfo(
+            tensor_parallel_size=1,
+            pipeline_parallel_size=1,
+            data_parallel_size=1,
+            data_parallel_rank=0,
+            data_parallel_start_rank=0,
+            decode_context_parallel_size=1,
+        ),
+        schema_revision=SCHEMA_REVISION,
+        minimum_client_revision=SCHEMA_REVISION,
+        schema_release=SCHEMA_RELEASE,
+    )
+    engines = [runtime.local(name).local for name in runtime.models.names]
+    block_sizes = {e.engine.block_size for e in engines if e is not None}
+    if len(block_sizes) == 1:
+        info.capacity.kv_block_size = block_sizes.pop()
+    info.capacity.total_kv_blocks = sum(e.engine.num_blocks for e in engines if e is not None)
+    info.extra.update(
+        {
+            "kv_events_wire_format": "vllm-msgpack",
+            "kv_events_vllm_version": runtime.config.wire_version,
+        }
+    )
+    return info
+
+
+def tokenizer_advertisement(
+    model: ServedModel, runtime: EngineRuntime
+) -> model_pb2.TokenizerAdvertisement:
+    """ModelInfo.tokenizer: what a router needs to tokenize and compute keys on its own."""
+    ad = model_pb2.TokenizerAdvertisement(
+        fingerprint=model.tokenizer.fingerprint,
+        operations=supported_operations(model),
+        artifact_format=ARTIFACT_FORMAT,
+        artifacts_available="artifacts" in model.extensions,
+        remote_key_computation="cache_keys" in model.extensions,
+    )
+    if not runtime.remote:
+        local = runtime.local(model.name).local
+        assert local is not None
+        ad.key_spec.CopyFrom(spec_ref(local.spec))
+    return ad
+
+
+def model_info(model: ServedModel, runtime: EngineRuntime) -> model_pb2.ModelInfo:
+    """GetModelInfo: the model's limits and capabilities, and the tokenizer advertisement."""
+    info = model_pb2.ModelInfo(
+        model_id=model.name,
+        served_model_name=model.name,
+        served_model_aliases=list(model.aliases),
+        supports_text_input=True,
+        supports_token_ids_input=True,
+        supports_lora=bool(runtime.config.lora_modules),
+        supports_multimodal=False,
+        tokenizer=tokenizer_advertisement(model, runtime),
+    )
+    limit = runtime.config.max_model_len or model.tokenizer.specials.model_max_length
+    if limit is not None:
+        info.max_context_length = limit
+    gen = info.generation
+    gen.prompt_logprobs.supported = False
+    gen.output_logprobs.supported = False
+    gen.guided_decoding.supported = False
+    gen.max_num_sequences = 1
+    gen.supports_priority = False
+    gen.supports_stop_in_output = False
+    gen.supports_cache_salt = True
+    gen.supports_prefix_cache_bypass = False
+    return info
+
+
+def load_info(runtime: EngineRuntime) -> server_pb2.LoadInfo:
+    """GetLoad: running and waiting requests and KV blocks in use, over every model."""
+    engines = [runtime.local(name).local for name in runtime.models.names]
+    running = waiting = used = total = 0
+    for local in engines:
+        if local is None:
+            continue
+        engine = local.engine
+        running += engine.stats.running
+        waiting += engine.stats.waiting
+        used += engine.num_blocks - engine.cache.num_free_blocks
+        total += engine.num_blocks
+    return server_pb2.LoadInfo(
+        instance_id=runtime.instance_id,
+        timestamp_unix_nanos=time.time_ns(),
+        running_requests=running,
+        queued_requests=waiting,
+        used_kv_blocks=used,
+        total_kv_blocks=total,
+    )
+
+
+def health(runtime: EngineRuntime, probe: bool) -> lifecycle_pb2.HealthResponse:
+    """Health of the local engines: STARTING until assembled, DRAINING while stopping."""
+    if runtime.draining:
+        state = lifecycle_pb2.HEALTH_STATE_DRAINING
+    elif runtime.ready:
+        state = lifecycle_pb2.HEALTH_STATE_READY
+    else:
+        state = lifecycle_pb2.HEALTH_STATE_STARTING
+    checks = [
+        lifecycle_pb2.HealthCheck(name="grpc", state=lifecycle_pb2.HEALTH_STATE_READY),
+        lifecycle_pb2.HealthCheck(name="scheduler", state=state),
+    ]
+    if probe:
+        checks.append(
+            lifecycle_pb2.HealthCheck(
+                name="inference_probe",
+                state=state,
+                message="simulated engine: no model weights to probe",
+            )
+        )
+    return lifecycle_pb2.HealthResponse(state=state, checks=checks)
+
+
+def event_sources(parts: ModelEngine, runtime: EngineRuntime) -> list[kv_pb2.KvEventSource]:
+    """The ZMQ source (vLLM wire) and the gRPC source (SubscribeKvEvents) of one model."""
+    local = parts.local
+    assert local is not None and parts.protobuf is not None
+    ref = parts.protobuf.key_spec
+    config = runtime.config
+    out = []
+    zmq_info = parts.zmq_source()
+    if zmq_info is not None:
+        source = kv_pb2.KvEventSource(
+            transport="zmq",
+            endpoint_addr=endpoint_of(zmq_info.endpoint, "tcp"),
+            topic=zmq_info.topic,
+            replay_endpoint=zmq_info.replay_endpoint or "",
+            data_parallel_rank=zmq_info.data_parallel_rank,
+            encoding="msgpack",
+            buffer_steps=config.kv_events_buffer_steps,
+            hwm=config.kv_events_hwm,
+            key_spec=ref,
+        )
+        out.append(source)
+    out.append(
+        kv_pb2.KvEventSource(
+            transport="grpc",
+            endpoint_addr=endpoint_of(runtime.grpc_address or "", "grpc"),
+            # For the gRPC source the topic is the served model name, which
+            # SubscribeKvEventsRequest.model selects.
+            topic=local.model_name,
+            data_parallel_rank=0,
+            encoding="protobuf",
+            buffer_steps=config.kv_events_buffer_steps,
+            key_spec=ref,
+        )
+    )
+    return out

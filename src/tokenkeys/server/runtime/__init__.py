@@ -1,0 +1,1 @@
+"""Engine hosting: the engines of the served models (local simulated or remote), all or nothing."""

@@ -1,0 +1,214 @@
+"""Assembling and running the engines of a server: one per served model, all or nothing.
+
+Per model: spec (``local_engine.deployment_spec`` unless given) -> key function ->
+:class:`EventStream` (with a :class:`ZmqEventPublisher` on a routable endpoint plus a replay
+endpoint, topic ``kv@<host:port>@<model>`` by default) -> the simulated engine, attached as
+``extensions["engine"]``; or, with ``--engine HOST:PORT``, a :class:`RemoteEngine`.
+
+Lifecycle: :meth:`EngineRuntime.start` after the gRPC server is listening (the topic and the
+advertised gRPC source name its port); :meth:`EngineRuntime.begin_shutdown` ends every KV-event
+subscription with a terminal message and refuses new requests; :meth:`EngineRuntime.close`
+after the gRPC server stopped closes the sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from tokenkeys.client.engine import RemoteEngine
+from tokenkeys.errors import FailedPrecondition, NotFound, Unavailable
+from tokenkeys.events.model import EventSourceInfo, SpecRef
+from tokenkeys.events.protobuf_codec import ProtobufEventCodec, int_encoding_of
+from tokenkeys.events.stream import EventStream
+from tokenkeys.events.vllm_codec import VllmMsgpackCodec, layout_for
+from tokenkeys.events.zmq_endpoint import routable_endpoint
+from tokenkeys.events.zmq_publisher import ZmqEventPublisher
+from tokenkeys.keys import CacheKeySpec
+from tokenkeys.keys.proto import spec_ref
+from tokenkeys.server.runtime.config import EngineConfig
+from tokenkeys.server.runtime.local import LocalEngine, deployment_spec
+from tokenkeys.serving.models import ModelRegistry, ServedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelEngine:
+    """The running engine parts of one served model (``local`` or ``remote`` is set)."""
+
+    model: str
+    local: LocalEngine | None = None
+    remote: RemoteEngine | None = None
+    publisher: ZmqEventPublisher | None = None
+    protobuf: ProtobufEventCodec | None = None
+
+    @property
+    def stream(self) -> EventStream | None:
+        """The model's event stream (simulated engines only)."""
+        return self.local.stream if self.local is not None else None
+
+    def zmq_source(self) -> EventSourceInfo | None:
+        """The advertised ZMQ source, with resolved routable addresses."""
+        return self.local.stream.source_info() if self.local is not None else None
+
+
+class EngineRuntime:
+    """Every engine of one server process; see the module doc for the lifecycle."""
+
+    def __init__(
+        self,
+        models: ModelRegistry,
+        config: EngineConfig,
+        *,
+        spec_of: Callable[[ServedModel], CacheKeySpec] = deployment_spec,
+    ) -> None:
+        self.models = models
+        self.config = config
+        self.spec_of = spec_of
+        self.engines: dict[str, ModelEngine] = {}
+        #: The routable ``host:port`` of this server's gRPC endpoint, known after start.
+        self.grpc_address: str | None = None
+        self.ready = False
+        self.draining = False
+        self._channel: grpc.aio.Channel | None = None
+
+    @property
+    def instance_id(self) -> str:
+        """This process's instance id."""
+        return self.config.instance_id
+
+    @property
+    def remote(self) -> bool:
+        """Whether generation is forwarded to a remote engine."""
+        return self.config.remote_engine is not None
+
+    async def start(self, bind_host: str, grpc_port: int) -> None:
+        """Build and start every model's engine; on any failure nothing stays open."""
+        self.grpc_address = routable_endpoint(
+            f"tcp://{bind_host}:{grpc_port}", self.config.advertise_host
+        ).removeprefix("tcp://")
+        try:
+            if self.config.remote_engine is not None:
+                self._channel = grpc.aio.insecure_channel(self.config.remote_engine)
+            for index, model in enumerate(self.models):
+                self.engines[model.name] = await self._start_model(index, model, bind_host)
+        except BaseException:
+            await self.close()
+            raise
+        for model in self.models:
+            parts = self.engines[model.name]
+            model.extensions["engine"] = parts.local or parts.remote
+        self.ready = True
+
+    async def _start_model(self, index: int, model: ServedModel, bind_host: str) -> ModelEngine:
+        if self._channel is not None:
+            target = self.config.remote_engine or ""
+            return ModelEngine(model.name, remote=RemoteEngine(target, model.name, self._channel))
+        config = self.config
+        spec = self.spec_of(model)
+        publisher = None
+        if config.kv_events:
+            pub_port, replay_port = config.ports(index)
+            host = f"[{bind_host}]" if ":" in bind_host else bind_host
+            publisher = ZmqEventPublisher(
+                f"tcp://{host}:{pub_port}",
+                replay_endpoint=None if replay_port is None else f"tcp://{host}:{replay_port}",
+                topic=config.topic(self.grpc_address or "", model.name),
+                buffer_steps=config.kv_events_buffer_steps,
+                hwm=config.kv_events_hwm,
+                advertise_host=config.advertise_host,
+                replay_topic=layout_for(config.wire_version).replay_topic,
+            )
+        parts = ModelEngine(model.name, publisher=publisher)
+        try:
+            if publisher is not None:
+                await publisher.start()
+            stream = EventStream(
+                SpecRef(spec.profile_id, spec.fingerprint),
+                publisher=publisher,
+                codec=VllmMsgpackCodec(config.wire_version),
+                buffer_steps=config.kv_events_buffer_steps,
+                subscriber_backlog=config.kv_events_subscriber_backlog,
+            )
+            parts.local = LocalEngine(model, spec, stream, config)
+            parts.protobuf = ProtobufEventCodec(
+                int_encoding_of(spec.event_encoding), spec_ref(spec)
+            )
+        except BaseException:
+            if publisher is not None:
+                await publisher.close()
+            raise
+        return parts
+
+    def describe(self) -> list[str]:
+        """One line per model for the server log: engine, spec and event endpoints."""
+        lines = [f"instance id {self.instance_id}"]
+        for name, parts in self.engines.items():
+            if parts.remote is not None:
+                lines.append(f"engine {name}: remote OpenEngine engine at {parts.remote.target}")
+                continue
+            assert parts.local is not None
+            engine, spec = parts.local.engine, parts.local.spec
+            line = (
+                f"engine {name}: simulated, {engine.num_blocks} KV blocks of "
+                f"{engine.block_size} tokens, keys {spec.profile_id} (spec {spec.fingerprint})"
+            )
+            info = parts.zmq_source()
+            if info is not None:
+                line += (
+                    f"; KV events on {info.endpoint} (replay {info.replay_endpoint or 'off'}, "
+                    f"topic {info.topic!r})"
+                )
+            lines.append(line)
+        return lines
+
+    def engine_of(self, model: str) -> LocalEngine | RemoteEngine:
+        """What ``extensions["engine"]`` holds for ``model``."""
+        parts = self.parts(model)
+        engine = parts.local or parts.remote
+        assert engine is not None
+        return engine
+
+    def parts(self, model: str) -> ModelEngine:
+        """The engine parts of a served model (names are resolved by the model registry)."""
+        if not self.ready or self.draining:
+            raise Unavailable(
+                "the engine is " + ("stopping" if self.draining else "starting") + "; retry",
+                field="model",
+            )
+        try:
+            return self.engines[model]
+        except KeyError:
+            raise NotFound(f"model {model!r} has no engine here", field="model") from None
+
+    def local(self, model: str) -> ModelEngine:
+        """The parts of a simulated engine; FAILED_PRECONDITION in remote mode."""
+        parts = self.parts(model)
+        if parts.local is None:
+            raise FailedPrecondition(
+                f"model {model!r} is generated by the remote engine {self.config.remote_engine}",
+                field="model",
+            )
+        return parts
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests and end every KV-event subscription (terminal message)."""
+        self.draining = True
+        for parts in self.engines.values():
+            if parts.local is not None:
+                parts.local.stream.close()
+
+    async def close(self) -> None:
+        """Close publishers and the remote channel (idempotent)."""
+        self.begin_shutdown()
+        self.ready = False
+        for parts in self.engines.values():
+            if parts.publisher is not None:
+                await parts.publisher.close()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None

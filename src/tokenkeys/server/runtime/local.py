@@ -1,0 +1,175 @@
+"""One served model's simulated engine, as the serving layers call it.
+
+:class:`LocalEngine` is what ``ServedModel.extensions["engine"]`` holds when generation is
+simulated: the :class:`~tokenkeys.engine.core.Engine` bound to the model's cache-key spec, its
+:class:`~tokenkeys.events.stream.EventStream`, and the per-request resolution every caller
+(gRPC ``Inference.Generate``, the HTTP routes) needs: the adapter's registered path and id, the
+server's default seed, the model name where the profile keys it, the KV-cache group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from functools import lru_cache
+
+from tokenkeys.engine.core import Engine, GenerateOutput, GenerationParams
+from tokenkeys.engine.event_extra_keys import VllmEventExtraKeys
+from tokenkeys.errors import FailedPrecondition, InvalidArgument, NotFound
+from tokenkeys.events.model import SpecRef
+from tokenkeys.events.stream import EventStream
+from tokenkeys.keys import Adapter, BlockKey, CacheKeySpec, KeyContext, block_keys
+from tokenkeys.keys.deployment import (  # noqa: F401 - re-exported defaults
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_PROFILE,
+    KeySpecOptions,
+    build_spec,
+)
+from tokenkeys.server.runtime.config import EngineConfig
+from tokenkeys.serving.models import ServedModel
+
+
+@lru_cache(maxsize=1)
+def _default_spec() -> CacheKeySpec:
+    # The spec used while the server has no cache-key configuration of its own: the defaults of
+    # ``tokenkeys serve --cache-key-profile`` (vLLM 0.31+ ``sha256_cbor``, the hash vLLM
+    # recommends for cross-process reuse, at vLLM's default block size 16, deterministic root).
+    spec = build_spec(KeySpecOptions())
+    assert spec is not None
+    return spec
+
+
+def deployment_spec(model: ServedModel) -> CacheKeySpec:
+    """The cache-key spec the engine of ``model`` keys its blocks with.
+
+    The server's cache-key configuration (``extensions["cache_keys"]``, which carries the
+    deployment's spec) when there is one, so that events, GetCacheKeySpec and ComputeCacheKeys
+    all follow one spec; otherwise :data:`DEFAULT_PROFILE` at :data:`DEFAULT_BLOCK_SIZE`.
+    """
+    spec = getattr(model.extensions.get("cache_keys"), "spec", None)
+    if isinstance(spec, CacheKeySpec):
+        return spec
+    return _default_spec()
+
+
+def output_vocab(model: ServedModel) -> list[int]:
+    """Ids the simulated engine draws output from: the vocabulary without special tokens."""
+    special = {a.id for a in model.tokenizer.specials.added if a.special}
+    return [i for i in range(model.tokenizer.vocab_size) if i not in special]
+
+
+class LocalEngine:
+    """The simulated engine of one served model, with request resolution; see the module doc.
+
+    ``generate`` has :meth:`Engine.generate`'s signature. ``context`` is a
+    :class:`~tokenkeys.keys.KeyContext` (or None); an adapter is named by ``lora_name`` or
+    ``context.adapter.name`` and must be registered (``--lora-modules``): its registered path
+    and id are filled in, as vLLM hashes and reports them.
+    """
+
+    def __init__(
+        self,
+        model: ServedModel,
+        spec: CacheKeySpec,
+        stream: EventStream,
+        config: EngineConfig,
+    ) -> None:
+        self.model_name = model.name
+        self.spec = spec
+        self.stream = stream
+        self.config = config
+        group = spec.groups[0]
+        # The engine simulates the first KV-cache group; its keys are the spec's keys at that
+        # group's block size (vLLM >= 0.24 BlockHashListWithBlockSize), selected by group index.
+        self._group = group.index if group.block_size != spec.hash_unit else None
+        self.engine = Engine(
+            key_fn=self._keys,
+            block_size=group.block_size,
+            num_blocks=config.num_kv_blocks,
+            event_sink=stream,
+            latency=config.latency,
+            output_vocab=output_vocab(model),
+            max_model_len=config.max_model_len or model.tokenizer.specials.model_max_length,
+            event_extra_keys=VllmEventExtraKeys(spec.hash_unit),
+            group_idx=group.index,
+            kv_cache_spec_kind=group.kind,
+        )
+
+    @property
+    def spec_ref(self) -> SpecRef:
+        """Profile and spec fingerprint the events of this engine follow."""
+        return SpecRef(self.spec.profile_id, self.spec.fingerprint)
+
+    def _keys(self, tokens: Sequence[int], context: KeyContext | None) -> list[BlockKey]:
+        return block_keys(tokens, self.spec, context)
+
+    def resolve(
+        self, context: KeyContext | None, lora_name: str | None, lora_id: int | None
+    ) -> tuple[KeyContext, str | None, int | None]:
+        """The key context the engine hashes with, and the adapter name and id events report."""
+        ctx = context if context is not None else KeyContext()
+        if not isinstance(ctx, KeyContext):
+            raise InvalidArgument(
+                f"context must be a tokenkeys.keys.KeyContext, got {type(ctx).__name__}",
+                field="context",
+            )
+        changes: dict[str, object] = {}
+        name = lora_name or (ctx.adapter.name if ctx.adapter is not None else None)
+        if lora_name and ctx.adapter is not None and ctx.adapter.name != lora_name:
+            raise InvalidArgument(
+                f"lora_name {lora_name!r} and context adapter {ctx.adapter.name!r} disagree",
+                field="lora_name",
+            )
+        if name:
+            module = self.config.adapter(name)
+            if module is None:
+                known = [m.name for m in self.config.lora_modules]
+                raise NotFound(
+                    f"LoRA adapter {name!r} is not served by model {self.model_name!r}; "
+                    f"served adapters: {known or 'none'} (register with --lora-modules NAME=PATH)",
+                    field="lora_name",
+                )
+            if ctx.adapter is not None and ctx.adapter.path not in (None, module.path):
+                raise FailedPrecondition(
+                    f"adapter {name!r} is registered with path {module.path!r}, the request "
+                    f"says {ctx.adapter.path!r}",
+                    field="adapter.path",
+                )
+            if lora_id is not None and lora_id != module.lora_id:
+                raise InvalidArgument(
+                    f"lora_id {lora_id} does not match adapter {name!r} (id {module.lora_id})",
+                    field="lora_id",
+                )
+            changes["adapter"] = Adapter(name, module.path)
+            lora_id = module.lora_id
+        if "model" in self.spec.required_context and ctx.model is None:
+            changes["model"] = self.model_name
+        if self._group is not None and ctx.group is None:
+            changes["group"] = self._group
+        if changes:
+            ctx = dataclasses.replace(ctx, **changes)
+        return ctx, name or None, lora_id
+
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: GenerationParams | None = None,
+        context: KeyContext | None = None,
+        *,
+        request_id: str | None = None,
+        lora_name: str | None = None,
+        lora_id: int | None = None,
+    ) -> AsyncIterator[GenerateOutput]:
+        """Run one request; one output per generated token, usage and timing on the last."""
+        params = params or GenerationParams()
+        if params.seed is None:
+            params = dataclasses.replace(params, seed=self.config.seed)
+        ctx, name, lora_id = self.resolve(context, lora_name, lora_id)
+        outputs = self.engine.generate(
+            prompt_token_ids, params, ctx, request_id=request_id, lora_name=name, lora_id=lora_id
+        )
+        # aclosing: a caller that stops early (client gone) releases the request's KV blocks now.
+        async with contextlib.aclosing(outputs) as stream:
+            async for output in stream:
+                yield output

@@ -1,0 +1,1 @@
+"""What every face of a server shares: the served models, the lifecycle, the call guards."""

@@ -1,0 +1,1 @@
+"""The Jinja sandbox chat templates render in: renderer, environment, syntax, budget."""

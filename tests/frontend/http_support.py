@@ -1,0 +1,122 @@
+"""Real HTTP servers for the HTTP frontend tests: uvicorn on a loopback port, on its own thread.
+
+The server runs in this process, so a test can inject drift into a route (monkeypatch) and see
+a guard catch it; clients are ordinary httpx clients, as a router's would be.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tokenkeys.engine.core import Engine
+from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.frontend import HttpConfig, create_app, start_http_server
+from tokenkeys.keys import block_keys, make_spec
+from tokenkeys.limits import Limits
+from tokenkeys.preprocess.chat import ChatOptions
+from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.serving.models import ModelRegistry
+from tokenkeys.tokenizer import TokenizerOptions
+
+from support import LoopServerThread
+
+BLOCK_SIZE = 16
+
+
+def attach_engines(
+    models: ModelRegistry, *, num_blocks: int = 4096, max_model_len: int | None = None
+) -> ModelRegistry:
+    """Give every model a simulated engine keyed by vLLM 0.31+ sha256_cbor, 16-token blocks.
+
+    Stands in for the per-model engine assembly of ``tokenkeys serve`` (a separate module):
+    same interface, ``extensions["engine"]``.
+    """
+    spec = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE)
+    for model in models:
+        model.extensions["engine"] = Engine(
+            key_fn=lambda tokens, ctx: block_keys(tokens, spec, ctx),
+            block_size=BLOCK_SIZE,
+            num_blocks=num_blocks,
+            latency=LatencyModel(sleep=False),
+            max_model_len=max_model_len,
+        )
+    return models
+
+
+def registry(
+    *sources: Path | ModelSource,
+    options: TokenizerOptions | None = None,
+    chat: ChatOptions | None = None,
+    limits: Limits | None = None,
+    engines: bool = True,
+) -> ModelRegistry:
+    """Load tokenizer folders (none: the embedded default) into a registry, engines attached.
+
+    A path is served under its folder name; a :class:`ModelSource` under its own name.
+    """
+    models = load_models(
+        [s if isinstance(s, ModelSource) else ModelSource(s.name, s) for s in sources],
+        options or TokenizerOptions(),
+        limits or Limits(),
+        chat,
+    )
+    return attach_engines(models) if engines else models
+
+
+class HttpServerThread(LoopServerThread):
+    """A real uvicorn server of ``create_app(models, config)`` on 127.0.0.1, own loop and thread."""
+
+    def __init__(
+        self, models: ModelRegistry, config: HttpConfig | None = None, *, tls: Any = None
+    ) -> None:
+        super().__init__()
+        self.models = models
+        self.config = config or HttpConfig()
+        self.tls = tls
+        self.app = create_app(models, self.config)
+
+    async def _start(self) -> tuple[Any, int]:
+        server = await start_http_server(self.app, "127.0.0.1", 0, tls=self.tls)
+        return server, server.port
+
+    async def _stop(self) -> None:
+        await self.server.stop()
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+
+def bos_variant(folder: Path) -> Path:
+    """A copy of the embedded tokenizer whose post-processor adds a BOS (``<|endoftext|>``).
+
+    The embedded SmolLM2 tokenizer adds no special tokens, so ``add_special_tokens`` would
+    change nothing; this variant makes the completion default observable with it alone.
+    """
+    import json
+
+    from tokenkeys.tokenizer import default_tokenizer_path
+
+    src = default_tokenizer_path()
+    spec = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
+        "special_tokens": {
+            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}
+        },
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    config = (src / "tokenizer_config.json").read_text(encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(config, encoding="utf-8")
+    return folder
