@@ -13,13 +13,11 @@ For 10k and 128k tokens per profile, three timings in the same run:
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import pickle
 import random
 import struct
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 import cbor2  # noqa: E402
 import xxhash  # noqa: E402
+from timing import fastest  # noqa: E402
 
 from tokenkeys.keys import KeyContext, block_keys, get_profile, make_spec  # noqa: E402
 from tokenkeys.keys.compute import reference_block_keys  # noqa: E402
@@ -34,38 +33,6 @@ from tokenkeys.keys.llmd import fnv1a64  # noqa: E402
 from tokenkeys.keys.registry import profile_ids  # noqa: E402
 
 BLOCK = 16
-
-
-def _fastest(fns: list[Callable[[], object]], budget: float, rounds: int = 4) -> list[float]:
-    """The fastest call of each function, as timeit measures it, robust to a shared machine.
-
-    Each function is timed back to back (warm caches, GC paused, calls under 1 ms batched so
-    timer resolution never matters) for ``budget / rounds / len(fns)`` seconds, and the
-    functions take turns for ``rounds`` rounds, so a burst of load from other processes cannot
-    fall on one of them only. The figure is the fastest call seen.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        best = []
-        for fn in fns:
-            t0 = time.perf_counter()
-            fn()
-            best.append(time.perf_counter() - t0)
-        share = budget / rounds / len(fns)
-        for _ in range(rounds):
-            for i, fn in enumerate(fns):
-                number = max(1, int(0.001 / max(best[i], 1e-9)))
-                samples = max(3, min(200, int(share / max(best[i] * number, 1e-9))))
-                for _ in range(samples):
-                    t0 = time.perf_counter()
-                    for _ in range(number):
-                        fn()
-                    best[i] = min(best[i], (time.perf_counter() - t0) / number)
-    finally:
-        if enabled:
-            gc.enable()
-    return best
 
 
 def _floor(profile_id: str, tokens: list[int], keys: list, spec) -> Callable[[], object]:
@@ -126,7 +93,7 @@ def run(quick: bool) -> str:
             ref_keys = reference_block_keys(tokens, spec, ctx)
             if fast_keys != ref_keys:
                 raise AssertionError(f"{profile_id}: fast path differs from the reference at {n}")
-            fast, ref, floor = _fastest(
+            fast, ref, floor = fastest(
                 [
                     lambda t=tokens, s=spec, c=ctx: block_keys(t, s, c),
                     lambda t=tokens, s=spec, c=ctx: reference_block_keys(t, s, c),

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from support import REPO
 
@@ -18,7 +18,12 @@ class Served:
     Its output is collected on a thread (``lines``, ``errors``) so the pipes never fill up.
     """
 
-    def __init__(self, *args: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        preexec: Callable[[], None] | None = None,
+    ) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0"]
             + ["--http-port", "0", "--no-kv-events", *args],
@@ -26,6 +31,7 @@ class Served:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=preexec,  # e.g. a lower descriptor limit for the child only
         )
         self.lines: list[str] = []
         self.errors: list[str] = []

@@ -19,7 +19,7 @@ def served(tmp_path):
     # stderr goes to a file: an unread pipe would block the server once its logs fill it.
     log = (tmp_path / "serve.log").open("w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0"],
+        [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0", "--http-port", "0"],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,

@@ -7,6 +7,25 @@ from dataclasses import dataclass, fields
 from tokenkeys.errors import ConfigError, LimitExceeded
 
 
+def check_option_fields(instance: object, zero_means_off: frozenset[str] = frozenset()) -> None:
+    """Refuse a field of a dataclass of options that is not a positive number of its kind.
+
+    A field whose default is an int takes ints only; a float field takes ints too. Fields in
+    ``zero_means_off`` may be 0. The error names the field and its command-line option.
+    """
+    for f in fields(instance):  # type: ignore[arg-type]
+        value = getattr(instance, f.name)
+        kind = int if isinstance(f.default, int) else (int, float)
+        floor_ok = value >= 0 if f.name in zero_means_off else value > 0
+        if isinstance(value, bool) or not isinstance(value, kind) or not floor_ok:
+            what = "an integer" if kind is int else "a number"
+            bound = ">= 0" if f.name in zero_means_off else "> 0"
+            option = "--" + f.name.replace("_", "-")
+            raise ConfigError(
+                f"{f.name} must be {what} {bound}, got {value!r}; fix {option}", field=f.name
+            )
+
+
 @dataclass(frozen=True)
 class Limits:
     """Upper bounds on what one request (or one client) may ask for; each is a server option.
@@ -32,15 +51,7 @@ class Limits:
     max_streams_per_client: int = 1024
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            floor = 0 if f.name == "max_streams_per_client" else 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < floor:
-                option = "--" + f.name.replace("_", "-")
-                raise ConfigError(
-                    f"{f.name} must be an integer >= {floor}, got {value!r}; fix {option}",
-                    field=f.name,
-                )
+        check_option_fields(self, zero_means_off=frozenset({"max_streams_per_client"}))
 
     def check_count(self, field: str, count: int) -> None:
         """Refuse more than ``max_texts_per_request`` items in ``field``."""
@@ -68,6 +79,20 @@ class Limits:
             raise LimitExceeded(
                 f"{field}[{index}] amounts to {count} tokens; at most {self.max_tokens_per_text} "
                 "are allowed per text (max_tokens_per_text): shorten or split it",
+                field=field,
+                limit=self.max_tokens_per_text,
+            )
+
+    def check_token_floor(self, field: str, index: int, floor: int) -> None:
+        """Refuse a text certain, before encoding, to exceed ``max_tokens_per_text``.
+
+        ``floor`` is a sound lower bound on its tokens (:mod:`tokenkeys.tokenizer.token_floor`).
+        """
+        if floor > self.max_tokens_per_text:
+            raise LimitExceeded(
+                f"{field}[{index}] is too long to fit: by its size it becomes at least {floor} "
+                f"tokens; at most {self.max_tokens_per_text} are allowed per text "
+                "(max_tokens_per_text): shorten or split it",
                 field=field,
                 limit=self.max_tokens_per_text,
             )

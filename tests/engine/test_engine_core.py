@@ -283,3 +283,18 @@ async def test_total_simulated_time_counts_each_further_token():
     out = (await run(engine, list(range(5)), max_tokens=3))[-1]
     assert out.timing.ttft_s == pytest.approx(0.005)
     assert out.timing.total_s == pytest.approx(0.025)
+
+
+async def test_used_blocks_are_those_running_requests_hold_not_cached_free_ones():
+    """GetLoad's ``used_kv_blocks``: a running request's blocks, its decode reservation
+    included; once it finishes its cached blocks are free again (vLLM's ``get_usage``)."""
+    engine, _ = make_engine(num_blocks=16)
+    assert engine.used_blocks == 0
+    # 10 prompt tokens + 6 output tokens (KV for 15): 4 blocks of 4, 3 allocated at prefill.
+    gen = engine.generate(list(range(10)), GenerationParams(max_tokens=6))
+    await gen.__anext__()
+    assert engine.used_blocks == 4
+    assert engine.cache.num_free_blocks == 16 - 3
+    await gen.aclose()
+    assert engine.used_blocks == 0
+    assert engine.cache.num_cached_blocks == 2  # the prompt's full blocks stay findable

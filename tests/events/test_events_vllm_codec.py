@@ -26,6 +26,7 @@ from tokenkeys.events.vllm_codec import (
     encode,
     layout_for,
 )
+from tokenkeys.events.vllm_structs import decode_strict
 
 # ----------------------------------------------------------------------------- a real 0.33 batch
 
@@ -546,3 +547,77 @@ def test_encode_refuses_foreign_objects_and_out_of_range_values():
         encode(EventBatch(1.0, ("BlockStored",)))  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="msgpack cannot encode"):
         encode(EventBatch(1.0, (BlockRemoved((2**64,)),)))
+
+
+# ----------------------------------------------------------------------------- strict fast path
+# decode_strict (msgspec, in C) answers for payloads in vLLM's exact form and must then give
+# what the lenient decoder gives with nothing dropped or ignored; otherwise it must step aside.
+
+
+def _both(payload: bytes):
+    lenient = VllmMsgpackCodec()
+    try:
+        expected = lenient._decode_lenient(payload)
+    except InvalidArgument:
+        expected = None
+    return decode_strict(payload, None), expected, lenient.stats
+
+
+def test_vllm_033_payload_takes_the_strict_path():
+    strict, lenient, _ = _both(REAL_033_PAYLOAD)
+    assert strict == lenient == REAL_033_BATCH
+    assert type(strict.events[0].block_hashes) is tuple and strict.events[0].medium == "GPU"
+
+
+@pytest.mark.parametrize("version", ["0.33", "0.24", "0.23", "0.15"])
+def test_strict_path_answers_every_well_formed_payload_as_the_lenient_one(version):
+    stored_n, removed_n = {"0.33": (15, 5), "0.24": (11, 3), "0.23": (11, 3), "0.15": (6, 2)}[
+        version
+    ]
+
+    @settings(max_examples=80, deadline=None)
+    @given(batches(stored_n, removed_n))
+    def check(batch):
+        payload = encode(batch, version)
+        strict, lenient, stats = _both(payload)
+        assert lenient == batch and stats.dropped_events == stats.ignored_fields == 0
+        nested = any(
+            isinstance(e, BlockStored)
+            and any(isinstance(p, tuple) for k in e.extra_keys or () for p in k or ())
+            for e in batch.events
+        )
+        if not nested:  # nested extra keys are left to the lenient decoder
+            assert strict == batch
+        assert strict is None or strict == batch
+
+    check()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers(-(2**63), 2**64 - 1)
+            | st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "GPU"])
+            | st.binary(max_size=3)
+            | st.floats(allow_nan=False),
+            lambda inner: (
+                st.lists(inner, max_size=4)
+                | st.dictionaries(
+                    st.sampled_from(["type", *STORED_FIELDS, "other"]), inner, max_size=6
+                )
+            ),
+            max_leaves=25,
+        ),
+        max_size=3,
+    ),
+    st.sampled_from([[], [0], [None], [0, "x"]]),
+)
+def test_strict_path_never_answers_differently_from_the_lenient_one(events, tail):
+    payload = msgpack.packb([1.5, events, *tail], use_bin_type=True)
+    strict, lenient, stats = _both(payload)
+    if strict is not None:
+        assert strict == lenient
+        assert stats.dropped_events == stats.ignored_fields == 0

@@ -8,6 +8,7 @@ import tokenkeys.router as router
 def test_public_names_are_pinned():
     assert router.__all__ == [
         "DEFAULT_TIER_WEIGHTS",
+        "CostWeights",
         "EventIngestor",
         "GrpcEventConsumer",
         "IngestMetrics",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -12,6 +13,8 @@ import httpx
 from engine_stack import ServeProcess
 
 from tokenkeys.cli import main
+from tokenkeys.cli.route import config_from, register
+from tokenkeys.router.policy.cost import CostWeights
 
 from support import REPO
 
@@ -98,3 +101,19 @@ def test_route_refuses_bad_options(capsys):
     assert "HOST:PORT" in capsys.readouterr().err
     assert main(["route", "--worker", "127.0.0.1:1", "--index", "redis"]) == 2
     assert "--redis-url" in capsys.readouterr().err
+    assert main(["route", "--worker", "127.0.0.1:1", "--growth-weight", "-1"]) == 2
+    assert "--growth-weight must be a finite number >= 0, got -1.0" in capsys.readouterr().err
+    assert main(["route", "--worker", "127.0.0.1:1", "--router-temperature", "nan"]) == 2
+    assert "--router-temperature must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_route_cost_options_reach_the_router_config():
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(
+        ["route", "--worker", "127.0.0.1:1", "--prefix-weight", "2", "--load-weight", "0.5"]
+        + ["--growth-weight", "0", "--router-temperature", "0.3"]
+    )
+    config = config_from(args)
+    assert config.cost == CostWeights(prefix=2.0, load=0.5, growth=0.0, temperature=0.3)
+    assert config_from(parser.parse_args(["route", "--worker", "h:1"])).cost == CostWeights()

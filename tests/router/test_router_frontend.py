@@ -141,6 +141,8 @@ async def test_a_dry_run_shows_the_decision_without_generating(routed):
     assert decision["worker"] == served and decision["reason"] == "prefix"
     assert decision["ranking"][0]["worker"] == served
     assert [r["worker"] for r in decision["ranking"]][1:] != []
+    costs = [r["cost"] for r in decision["ranking"]]
+    assert costs == sorted(costs) and costs[0] < costs[-1]  # the cheapest first
     assert 0 < decision["matched_blocks"] <= decision["total_blocks"]
     metrics = (await client.get("/metrics")).text
     assert metrics.count("tokenkeys_router_decisions_total{") == before

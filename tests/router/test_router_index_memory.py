@@ -1,11 +1,18 @@
-"""What only the in-memory index does: its LRU bound (as llm-d's ``in_memory.go`` evicts)."""
+"""What only the in-memory index does: its LRU bound (as llm-d's ``in_memory.go`` evicts), and its
+shared holder sets answering exactly as one dict per key would."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokenkeys.errors import ConfigError
+from tokenkeys.router.index import memory as index_memory
 from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.index.model import PrefixMatch
 
 
 async def test_capacity_bounds_the_key_count_evicting_the_least_recently_used():
@@ -50,3 +57,99 @@ async def test_re_adding_a_key_refreshes_it_and_eviction_drops_every_workers_ent
 def test_capacity_must_be_a_positive_integer(capacity):
     with pytest.raises(ConfigError, match="capacity"):
         MemoryPrefixIndex(capacity=capacity)
+
+
+# ------------------------------------------- shared holder sets against a dict-per-key reference
+
+
+class LruModel:
+    """The plain layout the shared holder sets replaced: one {worker: tiers} dict per key."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.entries: OrderedDict[int, dict[str, set[str]]] = OrderedDict()
+
+    def add(self, worker: str, keys: list[int], tier: str) -> None:
+        for key in keys:
+            self.entries.setdefault(key, {}).setdefault(worker, set()).add(tier)
+            self.entries.move_to_end(key)
+            if len(self.entries) > self.capacity:
+                self.entries.popitem(last=False)
+
+    def remove(self, worker: str, keys: list[int], tier: str) -> None:
+        for key in keys:
+            tiers = self.entries.get(key, {}).get(worker)
+            if tiers is not None:
+                tiers.discard(tier)
+                if not tiers:
+                    del self.entries[key][worker]
+                    if not self.entries[key]:
+                        del self.entries[key]
+
+    def clear(self, worker: str, keys: list[int], tier: str) -> None:
+        for key in list(self.entries):
+            self.entries[key].pop(worker, None)
+            if not self.entries[key]:
+                del self.entries[key]
+
+    def lookup(self, keys: list[int], allowed: set[str] | None) -> dict[str, PrefixMatch]:
+        out, longest = {}, 0
+        for worker in self.entries.get(keys[0], {}):
+            if allowed is not None and worker not in allowed:
+                continue
+            segments: list[list] = []
+            for key in keys:
+                tiers = tuple(sorted(self.entries.get(key, {}).get(worker, ())))
+                if not tiers:
+                    break
+                if segments and segments[-1][1] == tiers:
+                    segments[-1][0] += 1
+                else:
+                    segments.append([1, tiers])
+            out[worker] = PrefixMatch(worker, tuple((c, t) for c, t in segments))
+            longest = max(longest, sum(c for c, _ in segments))
+        for key in keys[:longest]:
+            self.entries.move_to_end(key)
+        return out
+
+
+NAMES = st.sampled_from(["w1", "w2", "w3", "w4"])
+UPDATES = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "add", "remove", "clear"]),
+        NAMES,
+        st.lists(st.integers(0, 11), max_size=8),
+        st.sampled_from(["gpu", "cpu"]),
+    ),
+    max_size=30,
+)
+LOOKUPS = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 11), min_size=1, max_size=10),
+        st.none() | st.sets(NAMES, max_size=3),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(1, 14), updates=UPDATES, lookups=LOOKUPS)
+async def test_lookups_and_evictions_match_a_dict_per_key_index(capacity, updates, lookups):
+    # A sweep floor of 1 drops unused holder sets on almost every update, so rebuilt (equal but
+    # not identical) sets are exercised too.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(index_memory, "_SWEEP_FLOOR", 1)
+        index, model = MemoryPrefixIndex(capacity=capacity), LruModel(capacity)
+        index._sweep_at = 1
+        for kind, worker, keys, tier in updates:
+            if kind == "clear":
+                await index.clear(worker)
+            else:
+                await getattr(index, kind)(worker, keys, tier)
+            getattr(model, kind)(worker, keys, tier)
+            for prompt, allowed in lookups:
+                assert await index.lookup(prompt, allowed) == model.lookup(prompt, allowed)
+            assert list(index._entries) == list(model.entries)  # same recency order
+        expected = {w for holders in model.entries.values() for w in holders}
+        assert await index.workers() == expected

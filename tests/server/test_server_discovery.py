@@ -16,6 +16,7 @@ from engine_stack import start_stack
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys._gen.openengine.v1 import kv_pb2, lifecycle_pb2, model_pb2, server_pb2
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as tpb
+from tokenkeys.engine.core import GenerationParams
 from tokenkeys.events.zmq_endpoint import is_wildcard
 from tokenkeys.keys import make_spec
 from tokenkeys.server.grpc.discovery_messages import endpoint_of
@@ -224,5 +225,23 @@ async def test_several_models_each_have_their_own_stream():
         message = await call.read()
         assert message.batch.sequence_number == 0 and message.batch.events
         call.cancel()
+    finally:
+        await stack.stop()
+
+
+async def test_get_load_counts_blocks_of_running_requests_not_cached_free_ones():
+    stack = await start_stack(EngineConfig(num_kv_blocks=100))
+    try:
+        engine = stack.local().engine
+        prompt = list(range(100, 180))  # 80 tokens: 5 full blocks of 16
+        gen = engine.generate(prompt, GenerationParams(max_tokens=20))
+        await gen.__anext__()
+        load = await stack.control.GetLoad(server_pb2.GetLoadRequest())
+        # 80 + 19 tokens of KV: 7 blocks held (6 allocated, 1 reserved for decode).
+        assert (load.running_requests, load.used_kv_blocks) == (1, 7)
+        await gen.aclose()
+        load = await stack.control.GetLoad(server_pb2.GetLoadRequest())
+        assert (load.running_requests, load.used_kv_blocks) == (0, 0)
+        assert engine.cache.num_cached_blocks >= 5  # cached, free, not load
     finally:
         await stack.stop()

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from tokenkeys.cli import keys, pull, route, serve, tokens
 from tokenkeys.errors import TokenkeysError
+from tokenkeys.terminal import printable
 
 # Each module exposes register(subparsers); a subcommand's parser sets ``func(args) -> int``.
 _MODULES = (serve, route, tokens, pull, keys)
@@ -36,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except TokenkeysError as error:
-        print(f"tokenkeys {args.command}: error: {error.message}", file=sys.stderr)
+        print(f"tokenkeys {args.command}: error: {printable(error.message)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

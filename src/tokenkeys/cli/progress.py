@@ -6,6 +6,7 @@ import time
 from typing import TextIO
 
 from tokenkeys.artifacts import Progress
+from tokenkeys.terminal import printable
 
 # Redraw at most this often: a fast loopback pull delivers hundreds of chunks a second.
 _REDRAW_SECONDS = 0.1
@@ -49,7 +50,7 @@ class ProgressBar:
         filled = int(fraction * _WIDTH)
         rate = progress.done / max(now - self._started, 1e-6)
         line = (
-            f"\r{progress.path} [{'#' * filled}{'-' * (_WIDTH - filled)}] "
+            f"\r{printable(progress.path)} [{'#' * filled}{'-' * (_WIDTH - filled)}] "
             f"{human_bytes(progress.done)} / {human_bytes(progress.total)}  "
             f"{human_bytes(rate)}/s"
         )

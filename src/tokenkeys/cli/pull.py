@@ -11,6 +11,7 @@ from pathlib import Path
 from tokenkeys.artifacts import ArtifactCache, ArtifactLimits, PullSettings, fetch
 from tokenkeys.cli.access_options import add_client_access_options, channel_security
 from tokenkeys.cli.progress import ProgressBar, human_bytes
+from tokenkeys.terminal import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -111,7 +112,10 @@ def run_pull(args: argparse.Namespace) -> int:
             if bar.last
             else "before any data arrived"
         )
-        print(f"tokenkeys pull: interrupted {where}; nothing was installed", file=sys.stderr)
+        print(
+            f"tokenkeys pull: interrupted {printable(where)}; nothing was installed",
+            file=sys.stderr,
+        )
         return 130
     finally:
         bar.close()

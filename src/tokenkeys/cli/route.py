@@ -15,15 +15,18 @@ from tokenkeys.cli.access_options import (
     server_tls,
     server_tokens,
 )
+from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.frontend import start_http_server
 from tokenkeys.limits import Limits
 from tokenkeys.router.frontend import create_router_app
 from tokenkeys.router.index.memory import DEFAULT_CAPACITY
+from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import POLICIES
 from tokenkeys.router.service import INDEXES, RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.terminal import escape_log_records, printable
 
 log = logging.getLogger("tokenkeys.route")
 
@@ -64,6 +67,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="KV-event transport to follow (auto: ZMQ when a worker advertises it, else gRPC)",
     )
+    cost = p.add_argument_group(
+        "precise policy cost (in KV blocks; lower wins; see docs/router.md)",
+        "cost = prefix weight x blocks to prefill + load weight x KV blocks in use "
+        "+ growth weight x new blocks recently placed there",
+    )
+    d = CostWeights()
+    for option, default, what in (
+        ("--prefix-weight", d.prefix, "cost of one block of prefill; higher keeps prompts with "
+         "their cached prefix, 0 ignores the cache"),
+        ("--load-weight", d.load, "cost of one KV block in use; higher spreads running work at "
+         "the price of more prefill"),
+        ("--growth-weight", d.growth, "cost of one block of new cache recently placed on the "
+         "worker; higher spreads new prefixes, 0 lets a shared header attract them"),
+        ("--router-temperature", d.temperature, "0 always takes the cheapest worker; above 0 "
+         "samples workers, cheaper ones more often"),
+    ):  # fmt: skip
+        cost.add_argument(
+            option, type=float, default=default, metavar="X", help=f"{what} (default {default})"
+        )
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
     p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
     p.add_argument(
@@ -86,6 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
     )
+    add_connection_options(p, grpc=False)
     add_server_access_options(p, templates=False)
     add_client_access_options(p, prefix="worker-")
     p.set_defaults(func=run)
@@ -107,6 +130,12 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         pools=PoolSettings(
             cache=args.cache, limits=limits, security=channel_security(args, prefix="worker-")
         ),
+        cost=CostWeights(
+            prefix=args.prefix_weight,
+            load=args.load_weight,
+            growth=args.growth_weight,
+            temperature=args.router_temperature,
+        ),
     )
 
 
@@ -126,7 +155,7 @@ async def _route(args: argparse.Namespace) -> int:
                 line += f"; refused for {refusal.model} ({refusal.reason}): {refusal.message}"
             if ws.error:
                 line += f"; {ws.error}"
-            print(line, flush=True)
+            print(printable(line), flush=True)  # errors and names come from the workers
         for pool in service.registry.pools.values():
             decision = pool.strategy.decision
             print(
@@ -141,7 +170,9 @@ async def _route(args: argparse.Namespace) -> int:
             metrics=service.metrics_registry,
             lifecycle=lifecycle,
         )
-        server = await start_http_server(app, args.host, args.http_port, tls=tls)
+        server = await start_http_server(
+            app, args.host, args.http_port, tls=tls, connections=connection_limits_from(args)
+        )
     except BaseException:
         await service.close()
         raise
@@ -165,4 +196,5 @@ async def _route(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
     return asyncio.run(_route(args))

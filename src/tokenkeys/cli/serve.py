@@ -22,6 +22,7 @@ from tokenkeys.cli.common import (
     key_spec_options,
     local_models,
 )
+from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
@@ -34,6 +35,7 @@ from tokenkeys.server.grpc.tokenizer import TokenizerService
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.guards import build_guards
 from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.terminal import escape_log_records
 
 log = logging.getLogger("tokenkeys.serve")
 
@@ -68,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, how long calls in flight may take to finish (default 30)",
     )
     add_limit_options(p)
+    add_connection_options(p)
     keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
     add_key_spec_options(keys, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
     add_engine_options(p)
@@ -80,6 +83,7 @@ async def _serve(args: argparse.Namespace) -> int:
     if args.shutdown_timeout < 0:
         raise ConfigError("--shutdown-timeout must be >= 0", field="shutdown-timeout")
     limits = limits_from(args)
+    connections = connection_limits_from(args)
     tls = server_tls(args)
     tokens = server_tokens(args)
     http = http_config(args, limits, auth=tokens)
@@ -111,6 +115,7 @@ async def _serve(args: argparse.Namespace) -> int:
         limits,
         guards=build_guards(lifecycle, limits.max_streams_per_client, tokens, args.auth_health),
         tls=tls,
+        connections=connections,
     )
     try:
         await runtime.start(args.host, port)
@@ -142,7 +147,9 @@ async def _serve(args: argparse.Namespace) -> int:
     print(f"gRPC listening on {args.host}:{port}", flush=True)
     try:
         # After runtime.start: the engines are attached to the models by then.
-        http_server = await start_http(args, models, http, lifecycle=lifecycle, tls=tls)
+        http_server = await start_http(
+            args, models, http, lifecycle=lifecycle, tls=tls, connections=connections
+        )
     except BaseException:
         await server.stop(grace=None)
         await runtime.close()
@@ -176,4 +183,5 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
     return asyncio.run(_serve(args))

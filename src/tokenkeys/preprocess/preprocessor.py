@@ -25,6 +25,10 @@ from tokenkeys.preprocess.prompt_options import optional_flag
 from tokenkeys.tokenizer import Tokenizer, TokenStrs, Truncation
 from tokenkeys.tokenizer.specials import template_special_tokens
 
+#: Above this many characters in all, a request's texts are encoded one by one (see
+#: :meth:`Preprocessor.tokenize_prompts`); below it one batch is faster.
+_ONE_BY_ONE_CHARS = 1 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class Tokenized:
@@ -110,20 +114,36 @@ class Preprocessor:
             raise InvalidArgument(f"nul handling {nul!r} is not 'keep' or 'strip'", field="nul")
         normalized: list[str] = []
         maps: list[list[int] | None] = []
+        floor = self.tokenizer.token_floor
         for i, text in enumerate(texts):
             limits.check_chars(field_name, i, len(text))
             norm, index_map = self.normalize(text, nul)
+            # Before any encoding: a text certain to become too many tokens costs a byte count.
+            if floor is not None and 4 * len(norm) > limits.max_tokens_per_text * floor.divisor:
+                limits.check_token_floor(field_name, i, floor.tokens_at_least(norm))
             normalized.append(norm)
             maps.append(index_map)
         if add_special_tokens is None:
             add_special_tokens = self.tokenizer.options.add_special_tokens_completion
-        encoded = self.tokenizer.encode(
-            normalized,
-            add_special_tokens=add_special_tokens,
-            offsets=offsets,
-            truncation=truncation,
-        )
-        limits.check_sequences(field_name, [len(e.ids) for e in encoded])
+        options = {
+            "add_special_tokens": add_special_tokens,
+            "offsets": offsets,
+            "truncation": truncation,
+        }
+        if len(normalized) > 1 and sum(len(t) for t in normalized) > _ONE_BY_ONE_CHARS:
+            # Large texts one at a time, each checked as it is done, so a request over a token
+            # limit is refused after the text that crosses it, not after encoding them all.
+            encoded = []
+            total = 0
+            for i, text in enumerate(normalized):
+                (enc,) = self.tokenizer.encode([text], **options)  # type: ignore[arg-type]
+                limits.check_text_tokens(field_name, i, len(enc.ids))
+                total += len(enc.ids)
+                limits.check_tokens(field_name, total)
+                encoded.append(enc)
+        else:
+            encoded = self.tokenizer.encode(normalized, **options)  # type: ignore[arg-type]
+            limits.check_sequences(field_name, [len(e.ids) for e in encoded])
         results = []
         for enc, index_map in zip(encoded, maps, strict=True):
             spans = enc.offsets

@@ -2,7 +2,8 @@
 
 Data flows one way: a worker's KV events (``tokenkeys.events``) -> :class:`EventIngestor` ->
 a :class:`PrefixIndex`; a prompt's block keys (``tokenkeys.keys.block_keys`` ->
-:func:`prompt_keys`) -> :meth:`PrefixIndex.lookup` -> :func:`score_workers` -> the best worker.
+:func:`prompt_keys`) -> :meth:`PrefixIndex.lookup` -> :func:`score_workers` -> a cost per
+worker (prefill against load, :class:`CostWeights`) -> the cheapest worker.
 :class:`WorkerRegistry` discovers workers and keeps one pool per model (one tokenizer, one
 cache-key spec); :class:`Router` turns a :class:`RouteRequest` into a :class:`RouteDecision`;
 :class:`RoutingService` assembles them from a :class:`RouterConfig` (``tokenkeys route`` puts
@@ -16,6 +17,7 @@ from tokenkeys.router.index.redis import RedisPrefixIndex
 from tokenkeys.router.ingest.consumer import ZmqEventConsumer
 from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.ingest.ingestor import EventIngestor, IngestMetrics
+from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
 from tokenkeys.router.policy.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore, score_workers
 from tokenkeys.router.service import RouterConfig, RoutingService
@@ -24,6 +26,7 @@ from tokenkeys.router.workers.registry import WorkerRegistry
 
 __all__ = [
     "DEFAULT_TIER_WEIGHTS",
+    "CostWeights",
     "EventIngestor",
     "GrpcEventConsumer",
     "IngestMetrics",

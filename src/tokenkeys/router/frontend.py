@@ -182,7 +182,8 @@ def create_router_app(
 
 
 def decision_body(decision: RouteDecision) -> dict[str, Any]:
-    """A decision as JSON: the chosen worker, score, matched blocks, reason and the ranking."""
+    """A decision as JSON: the chosen worker, score, matched blocks, reason and the ranking
+    (with each worker's cost under the precise policy, null under the baselines)."""
     return {
         "worker": decision.worker,
         "model": decision.model,
@@ -197,6 +198,7 @@ def decision_body(decision: RouteDecision) -> dict[str, Any]:
                 "score": s.score,
                 "matched_blocks": s.matched_blocks,
                 "load": s.load,
+                "cost": s.cost,
             }
             for s in decision.ranking
         ],

@@ -80,7 +80,7 @@ class RoutedEngine:
             if member is None:
                 continue
             started = False
-            member.inflight += 1
+            sent_at = member.view.begin(decision.keys)
             try:
                 engine = self.registry.engine(address, self.model)
                 outputs = engine.generate(
@@ -112,7 +112,7 @@ class RoutedEngine:
                 metrics.requests.labels(address, "failed").inc()
                 raise
             finally:
-                member.inflight -= 1
+                member.view.end(decision.keys, sent_at)
         raise Unavailable(
             f"no worker of {self.model!r} accepted the request: " + "; ".join(failures or ["none"]),
             field="model",

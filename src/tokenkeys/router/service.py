@@ -22,6 +22,7 @@ from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.index.redis import RedisPrefixIndex
 from tokenkeys.router.ingest.ingestor import IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
+from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import POLICIES, Router
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.workers.discovery import check_address
@@ -37,7 +38,7 @@ class RouterConfig:
     """Everything a router is configured with (the ``tokenkeys route`` options).
 
     - ``workers``: engine gRPC addresses (``HOST:PORT``);
-    - ``policy``: ``precise``, ``round_robin`` or ``text_chunks`` (see ``router.core``);
+    - ``policy``: ``precise``, ``round_robin`` or ``text_chunks`` (see ``router.policy.router``);
     - ``index``: ``memory`` (bounded by ``index_capacity`` block keys, LRU) or ``redis`` at
       ``redis_url`` under ``redis_namespace`` (shared by every router replica using it);
     - ``transport``: KV events over ``zmq``, ``grpc`` or ``auto`` (ZMQ when advertised);
@@ -46,7 +47,8 @@ class RouterConfig:
       rejoin) and the deadline of each discovery call; ``retry_delay``: pause before a gRPC
       event stream is resubscribed; ``recheck_interval``: at most one rediscovery per this
       many seconds when a worker's events follow a foreign spec;
-    - ``pools``: artifact cache, request limits, key strategy (``pool_setup.PoolSettings``).
+    - ``pools``: artifact cache, request limits, key strategy (``pool_setup.PoolSettings``);
+    - ``cost``: the precise policy's weights and temperature (``router.policy.cost.CostWeights``).
     """
 
     workers: tuple[str, ...]
@@ -61,6 +63,7 @@ class RouterConfig:
     retry_delay: float = 0.5
     recheck_interval: float = 5.0
     pools: PoolSettings = field(default_factory=PoolSettings)
+    cost: CostWeights = field(default_factory=CostWeights)
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -122,7 +125,11 @@ class RoutingService:
             security=config.pools.security,
         )
         self.router = Router(
-            self.registry.pools, self.index, policy=config.policy, metrics=self.metrics
+            self.registry.pools,
+            self.index,
+            policy=config.policy,
+            cost=config.cost,
+            metrics=self.metrics,
         )
         self.registry.on_leave.append(self.router.forget)
 

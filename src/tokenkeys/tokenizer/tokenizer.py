@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 from tokenkeys.errors import InvalidArgument
@@ -13,6 +14,7 @@ from tokenkeys.tokenizer.fingerprint import fingerprint
 from tokenkeys.tokenizer.folder import TokenizerFolder, read_folder
 from tokenkeys.tokenizer.options import TokenizerOptions
 from tokenkeys.tokenizer.specials import Specials, read_chat_templates, read_specials
+from tokenkeys.tokenizer.token_floor import TokenFloor, token_floor
 
 # How many preceding tokens give a token its context when decoding it alone: enough for a
 # SentencePiece leading space and for a UTF-8 sequence split over up to four byte tokens.
@@ -53,6 +55,17 @@ class Tokenizer:
         templates = read_chat_templates(folder)
         fp = fingerprint(folder.entries, options, backend.behaviour)
         return cls(folder, options, backend, specials, templates, fp)
+
+    @cached_property
+    def token_floor(self) -> TokenFloor | None:
+        """A sound floor on a text's tokens from its size, where this tokenizer allows one.
+
+        Only for the ``tokenizers`` backend, which encodes tokenizer.json exactly as read;
+        transformers may rebuild parts of the pipeline from class defaults.
+        """
+        if self.backend.name != "tokenizers":
+            return None
+        return token_floor(self.folder.contents["tokenizer.json"])
 
     @property
     def vocab_size(self) -> int:

@@ -4,12 +4,20 @@ Like llm-d's ``InMemoryIndex`` (llm-d-router ``pkg/kvcache/kvblock/in_memory.go`
 is a number of block keys and the least recently used key goes first; adding a key and finding
 it in a lookup both count as use. A per-worker reverse map makes :meth:`clear` proportional to
 that worker's blocks instead of a scan of the whole index (llm-d's ``Clear`` scans).
+
+Each key maps to an immutable, shared :class:`_Holders` (which workers hold it, on which tiers)
+rather than to a dict of its own. A prompt's consecutive keys are mostly held by the same
+workers, so they share one object, and a lookup finds where the holders change by comparing
+identities in C (``map``/``compress``) instead of asking every worker about every key in Python:
+the work per key no longer grows with the number of workers.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
+from itertools import compress, islice
+from operator import is_not
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.index.model import (
@@ -21,8 +29,30 @@ from tokenkeys.router.index.model import (
     check_worker,
 )
 
-#: Default bound, in block keys (about 300-400 bytes each in CPython with a few workers per key).
+#: Default bound, in block keys (about 200 bytes each in CPython with a few workers per key: the
+#: key, its table slot and its reverse-map entries; one dict per key took about 380).
 DEFAULT_CAPACITY = 1_000_000
+
+# Distinct holder sets kept before unused ones are dropped (the sweep also runs when the table
+# doubles since the last one, so its cost stays proportional to the growth).
+_SWEEP_FLOOR = 4096
+
+
+class _Holders:
+    """The workers holding one key and their tiers; never mutated once built, shared by keys.
+
+    ``tiers`` maps worker to its sorted tier tuple. The three caches remember the result of
+    adding a (worker, tier), removing one, or clearing a worker, so an update of a key costs one
+    dict probe once its transition has been seen; ``None`` in them means "no holder left".
+    """
+
+    __slots__ = ("tiers", "added", "removed", "cleared")
+
+    def __init__(self, tiers: dict[str, tuple[str, ...]]) -> None:
+        self.tiers = tiers
+        self.added: dict[tuple[str, str], _Holders] = {}
+        self.removed: dict[tuple[str, str], _Holders | None] = {}
+        self.cleared: dict[str, _Holders | None] = {}
 
 
 class MemoryPrefixIndex:
@@ -46,11 +76,13 @@ class MemoryPrefixIndex:
             )
         self.capacity = capacity
         self.evictions = 0
-        # key -> {worker: sorted tiers}; insertion order is recency order (oldest first).
-        self._entries: OrderedDict[int, dict[str, tuple[str, ...]]] = OrderedDict()
+        # key -> its holders; insertion order is recency order (oldest first).
+        self._entries: OrderedDict[int, _Holders] = OrderedDict()
         self._by_worker: dict[str, set[int]] = {}
-        # One shared tuple per distinct tier set: lookups compare them by identity first.
+        # One shared tuple per distinct tier set, one shared _Holders per distinct holder set.
         self._tier_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._holder_sets: dict[frozenset[tuple[str, tuple[str, ...]]], _Holders] = {}
+        self._sweep_at = _SWEEP_FLOOR
 
     def __len__(self) -> int:
         """The number of block keys held."""
@@ -59,35 +91,77 @@ class MemoryPrefixIndex:
     def _tiers(self, tiers: tuple[str, ...]) -> tuple[str, ...]:
         return self._tier_sets.setdefault(tiers, tiers)
 
+    def _holders(self, tiers: dict[str, tuple[str, ...]]) -> _Holders | None:
+        """The shared holder set equal to ``tiers`` (``None`` when empty)."""
+        if not tiers:
+            return None
+        token = frozenset(tiers.items())
+        found = self._holder_sets.get(token)
+        if found is None:
+            found = self._holder_sets[token] = _Holders(tiers)
+        return found
+
+    def _sweep(self) -> None:
+        """Drop holder sets no key uses any more (and every cached transition, which may name
+        them). Equal sets built later are new objects: lookups stay correct either way, they
+        only compare more.
+        """
+        if len(self._holder_sets) <= self._sweep_at:
+            return
+        live = set(self._entries.values())
+        self._holder_sets = {t: h for t, h in self._holder_sets.items() if h in live}
+        for holders in self._holder_sets.values():
+            holders.added.clear()
+            holders.removed.clear()
+            holders.cleared.clear()
+        self._sweep_at = max(_SWEEP_FLOOR, 2 * len(self._holder_sets))
+
+    def _with(self, holders: _Holders, worker: str, tier: str) -> _Holders:
+        tiers = holders.tiers.get(worker, ())
+        if tier in tiers:
+            return holders
+        return self._holders({**holders.tiers, worker: self._tiers(tuple(sorted((*tiers, tier))))})
+
+    def _without(self, holders: _Holders, worker: str, tier: str) -> _Holders | None:
+        table = dict(holders.tiers)
+        left = tuple(t for t in table[worker] if t != tier)
+        if left:
+            table[worker] = self._tiers(left)
+        else:
+            del table[worker]
+        return self._holders(table)
+
     async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Record that ``worker`` holds ``keys`` on ``tier``; may evict the oldest keys."""
         check_worker(worker)
         check_tier(tier)
         check_keys(keys)
-        entries, single = self._entries, self._tiers((tier,))
+        self._sweep()
+        entries, change = self._entries, (worker, tier)
+        single = self._holders({worker: self._tiers((tier,))})
         held = self._by_worker.setdefault(worker, set())
         for key in keys:
             held.add(key)
-            entry = entries.get(key)
-            if entry is None:
-                entries[key] = {worker: single}
+            holders = entries.get(key)
+            if holders is None:
+                entries[key] = single
                 # The key just added is the newest, so eviction never takes it (capacity >= 1)
                 # and `held` never empties here.
                 if len(entries) > self.capacity:
                     self._evict_oldest()
-            else:
-                entries.move_to_end(key)
-                tiers = entry.get(worker)
-                if tiers is None:
-                    entry[worker] = single
-                elif tier not in tiers:
-                    entry[worker] = self._tiers(tuple(sorted((*tiers, tier))))
+                continue
+            entries.move_to_end(key)
+            after = holders.added.get(change)
+            if after is None:
+                after = holders.added[change] = self._with(holders, worker, tier)
+            if after is not holders:
+                entries[key] = after
         if not held:  # an add of no keys
             del self._by_worker[worker]
 
     def _evict_oldest(self) -> None:
-        key, entry = self._entries.popitem(last=False)
-        for worker in entry:
+        key, holders = self._entries.popitem(last=False)
+        for worker in holders.tiers:
             held = self._by_worker.get(worker)
             if held is not None:
                 held.discard(key)
@@ -103,19 +177,23 @@ class MemoryPrefixIndex:
         held = self._by_worker.get(worker)
         if held is None:
             return
-        entries = self._entries
+        self._sweep()
+        entries, change = self._entries, (worker, tier)
         for key in keys:
-            entry = entries.get(key)
-            tiers = None if entry is None else entry.get(worker)
+            holders = entries.get(key)
+            tiers = None if holders is None else holders.tiers.get(worker)
             if tiers is None or tier not in tiers:
                 continue
-            if len(tiers) > 1:
-                entry[worker] = self._tiers(tuple(t for t in tiers if t != tier))
-                continue
-            del entry[worker]
-            held.discard(key)
-            if not entry:
+            try:
+                after = holders.removed[change]
+            except KeyError:
+                after = holders.removed[change] = self._without(holders, worker, tier)
+            if len(tiers) == 1:
+                held.discard(key)
+            if after is None:
                 del entries[key]
+            else:
+                entries[key] = after
         if not held:
             del self._by_worker[worker]
 
@@ -124,10 +202,16 @@ class MemoryPrefixIndex:
         check_worker(worker)
         entries = self._entries
         for key in self._by_worker.pop(worker, ()):
-            entry = entries[key]
-            del entry[worker]
-            if not entry:
+            holders = entries[key]
+            try:
+                after = holders.cleared[worker]
+            except KeyError:
+                table = {w: t for w, t in holders.tiers.items() if w != worker}
+                after = holders.cleared[worker] = self._holders(table)
+            if after is None:
                 del entries[key]
+            else:
+                entries[key] = after
 
     async def lookup(
         self, keys: Sequence[int], workers: Collection[str] | None = None
@@ -139,36 +223,40 @@ class MemoryPrefixIndex:
             return {}
         entries = self._entries
         first = entries.get(keys[0])
-        if not first:
+        if first is None:
             return {}
-        candidates = [(w, t) for w, t in first.items() if allowed is None or w in allowed]
-        if not candidates:
+        # Per candidate: [tiers of its current segment, where that segment began, segments].
+        runs = {w: [t, 0, []] for w, t in first.tiers.items() if allowed is None or w in allowed}
+        if not runs:
             return {}
-        # The prompt's entries up to the first key nobody holds, fetched once for all workers.
-        rows = []
-        for key in keys[1:]:
-            entry = entries.get(key)
-            if entry is None:
-                break
-            rows.append(entry)
+        rows = list(map(entries.get, keys))
+        end = len(rows)
+        if None in rows:  # the prompt's held part ends at the first key nobody holds
+            end = rows.index(None)
+        # Only where the holder set changes can a run end or change tiers.
+        changes = compress(range(1, end), map(is_not, islice(rows, 1, end), rows))
         out, longest = {}, 0
-        for worker, tiers in candidates:
-            segments, count, current, blocks = [], 1, tiers, 1
-            for entry in rows:
-                tiers = entry.get(worker)
+        for at in changes:
+            table = rows[at].tiers
+            for worker, run in list(runs.items()):
+                tiers = table.get(worker)
+                if tiers is run[0] or tiers == run[0]:
+                    continue
+                run[2].append((at - run[1], run[0]))
                 if tiers is None:
-                    break
-                if tiers is current or tiers == current:  # usually shared (see _tiers)
-                    count += 1
+                    out[worker] = PrefixMatch(worker, tuple(run[2]))
+                    longest = at
+                    del runs[worker]
                 else:
-                    segments.append((count, current))
-                    count, current = 1, tiers
-                blocks += 1
-            segments.append((count, current))
+                    run[0], run[1] = tiers, at
+            if not runs:
+                break
+        for worker, (tiers, start, segments) in runs.items():
+            segments.append((end - start, tiers))
             out[worker] = PrefixMatch(worker, tuple(segments))
-            longest = max(longest, blocks)
-        for key in keys[:longest]:  # what a lookup used is recently used
-            entries.move_to_end(key)
+            longest = end
+        # What a lookup used is recently used (the loop runs in C).
+        deque(map(entries.move_to_end, islice(keys, longest)), maxlen=0)
         return out
 
     async def workers(self) -> frozenset[str]:

@@ -5,8 +5,10 @@ index, and never sends a request itself (``routed_engine`` forwards). Policies:
 
 - ``precise``: the pool's keys for the prompt (local or remote, as the pool decided) -> the
   index's consecutive runs per ready worker -> :func:`~tokenkeys.router.policy.scorer.score_workers`
-  (longest cached prefix, tier-weighted, normalized; ties by load). With the index
-  unavailable (Redis down) or the keys not computable right now, the least loaded worker.
+  (longest cached prefix, tier-weighted, normalized) -> :func:`~tokenkeys.router.policy.cost.
+  cost_workers` (blocks to prefill against KV blocks in use and recent cache growth, weighted
+  by :class:`~tokenkeys.router.policy.cost.CostWeights`) -> the cheapest worker. The index missing
+  (Redis down) or the keys not computable right now leave load and growth to decide.
 - ``round_robin``: the next ready worker in turn (the baseline without cache knowledge).
 - ``text_chunks``: hashed 64-byte text chunks of the prompt matched against what this router
   sent each worker (``text_chunks``; the baseline without tokenization or events).
@@ -19,16 +21,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
-import xxhash
 
 from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
 from tokenkeys.keys import KeyContext
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.metrics import RouterMetrics
+from tokenkeys.router.policy.cost import Candidate, CostWeights, GrowthLedger, choose, cost_workers
 from tokenkeys.router.policy.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore, score_workers
 from tokenkeys.router.policy.text_chunks import TextChunkTable, chunk_hashes
 from tokenkeys.router.workers.pool import Pool
@@ -56,7 +58,8 @@ class RouteDecision:
     """The chosen worker (its address), why, and the ranking it was chosen from (best first).
 
     ``score`` is the chosen worker's in [0, 1]; ``matched_blocks`` of ``total_blocks`` full
-    blocks of the prompt are cached there according to what the policy knows.
+    blocks of the prompt are cached there according to what the policy knows. ``keys`` are the
+    prompt's block keys (precise policy), which the forwarder counts as in flight there.
     """
 
     worker: str
@@ -67,6 +70,7 @@ class RouteDecision:
     total_blocks: int
     reason: str
     ranking: tuple[WorkerScore, ...] = ()
+    keys: tuple[int, ...] = ()
 
     def fallbacks(self) -> list[str]:
         """The other ranked workers, best first (where to retry if the chosen one fails)."""
@@ -88,7 +92,9 @@ class Router:
         *,
         policy: str = "precise",
         weights: Mapping[str, float] = DEFAULT_TIER_WEIGHTS,
+        cost: CostWeights | None = None,
         metrics: RouterMetrics | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise InvalidArgument(
@@ -98,6 +104,10 @@ class Router:
         self.index = index
         self.policy = policy
         self.weights = dict(weights)
+        self.cost = cost if cost is not None else CostWeights()
+        # Only sampling (temperature > 0) draws from it; seeded for reproducible runs.
+        self.rng = rng if rng is not None else random.Random()
+        self._growth: dict[str, GrowthLedger] = {}
         self.metrics = metrics if metrics is not None else RouterMetrics()
         self._turn: dict[object, itertools.count] = {}
         self.text_chunks = TextChunkTable()
@@ -138,7 +148,7 @@ class Router:
             )
         started = time.perf_counter()
         if self.policy == "precise":
-            decision = await self._precise(pool, request, load)
+            decision = await self._precise(pool, request, load, record)
         elif self.policy == "round_robin":
             decision = self._round_robin(pool, load)
         else:
@@ -154,33 +164,19 @@ class Router:
         return decision
 
     def _decide(
-        self,
-        pool: Pool,
-        ranking: list[WorkerScore],
-        total: int,
-        reason: str | None,
-        affinity: int | None = None,
+        self, pool: Pool, ranking: list[WorkerScore], total: int, reason: str | None
     ) -> RouteDecision:
+        """The baselines' decision: the first of ``ranking``, equal candidates taking turns."""
         # Candidates equal in score and load: always taking the lowest id would pile every new
         # prefix on one worker while loads read equal between polls. The tie goes to the
-        # emptiest KV cache (to 1 %, as polled; llm-d weighs a kv-cache utilization scorer in
-        # beside the prefix one), then, with ``affinity`` (the prompt's first block key), to
-        # the highest hash of (affinity, worker): rendezvous hashing, so that router replicas
-        # send one new prefix to the same worker before its events arrive. Without affinity
-        # the remaining ties take turns.
+        # emptiest KV cache (to 1 %, as polled), then the remaining ties take turns.
         ties = [s for s in ranking if _key(s) == _key(ranking[0])]
         if len(ties) > 1 and reason != "round_robin":
             usage = {s.worker: round(pool.kv_usage(s.worker), 2) for s in ties}
             emptiest = min(usage.values())
             ties = [s for s in ties if usage[s.worker] == emptiest]
-            if len(ties) == 1:
-                chosen = ties[0]
-            elif affinity is not None:
-                salt = affinity.to_bytes(8, "little")
-                chosen = max(ties, key=lambda s: xxhash.xxh64_intdigest(salt + s.worker.encode()))
-            else:
-                turn = next(self._turn.setdefault(("ties", pool.name), itertools.count()))
-                chosen = ties[turn % len(ties)]
+            turn = next(self._turn.setdefault(("ties", pool.name), itertools.count()))
+            chosen = ties[turn % len(ties)]
             ranking = [chosen, *(s for s in ranking if s is not chosen)]
         best = ranking[0]
         if reason is None:
@@ -197,15 +193,15 @@ class Router:
         )
 
     async def _precise(
-        self, pool: Pool, request: RouteRequest, load: dict[str, float]
+        self, pool: Pool, request: RouteRequest, load: dict[str, float], record: bool
     ) -> RouteDecision:
+        reason = None
         try:
             keys = await pool.block_keys(request.token_ids, request.context)
         except Unavailable as exc:  # remote ComputeCacheKeys unreachable: route by load
             log.warning("keys of a %s prompt unavailable: %s", pool.name, exc.message)
-            return self._decide(pool, score_workers({}, 0, load), 0, "keys_unavailable")
+            keys, reason = [], "keys_unavailable"
         ids = {pool.index_id(a): a for a in load}
-        reason = None
         try:
             found = await self.index.lookup(keys, ids) if keys else {}
         except TokenkeysError as exc:
@@ -214,8 +210,41 @@ class Router:
             log.warning("prefix index unavailable, routing %s by load: %s", pool.name, exc.message)
             found, reason = {}, "index_unavailable"
         matches = {ids[w]: m for w, m in found.items() if w in ids}
-        ranking = score_workers(matches, len(keys), load, weights=self.weights)
-        return self._decide(pool, ranking, len(keys), reason, keys[0] if keys else None)
+        # Without keys the prompt's size still weighs in the load and growth it brings.
+        total = len(keys) if keys else len(request.token_ids) // pool.block_size
+        scores = score_workers(matches, total, load, weights=self.weights)
+        growth = self._growth.setdefault(pool.name, GrowthLedger())
+        loads = {}
+        for address in load:
+            view = pool.members[address].view
+            loads[address] = Candidate(
+                active_blocks=view.active_blocks,
+                inflight_prefix=view.inflight_prefix(keys),
+                growth=growth.get(address),
+            )
+        costs = choose(
+            cost_workers(scores, total, loads, self.cost),
+            self.cost.temperature,
+            affinity=keys[0] if keys else None,
+            rng=self.rng,
+        )
+        best = costs[0]
+        if record:
+            growth.record(best.worker, best.prefill_blocks)
+        if reason is None:
+            reason = "prefix" if best.prefill_blocks < total else "load"
+        ranking = tuple(dataclasses.replace(c.score, cost=c.cost) for c in costs)
+        return RouteDecision(
+            worker=best.worker,
+            model=pool.name,
+            policy=self.policy,
+            score=best.score.score,
+            matched_blocks=best.score.matched_blocks,
+            total_blocks=total,
+            reason=reason,
+            ranking=ranking,
+            keys=tuple(keys),
+        )
 
     def _round_robin(self, pool: Pool, load: dict[str, float]) -> RouteDecision:
         order = sorted(load)
@@ -244,5 +273,8 @@ class Router:
         return dataclasses.replace(decision, reason=reason)
 
     def forget(self, pool: Pool, address: str) -> None:
-        """Drop what the text-chunk baseline remembers of a worker that left ``pool``."""
+        """Drop what the text-chunk baseline and the cost model remember of a worker that left."""
         self.text_chunks.forget(pool.index_id(address))
+        growth = self._growth.get(pool.name)
+        if growth is not None:
+            growth.forget(address)

@@ -29,12 +29,16 @@ _DIGITS = 12
 
 @dataclass(frozen=True)
 class WorkerScore:
-    """One candidate's score: ``score`` in [0, 1], ``matched_blocks`` consecutive from block 0."""
+    """One candidate's score: ``score`` in [0, 1], ``matched_blocks`` consecutive from block 0.
+
+    ``cost`` is set by the precise policy's cost model (``router.policy.cost``; lower is better).
+    """
 
     worker: str
     score: float
     matched_blocks: int
     load: float
+    cost: float | None = None
 
 
 def _check_weight(name: str, value: float) -> float:

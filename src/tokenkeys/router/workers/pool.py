@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, Unsupported
 from tokenkeys.keys import BlockKey, CacheKeySpec, KeyContext
@@ -26,6 +26,7 @@ from tokenkeys.preprocess import Preprocessor
 from tokenkeys.router.index.model import prompt_keys
 from tokenkeys.router.ingest.ingestor import PREFIX_KINDS
 from tokenkeys.router.workers.discovery import EventSource, KeySpecRef, ModelDescription
+from tokenkeys.router.workers.load_view import LoadView
 from tokenkeys.tokenizer import Tokenizer
 
 #: Why a worker is not routed to, as counted in ``tokenkeys_router_workers_refused_total``.
@@ -53,20 +54,17 @@ class Refusal:
 
 @dataclass
 class Member:
-    """A ready worker of the pool: its polled load and the requests this router has in flight."""
+    """A ready worker of the pool and what this router knows of its load (``load_view``)."""
 
     address: str
     instance_id: str
     source: EventSource
-    polled_load: float = 0.0
-    inflight: int = 0
-    #: Fraction of the worker's KV blocks in use, as last polled (0 before the first poll).
-    kv_usage: float = 0.0
+    view: LoadView = field(default_factory=LoadView)
 
     @property
     def load(self) -> float:
         """The worker's load for tie-breaks: what it reported, or what this router sent it."""
-        return max(self.polled_load, float(self.inflight))
+        return self.view.load
 
 
 def choose_source(
@@ -221,7 +219,7 @@ class Pool:
     def kv_usage(self, address: str) -> float:
         """The polled KV-cache usage of a member (0 when unknown)."""
         member = self.members.get(address)
-        return member.kv_usage if member is not None else 0.0
+        return member.view.kv_usage if member is not None else 0.0
 
     # --- keys --------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ Per worker address (``--worker HOST:PORT``) the registry keeps one gRPC channel 
   requests to a worker that lost the prefix).
 
 A poll every ``interval`` seconds reads each worker's ``GetLoad`` (and :meth:`refresh` reads it
-after each request forwarded there): the load and KV usage feed tie-breaks,
+after each request forwarded there): the load and KV blocks in use feed the routing cost,
 a failure marks it down, and a new ``instance_id`` at a known address (an engine restart) makes
 it leave and rejoin. Down and refused workers are described again at each poll; a worker that
 answers again rejoins with a cleared index entry, rebuilt from its events (replayed from
@@ -153,8 +153,7 @@ class WorkerRegistry:
         for model in ws.engines:
             member = self.pools[model].members.get(ws.address)
             if member is not None:
-                member.polled_load = load.load
-                member.kv_usage = load.kv_usage
+                member.view.polled(load.load, load.kv_usage, load.used_kv_blocks)
 
     def suspect(self, address: str) -> None:
         """A request to ``address`` failed: check it at once instead of at the next poll."""

@@ -120,7 +120,12 @@ def model_info(model: ServedModel, runtime: EngineRuntime) -> model_pb2.ModelInf
 
 
 def load_info(runtime: EngineRuntime) -> server_pb2.LoadInfo:
-    """GetLoad: running and waiting requests and KV blocks in use, over every model."""
+    """GetLoad: running and waiting requests and KV blocks in use, over every model.
+
+    ``used_kv_blocks`` counts the blocks running requests hold (``Engine.used_blocks``), never
+    cached blocks that no request references: those are free to allocate, and a router that
+    counted them as load would steer away from the workers whose caches serve it best.
+    """
     engines = [runtime.local(name).local for name in runtime.models.names]
     running = waiting = used = total = 0
     for local in engines:
@@ -129,7 +134,7 @@ def load_info(runtime: EngineRuntime) -> server_pb2.LoadInfo:
         engine = local.engine
         running += engine.stats.running
         waiting += engine.stats.waiting
-        used += engine.num_blocks - engine.cache.num_free_blocks
+        used += engine.used_blocks
         total += engine.num_blocks
     return server_pb2.LoadInfo(
         instance_id=runtime.instance_id,

@@ -12,6 +12,8 @@ from tokenkeys.limits import Limits
 from tokenkeys.server.grpc.guard import GuardInterceptor
 from tokenkeys.serving.guards import Guards, build_guards
 from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.transport.grpc_options import grpc_server_options
+from tokenkeys.transport.limits import ConnectionLimits
 
 # Answers may be larger than requests (token strings and offsets of a batch); keep headroom.
 _SEND_FACTOR = 4
@@ -27,6 +29,7 @@ async def start_grpc_server(
     *,
     guards: Guards | None = None,
     tls: ServerTls | None = None,
+    connections: ConnectionLimits | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a server with the given services bound to ``host:port``; returns it and its port.
 
@@ -34,6 +37,8 @@ async def start_grpc_server(
     itself with RESOURCE_EXHAUSTED naming the limit, before any of our code runs. Every call
     passes ``guards`` first (default: draining and ``limits.max_streams_per_client`` with a
     lifecycle of its own); ``tls`` serves TLS (mutual TLS with a client CA) instead of plain TCP.
+    ``connections`` caps connections and reclaims idle ones
+    (:mod:`tokenkeys.transport.grpc_options`; default: the defaults of ConnectionLimits).
     """
     if guards is None:
         guards = build_guards(Lifecycle(), limits.max_streams_per_client)
@@ -43,6 +48,7 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", limits.max_request_bytes),
             ("grpc.max_send_message_length", limits.max_request_bytes * _SEND_FACTOR),
             ("grpc.so_reuseport", 0),
+            *grpc_server_options(connections or ConnectionLimits()),
         ],
     )
     for add in adders:

@@ -6,13 +6,13 @@ instance generation uses); nothing in this module encodes or decodes on its own.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tokenkeys.errors import Unsupported
+from tokenkeys.preprocess.offload import offload
 from tokenkeys.server.grpc import status as grpc_status
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 from tokenkeys.tokenizer.proto import (
@@ -66,10 +66,10 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
             "token_strs": request.return_token_strs,
         }
         texts = list(request.texts)
-        if sum(len(t) for t in texts) <= _INLINE_CHARS:
-            results = model.preprocessor.tokenize_prompts(texts, **kwargs)
-        else:
-            results = await asyncio.to_thread(model.preprocessor.tokenize_prompts, texts, **kwargs)
+        size = sum(len(t) for t in texts)
+        results = await offload(
+            size, _INLINE_CHARS, model.preprocessor.tokenize_prompts, texts, **kwargs
+        )
         response = pb.TokenizeResponse(fingerprint=model.tokenizer.fingerprint)
         total = 0
         for r in results:

@@ -1,0 +1,196 @@
+"""The precise policy's cost model: prefix hits weighed against load, in KV blocks.
+
+Each candidate worker gets a cost (lower is better)::
+
+    cost = prefix_weight * prefill_blocks + load_weight * active_blocks + growth_weight * growth
+
+- ``prefill_blocks``: the prompt's full blocks the worker would compute, i.e. those not cached
+  there (tier-weighted, from the prefix index) and not already referenced there by a request
+  this router has in flight (its events may not have arrived yet).
+- ``active_blocks``: the worker's KV blocks in use if the request went there: the blocks of
+  other clients' requests as last reported in ``GetLoad.used_kv_blocks`` (blocks referenced by
+  running requests, not cached but free ones), fading as that report ages, plus the blocks of
+  this router's own in-flight requests now (``router.workers.load_view``), plus the request's
+  blocks not already in use there.
+- ``growth``: new blocks this router recently put into the worker's cache (a sum decayed by
+  ``1 - 1/GROWTH_HORIZON`` per routing decision of the pool, so it counts decisions, not
+  seconds). It spreads new prefixes when loads read equal, e.g. when requests arrive one at a
+  time: a worker that holds only a short common header saves a few blocks of prefill, which
+  the growth it took with the last new prefix outweighs.
+
+The first two terms are Dynamo's KV router cost (ai-dynamo/dynamo,
+``lib/llm/src/kv_router/scheduler.rs`` ``DefaultWorkerSelector``, 2025, and its successor
+``lib/kv-router/src/scheduling/selector.rs`` @01690d42: ``overlap_score_weight *
+prefill_blocks + decode_blocks``, where decode blocks are the worker's active blocks plus the
+request's new ones, counted once per distinct block hash). The growth term plays the part of
+llm-d's ``no-hit-lru-scorer`` (llm-d-inference-scheduler: cold requests go to the endpoint
+least recently given one, to spread cache growth), weighted by blocks rather than cold or not,
+because a prompt that shares only a header with cached ones is warm for llm-d and would follow
+the header. With ``temperature`` 0 the cheapest worker wins, ties broken by a stable rule
+(:func:`choose`); above 0 a worker is drawn with probability ``exp(-(cost - min) / ((max -
+min) * temperature))``, normalized, as Dynamo's ``softmax_sample`` does.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import xxhash
+
+from tokenkeys.errors import ConfigError
+from tokenkeys.router.policy.scorer import WorkerScore
+
+#: Routing decisions over which the growth of a worker decays to 1/e.
+GROWTH_HORIZON = 64
+# Costs are compared at this many decimals, so float rounding never reorders equal costs.
+_DIGITS = 9
+
+
+@dataclass(frozen=True)
+class CostWeights:
+    """The precise policy's weights (``tokenkeys route --prefix-weight ...``).
+
+    - ``prefix``: cost of one block of prefill. Higher keeps prompts with their cached prefix
+      (better time to first token, less recomputation) at the price of piling work on the
+      worker that holds it; 0 ignores the cache (pure load balancing).
+    - ``load``: cost of one KV block in use. Higher spreads running work (decode speed, fewer
+      preemptions) at the price of more prefill; 0 ignores the load.
+    - ``growth``: cost of one block of new cache this router recently placed on the worker.
+      Higher spreads new prefixes over the workers' caches even when loads read equal, at the
+      price of short shared prefixes (a common header) being computed more than once.
+    - ``temperature``: 0 is deterministic; above 0 workers are sampled, cheaper ones more
+      often, which spreads ties and near-ties over replicas at the price of some hits.
+    """
+
+    prefix: float = 1.0
+    load: float = 1.0
+    growth: float = 0.25
+    temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("prefix", "load", "growth", "temperature"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                option = "router-temperature" if name == "temperature" else f"{name}-weight"
+                raise ConfigError(
+                    f"--{option} must be a finite number >= 0, got {value!r}", field=option
+                )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What the cost needs of one candidate besides its prefix match.
+
+    ``active_blocks``: KV blocks in use there now (see the module doc); ``inflight_prefix``:
+    leading blocks of this prompt already referenced there by this router's in-flight
+    requests; ``growth``: the decayed count of new blocks this router put there.
+    """
+
+    active_blocks: float = 0.0
+    inflight_prefix: int = 0
+    growth: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkerCost:
+    """One candidate's cost and its parts (blocks), with its prefix score."""
+
+    worker: str
+    cost: float
+    prefill_blocks: float
+    active_blocks: float
+    growth: float
+    score: WorkerScore
+
+
+def cost_workers(
+    scores: Sequence[WorkerScore],
+    total_blocks: int,
+    loads: Mapping[str, Candidate],
+    weights: CostWeights,
+) -> list[WorkerCost]:
+    """The cost of sending a prompt of ``total_blocks`` full blocks to each scored worker.
+
+    ``scores`` come from :func:`~tokenkeys.router.policy.scorer.score_workers` (``score *
+    total_blocks`` is the tier-weighted cached prefix); a worker missing from ``loads`` is
+    idle as far as the router knows. The order is that of ``scores``.
+    """
+    out = []
+    for s in scores:
+        load = loads.get(s.worker, Candidate())
+        inflight = min(load.inflight_prefix, total_blocks)
+        cached = max(s.score * total_blocks, float(inflight))
+        prefill = max(total_blocks - cached, 0.0)
+        # The blocks in use once the request runs there: the ones it shares with requests in
+        # flight are referenced already, every other block of it (cached or not) becomes used.
+        active = load.active_blocks + (total_blocks - inflight)
+        cost = weights.prefix * prefill + weights.load * active + weights.growth * load.growth
+        out.append(WorkerCost(s.worker, cost, prefill, active, load.growth, s))
+    return out
+
+
+def _rendezvous(affinity: int | None, worker: str) -> int:
+    if affinity is None:
+        return 0
+    return xxhash.xxh64_intdigest(affinity.to_bytes(8, "little") + worker.encode())
+
+
+def choose(
+    costs: Sequence[WorkerCost],
+    temperature: float = 0.0,
+    *,
+    affinity: int | None = None,
+    rng: random.Random | None = None,
+) -> list[WorkerCost]:
+    """``costs`` ordered best first: the chosen worker, then the fallbacks by cost.
+
+    Temperature 0: by cost, then (equal costs) by the highest hash of (``affinity``, worker),
+    rendezvous hashing on the prompt's first block key, so that router replicas send one new
+    prefix to the same worker before its events arrive; then by worker id. Above 0 the first
+    worker is sampled (module doc) with ``rng``.
+    """
+    ordered = sorted(
+        costs, key=lambda c: (round(c.cost, _DIGITS), -_rendezvous(affinity, c.worker), c.worker)
+    )
+    if temperature <= 0 or len(ordered) < 2:
+        return ordered
+    low, high = ordered[0].cost, ordered[-1].cost
+    if high == low:
+        weights = [1.0] * len(ordered)
+    else:
+        scale = (high - low) * temperature
+        weights = [math.exp(-(c.cost - low) / scale) for c in ordered]
+    pick = (rng or random).choices(range(len(ordered)), weights=weights)[0]
+    chosen = ordered[pick]
+    return [chosen, *(c for c in ordered if c is not chosen)]
+
+
+@dataclass
+class GrowthLedger:
+    """New blocks this router put into each worker's cache, decayed per decision."""
+
+    horizon: int = GROWTH_HORIZON
+    growth: dict[str, float] = field(default_factory=dict)
+
+    def get(self, worker: str) -> float:
+        """The worker's decayed growth (0 when it got nothing)."""
+        return self.growth.get(worker, 0.0)
+
+    def record(self, worker: str, new_blocks: float) -> None:
+        """One decision: every worker's growth decays, then ``worker``'s grows."""
+        keep = 1.0 - 1.0 / self.horizon
+        for w in self.growth:
+            self.growth[w] *= keep
+        self.growth[worker] = self.growth.get(worker, 0.0) + new_blocks
+
+    def forget(self, worker: str) -> None:
+        """Drop a worker that left the pool."""
+        self.growth.pop(worker, None)

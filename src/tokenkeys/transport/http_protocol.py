@@ -1,0 +1,212 @@
+"""uvicorn's httptools protocol with the connection limits applied before a request is read.
+
+uvicorn bounds none of what arrives before a request reaches the app: httptools keeps every
+header line in memory however long, a connection that never finishes its headers is never timed
+out (the keep-alive timer is armed only after a response), and connections are unlimited
+(``limit_concurrency`` answers 503 only once the headers were read). :class:`BoundedHttpProtocol`
+adds, per connection:
+
+- a cap on the bytes of a request's line and headers, counted as they arrive and before the
+  parser buffers them: beyond it 431 and close, so the rest is never read and nothing is kept;
+- a header timeout from the connection's opening (or the first byte of a later request) to the
+  end of the headers;
+- caps on the open connections of the process and of one client address, refused with a fixed
+  503 and closed as they are accepted, before any byte is read.
+
+The idle keep-alive timeout is uvicorn's own ``timeout_keep_alive``, set from the same limits by
+:func:`tokenkeys.frontend.server.start_http_server`.
+
+Matched against uvicorn 0.54 ``uvicorn/protocols/http/httptools_impl.py`` (``HttpToolsProtocol``:
+``connection_made``/``connection_lost``, ``data_received`` feeding the parser, the parser
+callbacks ``on_headers_complete``/``on_message_complete``, ``cycle.response_complete``); those
+hooks have had the same shape since uvicorn 0.30, the oldest version pyproject allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_remote_addr
+
+from tokenkeys.transport.limits import ConnectionLimits
+from tokenkeys.transport.throttled_log import ThrottledLog
+
+log = logging.getLogger("tokenkeys.transport")
+
+# The end of a request head; llhttp also accepts bare line feeds.
+_HEAD_ENDS = (b"\r\n\r\n", b"\n\n")
+
+
+def _plain_answer(status: str, text: str) -> bytes:
+    """A complete HTTP/1.1 answer that closes the connection (written without the app)."""
+    body = text.encode("ascii")
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode("ascii") + body
+
+
+_TOO_MANY = _plain_answer("503 Service Unavailable", "too many connections; retry later\n")
+_HEAD_TOO_LARGE = _plain_answer(
+    "431 Request Header Fields Too Large", "the request line and headers are too large\n"
+)
+
+
+class ConnectionCounts:
+    """Open connections of one server, in all and per client address."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.total = 0
+        self.by_client: dict[str, int] = {}
+
+    def admit(self, client: str) -> str | None:
+        """Count a new connection from ``client``, or return the name of the cap it exceeds."""
+        if self.total >= self.limits.http_max_connections:
+            return "http_max_connections"
+        held = self.by_client.get(client, 0)
+        per_client = self.limits.http_max_connections_per_client
+        if per_client and held >= per_client:
+            return "http_max_connections_per_client"
+        self.total += 1
+        self.by_client[client] = held + 1
+        return None
+
+    def release(self, client: str) -> None:
+        """Forget one connection of ``client``."""
+        self.total -= 1
+        held = self.by_client.get(client, 0) - 1
+        if held > 0:
+            self.by_client[client] = held
+        else:
+            self.by_client.pop(client, None)
+
+
+def _head_ends_within(tail: bytes, data: bytes, allowed: int) -> bool:
+    """Whether the head ends within the first ``allowed`` bytes of ``data``.
+
+    ``tail`` is the end of what was already received of the head, so a marker split between two
+    reads is found.
+    """
+    window = tail + data[: max(allowed, 0)]
+    return any(end in window for end in _HEAD_ENDS)
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """One HTTP/1.1 connection, bounded as :mod:`this module <tokenkeys.transport.http_protocol>`
+    describes. Made per server by :func:`bounded_protocol`, which sets the class attributes."""
+
+    limits: ClassVar[ConnectionLimits]
+    counts: ClassVar[ConnectionCounts]
+    notices: ClassVar[ThrottledLog]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._client: str | None = None  # set once the connection is counted
+        self._in_head = True
+        self._head_bytes = 0
+        self._head_tail = b""
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        remote = get_remote_addr(transport)
+        client = remote[0] if remote else ""
+        refusal = self.counts.admit(client)
+        if refusal is not None:
+            # Refused before uvicorn sees it: no parser state, no task, one write.
+            self.notices.note(
+                refusal, f"HTTP connection from {client or 'a local socket'} refused ({refusal})"
+            )
+            transport.write(_TOO_MANY)
+            transport.close()
+            return
+        self._client = client
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._client is None:
+            return  # refused in connection_made: uvicorn never tracked it
+        self.counts.release(self._client)
+        self._client = None
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            if self._header_timer is None:
+                self._arm_header_timer()
+            allowed = self.limits.http_max_header_bytes - self._head_bytes
+            if len(data) > allowed and not _head_ends_within(self._head_tail, data, allowed):
+                self._refuse_head()
+                return
+            self._head_bytes += len(data)
+            self._head_tail = data[-3:]
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        self._head_tail = b""
+        self._cancel_header_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True  # what arrives next is the head of the next request
+
+    def _refuse_head(self) -> None:
+        self.notices.note(
+            "http_max_header_bytes",
+            f"HTTP request head from {self._client or 'a local socket'} over "
+            f"{self.limits.http_max_header_bytes} bytes: answered 431 and closed",
+        )
+        self.transport.pause_reading()
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.write(_HEAD_TOO_LARGE)
+        # else: an answer is being written on this connection; a 431 would interleave with it.
+        self.transport.close()
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(
+            self.limits.http_header_timeout, self._header_timed_out
+        )
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or not self._in_head:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # An answer is still being produced; once it is written, uvicorn's keep-alive timer
+            # bounds the wait for the rest of this head.
+            return
+        self.notices.note(
+            "http_header_timeout",
+            f"HTTP connection from {self._client or 'a local socket'} sent no complete request "
+            f"head within {self.limits.http_header_timeout:g} s: closed",
+        )
+        self.transport.close()
+
+
+def bounded_protocol(limits: ConnectionLimits) -> type[BoundedHttpProtocol]:
+    """A protocol class for one server: its own connection counts, the given limits.
+
+    Pass it as ``uvicorn.Config(http=...)``; uvicorn instantiates it per connection.
+    """
+    return type(
+        "ServerHttpProtocol",
+        (BoundedHttpProtocol,),
+        {
+            "limits": limits,
+            "counts": ConnectionCounts(limits),
+            "notices": ThrottledLog(log),
+        },
+    )

@@ -1,0 +1,188 @@
+"""The precise policy's cost model (``router.policy.cost``): prefix hits weighed against load.
+
+Pure functions over prefix matches and loads, so every case is exact and deterministic. The
+costs follow Dynamo's KV router (``overlap_score_weight * prefill_blocks + decode_blocks``,
+ai-dynamo/dynamo ``lib/llm/src/kv_router/scheduler.rs``) plus a cache-growth term in the part
+of llm-d's ``no-hit-lru-scorer``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from tokenkeys.errors import ConfigError
+from tokenkeys.router.index.model import PrefixMatch
+from tokenkeys.router.policy.cost import (
+    Candidate,
+    CostWeights,
+    GrowthLedger,
+    choose,
+    cost_workers,
+)
+from tokenkeys.router.policy.scorer import score_workers
+
+WORKERS = ("w0", "w1", "w2", "w3")
+
+
+def ranked(
+    matched: dict[str, int],
+    total: int,
+    loads: dict[str, Candidate] | None = None,
+    weights: CostWeights | None = None,
+    affinity: int | None = 7,
+    **kw: object,
+):  # noqa: ANN201
+    """Score (GPU-tier matches of ``matched`` leading blocks), cost and order the workers."""
+    matches = {w: PrefixMatch(w, ((n, ("gpu",)),)) for w, n in matched.items() if n}
+    scores = score_workers(matches, total, dict.fromkeys(WORKERS, 0.0))
+    costs = cost_workers(scores, total, loads or {}, weights or CostWeights())
+    return choose(costs, (weights or CostWeights()).temperature, affinity=affinity, **kw)
+
+
+def test_cost_is_prefill_blocks_against_blocks_in_use_and_growth():
+    weights = CostWeights(prefix=2.0, load=0.5, growth=0.25)
+    loads = {"w1": Candidate(active_blocks=10, growth=8.0)}
+    costs = {c.worker: c for c in ranked({"w1": 6}, 20, loads, weights)}
+    # w1: 14 blocks to prefill, 10 in use + the request's 20, growth 8.
+    assert costs["w1"].prefill_blocks == 14
+    assert costs["w1"].active_blocks == 30
+    assert costs["w1"].cost == 2.0 * 14 + 0.5 * 30 + 0.25 * 8
+    # An idle worker without the prefix: all 20 blocks to prefill, the request's 20 in use.
+    assert costs["w0"].cost == 2.0 * 20 + 0.5 * 20
+
+
+def test_blocks_in_flight_there_count_as_cached_and_as_already_in_use():
+    """A request this router sent is still running: its events may not have arrived, but its
+    blocks are referenced there; a second prompt with that prefix shares them."""
+    loads = {"w2": Candidate(active_blocks=24, inflight_prefix=20)}
+    best = ranked({}, 24, loads)[0]
+    assert best.worker == "w2"
+    assert (best.prefill_blocks, best.active_blocks) == (4, 24 + 4)
+
+
+def test_new_prefixes_spread_by_load():
+    """Prompts that match nowhere go to the worker with the fewest blocks in use."""
+    loads = {
+        "w0": Candidate(active_blocks=40),
+        "w1": Candidate(active_blocks=12),
+        "w2": Candidate(active_blocks=30),
+        "w3": Candidate(active_blocks=25),
+    }
+    assert [c.worker for c in ranked({}, 10, loads)] == ["w1", "w3", "w2", "w0"]
+
+
+def test_a_burst_of_new_prefixes_goes_round_the_workers():
+    """Requests arriving together, each counted in flight where it went (as the forwarder
+    does) before the next is routed: each worker gets one before any gets a second."""
+    active: Counter[str] = Counter()
+    growth = GrowthLedger()
+    chosen = []
+    for i in range(8):
+        loads = {w: Candidate(active_blocks=active[w], growth=growth.get(w)) for w in WORKERS}
+        best = ranked({}, 12, loads, affinity=1000 + i)[0]
+        growth.record(best.worker, best.prefill_blocks)
+        active[best.worker] += 12
+        chosen.append(best.worker)
+    assert Counter(chosen) == Counter(dict.fromkeys(WORKERS, 2))
+    assert set(chosen[:4]) == set(WORKERS)
+
+
+def simulate_header_prompts(weights: CostWeights, prompts: int = 12) -> Counter[str]:
+    """Prompts of 20 blocks, one at a time on idle workers, that share their first 2 blocks
+    (a common header) and nothing else. Whoever runs one holds the header afterwards."""
+    growth = GrowthLedger()
+    holders: set[str] = {"w0"}  # w0 served the first such prompt earlier
+    served: Counter[str] = Counter()
+    for _ in range(prompts):
+        loads = {w: Candidate(growth=growth.get(w)) for w in WORKERS}
+        best = ranked(dict.fromkeys(holders, 2), 20, loads, weights, affinity=77)[0]
+        growth.record(best.worker, best.prefill_blocks)
+        holders.add(best.worker)
+        served[best.worker] += 1
+    return served
+
+
+def test_a_worker_holding_only_a_short_common_header_does_not_attract_everything():
+    served = simulate_header_prompts(CostWeights())
+    assert set(served) == set(WORKERS)
+    assert max(served.values()) == 3  # 12 prompts over 4 workers
+    # Without the growth term (prefix and load only, loads idle), the header decides alone.
+    assert simulate_header_prompts(CostWeights(growth=0.0)) == Counter(w0=12)
+
+
+def test_a_long_cached_prefix_outweighs_recent_growth():
+    """A follow-up turn whose 29 of 30 blocks are cached on w3 stays there, although w3 took
+    far more new blocks lately than the others."""
+    loads = {"w3": Candidate(growth=100.0)}
+    assert ranked({"w3": 29}, 30, loads)[0].worker == "w3"
+    # Load does move it once it costs more than the prefill saved (29 blocks, weight 1).
+    busy = {"w3": Candidate(active_blocks=60, growth=0.0)}
+    assert ranked({"w3": 29}, 30, busy)[0].worker != "w3"
+
+
+def test_prefix_weight_zero_is_pure_load_balancing():
+    loads = {"w0": Candidate(active_blocks=5)}
+    weights = CostWeights(prefix=0.0, growth=0.0)
+    assert ranked({"w0": 30}, 30, loads, weights)[0].worker != "w0"
+
+
+def test_equal_costs_are_broken_by_a_stable_rule():
+    """Ties go to the highest hash of (the prompt's first block key, worker): the same prompt
+    goes to the same worker from every router replica; without a key, to the lowest id."""
+    first = [c.worker for c in ranked({}, 8, affinity=12345)]
+    again = [c.worker for c in ranked({}, 8, affinity=12345)]
+    assert first == again
+    others = {ranked({}, 8, affinity=k)[0].worker for k in range(40)}
+    assert others == set(WORKERS)  # different prompts spread over the workers
+    assert [c.worker for c in ranked({}, 8, affinity=None)] == list(WORKERS)
+
+
+def test_temperature_samples_cheaper_workers_more_often():
+    weights = CostWeights(temperature=0.5)
+    loads = {"w1": Candidate(active_blocks=4), "w2": Candidate(active_blocks=8)}
+    rng = random.Random(3)
+    picks = Counter(ranked({"w0": 10}, 10, loads, weights, rng=rng)[0].worker for _ in range(400))
+    # Costs w0 10, w3 20, w1 24, w2 28: probabilities exp(-(c - 10) / (18 * 0.5)), normalized.
+    expect = {w: math.exp(-(c - 10) / 9) for w, c in (("w0", 10), ("w3", 20), ("w1", 24))}
+    assert picks["w0"] > picks["w3"] > picks["w1"] > picks["w2"] > 0
+    share = picks["w0"] / 400
+    total = sum(expect.values()) + math.exp(-18 / 9)
+    assert abs(share - expect["w0"] / total) < 0.08
+    # The same seed draws the same workers.
+    again = random.Random(3)
+    assert [ranked({"w0": 10}, 10, loads, weights, rng=again)[0].worker for _ in range(20)] == [
+        ranked({"w0": 10}, 10, loads, weights, rng=r)[0].worker
+        for r in [random.Random(3)]
+        for _ in range(20)
+    ]
+    # Temperature 0 never samples.
+    assert {ranked({"w0": 10}, 10, loads)[0].worker for _ in range(20)} == {"w0"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "option"),
+    [
+        ("prefix", -1.0, "--prefix-weight"),
+        ("load", math.nan, "--load-weight"),
+        ("growth", math.inf, "--growth-weight"),
+        ("temperature", True, "--router-temperature"),
+        ("load", "1", "--load-weight"),
+    ],
+)
+def test_weights_are_finite_non_negative_numbers(field, value, option):
+    with pytest.raises(ConfigError, match=f"{option} must be a finite number >= 0"):
+        CostWeights(**{field: value})
+
+
+def test_growth_decays_per_decision_and_forgets_workers_that_left():
+    ledger = GrowthLedger(horizon=4)
+    ledger.record("w0", 8.0)
+    ledger.record("w1", 4.0)
+    assert ledger.get("w0") == 8.0 * 0.75
+    assert ledger.get("w1") == 4.0
+    ledger.forget("w0")
+    assert ledger.get("w0") == 0.0

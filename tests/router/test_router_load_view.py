@@ -1,0 +1,55 @@
+"""A router's view of a worker's load (``router.load_view``), on a hand-driven clock."""
+
+from __future__ import annotations
+
+import math
+
+from tokenkeys.router.workers.load_view import LoadView
+
+
+class Clock:
+    """A clock the test moves by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_own_requests_count_at_once_and_stop_counting_when_they_finish():
+    view = LoadView(clock=Clock())
+    first = view.begin([1, 2, 3])
+    second = view.begin([1, 2, 4, 5])  # shares blocks 1 and 2 with the first
+    assert view.active_blocks == 5 + 2  # distinct full blocks, one partial block per request
+    assert view.inflight_prefix([1, 2, 3, 9]) == 3
+    assert view.inflight_prefix([9, 1]) == 0  # a prefix, from the prompt's first block
+    view.end([1, 2, 3], first)
+    assert view.active_blocks == 4 + 1 and view.inflight_prefix([1, 2, 3]) == 2
+    view.end([1, 2, 4, 5], second)
+    assert (view.active_blocks, view.inflight, dict(view.inflight_keys)) == (0, 0, {})
+
+
+def test_a_poll_counts_other_clients_blocks_and_not_this_routers_twice():
+    clock = Clock()
+    view = LoadView(clock=clock)
+    started = view.begin([1, 2, 3, 4])  # 5 blocks of ours
+    view.polled(3.0, 0.5, 25)  # the worker: 25 blocks in use, 20 of them other clients'
+    assert view.active_blocks == 25
+    clock.now += 2.0
+    view.end([1, 2, 3, 4], started)  # ours took 2 s and is done: 20 blocks of others remain...
+    assert view.request_seconds == 2.0
+    # ...fading as the report ages, with the time constant of this router's requests there.
+    assert math.isclose(view.active_blocks, 20 * math.exp(-2.0 / 2.0))
+    clock.now += 8.0
+    assert math.isclose(view.active_blocks, 20 * math.exp(-10.0 / 2.0))
+    view.polled(0.0, 0.0, 0)
+    assert view.active_blocks == 0
+
+
+def test_before_any_request_of_its_own_a_poll_is_taken_as_it_is():
+    clock = Clock()
+    view = LoadView(clock=clock)
+    view.polled(2.0, 0.25, 12)
+    clock.now += 60.0
+    assert view.active_blocks == 12 and view.load == 2.0
