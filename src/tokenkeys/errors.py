@@ -95,6 +95,15 @@ def vllm_invalid(message: str, parameter: str | None = None, value: Any = None) 
     return InvalidArgument(text, field=parameter)
 
 
+class ContextLengthExceeded(InvalidArgument, LimitExceeded):
+    """A request does not fit the model's context (``max_model_len``).
+
+    A limit of the model, refused as a bad request (HTTP 400 ``BadRequestError``,
+    INVALID_ARGUMENT) as vLLM and OpenAI do, since :class:`InvalidArgument` comes first in
+    :data:`STATUS_TABLE`.
+    """
+
+
 class TooManyRequests(LimitExceeded):
     """A client holds too many concurrent streams; it may retry once one of them ends."""
 

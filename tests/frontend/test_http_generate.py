@@ -138,11 +138,21 @@ def test_stop_token_ids_are_honoured(client) -> None:
 
 def test_over_max_model_len_is_400_even_when_streaming(client) -> None:
     for stream in (False, True):
-        body = {"prompt": "x", "max_tokens": 4096, "stream": stream}
+        body = {"prompt": "x", "max_tokens": 2049, "stream": stream}
         response = client.post("/v1/completions", json=body)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == "max_tokens"
         assert "max_model_len=2048" in response.json()["error"]["message"]
+
+
+def test_max_tokens_is_fitted_to_the_room_the_prompt_leaves(client) -> None:
+    # vLLM 0.32 get_max_tokens: prompt + max_tokens past max_model_len generates what fits.
+    prompt = [5] * 2040
+    answer = _ok(client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2048}))
+    assert answer["usage"]["completion_tokens"] == 8
+    full = client.post("/v1/completions", json={"prompt": [5] * 2048, "max_tokens": 1})
+    assert full.status_code == 400
+    assert full.json()["error"]["message"].startswith("max_tokens must be at least 1, got 0.")
 
 
 # --- chat ---

@@ -18,7 +18,7 @@ import pytest
 
 from tokenkeys.tokenizer import TokenizerOptions
 
-from chat_fixtures import CHAT_MODELS, TOOL_CONVERSATION, TOOLS, openai_form
+from chat_fixtures import CHAT_MODELS, CONVERSATIONS, TOOL_CONVERSATION, TOOLS, openai_form
 from conformance_data import data_path
 from http_support import HttpServerThread, registry
 
@@ -26,20 +26,6 @@ transformers = pytest.importorskip("transformers")
 
 MODELS = CHAT_MODELS
 BACKENDS = ("tokenizers", "transformers")
-
-CONVERSATIONS = {
-    "cjk_emoji_accents": [
-        {"role": "system", "content": "Tu es un assistant précis. 你是一个助手。"},
-        {"role": "user", "content": "日本の首都は？ 🗾 Ça va? naïve café"},
-        {"role": "assistant", "content": "東京です。🎌 Très bien!"},
-        {"role": "user", "content": "한국어도 돼? 👩‍👩‍👧 ﬁn — Ελληνικά  double  spaces"},
-    ],
-    "no_system": [
-        {"role": "user", "content": "Crème brûlée ou 抹茶? 🍮🍵"},
-        {"role": "assistant", "content": " Les deux ! "},
-        {"role": "user", "content": "Zürich → São Paulo, Ærøskøbing 🚆"},
-    ],
-}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

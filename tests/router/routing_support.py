@@ -278,6 +278,12 @@ def engine_run(cluster: Cluster, ids: list[int], i: int) -> int:
     return len(local.engine.cache.match_prefix(block_keys(ids, local.spec)))
 
 
+async def index_agrees(cluster: Cluster, ids: list[int], address: str) -> bool:
+    """Whether the index and engine ``address`` agree on the prompt's run, and it is not empty."""
+    held = engine_run(cluster, ids, cluster.number(address))
+    return await index_run(cluster, ids, address) == held > 0
+
+
 def counter(cluster: Cluster, name: str, **labels: str) -> float:
     """Sum of a router counter's samples matching ``labels``."""
     total = 0.0

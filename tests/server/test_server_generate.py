@@ -157,7 +157,7 @@ async def test_accepted_but_ignored_options(stack):
         ),
         (
             {"prompt": "x", "stopping": gen.StoppingOptions(max_tokens=9000)},
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.INVALID_ARGUMENT,
             "max_model_len 8192",
         ),
         (

@@ -15,6 +15,7 @@ from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.serving.models import ModelRegistry
 from tokenkeys.tokenizer import TokenizerOptions
+from tokenkeys.tokenizer.options import BACKENDS
 
 
 def add_tokenizer_options(parser: argparse.ArgumentParser, *, many: bool) -> None:
@@ -37,7 +38,13 @@ def add_tokenizer_options(parser: argparse.ArgumentParser, *, many: bool) -> Non
             help="the names the model is served under, as vLLM's flag: requests may use any, "
             "answers carry the first (with one --model only)",
         )
-    parser.add_argument("--backend", choices=("tokenizers", "transformers"), default="tokenizers")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="tokenizers",
+        help="tokenizer library to reproduce: tokenizers (Rust frontends), transformers5 "
+        "(vLLM 0.32 / transformers 5), transformers (installed); see docs/api.md",
+    )
     parser.add_argument(
         "--nul",
         choices=("keep", "strip"),

@@ -20,14 +20,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.engine.paged_cache import Block, BlockKeyLike, PagedPrefixCache
 from tokenkeys.engine.sampler import TokenSampler
 from tokenkeys.engine.usage import SimulatedTiming, Usage
-from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
+from tokenkeys.errors import ConfigError, ContextLengthExceeded, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import MEDIUM_GPU, EventBatch
 
 
@@ -158,7 +158,8 @@ class Engine:
         self._flush()
         return done
 
-    def _check(self, prompt: Sequence[int], params: GenerationParams) -> None:
+    def _check(self, prompt: Sequence[int], params: GenerationParams) -> GenerationParams:
+        """Refuse a bad request; return its parameters with max_tokens fitted to the context."""
         if len(prompt) == 0:
             raise InvalidArgument(
                 "prompt_token_ids is empty; give at least one token", field="prompt_token_ids"
@@ -174,14 +175,28 @@ class Engine:
                 f"max_tokens is {params.max_tokens!r}; it must be an integer >= 1",
                 field="max_tokens",
             )
-        total = len(prompt) + params.max_tokens
-        if self.max_model_len is not None and total > self.max_model_len:
-            raise LimitExceeded(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds max_model_len {self.max_model_len}; shorten the prompt or lower "
-                "max_tokens",
+        if self.max_model_len is None:
+            return params
+        return replace(params, max_tokens=self._fitted_max_tokens(len(prompt), params.max_tokens))
+
+    def _fitted_max_tokens(self, prompt_len: int, max_tokens: int) -> int:
+        """vLLM 0.32's context rules (``vllm/renderers/params.py`` checks,
+        ``vllm/entrypoints/serve/utils/api_utils.py`` ``get_max_tokens``): max_tokens above
+        max_model_len, or a prompt leaving no room for one token, is a bad request; otherwise
+        max_tokens is lowered to the room the prompt leaves (the request is not refused)."""
+        limit = self.max_model_len
+        if max_tokens > limit:
+            raise ContextLengthExceeded(
+                f"max_tokens ({max_tokens}) exceeds max_model_len {limit}; request fewer tokens",
                 field="max_tokens",
             )
+        if prompt_len >= limit:
+            raise ContextLengthExceeded(
+                f"the prompt has {prompt_len} tokens; max_model_len {limit} leaves no room for "
+                "one generated token; shorten the prompt",
+                field="prompt",
+            )
+        return min(max_tokens, limit - prompt_len)
 
     async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:
         """Wait until the request's blocks fit; touch its prefix hits and reserve the rest."""
@@ -266,7 +281,7 @@ class Engine:
         """
         params = params or GenerationParams()
         prompt = list(prompt_token_ids)
-        self._check(prompt, params)
+        params = self._check(prompt, params)
         request_id = request_id or uuid.uuid4().hex
         bs = self.block_size
         prompt_len = len(prompt)

@@ -66,6 +66,7 @@ class _ChatFields(_Request):
         None, description="needs a server started with --trust-request-chat-template"
     )
     chat_template_kwargs: Json | None = None
+
     tools: list[Json] | None = None
     tool_choice: str | Json | None = None
     documents: list[dict[str, str]] | None = Field(
@@ -100,9 +101,10 @@ class StreamOptions(BaseModel):
 
 class _GenerationFields(_Request):
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    # Ranges of vLLM 0.32 SamplingParams._verify_args: out of range is a 400 there too.
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
     n: int | None = Field(1, description="only 1 is supported")
     seed: int | None = None
     stream: bool | None = False
@@ -111,8 +113,8 @@ class _GenerationFields(_Request):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = False
     skip_special_tokens: bool | None = True
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     user: str | None = None
     cache_salt: str | None = Field(
         None, description="prefix-cache salt (vLLM): enters the first block's cache key"

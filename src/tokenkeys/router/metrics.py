@@ -31,7 +31,11 @@ class RouterMetrics:
       ``pool.REFUSAL_REASONS``);
     - ``worker_events_total{event}``: ``joined``, ``down``, ``rejoined``, ``restarted``
       (a new engine instance at a known address), ``foreign_events`` (a rediscovery was
-      triggered by events of another spec).
+      triggered by events of another spec);
+    - ``worker_last_event_batch_timestamp_seconds{worker}``: when the last KV-event batch of a
+      ready worker (``address@model``) was applied, Unix time (alert on ``time() - it``);
+    - ``worker_suspect{worker, reason}``: 1 while a ready worker's reports are not believed
+      (reasons in ``workers.trust``: ``load_underreported``, ``events_silent``), else 0.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -103,5 +107,17 @@ class RouterMetrics:
             "tokenkeys_router_worker_events",
             "Worker lifecycle events.",
             ("event",),
+            registry=r,
+        )
+        self.last_event_batch = Gauge(
+            "tokenkeys_router_worker_last_event_batch_timestamp_seconds",
+            "When the last KV-event batch of a ready worker was applied (Unix time).",
+            ("worker",),
+            registry=r,
+        )
+        self.suspect = Gauge(
+            "tokenkeys_router_worker_suspect",
+            "1 while a ready worker's reports are not believed, by reason.",
+            ("worker", "reason"),
             registry=r,
         )

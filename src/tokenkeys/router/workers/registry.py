@@ -33,7 +33,7 @@ from tokenkeys.access.channel import PLAIN, ChannelSecurity
 from tokenkeys.client.engine import RemoteEngine
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.router.index.model import PrefixIndex
-from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
+from tokenkeys.router.ingest.backoff import BackoffSettings
 from tokenkeys.router.ingest.follow import follow_events
 from tokenkeys.router.ingest.ingestor import EventIngestor, IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
@@ -47,6 +47,7 @@ from tokenkeys.router.workers.discovery import (
 )
 from tokenkeys.router.workers.pool import Pool, Refusal, choose_source
 from tokenkeys.router.workers.state import STATES, WorkerState, pool_status
+from tokenkeys.router.workers.trust import flag_worker
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,14 @@ class WorkerRegistry:
         retry_delay: float = 0.5,
         foreign_interval: float = 5.0,
         security: ChannelSecurity = PLAIN,
+        write_backoff: BackoffSettings | None = None,
+        silent_after: float = 30.0,
     ) -> None:
         self.index = index
+        #: Delays before a worker whose index writes failed is rebuilt (``ingest.backoff``).
+        self.write_backoff = write_backoff if write_backoff is not None else BackoffSettings()
+        #: Seconds without an event batch after a request before a worker is flagged silent.
+        self.silent_after = silent_after
         #: TLS and bearer token of the channels to the workers.
         self.security = security
         self.pool_factory = pool_factory
@@ -164,6 +171,8 @@ class WorkerRegistry:
         await self._check_index()
         await asyncio.gather(*(self._check(ws) for ws in list(self.workers.values())))
         self._count_states()
+        for ws in self.workers.values():
+            flag_worker(self.metrics, self.pools, ws, self.silent_after)
 
     async def _check_index(self) -> None:
         """Notice the index going away and coming back (a Redis restart comes back empty).
@@ -185,10 +194,7 @@ class WorkerRegistry:
         log.info("prefix index available again: rebuilding every worker's entries")
         for ws in self.workers.values():
             for follower in ws.followers.values():
-                if isinstance(follower, GrpcEventConsumer):
-                    follower.rebuild()
-                else:
-                    follower.resyncing = True
+                follower.rebuild()
 
     async def _poll_forever(self) -> None:
         while True:
@@ -309,6 +315,7 @@ class WorkerRegistry:
             retry_delay=self.retry_delay,
             foreign_interval=self.foreign_interval,
             on_foreign=lambda: self._foreign(ws, model),
+            backoff=self.write_backoff.new(),
         )
 
     def _foreign(self, ws: WorkerState, model: str) -> None:
@@ -402,5 +409,8 @@ class WorkerRegistry:
         """Pools and workers as JSON (``GET /router/workers``)."""
         return {
             "pools": [pool_status(pool) for pool in self.pools.values()],
-            "workers": [ws.as_dict() for ws in self.workers.values()],
+            "workers": [
+                ws.as_dict(flag_worker(self.metrics, self.pools, ws, self.silent_after))
+                for ws in self.workers.values()
+            ],
         }

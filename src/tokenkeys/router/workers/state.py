@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -13,6 +14,9 @@ from tokenkeys.router.ingest.consumer import ZmqEventConsumer
 from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.workers.discovery import WorkerDescription
 from tokenkeys.router.workers.pool import Pool, Refusal
+
+if TYPE_CHECKING:  # trust.py imports this module
+    from tokenkeys.router.workers.trust import Suspicion
 
 #: A worker's states (see ``registry``).
 STATES = ("ready", "refused", "down")
@@ -37,16 +41,27 @@ class WorkerState:
     error: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def as_dict(self) -> dict:
-        """A JSON-ready summary (``GET /router/workers``)."""
+    def as_dict(self, suspicions: dict[str, list[Suspicion]] | None = None) -> dict:
+        """A JSON-ready summary (``GET /router/workers``); ``suspicions`` by model (``trust``)."""
+        suspicions = suspicions or {}
         return {
             "address": self.address,
             "state": self.state,
             "instance_id": self.instance_id,
             "models": sorted(self.engines),
             "events": {
-                model: {"last_seq": f.last_seq, "resyncing": f.resyncing}
+                model: {
+                    "last_seq": f.last_seq,
+                    "resyncing": f.resyncing,
+                    "last_batch_applied_at": f.applied_at,
+                    "index_writes": f.backoff.as_dict(),
+                }
                 for model, f in self.followers.items()
+            },
+            "suspect": {
+                model: [{"reason": x.reason, "message": x.message} for x in found]
+                for model, found in suspicions.items()
+                if found
             },
             "refusals": [
                 {"model": r.model, "reason": r.reason, "message": r.message} for r in self.refusals
