@@ -86,6 +86,15 @@ class TemplateLimitExceeded(InvalidArgument, LimitExceeded):
     """
 
 
+def vllm_invalid(message: str, parameter: str | None = None, value: Any = None) -> InvalidArgument:
+    """A 400 worded as vLLM 0.32 words its ``VLLMValidationError``: the message, then
+    ``(parameter=P, value=V)`` for those it names (``vllm/exceptions.py`` ``__str__``), so a
+    client matching vLLM's text matches ours. ``field`` is the parameter."""
+    extras = [f"{k}={v}" for k, v in (("parameter", parameter), ("value", value)) if v is not None]
+    text = f"{message} ({', '.join(extras)})" if extras else message
+    return InvalidArgument(text, field=parameter)
+
+
 class ContextLengthExceeded(InvalidArgument, LimitExceeded):
     """A request does not fit the model's context (``max_model_len``).
 

@@ -23,6 +23,7 @@ from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.runtime.loading import ModelSource
 from tokenkeys.template.render import RenderLimits
+from tokenkeys.tokenizer import TOKEN_STRS
 
 # vLLM's load_chat_template treats a value with any of these characters as the template itself.
 _TEMPLATE_CHARS = frozenset("{}\n")
@@ -57,6 +58,13 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "string", "openai"),
         default="auto",
         help="how message content reaches the template (default: detected from the template)",
+    )
+    parser.add_argument(
+        "--token-strs",
+        choices=TOKEN_STRS,
+        default="decoded",
+        help="how /tokenize spells token_strs: each token's decoded text (' world', default) or "
+        "its vocabulary entry ('Ġworld', as vLLM); a request's token_strs_kind wins",
     )
     parser.add_argument(
         "--tokenize-path",
@@ -162,4 +170,5 @@ def http_config(
         limits=limits,
         auth=auth,
         auth_health=bool(getattr(args, "auth_health", False)),
+        token_strs=getattr(args, "token_strs", "decoded"),
     )

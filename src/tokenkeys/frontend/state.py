@@ -77,9 +77,14 @@ def resolve_model(models: ModelRegistry, name: str | None) -> tuple[ServedModel,
         raise
 
 
+def engine_context(model: ServedModel) -> int | None:
+    """The context length the model's engine states, or None (no engine, or it states none)."""
+    return model.engine.max_model_len if model.engine is not None else None
+
+
 def max_model_len_of(model: ServedModel) -> int:
     """The context length to report: the engine's, else the tokenizer's, else 0 (unknown)."""
-    limit = model.engine.max_model_len if model.engine is not None else None
+    limit = engine_context(model)
     if limit is None:
         limit = model.tokenizer.specials.model_max_length
     return int(limit or 0)

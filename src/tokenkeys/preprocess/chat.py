@@ -43,6 +43,7 @@ from tokenkeys.errors import (
     LimitExceeded,
     TokenkeysError,
     Unsupported,
+    vllm_invalid,
 )
 from tokenkeys.preprocess.chat_messages import media_kind, normalize_messages
 from tokenkeys.preprocess.chat_request import (
@@ -54,6 +55,7 @@ from tokenkeys.preprocess.chat_request import (
     template_kwargs,
     thaw,
 )
+from tokenkeys.preprocess.chat_schema import check_chat_request
 from tokenkeys.preprocess.prompt_options import shared_prompt_reason
 from tokenkeys.template.render import ChatTemplateRenderer, RenderLimits
 from tokenkeys.tokenizer.chat_template_select import select_template
@@ -99,6 +101,14 @@ def unsupported_reason(request: Mapping[str, Any]) -> str | None:
     shared = shared_prompt_reason(request)
     if shared is not None:
         return shared
+    if request.get("prompt_token_ids") is not None:
+        # vLLM 0.32 ignores this field in a chat request (an unknown field, logged at debug
+        # level) and renders the messages; a client sending it means the ids to be served.
+        return (
+            "prompt_token_ids is not a chat request field: vLLM 0.32 ignores it and renders "
+            "the messages; send the ids as kv_transfer_params.prompt_token_ids (vLLM's "
+            "token-in chat) or to /v1/completions as prompt"
+        )
     for key in ("mm_processor_kwargs", "media_io_kwargs"):
         if request.get(key):
             return (
@@ -125,6 +135,36 @@ def unsupported_reason(request: Mapping[str, Any]) -> str | None:
                             "send text parts only"
                         )
     return None
+
+
+REUSED_IDS_FIELD = "kv_transfer_params.prompt_token_ids"
+
+
+def reused_prompt_ids(request: Mapping[str, Any]) -> list[int] | None:
+    """The ids a chat request carries instead of a rendering, or None to render it.
+
+    vLLM 0.32's token-in chat (``vllm/renderers/online_renderer.py``
+    ``_reused_prompt_token_ids``): ``kv_transfer_params.prompt_token_ids`` replaces templating
+    and tokenization, unless ``echo`` is set (the messages are then rendered). The ids must be
+    a non-empty list of non-negative integers (booleans are not integers), else 400 with
+    vLLM's message; the vocabulary check is the caller's. Media content would also make vLLM
+    render, but media is refused before this (:func:`unsupported_reason`).
+    """
+    kv = request.get("kv_transfer_params")
+    if not isinstance(kv, Mapping):
+        return None
+    ids = kv.get("prompt_token_ids")
+    if ids is None or request.get("echo"):
+        return None
+    if (
+        not isinstance(ids, list) or not ids or any(type(i) is not int or i < 0 for i in ids)  # noqa: E721 - bool is no id
+    ):
+        raise vllm_invalid(
+            "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of "
+            "non-negative integers.",
+            REUSED_IDS_FIELD,
+        )
+    return list(ids)
 
 
 @dataclass(frozen=True)
@@ -270,6 +310,8 @@ class ChatPrologue:
         """Validate and normalize a chat request (see the module docstring for the steps)."""
         if not isinstance(request, Mapping):
             raise InvalidArgument("the request body must be a JSON object", field="body")
+        # vLLM's request validators run before anything is rendered (400s first).
+        check_chat_request(request)
         reason = unsupported_reason(request)
         if reason is not None:
             raise Unsupported(reason)

@@ -98,6 +98,7 @@ def model_info(model: ServedModel, runtime: EngineRuntime) -> model_pb2.ModelInf
     info = model_pb2.ModelInfo(
         model_id=model.name,
         served_model_name=model.name,
+        served_model_aliases=list(model.aliases),
         supports_text_input=True,
         supports_token_ids_input=True,
         supports_lora=bool(runtime.config.lora_modules),

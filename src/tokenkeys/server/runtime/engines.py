@@ -28,7 +28,7 @@ from tokenkeys.errors import FailedPrecondition, NotFound, Unavailable
 from tokenkeys.events.model import EventSourceInfo, SpecRef
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec, int_encoding_of
 from tokenkeys.events.stream import EventStream
-from tokenkeys.events.vllm_codec import VllmMsgpackCodec
+from tokenkeys.events.vllm_codec import VllmMsgpackCodec, layout_for
 from tokenkeys.events.zmq_endpoint import routable_endpoint
 from tokenkeys.events.zmq_publisher import ZmqEventPublisher
 from tokenkeys.keys import CacheKeySpec
@@ -138,6 +138,7 @@ class EngineRuntime:
                 buffer_steps=config.kv_events_buffer_steps,
                 hwm=config.kv_events_hwm,
                 advertise_host=config.advertise_host,
+                replay_topic=layout_for(config.wire_version).replay_topic,
             )
         parts = ModelEngine(model.name, publisher=publisher)
         try:
