@@ -37,6 +37,7 @@ from tokenkeys.frontend.state import (
 )
 from tokenkeys.frontend.streaming import DONE, IncrementalText, sse
 from tokenkeys.preprocess.chat_schema import check_chat_request
+from tokenkeys.preprocess.completion import refuse_empty_prompt
 from tokenkeys.serving.models import ServedModel
 
 S = TypeVar("S", CompletionShape, ChatShape)
@@ -98,7 +99,7 @@ def _call(  # noqa: ANN202
 
 async def completions(request: Request) -> Response:
     """OpenAI completions; the prompt may be text(s) or token ids."""
-    opened = await open_request(request, CompletionRequest)
+    opened = await open_request(request, CompletionRequest, refuse_empty_prompt)
     state, body, model, lora = opened.state, opened.body, opened.model, opened.lora
     call, options = _call(state, model, body, lora, chat=False)
     prompts = await opened.run(model.preprocessor.tokenize_completion, body)

@@ -30,6 +30,17 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def refuse_empty_prompt(request: Mapping[str, Any]) -> None:
+    """An empty prompt is a bad request for generation, as vLLM 0.32 answers it
+    (``CompletionRequest.validate_prompt_and_prompt_embeds``, its message). vLLM's /tokenize
+    counts it (its tokenize request has no such validator, checked live), so only the
+    generation route calls this."""
+    if request.get("prompt") == "":
+        raise vllm_invalid(
+            "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+        )
+
+
 def prompts_of(request: Mapping[str, Any]) -> list[Prompt]:
     """The prompts of a completion request, each a text or a list of token ids, in order."""
     if request.get("suffix") is not None:
@@ -40,11 +51,6 @@ def prompts_of(request: Mapping[str, Any]) -> list[Prompt]:
             "suffix is only supported for models with FIM completion rendering", field="suffix"
         )
     prompt = request.get("prompt")
-    if prompt == "":
-        # vLLM 0.32 CompletionRequest.validate_prompt_and_prompt_embeds (its message).
-        raise vllm_invalid(
-            "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
-        )
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt:
