@@ -33,8 +33,8 @@ from tokenkeys.engine.core import GenerationParams
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.limits import Limits
+from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.server.runtime.config import EngineConfig
-from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
@@ -212,10 +212,11 @@ async def _reference(n_throughput: int, n_latency: int) -> dict[str, object]:
     config = EngineConfig(
         num_kv_blocks=NUM_BLOCKS, kv_events_hwm=1_000_000, kv_events_subscriber_backlog=10**6
     )
-    runtime = EngineRuntime(models, config)
-    await runtime.start("127.0.0.1", 1)
-    engine = models.get(None).extensions["engine"]
-    parts = runtime.local(models.names[0])
+    # The engine side of tokenkeys serve, assembled as the CLI assembles it (no HTTP face).
+    server = await EngineServer(models, ServeConfig(engine=config)).start()
+    assert server.runtime is not None
+    engine = models.get(None).engine
+    parts = server.runtime.local(models.names[0])
     info = parts.zmq_source()
     events = _Events()
     counter = iter(range(10**9))
@@ -254,7 +255,7 @@ async def _reference(n_throughput: int, n_latency: int) -> dict[str, object]:
         return {"rate": rate, "lat": lat}
     finally:
         await events.close()
-        await runtime.close()
+        await server.stop()
 
 
 async def _run_async(quick: bool) -> str:

@@ -43,21 +43,30 @@ def text_of(preprocessor, tokens: int) -> str:  # noqa: ANN001
     return " ".join(words)
 
 
-def start_server() -> tuple[subprocess.Popen, str, int]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+def serve(*args: str) -> tuple[subprocess.Popen, str, str]:
+    """``tokenkeys serve ARGS`` on free ports; (process, gRPC target, HTTP host:port)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0", "--http-port", "0"],
+        [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0", "--http-port", "0"]
+        + list(args),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env=env,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
     assert proc.stdout is not None
+    target = ""
     for line in proc.stdout:
+        if line.startswith("gRPC listening on "):
+            target = line.split()[-1]
         if line.startswith("HTTP listening on "):
-            host, port = line.split()[-1].rsplit(":", 1)
-            return proc, host, int(port)
-    raise RuntimeError("server did not start")
+            return proc, target, line.split()[-1]
+    raise RuntimeError("tokenkeys serve did not start")
+
+
+def start_server() -> tuple[subprocess.Popen, str, int]:
+    proc, _, address = serve()
+    host, port = address.rsplit(":", 1)
+    return proc, host, int(port)
 
 
 def request_bytes(host: str, body: bytes) -> bytes:

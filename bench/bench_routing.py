@@ -1,7 +1,7 @@
 """Routing policies on three workloads over 4 engines: cache hits, TTFT and balance.
 
 Four ``tokenkeys serve`` processes (simulated engines, vLLM 0.31+ ``sha256_cbor`` keys, 16-token
-blocks, a bounded KV cache, ZMQ KV events) and two in-process router replicas (``RoutingService``,
+blocks, a bounded KV cache, ZMQ KV events) and two in-process router replicas (``RouteServer``,
 in memory) that forward token ids over ``Inference.Generate``; a load balancer in front picks a
 replica at random per request. Workloads (:data:`WORKLOADS`):
 
@@ -54,6 +54,7 @@ from routing_smg import chat, smg_executable, smg_router
 from timing import pct
 
 from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RouterConfig, RoutingService
@@ -265,7 +266,8 @@ async def _run_policy(
     )
     # Each replica follows every engine's events (an in-memory index each); what it sent, its
     # requests in flight and its cache-growth counts are its own.
-    services = [await RoutingService(config).start() for _ in range(replicas)]
+    routers = [await RouteServer(RouteConfig(config)).start() for _ in range(replicas)]
+    services = [r.service for r in routers]
     balancer = random.Random(11)  # the load balancer's picks, apart from the workload's draws
     try:
         pool = services[0].router.pool(None)
@@ -299,8 +301,8 @@ async def _run_policy(
         result = await _drive(w, send, restart, settle=lambda: _settle(services))
         return _finish(result, result["served"])
     finally:
-        for service in services:
-            await service.close()
+        for router in routers:
+            await router.stop()
         for engine in engines:
             engine.stop()
 

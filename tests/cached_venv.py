@@ -87,6 +87,7 @@ class VenvRecipe:
     steps: tuple[Step, ...]
     step_timeout: float = 1800.0  # seconds for one step; a big wheel on a slow mirror is minutes
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the steps
+    with_pip: bool = True  # False: no pip in the environment (only RunPython steps then)
 
     def digest(self) -> str:
         """Hash of everything that decides the environment's content."""
@@ -94,6 +95,7 @@ class VenvRecipe:
             "name": self.name,
             "steps": [(type(step).__name__, _step_fields(step)) for step in self.steps],
             "env": sorted(self.env.items()),
+            "with_pip": self.with_pip,
             "python": [os.path.realpath(sys.executable), sys.version],
         }
         return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
@@ -151,6 +153,8 @@ def _build(recipe: VenvRecipe, folder: Path, log_path: Path) -> None:
     env.pop("PYTHONPATH", None)
     with open(log_path, "w") as log:
         create = [sys.executable, "-m", "venv", str(folder)]
+        if not recipe.with_pip:
+            create.append("--without-pip")
         _run("create the virtualenv", create, log, env, recipe.step_timeout, log_path, folder)
         python = venv_python(folder)
         for step in recipe.steps:

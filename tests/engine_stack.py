@@ -15,16 +15,13 @@ from tokenkeys._gen.openengine.v1 import (
     generation_pb2,
     kv_pb2,
     openengine_pb2_grpc,
-    tokenizer_pb2_grpc,
 )
 from tokenkeys.events.model import EventBatch
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc.engine_services import engine_service_adders
-from tokenkeys.server.grpc.server import start_grpc_server
-from tokenkeys.server.grpc.tokenizer import TokenizerService
+from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.server.runtime.loading import ModelSource, load_models
@@ -43,10 +40,22 @@ class EngineStack:
     """A started server: its port, runtime, stubs; ``await stack.stop()`` at the end."""
 
     models: ModelRegistry
-    runtime: EngineRuntime
-    server: grpc.aio.Server
-    port: int
+    serving: EngineServer
     channel: grpc.aio.Channel
+
+    @property
+    def runtime(self) -> EngineRuntime:
+        assert self.serving.runtime is not None
+        return self.serving.runtime
+
+    @property
+    def server(self) -> grpc.aio.Server:
+        assert self.serving.grpc is not None
+        return self.serving.grpc
+
+    @property
+    def port(self) -> int:
+        return self.serving.grpc_port
 
     @property
     def target(self) -> str:
@@ -61,7 +70,7 @@ class EngineStack:
         return openengine_pb2_grpc.ControlStub(self.channel)
 
     def local(self, model: str | None = None) -> LocalEngine:
-        engine = self.models.get(model).extensions["engine"]
+        engine = self.models.get(model).engine
         assert isinstance(engine, LocalEngine)
         return engine
 
@@ -77,10 +86,9 @@ class EngineStack:
         return messages, dict(await call.trailing_metadata())
 
     async def stop(self) -> None:
-        self.runtime.begin_shutdown()
+        self.serving.begin_drain()
         await self.channel.close()
-        await self.server.stop(None)
-        await self.runtime.close()
+        await self.serving.stop()
 
 
 async def start_stack(
@@ -97,23 +105,17 @@ async def start_stack(
     ``port`` 0 picks a free gRPC port; a fixed one lets a test restart an engine in place.
     """
     models = models or default_models()
-    kwargs = {}
-    if spec is not None:
-        kwargs["spec_of"] = spec if callable(spec) else (lambda _model: spec)
-    runtime = EngineRuntime(models, config or EngineConfig(), **kwargs)
-    tokenizer = TokenizerService(models)
-    server, port = await start_grpc_server(
-        [
-            lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(tokenizer, s),
-            *engine_service_adders(models, runtime),
-        ],
-        host,
-        port,
-        limits or Limits(),
+    spec_of = spec if callable(spec) or spec is None else (lambda _model: spec)
+    serve = ServeConfig(
+        host=host,
+        grpc_port=port,
+        limits=limits or Limits(),
+        engine=config or EngineConfig(),
+        spec_of=spec_of,
     )
-    await runtime.start(host, port)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    return EngineStack(models, runtime, server, port, channel)
+    serving = await EngineServer(models, serve).start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{serving.grpc_port}")
+    return EngineStack(models, serving, channel)
 
 
 class GrpcEvents:

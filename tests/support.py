@@ -7,10 +7,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc.server import start_grpc_server
-from tokenkeys.server.grpc.tokenizer import TokenizerService
+from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.serving.models import ModelRegistry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,16 +67,12 @@ class ServerThread(LoopServerThread):
         self.limits = limits or Limits()
 
     async def _start(self) -> tuple[Any, int]:
-        service = TokenizerService(self.models)
-        return await start_grpc_server(
-            [lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s)],
-            "127.0.0.1",
-            0,
-            self.limits,
-        )
+        config = ServeConfig(grpc_port=0, limits=self.limits, engine=None)
+        server = await EngineServer(self.models, config).start()
+        return server, server.grpc_port
 
     async def _stop(self) -> None:
-        await self.server.stop(None)
+        await self.server.stop()
 
     @property
     def target(self) -> str:

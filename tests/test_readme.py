@@ -7,8 +7,8 @@ from pathlib import Path
 
 from tokenkeys.keys.deployment import KeySpecOptions, build_spec
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc.cache_keys import attach_cache_keys
 from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.serving.models import attach_cache_keys
 from tokenkeys.tokenizer import TokenizerOptions
 
 from support import REPO, ServerThread

@@ -6,6 +6,11 @@ from dataclasses import dataclass, fields
 
 from tokenkeys.errors import ConfigError, LimitExceeded
 
+#: The largest gRPC answer a tokenkeys client accepts (gRPC's default is 4 MiB): a cache-key
+#: spec with its vectors, the TokenizerInfo of a large vocabulary. Servers refuse to build a
+#: larger one rather than send what no client receives.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
 
 def check_option_fields(instance: object, zero_means_off: frozenset[str] = frozenset()) -> None:
     """Refuse a field of a dataclass of options that is not a positive number of its kind.

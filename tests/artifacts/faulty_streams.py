@@ -72,8 +72,7 @@ def served(tokenizer: Tokenizer, mutation: Mutation | None = None, name: str = "
     """A registry serving ``tokenizer`` under ``name``; with the streamer faulty if asked."""
     real = ArtifactStreamer(tokenizer, tokenizer_identity(tokenizer))
     streamer = real if mutation is None else FaultyStreamer(real, mutation)
-    model = ServedModel(name, tokenizer, Preprocessor(tokenizer, Limits()))
-    model.extensions["artifacts"] = streamer
+    model = ServedModel(name, tokenizer, Preprocessor(tokenizer, Limits()), artifacts=streamer)
     registry = ModelRegistry()
     registry.add(model)
     return registry, streamer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -67,8 +68,8 @@ def test_non_default_options_travel_in_the_identity(grpc_server, tmp_path: Path)
 def test_second_pull_transfers_nothing(grpc_server, tmp_path: Path) -> None:
     models = load_models([ModelSource.default()], TokenizerOptions(), Limits())
     model = models.get(None)
-    counting = FaultyStreamer(model.extensions["artifacts"], identity)
-    model.extensions["artifacts"] = counting
+    counting = FaultyStreamer(model.artifacts, identity)
+    models.replace(dataclasses.replace(model, artifacts=counting))
     server = grpc_server(models)
     first = fetch(server.target, cache=tmp_path)
     assert not first.from_cache and first.transferred == 1_760_640
@@ -108,8 +109,8 @@ def test_lost_connection_is_resumed_from_the_last_byte(grpc_server, tmp_path: Pa
         cut = data_indices(messages)[5]
         return [*messages[:cut], Abort(grpc.StatusCode.UNAVAILABLE, "connection reset")]
 
-    flaky = FaultyStreamer(model.extensions["artifacts"], drop_once)
-    model.extensions["artifacts"] = flaky
+    flaky = FaultyStreamer(model.artifacts, drop_once)
+    models.replace(dataclasses.replace(model, artifacts=flaky))
     server = grpc_server(models)
     settings = PullSettings(chunk_size=65536, resume_backoff=0.01)
     tokenizer = pull(server.target, cache=tmp_path / "c", settings=settings)

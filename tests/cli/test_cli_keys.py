@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,3 +171,24 @@ def test_serve_refuses_bad_cache_key_options_before_binding() -> None:
         result = run_cli("serve", "--grpc-port", "1", *args, check=False)
         assert result.returncode == 2, result.stderr
         assert message in result.stderr and "gRPC listening" not in result.stdout
+
+
+def test_list_into_a_closed_pipe_stops_quietly() -> None:
+    # `tokenkeys keys --list --json | head` once ended in a BrokenPipeError traceback. A real
+    # pipe whose reader is already gone makes the first write fail every time.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tokenkeys.cli", "keys", "--list", "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.stderr == ""
+    assert done.returncode == 141  # as a shell reports a program ended by SIGPIPE

@@ -22,10 +22,11 @@ from tokenkeys.keys.proto import (
     spec_from_message,
     spec_to_message,
 )
+from tokenkeys.keys.service import CacheKeyService
 from tokenkeys.keys.strategy import KeyRequest, KeyStrategy
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc.cache_keys import CacheKeyService, attach_cache_keys
 from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.serving.models import attach_cache_keys
 from tokenkeys.tokenizer import TokenizerOptions
 
 TOKENS = list(range(1000, 1100))
@@ -148,3 +149,23 @@ def test_local_service_matches_the_strategy_contract() -> None:
         kpb.ComputeCacheKeysRequest(requests=[request_to_message(TOKENS, ctx)])
     )
     assert keys_from_message(response.results[0], signed=False) == block_keys(TOKENS, spec, ctx)
+
+
+async def test_the_async_client_is_the_core_of_the_blocking_one(grpc_server) -> None:
+    """Both faces make the same calls; the blocking one serves several threads at once."""
+    import asyncio
+    import concurrent.futures
+
+    from tokenkeys.client import AsyncCacheKeyClient
+
+    spec = make_spec("vllm/sha256@0.31", 16)
+    server = _serve(grpc_server, spec)
+    async with AsyncCacheKeyClient(server.target) as remote:
+        assert (await remote.spec()).fingerprint == spec.fingerprint
+        assert await remote.compute(spec, [KeyRequest(TOKENS)]) == [block_keys(TOKENS, spec)]
+    requests = [[KeyRequest(TOKENS[: 16 * i + 5])] for i in range(1, 7)]
+    with CacheKeyClient(server.target) as client, concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = await asyncio.gather(
+            *(asyncio.wrap_future(pool.submit(client.compute, spec, r)) for r in requests)
+        )
+    assert answers == [[block_keys(r[0].tokens, spec)] for r in requests]

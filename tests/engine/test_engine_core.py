@@ -260,7 +260,10 @@ async def test_lora_and_event_extra_keys_are_reported():
         ([1, True], GenerationParams(), InvalidArgument, r"prompt_token_ids\[1\]"),
         ([1], GenerationParams(max_tokens=0), InvalidArgument, "max_tokens is 0"),
         (list(range(40)), GenerationParams(max_tokens=1), LimitExceeded, "needs 10 KV blocks"),
-        ([1] * 62, GenerationParams(max_tokens=3), LimitExceeded, "max_model_len 64"),
+        # vLLM 0.32's context rules: max_tokens past max_model_len, or a prompt leaving no
+        # room, is refused; a prompt + max_tokens past it is fitted (test below).
+        ([1] * 64, GenerationParams(max_tokens=1), LimitExceeded, "max_model_len 64"),
+        ([1], GenerationParams(max_tokens=65), LimitExceeded, "max_model_len 64"),
     ],
 )
 async def test_bad_requests_are_refused_with_a_clear_error(prompt, params, error, match):
@@ -268,6 +271,12 @@ async def test_bad_requests_are_refused_with_a_clear_error(prompt, params, error
     with pytest.raises(error, match=match):
         [o async for o in engine.generate(prompt, params)]
     assert engine.cache.num_free_blocks == 8
+
+
+async def test_max_tokens_past_the_context_is_fitted_to_the_room_left():
+    engine, _ = make_engine(num_blocks=64, max_model_len=64)
+    outputs = await run(engine, [1] * 60, max_tokens=10)
+    assert outputs[-1].usage.completion_tokens == 4 and len(outputs) == 4
 
 
 def test_latency_model():

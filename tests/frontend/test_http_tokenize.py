@@ -283,7 +283,6 @@ def test_non_json_bodies_are_400(client) -> None:
             "truncate_prompt_tokens",
         ),
         ({"prompt": "a", "truncate_prompt_tokens": 5}, "truncate_prompt_tokens"),
-        ({"prompt": "a", "suffix": "b"}, "suffix"),
     ],
 )
 def test_what_generation_cannot_do_exactly_is_501(client, body, needle) -> None:

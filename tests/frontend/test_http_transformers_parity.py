@@ -18,7 +18,7 @@ import pytest
 
 from tokenkeys.tokenizer import TokenizerOptions
 
-from chat_fixtures import CHAT_MODELS, TOOL_CONVERSATION, TOOLS
+from chat_fixtures import CHAT_MODELS, CONVERSATIONS, TOOL_CONVERSATION, TOOLS, openai_form
 from conformance_data import data_path
 from http_support import HttpServerThread, registry
 
@@ -26,20 +26,6 @@ transformers = pytest.importorskip("transformers")
 
 MODELS = CHAT_MODELS
 BACKENDS = ("tokenizers", "transformers")
-
-CONVERSATIONS = {
-    "cjk_emoji_accents": [
-        {"role": "system", "content": "Tu es un assistant précis. 你是一个助手。"},
-        {"role": "user", "content": "日本の首都は？ 🗾 Ça va? naïve café"},
-        {"role": "assistant", "content": "東京です。🎌 Très bien!"},
-        {"role": "user", "content": "한국어도 돼? 👩‍👩‍👧 ﬁn — Ελληνικά  double  spaces"},
-    ],
-    "no_system": [
-        {"role": "user", "content": "Crème brûlée ou 抹茶? 🍮🍵"},
-        {"role": "assistant", "content": " Les deux ! "},
-        {"role": "user", "content": "Zürich → São Paulo, Ærøskøbing 🚆"},
-    ],
-}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -99,7 +85,7 @@ def test_chat_tokens_are_transformers_tokens(served, model, conversation, agp) -
 def test_qwen_tools_and_tool_calls_are_transformers_tokens(served, agp) -> None:
     client, refs = served
     model = "qwen2.5-instruct"
-    body = {"model": model, "messages": TOOL_CONVERSATION, "tools": TOOLS}
+    body = {"model": model, "messages": openai_form(TOOL_CONVERSATION), "tools": TOOLS}
     ids = _tokenize(client, {**body, "add_generation_prompt": agp})
     reference = _reference_ids(
         refs[model], TOOL_CONVERSATION, tools=TOOLS, add_generation_prompt=agp

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from cached_venv import PipInstall, RunPython, VenvRecipe, VenvUnavailable, ensure_venv
 
 DRIVERS = Path(__file__).parent / "drivers"

@@ -131,7 +131,10 @@ def test_request_template_may_name_a_tokenizer_template() -> None:
         ChatOptions(trust_request_chat_template=True),
     )
     assert p.render(p.prepare({"messages": USER})) == "D"
-    assert p.render(p.prepare({"messages": USER, "tools": []})) == "T0"
+    tool = {"type": "function", "function": {"name": "f"}}
+    assert p.render(p.prepare({"messages": USER, "tools": [tool]})) == "T1"
+    with pytest.raises(InvalidArgument, match="must not be an empty array"):
+        p.prepare({"messages": USER, "tools": []})  # vLLM 0.32 check_tool_usage
     assert p.render(p.prepare({"messages": USER, "chat_template": "alt"})) == "A"
 
 

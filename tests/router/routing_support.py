@@ -19,6 +19,7 @@ from tokenkeys.events.model import EventBatch
 from tokenkeys.keys import CacheKeySpec, make_spec
 from tokenkeys.keys.deployment import DEFAULT_PROFILE
 from tokenkeys.limits import Limits
+from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.policy.router import Router
@@ -26,9 +27,8 @@ from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.router.workers.registry import WorkerRegistry
-from tokenkeys.server.grpc.cache_keys import attach_cache_keys
 from tokenkeys.server.runtime.config import EngineConfig
-from tokenkeys.serving.models import ModelRegistry, ServedModel
+from tokenkeys.serving.models import ModelRegistry, ServedModel, attach_cache_keys
 
 SYSTEM = (
     "You are the support assistant of the Example Rail company. Answer briefly and politely, "
@@ -57,8 +57,9 @@ def engine_models(profile: str = DEFAULT_PROFILE, block_size: int = 16) -> Model
     """
     models = ModelRegistry()
     for model in _loaded():
-        extensions = {"artifacts": model.extensions["artifacts"]}
-        models.add(ServedModel(model.name, model.tokenizer, model.preprocessor, extensions))
+        models.add(
+            ServedModel(model.name, model.tokenizer, model.preprocessor, artifacts=model.artifacts)
+        )
     attach_cache_keys(models, _spec(profile, block_size), Limits())
     return models
 
@@ -85,8 +86,18 @@ class Cluster:
 
     stacks: list[EngineStack]
     configs: list[EngineConfig]
-    service: RoutingService
+    routing: RouteServer
     stopped: set[int] = field(default_factory=set)
+
+    @property
+    def service(self) -> RoutingService:
+        return self.routing.service
+
+    @property
+    def url(self) -> str:
+        """The routing HTTP frontend (clusters started with ``http=True``)."""
+        assert self.routing.http is not None
+        return f"http://127.0.0.1:{self.routing.http_port}"
 
     @property
     def registry(self) -> WorkerRegistry:
@@ -169,7 +180,7 @@ class Cluster:
                     progress[id(follower)] = (follower.last_seq, now)
 
     async def close(self) -> None:
-        await self.service.close()
+        await self.routing.stop()
         for i, stack in enumerate(self.stacks):
             if i not in self.stopped:
                 await stack.stop()
@@ -186,9 +197,11 @@ async def start_cluster(
     interval: float = 0.2,
     profile: str = DEFAULT_PROFILE,
     models: Callable[[], ModelRegistry] | None = None,
+    http: bool = False,
 ) -> Cluster:
     """``n`` engines keyed by ``profile`` (serving ``models()``, default the embedded
-    tokenizer) and a router over them; the registry polls every ``interval`` seconds."""
+    tokenizer) and a router over them; the registry polls every ``interval`` seconds. With
+    ``http`` the router's HTTP frontend listens too (:attr:`Cluster.url`)."""
     configs = configs or [engine_config() for _ in range(n)]
     make = models or (lambda: engine_models(profile))
     stacks = [await start_stack(c, models=make()) for c in configs]
@@ -202,8 +215,9 @@ async def start_cluster(
         recheck_interval=0.1,
         pools=settings,
     )
-    service = await RoutingService(config, index=index).start()
-    return Cluster(stacks, configs, service)
+    route = RouteConfig(config, http_port=0 if http else None)
+    routing = await RouteServer(route, index=index).start()
+    return Cluster(stacks, configs, routing)
 
 
 async def collect(engine: RoutedEngine, ids: list[int], **kw: object):  # noqa: ANN201
@@ -214,17 +228,6 @@ async def collect(engine: RoutedEngine, ids: list[int], **kw: object):  # noqa: 
         out.extend(o.token_ids)
         last = o
     return out, last
-
-
-async def start_frontend(cluster: Cluster):  # noqa: ANN201
-    """The routing HTTP app over ``cluster`` on a loopback port; returns (server, base URL)."""
-    from tokenkeys.frontend import start_http_server
-    from tokenkeys.router.frontend import create_router_app
-
-    service = cluster.service
-    app = create_router_app(service.registry, service.router, metrics=service.metrics_registry)
-    server = await start_http_server(app, "127.0.0.1", 0)
-    return server, f"http://127.0.0.1:{server.port}"
 
 
 async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:  # noqa: ANN001
@@ -276,6 +279,12 @@ def engine_run(cluster: Cluster, ids: list[int], i: int) -> int:
 
     local = cluster.stacks[i].local()
     return len(local.engine.cache.match_prefix(block_keys(ids, local.spec)))
+
+
+async def index_agrees(cluster: Cluster, ids: list[int], address: str) -> bool:
+    """Whether the index and engine ``address`` agree on the prompt's run, and it is not empty."""
+    held = engine_run(cluster, ids, cluster.number(address))
+    return await index_run(cluster, ids, address) == held > 0
 
 
 def counter(cluster: Cluster, name: str, **labels: str) -> float:

@@ -115,5 +115,5 @@ def test_route_cost_options_reach_the_router_config():
         + ["--growth-weight", "0", "--router-temperature", "0.3"]
     )
     config = config_from(args)
-    assert config.cost == CostWeights(prefix=2.0, load=0.5, growth=0.0, temperature=0.3)
-    assert config_from(parser.parse_args(["route", "--worker", "h:1"])).cost == CostWeights()
+    assert config.router.cost == CostWeights(prefix=2.0, load=0.5, growth=0.0, temperature=0.3)
+    assert config_from(parser.parse_args(["route", "--worker", "h:1"])).router.cost == CostWeights()

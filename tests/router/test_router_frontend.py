@@ -6,26 +6,23 @@ import json
 
 import httpx
 import pytest
-from routing_support import SYSTEM, start_cluster, start_frontend
+from routing_support import SYSTEM, start_cluster
 
 from tokenkeys.keys import make_spec
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.router.workers.pool_setup import PoolSettings
-from tokenkeys.server.grpc.cache_keys import attach_cache_keys
 from tokenkeys.server.runtime.loading import ModelSource, load_models
-from tokenkeys.serving.models import ModelRegistry
+from tokenkeys.serving.models import ModelRegistry, attach_cache_keys
 from tokenkeys.tokenizer import TokenizerOptions
 
 
 @pytest.fixture
 async def routed(tmp_path):  # noqa: ANN001, ANN201
     settings = PoolSettings(cache=tmp_path / "cache")
-    cluster = await start_cluster(3, settings=settings)
-    server, url = await start_frontend(cluster)
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+    cluster = await start_cluster(3, settings=settings, http=True)
+    async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
         yield cluster, client
-    await server.stop()
     await cluster.close()
 
 
@@ -160,10 +157,11 @@ async def test_chat_is_refused_when_the_engines_override_the_chat_template(tmp_p
         attach_cache_keys(models, make_spec("vllm/sha256_cbor@0.31", 16), Limits())
         return models
 
-    cluster = await start_cluster(2, settings=PoolSettings(cache=tmp_path), models=overridden)
-    server, url = await start_frontend(cluster)
+    cluster = await start_cluster(
+        2, settings=PoolSettings(cache=tmp_path), models=overridden, http=True
+    )
     try:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
             messages = [{"role": "user", "content": "hi"}]
             response = await client.post("/v1/chat/completions", json={"messages": messages})
             assert response.status_code == 501, response.text
@@ -171,5 +169,4 @@ async def test_chat_is_refused_when_the_engines_override_the_chat_template(tmp_p
             response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
             assert response.status_code == 200
     finally:
-        await server.stop()
         await cluster.close()

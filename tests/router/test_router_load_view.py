@@ -53,3 +53,36 @@ def test_before_any_request_of_its_own_a_poll_is_taken_as_it_is():
     view.polled(2.0, 0.25, 12)
     clock.now += 60.0
     assert view.active_blocks == 12 and view.load == 2.0
+
+
+def test_trust_flags_underreported_load_after_three_polls_and_clears_on_truth():
+    from tokenkeys.router.workers.trust import DOUBT_POLLS, suspicions
+
+    view = LoadView(wall=lambda: 100.0)
+    view.begin([1, 2])
+    view.begin([3])
+    for _ in range(DOUBT_POLLS):
+        assert not [s for s in suspicions(view, 100.0, 30.0, 100.0) if s.reason.startswith("load")]
+        view.polled(0, 0.0, 0)  # claims idle with two requests of ours in flight
+    (found,) = suspicions(view, 100.0, 30.0, 100.0)
+    assert found.reason == "load_underreported" and "2 in flight" in found.message
+    assert view.load == 2  # not believed
+    view.polled(2, 0.0, 3)
+    assert suspicions(view, 100.0, 30.0, 100.0) == []
+
+
+def test_trust_flags_silence_only_after_requests_and_forgets_it_when_events_come():
+    from tokenkeys.router.workers.trust import suspicions
+
+    now = [100.0]
+    view = LoadView(wall=lambda: now[0])
+    assert suspicions(view, None, 30.0, 1000.0) == []  # no request sent: nothing to say
+    started = view.begin([1])
+    view.end([1], started)
+    now[0] = 131.0
+    (found,) = suspicions(view, 50.0, 30.0, now[0])
+    assert found.reason == "events_silent" and "31.0 s ago" in found.message
+    assert suspicions(view, 101.0, 30.0, now[0]) == []  # its batch came after the request
+    view.begin([2])  # sent at 131, nothing applied since
+    assert suspicions(view, 101.0, 30.0, 160.0) == []
+    assert [s.reason for s in suspicions(view, 101.0, 30.0, 161.0)] == ["events_silent"]

@@ -8,8 +8,7 @@ import pytest
 from routing_support import (
     SYSTEM,
     counter,
-    engine_run,
-    index_run,
+    index_agrees,
     prompt_ids,
     routed,
     start_cluster,
@@ -59,7 +58,7 @@ async def test_routing_continues_by_load_without_redis_and_the_index_recovers(
                 await cluster.settle()
         await cluster.settle()
         # Rebuilt from the engines' replay buffers: the index agrees with every engine again.
-        await wait_until(lambda: _agrees(cluster, first, home), what="index rebuilt")
+        await wait_until(lambda: index_agrees(cluster, first, home), what="index rebuilt")
         # (The requests routed by load meanwhile cached the prompt on other workers too, so
         # any holder of the whole prefix may win the tie now.)
         decision, usage = await routed(cluster, first)
@@ -69,11 +68,3 @@ async def test_routing_continues_by_load_without_redis_and_the_index_recovers(
         assert counter(cluster, clears, reason="index_recovered") >= 1
     finally:
         await cluster.close()
-
-
-async def _agrees(cluster, ids, address) -> bool:  # noqa: ANN001
-    return (
-        await index_run(cluster, ids, address)
-        == engine_run(cluster, ids, cluster.number(address))
-        > 0
-    )

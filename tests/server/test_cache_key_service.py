@@ -18,12 +18,12 @@ from tokenkeys.keys.proto import (
     spec_from_message,
 )
 from tokenkeys.keys.registry import profile_ids
+from tokenkeys.keys.service import CacheKeyService
 from tokenkeys.keys.spec import BlockKey
 from tokenkeys.keys.vectors import generate_vectors
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc.cache_keys import CacheKeyService, attach_cache_keys
 from tokenkeys.server.runtime.loading import ModelSource, load_models
-from tokenkeys.serving.models import ModelRegistry, ServedModel
+from tokenkeys.serving.models import ModelRegistry, ServedModel, attach_cache_keys
 from tokenkeys.tokenizer import TokenizerOptions
 
 from support import ServerThread
@@ -56,7 +56,7 @@ def server():
                 pid,
                 default.tokenizer,
                 default.preprocessor,
-                {"cache_keys": CacheKeyService(_spec_for(pid), limits)},
+                cache_keys=CacheKeyService(_spec_for(pid), limits),
             )
         )
     registry.add(ServedModel("no-keys", default.tokenizer, default.preprocessor))

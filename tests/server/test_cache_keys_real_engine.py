@@ -28,8 +28,8 @@ from tokenkeys.keys.deployment import KeySpecOptions, build_spec
 from tokenkeys.keys.proto import request_to_message
 from tokenkeys.keys.strategy import KeyRequest
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc.cache_keys import attach_cache_keys
 from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.serving.models import attach_cache_keys
 from tokenkeys.tokenizer import TokenizerOptions
 
 from conformance_data import data_path

@@ -19,6 +19,7 @@ from tokenkeys.tokenizer import DEFAULT_MODEL_NAME, TokenizerOptions
 
 from conformance_data import data_path
 from support import run_cli
+from text_corpus import all_strings, llama_cpp_cases
 
 LOADABLE = ["smollm2-135m-instruct", "qwen2.5-instruct", "phi-3-mini", "gpt2", "t5-small"]
 # llama.cpp vocabulary name -> our tokenizer folder
@@ -32,24 +33,6 @@ MULTILINGUAL = {
 # Tokenizers whose decode(encode(x)) == x for every string (byte-level BPE without a normalizer
 # that changes text). qwen2.5 applies NFC, phi-3 and t5 normalize spaces / lack bytes.
 LOSSLESS = {"smollm2-135m-instruct", "gpt2"}
-
-
-def llama_cpp_cases(vocab: str) -> list[tuple[str, list[int]]]:
-    base = data_path("vectors", "llama.cpp")
-    texts = (base / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8")
-    outs = (base / f"ggml-vocab-{vocab}.gguf.out").read_text(encoding="utf-8")
-    strings = texts.split("\n__ggml_vocab_test__\n")[:-1]
-    expected = [[int(x) for x in line.split()] for line in outs.split("\n")[: len(strings)]]
-    return list(zip(strings, expected, strict=True))
-
-
-def all_strings() -> list[str]:
-    out: list[str] = []
-    for vocab in ("gpt-2", "qwen2", "phi-3", "llama-spm"):
-        out += [s for s, _ in llama_cpp_cases(vocab)]
-    inputs = json.loads((data_path("vectors", "multilingual") / "inputs.json").read_text())
-    out += [e["text"] for e in inputs["inputs"]]
-    return list(dict.fromkeys(out))
 
 
 @pytest.fixture(scope="module")

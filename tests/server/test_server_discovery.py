@@ -5,6 +5,7 @@ engines side by side.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import grpc
@@ -68,8 +69,9 @@ async def test_model_info_advertises_tokenizer_and_key_spec():
             tpb.TOKENIZER_OPERATION_ARTIFACTS,
         ]
         # Availability follows what the server really serves.
-        del model.extensions["artifacts"]
-        model.extensions["cache_keys"] = types.SimpleNamespace(spec=spec)
+        stack.models.replace(
+            dataclasses.replace(model, artifacts=None, cache_keys=types.SimpleNamespace(spec=spec))
+        )
         ad = (await stack.control.GetModelInfo(model_pb2.GetModelInfoRequest())).tokenizer
         assert not ad.artifacts_available and ad.remote_key_computation
         assert tpb.TOKENIZER_OPERATION_ARTIFACTS not in ad.operations

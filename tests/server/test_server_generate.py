@@ -157,7 +157,7 @@ async def test_accepted_but_ignored_options(stack):
         ),
         (
             {"prompt": "x", "stopping": gen.StoppingOptions(max_tokens=9000)},
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.INVALID_ARGUMENT,
             "max_model_len 8192",
         ),
         (
@@ -194,8 +194,8 @@ async def test_lora_adapter_is_resolved_to_its_registered_path_and_id(stack):
 
 
 async def test_the_extension_engine_is_what_the_http_routes_call(stack):
-    """``extensions["engine"].generate(ids, GenerationParams, KeyContext)`` as Engine.generate."""
-    engine = stack.models.get(None).extensions["engine"]
+    """``model.engine.generate(ids, GenerationParams, KeyContext)`` as Engine.generate."""
+    engine = stack.models.get(None).engine
     ids = stack.models.get(None).preprocessor.tokenize_prompts([TEXT])[0].ids
     outs = [o async for o in engine.generate(ids, GenerationParams(max_tokens=3), KeyContext())]
     assert [o.finished for o in outs] == [False, False, True]

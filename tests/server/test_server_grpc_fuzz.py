@@ -28,8 +28,8 @@ from tokenkeys._gen.openengine.v1 import (
 )
 from tokenkeys.keys.deployment import KeySpecOptions, build_spec
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc.cache_keys import attach_cache_keys
 from tokenkeys.server.runtime.config import EngineConfig
+from tokenkeys.serving.models import attach_cache_keys
 
 ALLOWED = {
     grpc.StatusCode.OK,

@@ -118,7 +118,7 @@ async def test_model_info_combines_frontend_tokenizer_and_engine_key_spec(engine
 
 
 async def test_remote_engine_interface_matches_the_simulated_one(frontend):
-    remote = frontend.models.get(None).extensions["engine"]
+    remote = frontend.models.get(None).engine
     assert isinstance(remote, RemoteEngine)
     ids = frontend.models.get(None).preprocessor.tokenize_prompts(["a b c " * 30])[0].ids
     outs = [
@@ -155,7 +155,7 @@ async def test_unreachable_engine_is_unavailable():
         health = await stack.control.Health(lifecycle_pb2.HealthRequest())
         assert health.state == lifecycle_pb2.HEALTH_STATE_NOT_READY
         with pytest.raises(Unavailable):
-            remote = stack.models.get(None).extensions["engine"]
+            remote = stack.models.get(None).engine
             async for _ in remote.generate([1, 2, 3]):
                 pass
     finally:

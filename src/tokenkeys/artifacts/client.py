@@ -35,10 +35,8 @@ from tokenkeys.errors import (
     Unavailable,
     from_grpc,
 )
+from tokenkeys.limits import MAX_ANSWER_BYTES
 from tokenkeys.tokenizer import Tokenizer
-
-# The info answer of a large vocabulary (many added tokens) can exceed gRPC's 4 MiB default.
-_MAX_RECEIVE = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ class PullSettings:
     def channel_options(self) -> list[tuple[str, int]]:
         """gRPC channel arguments for a pull."""
         return [
-            ("grpc.max_receive_message_length", _MAX_RECEIVE),
+            ("grpc.max_receive_message_length", MAX_ANSWER_BYTES),
             ("grpc.http2.lookahead_bytes", self.receive_window),
             # A fixed window: BDP probing would resize it behind the setting's back.
             ("grpc.http2.bdp_probe", 0),

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
 from tokenkeys.artifacts.faults import fault
 from tokenkeys.artifacts.paths import RULES, path_problem
-from tokenkeys.errors import ArtifactError, ConfigError, LimitExceeded
+from tokenkeys.errors import ConfigError, LimitExceeded, TokenkeysError
 from tokenkeys.tokenizer import TOKENIZER_FILES, FileEntry, TokenizerOptions, fingerprint
 from tokenkeys.tokenizer.folder import REQUIRED_FILES
+from tokenkeys.tokenizer.proto import identity_options
 
 FORMAT = "huggingface"
 
@@ -28,7 +29,6 @@ MIN_CHUNK_SIZE = 1024
 DEFAULT_CHUNK_SIZE = 512 * 1024
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_NUL_FROM_PROTO = {pb.NUL_HANDLING_KEEP: "keep", pb.NUL_HANDLING_STRIP: "strip"}
 
 
 @dataclass(frozen=True)
@@ -93,109 +93,11 @@ class Manifest:
         list, the size caps (:class:`LimitExceeded`), the stream description and finally the
         fingerprint, recomputed from the files and identity.
         """
-        files = list(message.files)
-        for f in files:
-            problem = path_problem(f.path)
-            if problem:
-                raise fault(repr(f.path), "unsafe-path", f"refused: the path {problem}; {RULES}")
-        for p in message.streamed_paths:
-            problem = path_problem(p)
-            if problem:
-                raise fault(repr(p), "unsafe-path", f"refused: the path {problem}; {RULES}")
-        if message.format != FORMAT:
-            raise fault(
-                "manifest",
-                "bad-manifest",
-                f"format {message.format!r} is not {FORMAT!r}, the only one this client reads",
-            )
-        paths = [f.path for f in files]
-        for p in paths:
-            if p not in TOKENIZER_FILES:
-                raise fault(
-                    p,
-                    "unknown-file",
-                    f"not a tokenizer file this client knows ({', '.join(TOKENIZER_FILES)}); "
-                    "a newer server may serve files this version cannot load: upgrade tokenkeys",
-                )
-        if paths != sorted(set(paths)):
-            raise fault("manifest", "bad-manifest", f"files are not sorted and unique: {paths}")
-        for required in REQUIRED_FILES:
-            if required not in paths:
-                raise fault(required, "bad-manifest", "missing from the manifest; it is required")
-        for f in files:
-            if not _HEX64.match(f.sha256):
-                raise fault(
-                    f.path,
-                    "bad-manifest",
-                    f"sha256 {f.sha256!r} is not 64 lowercase hex characters",
-                )
-            if f.size > limits.max_file_bytes:
-                raise LimitExceeded(
-                    f"{f.path}: {f.size} bytes is over the per-file cap of "
-                    f"{limits.max_file_bytes} bytes (max_file_bytes); nothing was written; "
-                    "raise the cap if this server is trusted",
-                    field=f.path,
-                    limit=limits.max_file_bytes,
-                )
-        total = sum(f.size for f in files)
-        if total > limits.max_total_bytes:
-            raise LimitExceeded(
-                f"manifest: {total} bytes in {len(files)} files is over the total cap of "
-                f"{limits.max_total_bytes} bytes (max_total_bytes); nothing was written",
-                field="manifest",
-                limit=limits.max_total_bytes,
-            )
-        entries = tuple(FileEntry(f.path, f.size, f.sha256) for f in files)
-        streamed = tuple(message.streamed_paths)
-        if any(p not in paths for p in streamed) or list(streamed) != sorted(set(streamed)):
-            raise fault(
-                "manifest",
-                "bad-manifest",
-                f"streamed_paths {list(streamed)} are not a sorted, unique subset of the files",
-            )
-        sizes = {e.path: e.size for e in entries}
-        if message.start_offset and (not streamed or message.start_offset > sizes[streamed[0]]):
-            raise fault(
-                "manifest",
-                "bad-manifest",
-                f"start_offset {message.start_offset} is past the first streamed file",
-            )
-        if not 1 <= message.chunk_size <= MAX_CHUNK_SIZE:
-            raise fault(
-                "manifest",
-                "bad-manifest",
-                f"chunk_size {message.chunk_size} is not within 1..{MAX_CHUNK_SIZE}",
-            )
-        stream_size = sum(sizes[p] for p in streamed) - message.start_offset
-        if message.total_size != stream_size:
-            raise fault(
-                "manifest",
-                "bad-manifest",
-                f"total_size {message.total_size} is not the {stream_size} bytes of the "
-                "streamed files",
-            )
+        _check_paths(message)
+        entries = _checked_files(message, limits)
+        streamed = _checked_stream(message, entries)
         options, behaviour = options_from_identity(message.identity)
-        if not _HEX64.match(message.fingerprint):
-            raise fault(
-                "manifest",
-                "bad-manifest",
-                f"fingerprint {message.fingerprint!r} is not 64 lowercase hex characters",
-            )
-        recomputed = fingerprint(entries, options, behaviour)
-        if recomputed != message.fingerprint:
-            raise fault(
-                "manifest",
-                "fingerprint-mismatch",
-                f"the files and identity give fingerprint {recomputed}, but the manifest "
-                f"advertises {message.fingerprint}; the server's manifest is inconsistent",
-            )
-        if expected_fingerprint is not None and message.fingerprint != expected_fingerprint:
-            raise fault(
-                "manifest",
-                "fingerprint-mismatch",
-                f"the stream carries fingerprint {message.fingerprint}, but "
-                f"{expected_fingerprint} was asked for",
-            )
+        _check_fingerprint(message, entries, options, behaviour, expected_fingerprint)
         return cls(
             fingerprint=message.fingerprint,
             files=entries,
@@ -207,42 +109,133 @@ class Manifest:
         )
 
 
-def options_from_identity(identity: pb.TokenizerIdentity) -> tuple[TokenizerOptions, str]:
-    """The behaviour options and behaviour string a ``TokenizerIdentity`` describes.
+def _check_paths(message: pb.ArtifactManifest) -> None:
+    """Every listed and streamed path is safe (a traversal attempt is reported as such)."""
+    for path in [f.path for f in message.files] + list(message.streamed_paths):
+        problem = path_problem(path)
+        if problem:
+            raise fault(repr(path), "unsafe-path", f"refused: the path {problem}; {RULES}")
 
-    The inverse of :func:`tokenkeys.tokenizer.proto.tokenizer_identity`; a property
-    test keeps the two in step.
-    """
-    defaults = identity.defaults
-    nul = _NUL_FROM_PROTO.get(defaults.nul_handling)
-    if nul is None:
+
+def _checked_files(message: pb.ArtifactManifest, limits: ArtifactLimits) -> tuple[FileEntry, ...]:
+    """The file list: format, known names, sorted and unique, required ones, digests, caps."""
+    if message.format != FORMAT:
         raise fault(
             "manifest",
             "bad-manifest",
-            f"identity.defaults.nul_handling {defaults.nul_handling} is not KEEP or STRIP",
+            f"format {message.format!r} is not {FORMAT!r}, the only one this client reads",
         )
-    override = identity.chat_template_override_sha256
-    if override and not _HEX64.match(override):
-        raise fault(
-            "manifest",
-            "bad-manifest",
-            f"identity.chat_template_override_sha256 {override!r} is not 64 lowercase hex",
-        )
-    if not identity.behaviour:
-        raise fault("manifest", "bad-manifest", "identity.behaviour is empty")
-    try:
-        options = TokenizerOptions(
-            backend=identity.backend,  # type: ignore[arg-type]
-            add_special_tokens_completion=defaults.add_special_tokens,
-            add_special_tokens_chat=defaults.add_special_tokens_chat,
-            nul=nul,  # type: ignore[arg-type]
-            split_special_tokens=defaults.split_special_tokens,
-            chat_template_sha256=override or None,
-        )
-    except ConfigError as exc:
-        raise ArtifactError(
-            f"manifest: identity is not usable here: {exc.message}",
+    files = list(message.files)
+    paths = [f.path for f in files]
+    for p in paths:
+        if p not in TOKENIZER_FILES:
+            raise fault(
+                p,
+                "unknown-file",
+                f"not a tokenizer file this client knows ({', '.join(TOKENIZER_FILES)}); "
+                "a newer server may serve files this version cannot load: upgrade tokenkeys",
+            )
+    if paths != sorted(set(paths)):
+        raise fault("manifest", "bad-manifest", f"files are not sorted and unique: {paths}")
+    for required in REQUIRED_FILES:
+        if required not in paths:
+            raise fault(required, "bad-manifest", "missing from the manifest; it is required")
+    for f in files:
+        if not _HEX64.match(f.sha256):
+            raise fault(
+                f.path,
+                "bad-manifest",
+                f"sha256 {f.sha256!r} is not 64 lowercase hex characters",
+            )
+        if f.size > limits.max_file_bytes:
+            raise LimitExceeded(
+                f"{f.path}: {f.size} bytes is over the per-file cap of "
+                f"{limits.max_file_bytes} bytes (max_file_bytes); nothing was written; "
+                "raise the cap if this server is trusted",
+                field=f.path,
+                limit=limits.max_file_bytes,
+            )
+    total = sum(f.size for f in files)
+    if total > limits.max_total_bytes:
+        raise LimitExceeded(
+            f"manifest: {total} bytes in {len(files)} files is over the total cap of "
+            f"{limits.max_total_bytes} bytes (max_total_bytes); nothing was written",
             field="manifest",
-            fault="bad-manifest",
-        ) from exc
-    return options, identity.behaviour
+            limit=limits.max_total_bytes,
+        )
+    return tuple(FileEntry(f.path, f.size, f.sha256) for f in files)
+
+
+def _checked_stream(
+    message: pb.ArtifactManifest, entries: tuple[FileEntry, ...]
+) -> tuple[str, ...]:
+    """What this stream carries: streamed paths, start offset, chunk size, total size."""
+    sizes = {e.path: e.size for e in entries}
+    streamed = tuple(message.streamed_paths)
+    if any(p not in sizes for p in streamed) or list(streamed) != sorted(set(streamed)):
+        raise fault(
+            "manifest",
+            "bad-manifest",
+            f"streamed_paths {list(streamed)} are not a sorted, unique subset of the files",
+        )
+    if message.start_offset and (not streamed or message.start_offset > sizes[streamed[0]]):
+        raise fault(
+            "manifest",
+            "bad-manifest",
+            f"start_offset {message.start_offset} is past the first streamed file",
+        )
+    if not 1 <= message.chunk_size <= MAX_CHUNK_SIZE:
+        raise fault(
+            "manifest",
+            "bad-manifest",
+            f"chunk_size {message.chunk_size} is not within 1..{MAX_CHUNK_SIZE}",
+        )
+    stream_size = sum(sizes[p] for p in streamed) - message.start_offset
+    if message.total_size != stream_size:
+        raise fault(
+            "manifest",
+            "bad-manifest",
+            f"total_size {message.total_size} is not the {stream_size} bytes of the streamed files",
+        )
+    return streamed
+
+
+def _check_fingerprint(
+    message: pb.ArtifactManifest,
+    entries: tuple[FileEntry, ...],
+    options: TokenizerOptions,
+    behaviour: str,
+    expected: str | None,
+) -> None:
+    """The advertised fingerprint follows from the files and identity, and is the one asked."""
+    if not _HEX64.match(message.fingerprint):
+        raise fault(
+            "manifest",
+            "bad-manifest",
+            f"fingerprint {message.fingerprint!r} is not 64 lowercase hex characters",
+        )
+    recomputed = fingerprint(entries, options, behaviour)
+    if recomputed != message.fingerprint:
+        raise fault(
+            "manifest",
+            "fingerprint-mismatch",
+            f"the files and identity give fingerprint {recomputed}, but the manifest "
+            f"advertises {message.fingerprint}; the server's manifest is inconsistent",
+        )
+    if expected is not None and message.fingerprint != expected:
+        raise fault(
+            "manifest",
+            "fingerprint-mismatch",
+            f"the stream carries fingerprint {message.fingerprint}, but {expected} was asked for",
+        )
+
+
+def options_from_identity(identity: pb.TokenizerIdentity) -> tuple[TokenizerOptions, str]:
+    """The behaviour options and behaviour string a manifest's ``TokenizerIdentity`` describes.
+
+    :func:`tokenkeys.tokenizer.proto.identity_options`, its problems reported as a bad manifest.
+    """
+    try:
+        return identity_options(identity)
+    except TokenkeysError as exc:
+        raise fault("manifest", "bad-manifest", exc.message) from exc

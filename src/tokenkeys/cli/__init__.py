@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -12,6 +13,9 @@ from tokenkeys.terminal import printable
 
 # Each module exposes register(subparsers); a subcommand's parser sets ``func(args) -> int``.
 _MODULES = (serve, route, tokens, pull, keys)
+#: Exit status when the reader of stdout went away (``tokenkeys keys --list | head``): what a
+#: shell reports for a program ended by SIGPIPE, 128 + 13.
+EXIT_BROKEN_PIPE = 141
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +41,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader closed the pipe: stop quietly. stdout now points at /dev/null so that the
+        # interpreter's final flush does not raise (and print) the same error again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import (
     DEFAULT_BLOCK_SIZE,
     NO_PROFILE,
@@ -14,6 +15,7 @@ from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.serving.models import ModelRegistry
 from tokenkeys.tokenizer import TokenizerOptions
+from tokenkeys.tokenizer.options import BACKENDS
 
 
 def add_tokenizer_options(parser: argparse.ArgumentParser, *, many: bool) -> None:
@@ -23,10 +25,26 @@ def add_tokenizer_options(parser: argparse.ArgumentParser, *, many: bool) -> Non
         action="append" if many else "store",
         default=[] if many else None,
         metavar="[NAME=]DIR",
-        help="tokenizer folder to serve, optionally under NAME (default: the embedded "
-        "smollm2-135m-instruct)" + (" ; repeat to serve several" if many else ""),
+        help="tokenizer folder to serve, optionally under NAME (an org/name id is fine; "
+        "default: the embedded smollm2-135m-instruct)"
+        + (" ; repeat to serve several" if many else ""),
     )
-    parser.add_argument("--backend", choices=("tokenizers", "transformers"), default="tokenizers")
+    if many:
+        parser.add_argument(
+            "--served-model-name",
+            nargs="+",
+            default=[],
+            metavar="NAME",
+            help="the names the model is served under, as vLLM's flag: requests may use any, "
+            "answers carry the first (with one --model only)",
+        )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="tokenizers",
+        help="tokenizer library to reproduce: tokenizers (Rust frontends), transformers5 "
+        "(vLLM 0.32 / transformers 5), transformers (installed); see docs/api.md",
+    )
     parser.add_argument(
         "--nul",
         choices=("keep", "strip"),
@@ -60,8 +78,18 @@ def local_models(
 ) -> ModelRegistry:
     """Load the models named by the arguments in this process, with the server chat settings."""
     specs = args.model if isinstance(args.model, list) else [args.model] if args.model else []
+    sources = [ModelSource.parse(s) for s in specs]
+    names = getattr(args, "served_model_name", None) or []
+    if names:
+        if len(sources) > 1:
+            raise ConfigError(
+                f"--served-model-name names one model, but {len(sources)} --model folders are "
+                "served; name each one with --model NAME=DIR instead",
+                field="served-model-name",
+            )
+        sources = [(sources[0] if sources else ModelSource.default()).named(names)]
     return load_models(
-        [ModelSource.parse(s) for s in specs],
+        sources,
         tokenizer_options(args),
         limits or Limits(),
         chat,

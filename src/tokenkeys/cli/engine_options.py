@@ -5,20 +5,52 @@ from __future__ import annotations
 import argparse
 
 from tokenkeys.engine.latency import LatencyModel
-from tokenkeys.server.runtime.config import DEFAULT_TOPIC, EngineConfig, LoraModule, new_instance_id
+from tokenkeys.errors import ConfigError
+from tokenkeys.server.runtime.config import (
+    DEFAULT_TOPIC,
+    EngineConfig,
+    LoraModule,
+    VllmEngineConfig,
+    new_instance_id,
+)
 
 _US = 1e-6
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """Register the engine options on the ``serve`` parser."""
-    g = parser.add_argument_group("engine (simulated, or remote with --engine)")
+    """Register the engine options on the ``serve`` parser, one group each."""
+    _add_engine_group(parser.add_argument_group("engine (simulated, or remote with --engine)"))
+    _add_latency_group(parser.add_argument_group("simulated latency"))
+    _add_event_group(parser.add_argument_group("KV events (vLLM ZMQ wire format)"))
+
+
+def _add_engine_group(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--engine",
         metavar="HOST:PORT",
         default=None,
         help="forward generation to this OpenEngine Inference service (token ids; this "
-        "server tokenizes) instead of simulating it",
+        "server tokenizes) instead of simulating it; vllm+http://HOST:PORT fronts a real vLLM "
+        "(the sidecar: see docs/vllm.md)",
+    )
+    g.add_argument(
+        "--engine-kv-events",
+        metavar="tcp://HOST:PORT",
+        default=None,
+        help="with --engine vllm+http://...: vLLM's KV-event publisher (its --kv-events-config "
+        "endpoint, as reached from here)",
+    )
+    g.add_argument(
+        "--engine-kv-replay",
+        metavar="tcp://HOST:PORT",
+        default=None,
+        help="with --engine vllm+http://...: vLLM's KV-event replay endpoint",
+    )
+    g.add_argument(
+        "--engine-kv-topic",
+        metavar="TOPIC",
+        default="",
+        help="with --engine vllm+http://...: vLLM's KV-event topic (default: every topic)",
     )
     g.add_argument("--num-kv-blocks", type=int, default=4096, help="KV-cache capacity in blocks")
     g.add_argument(
@@ -49,7 +81,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=PATH",
         help="LoRA adapters the engine serves (vLLM spelling); the path enters vLLM 0.31+ keys",
     )
-    lat = parser.add_argument_group("simulated latency")
+
+
+def _add_latency_group(lat: argparse._ArgumentGroup) -> None:
     lat.add_argument(
         "--prefill-us-per-token",
         type=float,
@@ -67,7 +101,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="really wait the simulated times (default: report them only)",
     )
-    ev = parser.add_argument_group("KV events (vLLM ZMQ wire format)")
+
+
+def _add_event_group(ev: argparse._ArgumentGroup) -> None:
     ev.add_argument(
         "--kv-events",
         action=argparse.BooleanOptionalAction,
@@ -112,8 +148,35 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
+    """The vLLM the sidecar fronts (``--engine vllm+http://...``), or None."""
+    engine = args.engine or ""
+    if not engine.startswith(VllmEngineConfig.SCHEME):
+        for name in ("engine_kv_events", "engine_kv_replay"):
+            if getattr(args, name):
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(
+                    f"{flag} needs --engine vllm+http://HOST:PORT (a vLLM's own events)",
+                    field=flag[2:],
+                )
+        return None
+    if not args.engine_kv_events:
+        raise ConfigError(
+            "--engine vllm+http://... needs --engine-kv-events tcp://HOST:PORT (vLLM's "
+            "--kv-events-config endpoint): the sidecar relays and checks vLLM's keys",
+            field="engine-kv-events",
+        )
+    return VllmEngineConfig(
+        engine.removeprefix(VllmEngineConfig.SCHEME),
+        args.engine_kv_events,
+        args.engine_kv_replay,
+        args.engine_kv_topic,
+    )
+
+
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration of parsed ``serve`` arguments."""
+    vllm = vllm_config_from(args)
     replay = args.kv_events_replay_port
     return EngineConfig(
         num_kv_blocks=args.num_kv_blocks,
@@ -138,5 +201,6 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         lora_modules=tuple(
             LoraModule.parse(text, i + 1) for i, text in enumerate(args.lora_modules)
         ),
-        remote_engine=args.engine,
+        remote_engine=None if vllm is not None else args.engine,
+        vllm=vllm,
     )

@@ -21,9 +21,9 @@ from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys import Adapter, KeyContext, MMItem, list_profiles
 from tokenkeys.keys.deployment import build_spec
 from tokenkeys.keys.proto import request_to_message
+from tokenkeys.keys.service import CacheKeyService
 from tokenkeys.keys.vectors import write_vectors
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc.cache_keys import CacheKeyService
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,10 +1,17 @@
-"""``tokenkeys route``: an OpenAI-compatible HTTP router in front of OpenEngine workers."""
+"""``tokenkeys route``: an OpenAI-compatible HTTP router in front of OpenEngine workers.
+
+``--workers N`` routes from N processes sharing the HTTP port (:mod:`tokenkeys.serving.workers`).
+Each is a whole router replica: it discovers the engines, follows their KV events into its own
+prefix index (or the shared Redis one) and counts its own requests in flight, as N router
+replicas behind a load balancer would.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -17,15 +24,14 @@ from tokenkeys.cli.access_options import (
 )
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.serve_http import http_config
-from tokenkeys.frontend import start_http_server
 from tokenkeys.limits import Limits
-from tokenkeys.router.frontend import create_router_app
+from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.index.memory import DEFAULT_CAPACITY
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import POLICIES
-from tokenkeys.router.service import INDEXES, RouterConfig, RoutingService
+from tokenkeys.router.service import INDEXES, RouterConfig
 from tokenkeys.router.workers.pool_setup import PoolSettings
-from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
 from tokenkeys.terminal import escape_log_records, printable
 
 log = logging.getLogger("tokenkeys.route")
@@ -108,16 +114,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="route from N processes sharing the HTTP port (SO_REUSEPORT), each a full router "
+        "replica with its own index (or the shared --index redis); default 1",
+    )
     add_connection_options(p, grpc=False)
     add_server_access_options(p, templates=False)
     add_client_access_options(p, prefix="worker-")
     p.set_defaults(func=run)
 
 
-def config_from(args: argparse.Namespace) -> RouterConfig:
-    """The router configuration the options describe."""
+def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteConfig:
+    """The router configuration the options describe (``reuse_port``: one of N workers)."""
+    check_worker_count(getattr(args, "workers", 1))
     limits = Limits(max_request_bytes=args.max_request_bytes)
-    return RouterConfig(
+    router = RouterConfig(
         workers=tuple(args.worker),
         policy=args.policy,
         index=args.index,
@@ -137,64 +152,73 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
             temperature=args.router_temperature,
         ),
     )
-
-
-async def _route(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    tls = server_tls(args)
-    tokens = server_tokens(args)
-    http = http_config(args, config.pools.limits, auth=tokens)
-    lifecycle = Lifecycle()
-    service = await RoutingService(config).start()
-    try:
-        for ws in service.registry.workers.values():
-            line = f"worker {ws.address}: {ws.state}"
-            if ws.engines:
-                line += f" ({', '.join(sorted(ws.engines))})"
-            for refusal in ws.refusals:
-                line += f"; refused for {refusal.model} ({refusal.reason}): {refusal.message}"
-            if ws.error:
-                line += f"; {ws.error}"
-            print(printable(line), flush=True)  # errors and names come from the workers
-        for pool in service.registry.pools.values():
-            decision = pool.strategy.decision
-            print(
-                f"pool {pool.name}: tokenizer {pool.fingerprint[:16]}, keys {pool.spec.profile_id} "
-                f"({decision.mode}: {decision.reason}), {pool.block_size}-token blocks",
-                flush=True,
-            )
-        app = create_router_app(
-            service.registry,
-            service.router,
-            http,
-            metrics=service.metrics_registry,
-            lifecycle=lifecycle,
-        )
-        server = await start_http_server(
-            app, args.host, args.http_port, tls=tls, connections=connection_limits_from(args)
-        )
-    except BaseException:
-        await service.close()
-        raise
-    print(
-        f"routing ({config.policy}, {config.index} index) on HTTP {args.host}:{server.port}",
-        flush=True,
+    return RouteConfig(
+        router,
+        host=args.host,
+        http_port=args.http_port,
+        http=http_config(args, limits, auth=server_tokens(args)),
+        tls=server_tls(args),
+        reuse_port=reuse_port,
+        connections=connection_limits_from(args),
     )
-    print(f"HTTP listening on {args.host}:{server.port}", flush=True)
+
+
+def _description(server: RouteServer) -> list[str]:
+    """Workers, pools and where the router listens, one line each."""
+    lines = []
+    registry = server.service.registry
+    for ws in registry.workers.values():
+        line = f"worker {ws.address}: {ws.state}"
+        if ws.engines:
+            line += f" ({', '.join(sorted(ws.engines))})"
+        for refusal in ws.refusals:
+            line += f"; refused for {refusal.model} ({refusal.reason}): {refusal.message}"
+        if ws.error:
+            line += f"; {ws.error}"
+        lines.append(printable(line))  # errors and names come from the workers
+    for pool in registry.pools.values():
+        decision = pool.strategy.decision
+        lines.append(
+            f"pool {pool.name}: tokenizer {pool.fingerprint[:16]}, keys {pool.spec.profile_id} "
+            f"({decision.mode}: {decision.reason}), {pool.block_size}-token blocks"
+        )
+    config = server.config
+    where = f"{config.host}:{server.http_port}"
+    lines.append(f"routing ({config.router.policy}, {config.router.index} index) on HTTP {where}")
+    lines.append(f"HTTP listening on {where}")
+    return lines
+
+
+async def _route(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
+    server = await RouteServer(config_from(args, reuse_port=link is not None)).start()
+    announce(_description(server), link)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # A worker hears SIGTERM only, from its supervisor, and stops as well when it is gone.
+    for sig in (signal.SIGTERM,) if link is not None else (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if link is not None:
+        link.watch(stop.set)
     await stop.wait()
+    if link is not None:
+        print(f"worker {link.index} (pid {os.getpid()}) draining", flush=True)
     # Drain as tokenkeys serve does: new requests 503, /health draining, in-flight ones finish.
-    lifecycle.begin_drain()
-    left = await lifecycle.wait_idle(args.shutdown_timeout)
+    left = await server.drain(args.shutdown_timeout)
     await server.stop(1.0 if left else 0.0)
-    await service.close()
     return 0
+
+
+def route_worker(args: argparse.Namespace, link: WorkerLink) -> int:
+    """One worker process of ``route --workers N``."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
+    return asyncio.run(_route(args, link))
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     escape_log_records()  # log lines carry client- and server-supplied strings
-    return asyncio.run(_route(args))
+    if args.workers == 1:
+        return asyncio.run(_route(args))
+    config_from(args)  # a bad option fails once, before any worker starts
+    return Supervisor(route_worker, args, args.workers, [("http_port", "--http-port")]).run()

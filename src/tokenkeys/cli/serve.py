@@ -4,6 +4,10 @@ Shutdown drains: the first signal makes both servers refuse new calls (HTTP 503,
 UNAVAILABLE; health checks still answer, reporting draining), ends KV-event subscriptions with
 their terminal message, waits up to ``--shutdown-timeout`` seconds for the calls in flight
 (streams included) to finish, then stops and exits 0. A second signal stops at once.
+
+``--workers N`` serves from N processes sharing the ports (:mod:`tokenkeys.serving.workers`);
+generation must then be forwarded (``--engine``): a simulated engine per process would be N
+engines, each with its own prefix cache and KV events, behind one address.
 """
 
 from __future__ import annotations
@@ -11,10 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
-from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
 from tokenkeys.cli.common import (
     add_key_spec_options,
@@ -25,16 +29,12 @@ from tokenkeys.cli.common import (
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
-from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config, start_http
+from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
-from tokenkeys.server.grpc.cache_keys import attach_cache_keys
-from tokenkeys.server.grpc.engine_services import engine_service_adders
-from tokenkeys.server.grpc.server import start_grpc_server
-from tokenkeys.server.grpc.tokenizer import TokenizerService
-from tokenkeys.server.runtime.engines import EngineRuntime
-from tokenkeys.serving.guards import build_guards
-from tokenkeys.serving.lifecycle import Lifecycle
+from tokenkeys.server.assembly import EngineServer, ServeConfig
+from tokenkeys.server.runtime.config import new_instance_id
+from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
 from tokenkeys.terminal import escape_log_records
 
 log = logging.getLogger("tokenkeys.serve")
@@ -69,6 +69,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long calls in flight may take to finish (default 30)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve from N processes sharing the gRPC and HTTP ports (SO_REUSEPORT), one per "
+        "core; needs --engine HOST:PORT (the simulated engine's prefix cache and KV events "
+        "live in one process); default 1",
+    )
     add_limit_options(p)
     add_connection_options(p)
     keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
@@ -79,18 +88,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-async def _serve(args: argparse.Namespace) -> int:
+def check_workers(args: argparse.Namespace) -> None:
+    """``--workers N``: a count in range, and generation that N processes can share."""
+    workers = getattr(args, "workers", 1)
+    check_worker_count(workers)
+    if workers > 1 and args.engine is None:
+        raise ConfigError(
+            f"--workers {workers} needs --engine HOST:PORT: the simulated engine keeps its "
+            "prefix cache and KV events in its process, so N processes would be N engines "
+            "behind one address. Run it as its own `tokenkeys serve` and forward to it, or "
+            "serve with --workers 1",
+            field="workers",
+        )
+
+
+def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> ServeConfig:
+    """The serving configuration the options describe (checked before any model loads).
+
+    ``reuse_port``: this process is one of several workers sharing the ports.
+    """
+    check_workers(args)
     if args.shutdown_timeout < 0:
         raise ConfigError("--shutdown-timeout must be >= 0", field="shutdown-timeout")
     limits = limits_from(args)
-    connections = connection_limits_from(args)
-    tls = server_tls(args)
     tokens = server_tokens(args)
-    http = http_config(args, limits, auth=tokens)
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.
     spec = build_spec(key_spec_options(args))
-    engine_config = engine_config_from(args)
-    if spec is None and engine_config.remote_engine is None:
+    engine = engine_config_from(args)
+    if spec is None and engine.remote_engine is None:
         # The simulated engine keys its prefix cache and events with a spec; serving none while
         # it publishes hashes of another would advertise hashes no router can reproduce.
         raise ConfigError(
@@ -98,90 +123,114 @@ async def _serve(args: argparse.Namespace) -> int:
             "its prefix-cache blocks with a spec; name the profile it should use",
             field="cache-key-profile",
         )
-    models = local_models(args, limits, chat_options(args))
-    # Every model gets the spec; the simulated engine keys its blocks with the same one
-    # (local_engine.deployment_spec reads it from there).
-    attach_cache_keys(models, spec, limits)
-    lifecycle = Lifecycle()
-    service = TokenizerService(models)
-    runtime = EngineRuntime(models, engine_config)
-    server, port = await start_grpc_server(
-        [
-            lambda s: tokenizer_pb2_grpc.add_OpenEngineTokenizerServicer_to_server(service, s),
-            *engine_service_adders(models, runtime),
-        ],
-        args.host,
-        args.grpc_port,
-        limits,
-        guards=build_guards(lifecycle, limits.max_streams_per_client, tokens, args.auth_health),
-        tls=tls,
-        connections=connections,
+    return ServeConfig(
+        host=args.host,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        limits=limits,
+        engine=engine,
+        cache_keys=spec,
+        http=http_config(args, limits, auth=tokens),
+        tls=server_tls(args),
+        tokens=tokens,
+        auth_health=args.auth_health,
+        reuse_port=reuse_port,
+        connections=connection_limits_from(args),
     )
-    try:
-        await runtime.start(args.host, port)
-    except BaseException:
-        await server.stop(None)
-        raise
-    for model in models:
-        print(
-            f"serving {model.name} (fingerprint {model.tokenizer.fingerprint}, "
-            f"backend {model.tokenizer.options.backend})",
-            flush=True,
-        )
+
+
+def _description(server: EngineServer) -> list[str]:
+    """What the server serves and how, one line each (tests and operators read them)."""
+    config = server.config
+    lines = [
+        f"serving {model.name} (fingerprint {model.tokenizer.fingerprint}, "
+        f"backend {model.tokenizer.options.backend})"
+        for model in server.models
+    ]
+    spec = config.cache_keys
     if spec is not None:
-        print(
+        lines.append(
             f"cache keys: {spec.profile_id}, hash unit {spec.hash_unit}, root "
-            f"{spec.root_derivation}, spec fingerprint {spec.fingerprint}",
-            flush=True,
+            f"{spec.root_derivation}, spec fingerprint {spec.fingerprint}"
         )
     else:
-        print("cache keys: no spec served (--cache-key-profile none)", flush=True)
-    for line in runtime.describe():
-        print(line, flush=True)
-    if tls is not None:
-        mutual = ", client certificates required" if tls.mutual else ""
-        print(f"TLS on gRPC and HTTP{mutual}", flush=True)
-    if tokens is not None:
-        exempt = "" if args.auth_health else " (health checks exempt)"
-        print(f"bearer-token authentication on, tokens from {tokens.source}{exempt}", flush=True)
-    print(f"gRPC listening on {args.host}:{port}", flush=True)
-    try:
-        # After runtime.start: the engines are attached to the models by then.
-        http_server = await start_http(
-            args, models, http, lifecycle=lifecycle, tls=tls, connections=connections
-        )
-    except BaseException:
-        await server.stop(grace=None)
-        await runtime.close()
-        raise
+        lines.append("cache keys: no spec served (--cache-key-profile none)")
+    assert server.runtime is not None
+    lines += server.runtime.describe()
+    if config.tls is not None:
+        mutual = ", client certificates required" if config.tls.mutual else ""
+        lines.append(f"TLS on gRPC and HTTP{mutual}")
+    if config.tokens is not None:
+        exempt = "" if config.auth_health else " (health checks exempt)"
+        source = config.tokens.source
+        lines.append(f"bearer-token authentication on, tokens from {source}{exempt}")
+    lines.append(f"gRPC listening on {config.host}:{server.grpc_port}")
+    lines.append(f"HTTP listening on {config.host}:{server.http_port}")
+    return lines
+
+
+async def _until_drained(
+    server: EngineServer, timeout: float, link: WorkerLink | None = None
+) -> None:
+    """Wait for SIGTERM/SIGINT, drain up to ``timeout`` s (a second signal cuts it short), stop.
+
+    A worker (``link``) hears SIGTERM only, from its supervisor, and drains as well when the
+    supervisor is gone.
+    """
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGTERM,) if link is not None else (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
+    if link is not None:
+        link.watch(lambda: signals.put_nowait(signal.SIGTERM))
+    who = f"worker {link.index} (pid {os.getpid()}) " if link is not None else ""
     received = await signals.get()
     print(
-        f"{signal.Signals(received).name}: draining {lifecycle.inflight} calls in flight, "
-        f"at most {args.shutdown_timeout:g} s",
+        f"{who}{signal.Signals(received).name}: draining {server.lifecycle.inflight} calls in "
+        f"flight, at most {timeout:g} s",
         flush=True,
     )
-    lifecycle.begin_drain()
-    runtime.begin_shutdown()  # KV-event subscribers get their terminal message now
-    drain = asyncio.ensure_future(lifecycle.wait_idle(args.shutdown_timeout))
+    drain = asyncio.ensure_future(server.drain(timeout))
     second = asyncio.ensure_future(signals.get())
     await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
     second.cancel()
-    left = drain.result() if drain.done() else lifecycle.inflight
+    left = drain.result() if drain.done() else server.lifecycle.inflight
     drain.cancel()
     if left:
-        print(f"stopping with {left} calls still in flight (deadline or second signal)", flush=True)
-    grace = _STOP_GRACE if left else 0.0
-    await asyncio.gather(http_server.stop(grace), server.stop(grace=grace))
-    await runtime.close()
-    print("stopped", flush=True)
+        print(
+            f"{who}stopping with {left} calls still in flight (deadline or second signal)",
+            flush=True,
+        )
+    await server.stop(_STOP_GRACE if left else 0.0)
+    print(f"{who}stopped", flush=True)
+
+
+async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
+    config = serve_config(args, reuse_port=link is not None)
+    models = local_models(args, config.limits, chat_options(args))
+    server = await EngineServer(models, config).start()
+    announce(_description(server), link)
+    await _until_drained(server, args.shutdown_timeout, link)
     return 0
+
+
+def serve_worker(args: argparse.Namespace, link: WorkerLink) -> int:
+    """One worker process of ``serve --workers N``."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
+    return asyncio.run(_serve(args, link))
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     escape_log_records()  # log lines carry client- and server-supplied strings
-    return asyncio.run(_serve(args))
+    # One line per request forwarded to a vLLM would drown the log (httpx logs at INFO).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.workers == 1:
+        return asyncio.run(_serve(args))
+    # Checked here so a bad option fails once, before any worker starts.
+    serve_config(args)
+    # Per-process defaults fixed once, so every worker serves the same identity.
+    args.instance_id = args.instance_id or new_instance_id()
+    ports = [("grpc_port", "--grpc-port"), ("http_port", "--http-port")]
+    return Supervisor(serve_worker, args, args.workers, ports).run()

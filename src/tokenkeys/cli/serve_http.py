@@ -1,4 +1,4 @@
-"""The HTTP and chat options of ``tokenkeys serve``, and starting the HTTP frontend.
+"""The HTTP and chat options of ``tokenkeys serve``.
 
 Chat options carry vLLM's flag names (``vllm serve --chat-template``,
 ``--trust-request-chat-template``, ``--default-chat-template-kwargs``,
@@ -14,19 +14,16 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from tokenkeys.access.tls import ServerTls
 from tokenkeys.access.token import BearerTokens
 from tokenkeys.cli.limit_options import render_limits_from
 from tokenkeys.errors import ConfigError
-from tokenkeys.frontend import HttpConfig, HttpServer, create_app, start_http_server
+from tokenkeys.frontend import HttpConfig
 from tokenkeys.frontend.config import DETOKENIZE_PATH_ENV, TOKENIZE_PATH_ENV, resolve_paths
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.runtime.loading import ModelSource
-from tokenkeys.serving.lifecycle import Lifecycle
-from tokenkeys.serving.models import ModelRegistry
 from tokenkeys.template.render import RenderLimits
-from tokenkeys.transport.limits import ConnectionLimits
+from tokenkeys.tokenizer import TOKEN_STRS
 
 # vLLM's load_chat_template treats a value with any of these characters as the template itself.
 _TEMPLATE_CHARS = frozenset("{}\n")
@@ -61,6 +58,13 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "string", "openai"),
         default="auto",
         help="how message content reaches the template (default: detected from the template)",
+    )
+    parser.add_argument(
+        "--token-strs",
+        choices=TOKEN_STRS,
+        default="decoded",
+        help="how /tokenize spells token_strs: each token's decoded text (' world', default) or "
+        "its vocabulary entry ('Ġworld', as vLLM); a request's token_strs_kind wins",
     )
     parser.add_argument(
         "--tokenize-path",
@@ -166,22 +170,5 @@ def http_config(
         limits=limits,
         auth=auth,
         auth_health=bool(getattr(args, "auth_health", False)),
+        token_strs=getattr(args, "token_strs", "decoded"),
     )
-
-
-async def start_http(
-    args: argparse.Namespace,
-    models: ModelRegistry,
-    config: HttpConfig,
-    *,
-    lifecycle: Lifecycle | None = None,
-    tls: ServerTls | None = None,
-    connections: ConnectionLimits | None = None,
-) -> HttpServer:
-    """Start the HTTP frontend on ``--host``/``--http-port`` and print where it listens."""
-    app = create_app(models, config, lifecycle=lifecycle)
-    server = await start_http_server(
-        app, args.host, args.http_port, tls=tls, connections=connections
-    )
-    print(f"HTTP listening on {args.host}:{server.port}", flush=True)
-    return server

@@ -13,8 +13,8 @@ from tokenkeys.cli.access_options import add_client_access_options, channel_secu
 from tokenkeys.cli.common import add_tokenizer_options, local_models
 from tokenkeys.client import TokenizerClient
 from tokenkeys.errors import InvalidArgument
+from tokenkeys.server.grpc.tokenizer_info import tokenizer_info
 from tokenkeys.terminal import printable
-from tokenkeys.tokenizer.proto import tokenizer_info
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,6 +1,6 @@
 """Router-side clients of the tokenkeys services."""
 
-from tokenkeys.client.keys import CacheKeyClient, strategy_from_server
+from tokenkeys.client.keys import AsyncCacheKeyClient, CacheKeyClient, strategy_from_server
 from tokenkeys.client.tokenizer import TokenizerClient
 
-__all__ = ["CacheKeyClient", "TokenizerClient", "strategy_from_server"]
+__all__ = ["AsyncCacheKeyClient", "CacheKeyClient", "TokenizerClient", "strategy_from_server"]

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
+from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc, server_pb2
 from tokenkeys.engine.core import GenerateOutput, GenerationParams
 from tokenkeys.engine.proto import (
     finish_of,
@@ -23,8 +23,9 @@ from tokenkeys.engine.proto import (
     usage_of,
 )
 from tokenkeys.engine.proto_errors import error_of
+from tokenkeys.engine.protocol import EngineLoad
 from tokenkeys.errors import TokenkeysError, Unavailable, from_grpc
-from tokenkeys.keys import KeyContext
+from tokenkeys.keys import Adapter, KeyContext
 
 
 class RemoteEngine:
@@ -33,12 +34,40 @@ class RemoteEngine:
     Create it inside the event loop that will use it (gRPC asyncio channels belong to a loop).
     """
 
-    def __init__(self, target: str, model: str, channel: grpc.aio.Channel) -> None:
+    def __init__(
+        self, target: str, model: str, channel: grpc.aio.Channel, *, owns_channel: bool = False
+    ) -> None:
         self.target = target
         self.model = model
         self.channel = channel
+        self.owns_channel = owns_channel
         self.inference = openengine_pb2_grpc.InferenceStub(channel)
         self.control = openengine_pb2_grpc.ControlStub(channel)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """Not known here: the engine checks its own limit (and refuses a prompt past it)."""
+        return None
+
+    @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        """None by name here: the engine resolves the adapters it registered itself."""
+        return ()
+
+    async def load(self) -> EngineLoad:
+        """The engine's ``GetLoad`` answer (its whole process, every model)."""
+        try:
+            info = await self.control.GetLoad(server_pb2.GetLoadRequest())
+        except grpc.RpcError as error:
+            raise self._unavailable(error) from None
+        return EngineLoad(
+            info.running_requests, info.queued_requests, info.used_kv_blocks, info.total_kv_blocks
+        )
+
+    async def close(self) -> None:
+        """Close the channel when this engine opened it; a shared channel is its owner's."""
+        if self.owns_channel:
+            await self.channel.close()
 
     def _unavailable(self, error: grpc.RpcError) -> TokenkeysError:
         translated = from_grpc(error)

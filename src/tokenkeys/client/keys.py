@@ -1,23 +1,25 @@
 """Cache keys from a server: the spec, remote computation, and the router's key strategy.
 
-:class:`CacheKeyClient` calls ``GetCacheKeySpec`` and ``ComputeCacheKeys`` (blocking, like
-:class:`~tokenkeys.client.TokenizerClient`) and is the :class:`RemoteKeyComputer` a
-:class:`~tokenkeys.keys.strategy.KeyStrategy` falls back to. :func:`strategy_from_server` is
-what a router calls once per served model: fetch the spec, check its fingerprint against the one
-discovery advertised, run the spec's vectors locally, and decide local or remote.
+:class:`AsyncCacheKeyClient` calls ``GetCacheKeySpec`` and ``ComputeCacheKeys`` from an event
+loop; :class:`CacheKeyClient` is its blocking face (as ``artifacts.client`` has ``pull_async``
+and ``pull``), the same requests and checks over a blocking channel, and the
+:class:`RemoteKeyComputer` a :class:`~tokenkeys.keys.strategy.KeyStrategy` falls back to.
+:func:`strategy_from_server` is what a router calls once per served model: fetch the spec, check
+its fingerprint against the one discovery advertised, run the spec's vectors locally, and
+decide local or remote.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-
-import grpc
+from typing import Any
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2 as pb
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.access.channel import PLAIN, ChannelSecurity
-from tokenkeys.errors import FailedPrecondition, InvalidArgument, from_grpc
+from tokenkeys.client.base import GrpcClient
+from tokenkeys.errors import FailedPrecondition, InvalidArgument
 from tokenkeys.keys import BlockKey, CacheKeySpec
 from tokenkeys.keys.proto import (
     keys_from_message,
@@ -29,16 +31,15 @@ from tokenkeys.keys.strategy import KeyRequest, KeyStrategy
 
 log = logging.getLogger(__name__)
 
-# The largest answer accepted (a spec with its vectors); servers refuse to serve larger ones.
-MAX_SPEC_BYTES = 64 * 1024 * 1024
 
-
-class CacheKeyClient:
-    """Calls the cache-key RPCs of one served model; gRPC errors become the tokenkeys tree.
+class _CacheKeyCalls(GrpcClient):
+    """What both faces share: the model, the batch bounds, the requests and their checks.
 
     ``compute`` splits a large batch into calls of at most ``max_requests_per_call`` requests
     and ``max_tokens_per_call`` token ids (the server's ``--max-texts-per-request`` and
-    ``--max-tokens-per-request`` must be at least these).
+    ``--max-tokens-per-request`` must be at least these). Every call carries
+    ``spec.fingerprint`` as ``expected_spec_fingerprint``, so keys of another spec are never
+    returned: a changed deployment is FailedPrecondition.
     """
 
     def __init__(
@@ -56,76 +57,47 @@ class CacheKeyClient:
                 "max_requests_per_call and max_tokens_per_call must be at least 1",
                 field="max_requests_per_call",
             )
-        self.target = target
+        super().__init__(target, timeout=timeout, security=security)
         self.model = model
-        self.timeout = timeout
         self.max_requests_per_call = max_requests_per_call
         self.max_tokens_per_call = max_tokens_per_call
-        self._channel = security.channel(
-            target, options=[("grpc.max_receive_message_length", MAX_SPEC_BYTES)]
-        )
-        self._stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(self._channel)
 
-    def close(self) -> None:
-        """Close the channel."""
-        self._channel.close()
+    def _spec_request(self, include_vectors: bool) -> pb.GetCacheKeySpecRequest:
+        return pb.GetCacheKeySpecRequest(model=self.model, include_vectors=include_vectors)
 
-    def __enter__(self) -> CacheKeyClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _call(self, method, request):  # noqa: ANN001, ANN202
-        try:
-            return method(request, timeout=self.timeout)
-        except grpc.RpcError as error:
-            raise from_grpc(error) from error
-
-    def spec_message(self, *, include_vectors: bool = True) -> pb.CacheKeySpec:
-        """The raw GetCacheKeySpec answer."""
-        request = pb.GetCacheKeySpecRequest(model=self.model, include_vectors=include_vectors)
-        return self._call(self._stub.GetCacheKeySpec, request)
-
-    def spec(self, *, include_vectors: bool = True) -> CacheKeySpec:
-        """The served spec, read from its ``spec_json`` and checked against the message."""
-        return spec_from_message(self.spec_message(include_vectors=include_vectors))
-
-    def compute_message(self, request: pb.ComputeCacheKeysRequest) -> pb.ComputeCacheKeysResponse:
-        """One raw ComputeCacheKeys call (``request.model`` defaults to this client's model)."""
-        if not request.model:
-            request.model = self.model
-        return self._call(self._stub.ComputeCacheKeys, request)
-
-    def compute(self, spec: CacheKeySpec, requests: Sequence[KeyRequest]) -> list[list[BlockKey]]:
-        """Keys of each request under ``spec``, computed by the server (RemoteKeyComputer).
-
-        Every call carries ``spec.fingerprint`` as ``expected_spec_fingerprint``, so keys of
-        another spec are never returned: a changed deployment is FailedPrecondition.
-        """
-        signed = signed_events(spec)
-        out: list[list[BlockKey]] = []
+    def _compute_requests(
+        self, spec: CacheKeySpec, requests: Sequence[KeyRequest]
+    ) -> Iterator[tuple[list[KeyRequest], pb.ComputeCacheKeysRequest]]:
+        """Each batch and its ComputeCacheKeys request."""
         for batch in self._batches(requests):
-            request = pb.ComputeCacheKeysRequest(
-                model=self.model,
-                requests=[request_to_message(r.tokens, r.context) for r in batch],
-                expected_spec_fingerprint=spec.fingerprint,
+            yield (
+                batch,
+                pb.ComputeCacheKeysRequest(
+                    model=self.model,
+                    requests=[request_to_message(r.tokens, r.context) for r in batch],
+                    expected_spec_fingerprint=spec.fingerprint,
+                ),
             )
-            response = self.compute_message(request)
-            if len(response.results) != len(batch):
-                raise FailedPrecondition(
-                    f"ComputeCacheKeys answered {len(response.results)} results for "
-                    f"{len(batch)} requests",
-                    field="results",
-                )
-            if response.spec_fingerprint != spec.fingerprint:
-                raise FailedPrecondition(
-                    f"ComputeCacheKeys computed under spec {response.spec_fingerprint!r}, not "
-                    f"{spec.fingerprint!r}",
-                    field="spec_fingerprint",
-                )
-            out.extend(keys_from_message(r, signed=signed) for r in response.results)
-        return out
+
+    @staticmethod
+    def _keys_of(
+        spec: CacheKeySpec, batch: list[KeyRequest], response: pb.ComputeCacheKeysResponse
+    ) -> list[list[BlockKey]]:
+        """The keys of one answered batch, once the answer is checked against the request."""
+        if len(response.results) != len(batch):
+            raise FailedPrecondition(
+                f"ComputeCacheKeys answered {len(response.results)} results for "
+                f"{len(batch)} requests",
+                field="results",
+            )
+        if response.spec_fingerprint != spec.fingerprint:
+            raise FailedPrecondition(
+                f"ComputeCacheKeys computed under spec {response.spec_fingerprint!r}, not "
+                f"{spec.fingerprint!r}",
+                field="spec_fingerprint",
+            )
+        signed = signed_events(spec)
+        return [keys_from_message(r, signed=signed) for r in response.results]
 
     def _batches(self, requests: Sequence[KeyRequest]) -> Iterator[list[KeyRequest]]:
         batch: list[KeyRequest] = []
@@ -140,6 +112,96 @@ class CacheKeyClient:
             tokens += n
         if batch:
             yield batch
+
+
+class AsyncCacheKeyClient(_CacheKeyCalls):
+    """The cache-key RPCs of one served model, from an event loop (see :class:`_CacheKeyCalls`).
+
+    Create it inside the event loop that will use it (gRPC asyncio channels belong to a loop).
+    """
+
+    def __init__(self, target: str, model: str = "", **options: Any) -> None:
+        super().__init__(target, model, **options)
+        self._channel = self.aio_channel()
+        self._stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(self._channel)
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncCacheKeyClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def spec_message(self, *, include_vectors: bool = True) -> pb.CacheKeySpec:
+        """The raw GetCacheKeySpec answer."""
+        request = self._spec_request(include_vectors)
+        return await self.call_async(self._stub.GetCacheKeySpec, request)
+
+    async def spec(self, *, include_vectors: bool = True) -> CacheKeySpec:
+        """The served spec, read from its ``spec_json`` and checked against the message."""
+        return spec_from_message(await self.spec_message(include_vectors=include_vectors))
+
+    async def compute_message(
+        self, request: pb.ComputeCacheKeysRequest
+    ) -> pb.ComputeCacheKeysResponse:
+        """One raw ComputeCacheKeys call (``request.model`` defaults to this client's model)."""
+        if not request.model:
+            request.model = self.model
+        return await self.call_async(self._stub.ComputeCacheKeys, request)
+
+    async def compute(
+        self, spec: CacheKeySpec, requests: Sequence[KeyRequest]
+    ) -> list[list[BlockKey]]:
+        """Keys of each request under ``spec``, computed by the server."""
+        out: list[list[BlockKey]] = []
+        for batch, request in self._compute_requests(spec, requests):
+            out.extend(self._keys_of(spec, batch, await self.compute_message(request)))
+        return out
+
+
+class CacheKeyClient(_CacheKeyCalls):
+    """The blocking face (the CLI; the :class:`~tokenkeys.keys.strategy.RemoteKeyComputer` a
+    key strategy falls back to, called from worker threads): the same calls and checks as
+    :class:`AsyncCacheKeyClient`, over a blocking channel any thread may use."""
+
+    def __init__(self, target: str, model: str = "", **options: Any) -> None:
+        super().__init__(target, model, **options)
+        self._channel = self.blocking_channel()
+        self._stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(self._channel)
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> CacheKeyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def spec_message(self, *, include_vectors: bool = True) -> pb.CacheKeySpec:
+        """The raw GetCacheKeySpec answer."""
+        return self.call(self._stub.GetCacheKeySpec, self._spec_request(include_vectors))
+
+    def spec(self, *, include_vectors: bool = True) -> CacheKeySpec:
+        """The served spec, read from its ``spec_json`` and checked against the message."""
+        return spec_from_message(self.spec_message(include_vectors=include_vectors))
+
+    def compute_message(self, request: pb.ComputeCacheKeysRequest) -> pb.ComputeCacheKeysResponse:
+        """One raw ComputeCacheKeys call (``request.model`` defaults to this client's model)."""
+        if not request.model:
+            request.model = self.model
+        return self.call(self._stub.ComputeCacheKeys, request)
+
+    def compute(self, spec: CacheKeySpec, requests: Sequence[KeyRequest]) -> list[list[BlockKey]]:
+        """Keys of each request under ``spec``, computed by the server."""
+        out: list[list[BlockKey]] = []
+        for batch, request in self._compute_requests(spec, requests):
+            out.extend(self._keys_of(spec, batch, self.compute_message(request)))
+        return out
 
 
 def strategy_from_server(

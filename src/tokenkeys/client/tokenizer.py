@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
-
 from tokenkeys._gen.openengine.v1 import generation_pb2, tokenizer_pb2_grpc
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
 from tokenkeys.access.channel import PLAIN, ChannelSecurity
-from tokenkeys.errors import from_grpc
+from tokenkeys.client.base import GrpcClient
 
 
-class TokenizerClient:
+class TokenizerClient(GrpcClient):
     """Calls one server; gRPC errors surface as the tokenkeys exception tree.
 
     ``security`` adds TLS and a bearer token (see :class:`~tokenkeys.access.ChannelSecurity`).
@@ -21,14 +19,12 @@ class TokenizerClient:
     def __init__(
         self, target: str, *, timeout: float = 30.0, security: ChannelSecurity = PLAIN
     ) -> None:
-        self.target = target
-        self.timeout = timeout
-        self._channel = security.channel(
-            target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-        )
+        super().__init__(target, timeout=timeout, security=security)
+        self._channel = self.blocking_channel()
         self._stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(self._channel)
 
     def close(self) -> None:
+        """Close the channel."""
         self._channel.close()
 
     def __enter__(self) -> TokenizerClient:
@@ -37,15 +33,9 @@ class TokenizerClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method, request):  # noqa: ANN001, ANN202
-        try:
-            return method(request, timeout=self.timeout)
-        except grpc.RpcError as error:
-            raise from_grpc(error) from error
-
     def info(self, model: str = "") -> pb.TokenizerInfo:
         """GetTokenizerInfo for a served model (the default one when empty)."""
-        return self._call(self._stub.GetTokenizerInfo, pb.GetTokenizerInfoRequest(model=model))
+        return self.call(self._stub.GetTokenizerInfo, pb.GetTokenizerInfoRequest(model=model))
 
     def tokenize(
         self,
@@ -68,7 +58,7 @@ class TokenizerClient:
             request.add_special_tokens = add_special_tokens
         if expected_fingerprint is not None:
             request.expected_fingerprint = expected_fingerprint
-        return self._call(self._stub.Tokenize, request)
+        return self.call(self._stub.Tokenize, request)
 
     def detokenize(
         self,
@@ -83,4 +73,4 @@ class TokenizerClient:
         )
         if skip_special_tokens is not None:
             request.skip_special_tokens = skip_special_tokens
-        return self._call(self._stub.Detokenize, request)
+        return self.call(self._stub.Detokenize, request)

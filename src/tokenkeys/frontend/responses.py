@@ -22,7 +22,9 @@ class TokenizeResponse(_Out):
     max_model_len: int
     tokens: list[int]
     token_strs: list[str] | None = Field(
-        None, description="each token's decoded text in context (' world', not 'Ġworld')"
+        None,
+        description="each token's decoded text in context (' world'), or with token_strs_kind "
+        "'vocabulary' its vocabulary entry ('Ġworld')",
     )
 
 
@@ -73,6 +75,9 @@ class CompletionChoice(_Out):
     logprobs: None = None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = Field(
+        None, description="with return_token_ids: its prompt's ids (streams: first chunk)"
+    )
     token_ids: list[int] | None = None
 
 
@@ -83,7 +88,6 @@ class CompletionResponse(_Out):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = Field(None, description="in streams, only with include_usage")
-    prompt_token_ids: list[list[int]] | None = None
 
 
 class ChatMessage(_Out):
@@ -109,7 +113,9 @@ class ChatCompletionResponse(_Out):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = Field(
+        None, description="with return_token_ids (in streams, on the first chunk)"
+    )
 
 
 class ErrorInfo(_Out):

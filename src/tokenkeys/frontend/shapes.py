@@ -4,6 +4,15 @@ Completions answer ``text_completion`` objects with one choice per prompt; chat 
 ``chat.completion`` with a ``message``, or ``chat.completion.chunk`` events whose first delta
 carries the role. With ``stream_options.include_usage`` every chunk has ``usage: null`` and a
 last chunk with no choices carries the usage (OpenAI's documented stream contract).
+
+With ``return_token_ids`` the prompt ids are placed where vLLM 0.32 places them
+(``vllm/entrypoints/openai/completion/serving.py`` and ``chat_completion/serving.py``): on each
+completion choice (``choices[i].prompt_token_ids``, and in a stream on the first chunk of each
+choice), at the top of a chat answer (in a stream, on its first chunk, the one with the role);
+each choice or chunk also carries its generated ``token_ids``. ``return_prompt_text`` adds the
+rendered chat prompt as ``prompt_text`` (first chunk in streams), and the answer id is
+``cmpl-``/``chatcmpl-`` followed by the request's ``X-Request-Id`` header, else its
+``request_id``, else a random id, as in vLLM 0.32.
 """
 
 from __future__ import annotations
@@ -22,11 +31,17 @@ class Answer:
     model: str
     include_usage: bool = False
     return_token_ids: bool = False
+    #: The request's id (X-Request-Id, else the body's request_id); None: a random one.
+    request_id: str | None = None
+    #: With return_prompt_text (chat): the rendered prompt, null for a token-in chat.
+    prompt_text: str | None = None
+    return_prompt_text: bool = False
     id: str = field(init=False)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        # vLLM 0.32: f"cmpl-{request_id}" / f"chatcmpl-{request_id}" (_base_request_id).
+        self.id = f"{self.prefix}-{self.request_id or uuid.uuid4().hex}"
 
     def _head(self, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -57,12 +72,19 @@ class Answer:
 class CompletionShape(Answer):
     """``/v1/completions`` answers."""
 
+    PREFIX = "cmpl"
     KIND = "text_completion"
     CHUNK = "text_completion"
 
     def choice(
-        self, index: int, text: str, finish_reason: str | None, token_ids: list[int] | None
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        token_ids: list[int] | None,
+        prompt_ids: list[int] | None = None,
     ) -> dict[str, Any]:
+        """One choice; ``prompt_ids`` are its prompt's ids (whole answers, first chunks)."""
         out: dict[str, Any] = {
             "index": index,
             "text": text,
@@ -70,21 +92,17 @@ class CompletionShape(Answer):
             "finish_reason": finish_reason,
             "stop_reason": None,
         }
-        if self.return_token_ids and token_ids is not None:
-            out["token_ids"] = token_ids
+        if self.return_token_ids:
+            if prompt_ids is not None:
+                out["prompt_token_ids"] = prompt_ids
+            if token_ids is not None:
+                out["token_ids"] = token_ids
         return out
 
-    def whole(
-        self,
-        choices: list[dict[str, Any]],
-        usage: dict[str, Any],
-        prompt_ids: list[list[int]],
-    ) -> dict[str, Any]:
+    def whole(self, choices: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
         out = self._head(self.KIND)
         out["choices"] = choices
         out["usage"] = usage
-        if self.return_token_ids:
-            out["prompt_token_ids"] = prompt_ids
         return out
 
     def chunk(
@@ -93,10 +111,12 @@ class CompletionShape(Answer):
         text: str,
         finish_reason: str | None,
         token_ids: list[int] | None = None,
+        prompt_ids: list[int] | None = None,
     ) -> dict[str, Any]:
-        return self._chunk(self.CHUNK, self.choice(index, text, finish_reason, token_ids))
+        choice = self.choice(index, text, finish_reason, token_ids, prompt_ids)
+        return self._chunk(self.CHUNK, choice)
 
-    def opening(self, index: int) -> dict[str, Any] | None:
+    def opening(self, index: int, prompt_ids: list[int]) -> dict[str, Any] | None:
         """Completions streams have no opening chunk."""
         return None
 
@@ -104,6 +124,7 @@ class CompletionShape(Answer):
 class ChatShape(Answer):
     """``/v1/chat/completions`` answers."""
 
+    PREFIX = "chatcmpl"
     KIND = "chat.completion"
     CHUNK = "chat.completion.chunk"
 
@@ -126,19 +147,27 @@ class ChatShape(Answer):
         if self.return_token_ids:
             choice["token_ids"] = token_ids
             out["prompt_token_ids"] = prompt_ids
+        if self.return_prompt_text:
+            out["prompt_text"] = self.prompt_text
         out["choices"] = [choice]
         out["usage"] = usage
         return out
 
-    def opening(self, index: int) -> dict[str, Any] | None:
-        """The first chunk: the assistant role and empty content, as OpenAI sends it."""
+    def opening(self, index: int, prompt_ids: list[int]) -> dict[str, Any] | None:
+        """The first chunk: the assistant role and empty content, as OpenAI sends it, and the
+        prompt ids with ``return_token_ids``."""
         choice = {
             "index": index,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": None,
             "finish_reason": None,
         }
-        return self._chunk(self.CHUNK, choice)
+        out = self._chunk(self.CHUNK, choice)
+        if self.return_token_ids:
+            out["prompt_token_ids"] = prompt_ids
+        if self.return_prompt_text:
+            out["prompt_text"] = self.prompt_text
+        return out
 
     def chunk(
         self,
@@ -146,7 +175,9 @@ class ChatShape(Answer):
         text: str,
         finish_reason: str | None,
         token_ids: list[int] | None = None,
+        prompt_ids: list[int] | None = None,
     ) -> dict[str, Any]:
+        """A delta chunk; chat streams send the prompt ids in the opening chunk instead."""
         choice: dict[str, Any] = {
             "index": index,
             "delta": {"content": text} if text or finish_reason is None else {},

@@ -8,21 +8,16 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from tokenkeys.engine.protocol import Engine
 from tokenkeys.errors import NotFound, Unsupported
 from tokenkeys.frontend.config import HttpConfig
 from tokenkeys.frontend.metrics import HttpMetrics
+from tokenkeys.keys import Adapter
 from tokenkeys.preprocess.offload import offload
 from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
 T = TypeVar("T")
-
-#: ``ServedModel.extensions`` key of a model's engine: an object with
-#: ``async generate(prompt_token_ids, params, context, *, lora_name=None)`` yielding
-#: ``GenerateOutput`` as :meth:`tokenkeys.engine.core.Engine.generate`; optionally
-#: ``max_model_len`` (or an ``engine`` attribute that has it, as ``LocalEngine``) and a
-#: ``config.adapter(name)`` lookup of its LoRA adapters (``EngineConfig``).
-ENGINE_KEY = "engine"
 
 
 @dataclass(frozen=True)
@@ -51,22 +46,20 @@ async def preprocess(
     return await offload(body_size, state.config.inline_bytes, fn, *args, **kw)
 
 
-def engine_of(model: ServedModel) -> Any:
+def engine_of(model: ServedModel) -> Engine:
     """The model's engine; 501 when this server generates nothing for the model."""
-    engine = model.extensions.get(ENGINE_KEY)
-    if engine is None:
+    if model.engine is None:
         raise Unsupported(
             f"model {model.name!r} has no engine attached on this server, so it only answers "
             "/tokenize and /detokenize; start it with an engine to generate",
             field="model",
         )
-    return engine
+    return model.engine
 
 
-def adapters_of(model: ServedModel) -> tuple[Any, ...]:
-    """The LoRA adapters the model's engine serves (``name``, ``path``), if it lists any."""
-    config = getattr(model.extensions.get(ENGINE_KEY), "config", None)
-    return tuple(getattr(config, "lora_modules", ()))
+def adapters_of(model: ServedModel) -> tuple[Adapter, ...]:
+    """The LoRA adapters the model's engine serves (none without an engine)."""
+    return model.engine.adapters if model.engine is not None else ()
 
 
 def resolve_model(models: ModelRegistry, name: str | None) -> tuple[ServedModel, str | None]:
@@ -84,12 +77,14 @@ def resolve_model(models: ModelRegistry, name: str | None) -> tuple[ServedModel,
         raise
 
 
+def engine_context(model: ServedModel) -> int | None:
+    """The context length the model's engine states, or None (no engine, or it states none)."""
+    return model.engine.max_model_len if model.engine is not None else None
+
+
 def max_model_len_of(model: ServedModel) -> int:
     """The context length to report: the engine's, else the tokenizer's, else 0 (unknown)."""
-    engine = model.extensions.get(ENGINE_KEY)
-    limit = getattr(engine, "max_model_len", None)
-    if limit is None:
-        limit = getattr(getattr(engine, "engine", None), "max_model_len", None)
+    limit = engine_context(model)
     if limit is None:
         limit = model.tokenizer.specials.model_max_length
     return int(limit or 0)

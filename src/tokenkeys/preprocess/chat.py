@@ -43,9 +43,19 @@ from tokenkeys.errors import (
     LimitExceeded,
     TokenkeysError,
     Unsupported,
+    vllm_invalid,
 )
 from tokenkeys.preprocess.chat_messages import media_kind, normalize_messages
-from tokenkeys.preprocess.chat_tools import check_tool_choice, normalize_tools, optional
+from tokenkeys.preprocess.chat_request import (
+    COLLIDING_KWARGS,
+    freeze,
+    prompt_flags,
+    request_tools,
+    requested_template,
+    template_kwargs,
+    thaw,
+)
+from tokenkeys.preprocess.chat_schema import check_chat_request
 from tokenkeys.preprocess.prompt_options import shared_prompt_reason
 from tokenkeys.template.render import ChatTemplateRenderer, RenderLimits
 from tokenkeys.tokenizer.chat_template_select import select_template
@@ -64,36 +74,7 @@ TOKENIZATION_KWARGS: Mapping[str, Any] = MappingProxyType(
         "sanitize_control_tokens": False,
     }
 )
-# Names that would collide with apply_chat_template's own arguments.
-_COLLIDING_KWARGS = frozenset({"conversation", "messages", "tools", "self", "tokenize"})
-_REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 ContentFormatOption = Literal["auto", "string", "openai"]
-
-
-def _freeze(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
-def _thaw(value: Any) -> Any:
-    # Frozen values came from JSON, whose arrays are lists: tuples go back to lists.
-    if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
-    return value
-
-
-def _unset(value: Any) -> bool:
-    # vLLM merge_kwargs: None and "auto" never override a default.
-    return value is None or (isinstance(value, str) and value == "auto")
-
-
-def _merge(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    return {**defaults, **{k: v for k, v in overrides.items() if not _unset(v)}}
 
 
 def _kwargs_problem(kwargs: Mapping[str, Any], where: str) -> str | None:
@@ -120,6 +101,14 @@ def unsupported_reason(request: Mapping[str, Any]) -> str | None:
     shared = shared_prompt_reason(request)
     if shared is not None:
         return shared
+    if request.get("prompt_token_ids") is not None:
+        # vLLM 0.32 ignores this field in a chat request (an unknown field, logged at debug
+        # level) and renders the messages; a client sending it means the ids to be served.
+        return (
+            "prompt_token_ids is not a chat request field: vLLM 0.32 ignores it and renders "
+            "the messages; send the ids as kv_transfer_params.prompt_token_ids (vLLM's "
+            "token-in chat) or to /v1/completions as prompt"
+        )
     for key in ("mm_processor_kwargs", "media_io_kwargs"):
         if request.get(key):
             return (
@@ -148,6 +137,36 @@ def unsupported_reason(request: Mapping[str, Any]) -> str | None:
     return None
 
 
+REUSED_IDS_FIELD = "kv_transfer_params.prompt_token_ids"
+
+
+def reused_prompt_ids(request: Mapping[str, Any]) -> list[int] | None:
+    """The ids a chat request carries instead of a rendering, or None to render it.
+
+    vLLM 0.32's token-in chat (``vllm/renderers/online_renderer.py``
+    ``_reused_prompt_token_ids``): ``kv_transfer_params.prompt_token_ids`` replaces templating
+    and tokenization, unless ``echo`` is set (the messages are then rendered). The ids must be
+    a non-empty list of non-negative integers (booleans are not integers), else 400 with
+    vLLM's message; the vocabulary check is the caller's. Media content would also make vLLM
+    render, but media is refused before this (:func:`unsupported_reason`).
+    """
+    kv = request.get("kv_transfer_params")
+    if not isinstance(kv, Mapping):
+        return None
+    ids = kv.get("prompt_token_ids")
+    if ids is None or request.get("echo"):
+        return None
+    if (
+        not isinstance(ids, list) or not ids or any(type(i) is not int or i < 0 for i in ids)  # noqa: E721 - bool is no id
+    ):
+        raise vllm_invalid(
+            "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of "
+            "non-negative integers.",
+            REUSED_IDS_FIELD,
+        )
+    return list(ids)
+
+
 @dataclass(frozen=True)
 class ChatOptions:
     """Server-side chat settings (vLLM's flags of the same names).
@@ -170,7 +189,7 @@ class ChatOptions:
                 "default_chat_template_kwargs must be a JSON object with string keys",
                 field="default_chat_template_kwargs",
             )
-        bad = sorted((_COLLIDING_KWARGS | {"chat_template"}) & defaults.keys())
+        bad = sorted((COLLIDING_KWARGS | {"chat_template"}) & defaults.keys())
         if bad:
             raise ConfigError(
                 f"default_chat_template_kwargs may not set {', '.join(bad)}",
@@ -184,7 +203,7 @@ class ChatOptions:
                 f"content_format must be auto, string or openai, got {self.content_format!r}",
                 field="content_format",
             )
-        object.__setattr__(self, "default_chat_template_kwargs", _freeze(defaults))
+        object.__setattr__(self, "default_chat_template_kwargs", freeze(defaults))
 
 
 @dataclass(frozen=True)
@@ -198,34 +217,6 @@ class ChatRender:
     variables: Mapping[str, Any]
     add_generation_prompt: bool
     continue_final_message: bool
-
-
-def _flag(request: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = request.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be true or false, got {value!r}", field=name)
-    return value
-
-
-def _object(value: Any, name: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise InvalidArgument(f"{name} must be a JSON object", field=name)
-    return value
-
-
-def _documents(value: Any) -> list[dict[str, Any]] | None:
-    if value is None:
-        return None
-    value = _thaw(value)  # server defaults are stored frozen
-    if not isinstance(value, list) or not all(isinstance(d, Mapping) for d in value):
-        raise InvalidArgument(
-            "documents must be a list of objects (with 'title' and 'text')", field="documents"
-        )
-    return [dict(d) for d in value]
 
 
 class ChatPrologue:
@@ -258,6 +249,18 @@ class ChatPrologue:
                 self._check_server_template(self.renderer(server))
             except TokenkeysError as exc:
                 raise ConfigError(f"--chat-template: {exc.message}", field="chat_template") from exc
+
+    @property
+    def served_template(self) -> str | None:
+        """The template a request without tools or a template of its own renders with.
+
+        What the served identity reports (HTTP /tokenizer_info, gRPC GetTokenizerInfo): the
+        ``--chat-template`` override (a text, or the name of a named template) when given.
+        """
+        name = self.options.chat_template
+        if name is not None:
+            return self.templates.get(name, name)
+        return self.templates.get("default")
 
     def _check_server_template(self, renderer: ChatTemplateRenderer) -> None:
         """Refuse a hostile server template at start rather than on every request.
@@ -307,63 +310,16 @@ class ChatPrologue:
         """Validate and normalize a chat request (see the module docstring for the steps)."""
         if not isinstance(request, Mapping):
             raise InvalidArgument("the request body must be a JSON object", field="body")
+        # vLLM's request validators run before anything is rendered (400s first).
+        check_chat_request(request)
         reason = unsupported_reason(request)
         if reason is not None:
             raise Unsupported(reason)
-        add_generation_prompt = _flag(request, "add_generation_prompt", True)
-        continue_final_message = _flag(request, "continue_final_message", False)
-        if add_generation_prompt and continue_final_message:
-            raise InvalidArgument(
-                "continue_final_message and add_generation_prompt cannot both be true (and "
-                "add_generation_prompt defaults to true); send add_generation_prompt: false to "
-                "continue the final message",
-                field="continue_final_message",
-            )
-        request_kwargs = _object(request.get("chat_template_kwargs"), "chat_template_kwargs")
-        template_name = optional(request.get("chat_template"), str, "chat_template")
-        kwargs_template = request_kwargs.get("chat_template")
-        if not self.options.trust_request_chat_template and (
-            template_name is not None or kwargs_template is not None
-        ):
-            raise InvalidArgument(
-                "chat_template was sent with the request, but this server does not trust "
-                "request chat templates (start it with --trust-request-chat-template)",
-                field="chat_template",
-            )
-        bad = sorted(_COLLIDING_KWARGS & request_kwargs.keys())
-        if bad:
-            raise InvalidArgument(
-                f"chat_template_kwargs may not set {', '.join(bad)}; send messages and tools "
-                "as the request's own fields",
-                field="chat_template_kwargs",
-            )
-        effort = request.get("reasoning_effort")
-        if effort is not None and effort not in _REASONING_EFFORTS:
-            raise InvalidArgument(
-                f"reasoning_effort must be one of {', '.join(sorted(_REASONING_EFFORTS))}",
-                field="reasoning_effort",
-            )
-        fields: dict[str, Any] = {
-            "add_generation_prompt": add_generation_prompt,
-            "continue_final_message": continue_final_message,
-            "documents": request.get("documents"),
-            "reasoning_effort": effort,
-        }
-        if effort is not None and "enable_thinking" not in request_kwargs:
-            fields["enable_thinking"] = effort != "none"
-        merged = _merge(self.options.default_chat_template_kwargs, _merge(request_kwargs, fields))
-        documents = _documents(merged.pop("documents", None))
-        merged.pop("add_generation_prompt", None)
-        merged.pop("continue_final_message", None)
-        kwargs_template = merged.pop("chat_template", None)
-
-        tool_choice = request.get("tool_choice")
-        check_tool_choice(tool_choice)
-        tools = normalize_tools(request.get("tools"))
-        if tool_choice == "none" and self.options.exclude_tools_when_tool_choice_none:
-            tools = None
-
-        name = template_name or self.options.chat_template or kwargs_template
+        flags = prompt_flags(request)
+        requested = requested_template(request, self.options.trust_request_chat_template)
+        kwargs = template_kwargs(request, self.options.default_chat_template_kwargs, flags)
+        tools = request_tools(request, self.options.exclude_tools_when_tool_choice_none)
+        name = requested or self.options.chat_template or kwargs.template
         template = select_template(self.templates, tools is not None, name)
         renderer = self.renderer(template)
         fmt = self.options.content_format
@@ -371,27 +327,27 @@ class ChatPrologue:
         messages = normalize_messages(request.get("messages"), content_format)
         variables = {
             k: v
-            for k, v in merged.items()
+            for k, v in kwargs.variables.items()
             if k in renderer.variables and k not in TOKENIZATION_KWARGS and k != "return_dict"
         }
         return ChatRender(
             template=template,
-            messages=_freeze(messages),
-            tools=_freeze(tools),
-            documents=_freeze(documents),
-            variables=_freeze(variables),
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
+            messages=freeze(messages),
+            tools=freeze(tools),
+            documents=freeze(kwargs.documents),
+            variables=freeze(variables),
+            add_generation_prompt=flags.add_generation_prompt,
+            continue_final_message=flags.continue_final_message,
         )
 
     def render(self, chat: ChatRender) -> str:
         """Render a prepared chat to prompt text (pure given the clock for ``strftime_now``)."""
         return self.renderer(chat.template).render(
-            _thaw(chat.messages),
-            tools=_thaw(chat.tools),
-            documents=_thaw(chat.documents),
+            thaw(chat.messages),
+            tools=thaw(chat.tools),
+            documents=thaw(chat.documents),
             add_generation_prompt=chat.add_generation_prompt,
             continue_final_message=chat.continue_final_message,
             special_tokens=self.special_tokens,
-            variables=_thaw(chat.variables),
+            variables=thaw(chat.variables),
         )

@@ -245,6 +245,4 @@ def normalize_messages(messages: Any, content_format: ContentFormat) -> list[dic
             f"messages must be a list of messages, got {type(messages).__name__}",
             field="messages",
         )
-    if not messages:
-        raise InvalidArgument("messages is empty; send at least one message", field="messages")
     return [_message(m, content_format, f"messages[{i}]") for i, m in enumerate(messages)]

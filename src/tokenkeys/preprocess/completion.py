@@ -13,35 +13,43 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tokenkeys.errors import InvalidArgument
+from tokenkeys.errors import InvalidArgument, vllm_invalid
 from tokenkeys.preprocess.prompt_options import shared_prompt_reason
 
 Prompt = str | list[int]
 
 
 def unsupported_reason(request: Mapping[str, Any]) -> str | None:
-    """Why this completion request's prompt cannot be built exactly here, or None when it can.
-
-    ``suffix`` (fill-in-the-middle: the engine would splice it into the prompt; vLLM refuses it
-    too) and the prompt-changing fields of :mod:`tokenkeys.preprocess.prompt_options`.
+    """Why this completion request's prompt cannot be built exactly here, or None when it can:
+    the prompt-changing fields of :mod:`tokenkeys.preprocess.prompt_options`.
     """
-    shared = shared_prompt_reason(request)
-    if shared is not None:
-        return shared
-    if request.get("suffix") is not None:
-        return (
-            "suffix is not supported: fill-in-the-middle prompts are model-specific and this "
-            "deployment does not build them; remove suffix"
-        )
-    return None
+    return shared_prompt_reason(request)
 
 
 def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def refuse_empty_prompt(request: Mapping[str, Any]) -> None:
+    """An empty prompt is a bad request for generation, as vLLM 0.32 answers it
+    (``CompletionRequest.validate_prompt_and_prompt_embeds``, its message). vLLM's /tokenize
+    counts it (its tokenize request has no such validator, checked live), so only the
+    generation route calls this."""
+    if request.get("prompt") == "":
+        raise vllm_invalid(
+            "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+        )
+
+
 def prompts_of(request: Mapping[str, Any]) -> list[Prompt]:
     """The prompts of a completion request, each a text or a list of token ids, in order."""
+    if request.get("suffix") is not None:
+        # vLLM 0.32 renders a suffix only for models with a fill-in-the-middle renderer
+        # (DeepSeek V4) and answers every other one this 400 (vllm/renderers/online_renderer.py
+        # render_completion); no model here has such a renderer.
+        raise InvalidArgument(
+            "suffix is only supported for models with FIM completion rendering", field="suffix"
+        )
     prompt = request.get("prompt")
     if isinstance(prompt, str):
         return [prompt]

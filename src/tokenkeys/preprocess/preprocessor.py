@@ -12,12 +12,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.errors import InvalidArgument, Unsupported, vllm_invalid
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import completion
-from tokenkeys.preprocess.chat import ChatOptions, ChatPrologue
+from tokenkeys.preprocess.chat import (
+    REUSED_IDS_FIELD,
+    ChatOptions,
+    ChatPrologue,
+    reused_prompt_ids,
+)
 from tokenkeys.preprocess.prompt_options import optional_flag
-from tokenkeys.tokenizer import Tokenizer, Truncation
+from tokenkeys.tokenizer import Tokenizer, TokenStrs, Truncation
 from tokenkeys.tokenizer.specials import template_special_tokens
 
 #: Above this many characters in all, a request's texts are encoded one by one (see
@@ -53,9 +58,12 @@ def _strip_nul(text: str) -> tuple[str, list[int] | None]:
 
 @dataclass(frozen=True, slots=True)
 class ChatTokenized:
-    """A rendered chat: the prompt text the template produced and its tokens."""
+    """A rendered chat: the prompt text the template produced and its tokens.
 
-    prompt: str
+    ``prompt`` is None when the request carried its ids (token-in chat: nothing rendered).
+    """
+
+    prompt: str | None
     tokens: Tokenized
 
 
@@ -92,10 +100,14 @@ class Preprocessor:
         truncation: Truncation | None = None,
         nul: str | None = None,
         offsets: bool = False,
-        token_strs: bool = False,
+        token_strs: bool | TokenStrs = False,
         field_name: str = "texts",
     ) -> list[Tokenized]:
-        """Encode bare prompts exactly as /v1/completions sends them to the engine."""
+        """Encode bare prompts exactly as /v1/completions sends them to the engine.
+
+        ``token_strs`` asks for each token's string: ``True`` or ``"decoded"`` for its text in
+        context, ``"vocabulary"`` for its vocabulary entry (:meth:`Tokenizer.token_strs`).
+        """
         limits = self.limits
         limits.check_count(field_name, len(texts))
         if nul not in (None, "keep", "strip"):
@@ -139,12 +151,17 @@ class Preprocessor:
                 spans = [
                     (index_map[s], index_map[e - 1] + 1) if e > s else (s, e) for s, e in spans
                 ]
-            strs = self.tokenizer.token_strs(enc.ids) if token_strs else None
+            strs = self._strs(enc.ids, token_strs)
             results.append(Tokenized(enc.ids, strs, spans))
         return results
 
+    def _strs(self, ids: list[int], token_strs: bool | TokenStrs) -> list[str] | None:
+        if not token_strs:
+            return None
+        return self.tokenizer.token_strs(ids, "decoded" if token_strs is True else token_strs)
+
     def tokenize_completion(
-        self, request: Mapping[str, Any], *, token_strs: bool = False
+        self, request: Mapping[str, Any], *, token_strs: bool | TokenStrs = False
     ) -> list[Tokenized]:
         """The prompts of a completion request (OpenAI/vLLM body as a dict) as the engine gets them.
 
@@ -170,17 +187,14 @@ class Preprocessor:
         id_prompts = [list(p) for p in prompts]  # type: ignore[arg-type]
         self.limits.check_sequences("prompt", [len(p) for p in id_prompts])
         self.tokenizer.check_ids(id_prompts, field="prompt")
-        return [
-            Tokenized(ids, self.tokenizer.token_strs(ids) if token_strs else None)
-            for ids in id_prompts
-        ]
+        return [Tokenized(ids, self._strs(ids, token_strs)) for ids in id_prompts]
 
     def tokenize_chat(
         self,
         request: Mapping[str, Any],
         *,
         add_special_tokens: bool | None = None,
-        token_strs: bool = False,
+        token_strs: bool | TokenStrs = False,
     ) -> ChatTokenized:
         """Render a chat request (OpenAI/vLLM body as a dict) and encode it.
 
@@ -190,13 +204,22 @@ class Preprocessor:
         The chat prologue (content parts, tool calls, template kwargs defaults, template
         selection) and the 501 checks for what generation cannot do exactly all live in
         :class:`~tokenkeys.preprocess.chat.ChatPrologue`; both /v1/chat/completions and
-        /tokenize call this one method, so they cannot disagree.
+        /tokenize call this one method, so they cannot disagree. A request carrying
+        ``kv_transfer_params.prompt_token_ids`` is validated the same way, then served those
+        ids unrendered, as vLLM 0.32 serves them
+        (:func:`~tokenkeys.preprocess.chat.reused_prompt_ids`).
         """
         messages = request.get("messages") if isinstance(request, Mapping) else None
         if isinstance(messages, list):
             # Before rendering: a conversation over the limit costs no template work.
             self.limits.check_messages("messages", len(messages))
-        prompt = self.chat.render(self.chat.prepare(request))
+        chat = self.chat.prepare(request)
+        reused = reused_prompt_ids(request)
+        if reused is not None:
+            self.limits.check_sequences(REUSED_IDS_FIELD, [len(reused)])
+            self._check_vocabulary(reused)
+            return ChatTokenized(None, Tokenized(reused, self._strs(reused, token_strs)))
+        prompt = self.chat.render(chat)
         if add_special_tokens is None:
             add_special_tokens = optional_flag(request, "add_special_tokens")
         if add_special_tokens is None:
@@ -208,6 +231,12 @@ class Preprocessor:
             field_name="messages",
         )[0]
         return ChatTokenized(prompt, result)
+
+    def _check_vocabulary(self, ids: list[int]) -> None:
+        # vLLM's BaseRenderer.validate_token_ids message and parameter (0.32).
+        top = max(ids)
+        if top >= self.tokenizer.vocab_size:
+            raise vllm_invalid(f"Token id {top} is out of vocabulary", REUSED_IDS_FIELD)
 
     def detokenize(
         self,

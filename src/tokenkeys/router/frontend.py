@@ -25,10 +25,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenkeys.frontend import HttpConfig, create_app
-from tokenkeys.frontend.body import json_response, parse_object, read_body
+from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.generation import key_context
+from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.routes_tokenize import tokenize_body
-from tokenkeys.frontend.state import preprocess, resolve_model, state_of
 from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
 from tokenkeys.router.routed_engine import RoutedEngine, RouteNote, current_note
 from tokenkeys.router.workers.pool import Pool
@@ -58,7 +58,7 @@ class PoolModels(ModelRegistry):
         cached = self._served.get(pool.name)
         if cached is None or cached[0] is not pool:
             engine = RoutedEngine(self._router, self._registry, pool.name)
-            served = ServedModel(pool.name, pool.tokenizer, pool.preprocessor, {"engine": engine})
+            served = ServedModel(pool.name, pool.tokenizer, pool.preprocessor, engine=engine)
             cached = self._served[pool.name] = (pool, served)
         return cached[1]
 
@@ -125,16 +125,6 @@ class RouteHeaders:
             current_note.reset(token)
 
 
-class _Include:
-    """Collects another registry's metrics into the app's (prometheus custom collector)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
-        return self._registry.collect()
-
-
 def create_router_app(
     registry: WorkerRegistry,
     router: Router,
@@ -147,7 +137,7 @@ def create_router_app(
     on ``/metrics`` beside the frontend's own; /health reports ``lifecycle`` (draining)."""
     app = create_app(PoolModels(registry, router), config, lifecycle=lifecycle)
     if metrics is not None:
-        app.state.tokenkeys.metrics.registry.register(_Include(metrics))
+        app.state.tokenkeys.metrics.include(metrics)
 
     async def workers(request: Request) -> Response:
         """Pools, their members and key strategy, every worker's state and refusals."""
@@ -155,11 +145,9 @@ def create_router_app(
 
     async def route(request: Request) -> Response:
         """The decision for a completion or chat body (its first prompt), not forwarded."""
-        state = state_of(request)
-        raw = await read_body(request, state.config.limits.max_request_bytes)
-        body = parse_object(raw)
-        model, _ = resolve_model(state.models, body.get("model"))
-        tokens = await preprocess(state, len(raw), tokenize_body, model, body, False)
+        opened = await open_request(request)
+        body, model = opened.body, opened.model
+        tokens = await opened.run(tokenize_body, model, body, False)
         decision = await router.route(
             RouteRequest(tokens.ids, model.name, key_context(body)), record=False
         )

@@ -17,7 +17,9 @@ class RouterMetrics:
     """The router's own metrics (names below, all prefixed ``tokenkeys_router_``).
 
     - ``decisions_total{model, policy, reason}``: routing decisions and why (``prefix``,
-      ``load``, ``index_unavailable``, ``keys_unavailable``, ``round_robin``, ``text_prefix``);
+      ``load``, ``index_unavailable``, ``keys_unavailable``, ``keys_unverified`` (the chosen
+      worker's engine publishes hashes its keys do not reproduce: routed by load),
+      ``round_robin``, ``text_prefix``);
     - ``decision_score{model, policy}``: the chosen worker's score, in [0, 1];
     - ``prompt_blocks_total`` / ``matched_blocks_total{model}``: full blocks of routed prompts
       and blocks the chosen worker was expected to hold (their ratio is the expected hit rate);
@@ -31,7 +33,12 @@ class RouterMetrics:
       ``pool.REFUSAL_REASONS``);
     - ``worker_events_total{event}``: ``joined``, ``down``, ``rejoined``, ``restarted``
       (a new engine instance at a known address), ``foreign_events`` (a rediscovery was
-      triggered by events of another spec).
+      triggered by events of another spec), ``keys_unverified`` (a worker began advertising
+      unverified keys: routed by load from then on);
+    - ``worker_last_event_batch_timestamp_seconds{worker}``: when the last KV-event batch of a
+      ready worker (``address@model``) was applied, Unix time (alert on ``time() - it``);
+    - ``worker_suspect{worker, reason}``: 1 while a ready worker's reports are not believed
+      (reasons in ``workers.trust``: ``load_underreported``, ``events_silent``), else 0.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -103,5 +110,17 @@ class RouterMetrics:
             "tokenkeys_router_worker_events",
             "Worker lifecycle events.",
             ("event",),
+            registry=r,
+        )
+        self.last_event_batch = Gauge(
+            "tokenkeys_router_worker_last_event_batch_timestamp_seconds",
+            "When the last KV-event batch of a ready worker was applied (Unix time).",
+            ("worker",),
+            registry=r,
+        )
+        self.suspect = Gauge(
+            "tokenkeys_router_worker_suspect",
+            "1 while a ready worker's reports are not believed, by reason.",
+            ("worker", "reason"),
             registry=r,
         )

@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from tokenkeys.engine.core import GenerateOutput, GenerationParams
+from tokenkeys.engine.protocol import EngineLoad
 from tokenkeys.errors import TokenkeysError, Unavailable
-from tokenkeys.keys import KeyContext
+from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
 from tokenkeys.router.workers.registry import WorkerRegistry
 
@@ -55,6 +56,20 @@ class RoutedEngine:
         """The context length the pool's workers advertised."""
         pool = self.registry.pools.get(self.model)
         return pool.max_context_length if pool is not None else None
+
+    @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        """None by name: each worker resolves the adapters it registered."""
+        return ()
+
+    async def load(self) -> EngineLoad:
+        """The requests this router has in flight on the pool's workers (no block counts)."""
+        pool = self.registry.pools.get(self.model)
+        members = pool.members.values() if pool is not None else ()
+        return EngineLoad(running=sum(m.view.inflight for m in members))
+
+    async def close(self) -> None:
+        """Nothing to release: the workers' channels belong to the registry."""
 
     async def generate(
         self,

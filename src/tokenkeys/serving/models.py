@@ -1,28 +1,51 @@
-"""The models a server serves, by name: each with its tokenizer and its one Preprocessor."""
+"""The models a server serves, by name: each with its tokenizer, its one Preprocessor and the
+parts that serve it (artifacts, cache keys, engine)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from tokenkeys.artifacts.streamer import ArtifactStreamer
+from tokenkeys.engine.protocol import Engine
 from tokenkeys.errors import ConfigError, FailedPrecondition, NotFound
+from tokenkeys.keys import CacheKeySpec
+from tokenkeys.keys.service import CacheKeyService
+from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
 from tokenkeys.tokenizer import Tokenizer
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServedModel:
     """One served model: its name, tokenizer and the Preprocessor every path shares.
 
-    ``extensions`` holds per-model parts that later layers attach (cache-key spec, engine),
-    keyed by their owner's name, so this module does not depend on them.
+    The optional parts say what the server offers for it: ``artifacts`` (GetTokenizerArtifacts),
+    ``cache_keys`` (GetCacheKeySpec, ComputeCacheKeys; its spec is the one the engine keys its
+    blocks with) and ``engine`` (generation). A part is added with :meth:`ModelRegistry.replace`
+    and ``dataclasses.replace``; a model never changes under a caller that holds it.
+    ``aliases`` are further names requests may use for it (vLLM's ``--served-model-name A B``:
+    every name is served, answers carry the first, ``name``).
     """
 
     name: str
     tokenizer: Tokenizer
     preprocessor: Preprocessor
-    extensions: dict[str, Any] = field(default_factory=dict)
+    artifacts: ArtifactStreamer | None = None
+    cache_keys: CacheKeyService | None = None
+    engine: Engine | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template a request without tools or its own template renders with."""
+        return self.preprocessor.chat.served_template
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name this model answers to, its own first."""
+        return (self.name, *self.aliases)
 
     def check_fingerprint(self, expected: str | None, field_name: str) -> None:
         """FAILED_PRECONDITION carrying the current fingerprint when ``expected`` is stale."""
@@ -41,12 +64,24 @@ class ModelRegistry:
 
     def __init__(self) -> None:
         self._models: dict[str, ServedModel] = {}
+        self._by_alias: dict[str, ServedModel] = {}
 
     def add(self, model: ServedModel) -> None:
-        """Register a model; two models may not share a name."""
-        if model.name in self._models:
-            raise ConfigError(f"model name {model.name!r} is served twice", field="model")
+        """Register a model under each of its names; no name may be served twice."""
+        for name in model.served_names:
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"a served model name must be non-empty, got {name!r}")
+            if name in self._models or name in self._by_alias:
+                raise ConfigError(f"model name {name!r} is served twice", field="model")
         self._models[model.name] = model
+        self._by_alias.update(dict.fromkeys(model.aliases, model))
+
+    def replace(self, model: ServedModel) -> None:
+        """Serve ``model`` in place of the registered model of the same name (same position)."""
+        if model.name not in self._models:
+            raise NotFound(f"model {model.name!r} is not served here", field="model")
+        self._models[model.name] = model
+        self._by_alias.update(dict.fromkeys(model.aliases, model))
 
     def get(self, name: str | None) -> ServedModel:
         """The named model, or the default when ``name`` is empty; NotFound lists the names."""
@@ -54,18 +89,29 @@ class ModelRegistry:
             raise NotFound("this server serves no model", field="model")
         if not name:
             return next(iter(self._models.values()))
-        try:
-            return self._models[name]
-        except KeyError:
+        found = self._models.get(name) or self._by_alias.get(name)
+        if found is None:
+            served = [n for m in self._models.values() for n in m.served_names]
             raise NotFound(
-                f"model {name!r} is not served here; served models: {', '.join(self._models)}",
+                f"model {name!r} is not served here; served models: {', '.join(served)}",
                 field="model",
-                served=list(self._models),
-            ) from None
+                served=served,
+            )
+        return found
 
     @property
     def names(self) -> list[str]:
+        """The first name of each model (aliases are in ``ServedModel.aliases``)."""
         return list(self._models)
 
     def __iter__(self) -> Iterator[ServedModel]:
-        return iter(self._models.values())
+        return iter(list(self._models.values()))
+
+
+def attach_cache_keys(models: ModelRegistry, spec: CacheKeySpec | None, limits: Limits) -> None:
+    """Give every served model a :class:`CacheKeyService` for ``spec`` (none when ``None``)."""
+    if spec is None:
+        return
+    for model in models:
+        service = CacheKeyService(spec, limits, tokenizer_fingerprint=model.tokenizer.fingerprint)
+        models.replace(dataclasses.replace(model, cache_keys=service))

@@ -124,7 +124,7 @@ class ChatSandbox(ImmutableSandboxedEnvironment):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         # In the constructor, not in build_environment: every instance, including the one
-        # that only analyses a template (chat_template_ast), must never run a filter unguarded.
+        # that only analyses a template (template.syntax), must never run a filter unguarded.
         self.filters["tojson"] = _tojson
         self.filters = {name: _guard_filter(name, f) for name, f in self.filters.items()}
         self.finalize = _finalize

@@ -1,15 +1,22 @@
 """Tokenizer backends: the library that turns text into ids, behind one small interface.
 
-Two backends exist because they can disagree on the same files, and the service must reproduce
-the one its engine uses:
+Three backends exist because they can disagree on the same files, and the service must
+reproduce the one its engine uses:
 
 - ``tokenizers``: the Rust ``tokenizers`` library on tokenizer.json, loaded from the exact bytes
   that were fingerprinted. This is what Rust frontends (Dynamo, SMG, TGI) serve.
-- ``transformers``: ``AutoTokenizer.from_pretrained(folder)``, which is what vLLM and SGLang call
-  (vLLM ``vllm/tokenizers/hf.py``). transformers 5 rebuilds the normalizer of SentencePiece-style
-  BPE files from class defaults, so for phi-3-style folders it can differ from tokenizer.json on
-  leading and repeated spaces; that difference is real engine behaviour, which is why the backend
-  is part of the fingerprint.
+- ``transformers5``: what transformers 5 builds from the folder (the class named in
+  tokenizer_config.json rebuilds the pipeline from its own defaults; see
+  :mod:`tokenkeys.tokenizer.transformers5`), reproduced on the ``tokenizers`` library, so it does
+  not depend on which transformers is installed. This is what vLLM 0.32 serves (transformers
+  5.19), proven against it live in tests/realengine.
+- ``transformers``: ``AutoTokenizer.from_pretrained(folder)`` of the installed transformers,
+  which is what vLLM and SGLang call (vLLM ``vllm/tokenizers/hf.py``); for classes the
+  ``transformers5`` table does not know (e.g. SentencePiece-style Llama folders, whose
+  normalizer transformers 5 rebuilds so that phi-3 differs from tokenizer.json on spaces).
+  Its results follow the installed release, hence its major version in the behaviour string.
+
+The backend is part of the fingerprint.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tokenkeys.errors import TokenizerLoadError
+from tokenkeys.tokenizer import transformers5
 from tokenkeys.tokenizer.folder import TokenizerFolder
 
 
@@ -93,15 +101,23 @@ class TokenizersBackend:
     """The Rust ``tokenizers`` library on tokenizer.json."""
 
     name = "tokenizers"
+    behaviour = "tokenizers/1"
 
-    def __init__(self, folder: TokenizerFolder, *, split_special_tokens: bool = False) -> None:
+    def __init__(
+        self,
+        folder: TokenizerFolder,
+        *,
+        split_special_tokens: bool = False,
+        tokenizer_json: str | None = None,
+    ) -> None:
+        """Load tokenizer.json of ``folder``, or ``tokenizer_json`` (text derived from it)."""
         import tokenizers
 
         self.library_version = tokenizers.__version__
-        self.behaviour = "tokenizers/1"
-        raw = folder.contents["tokenizer.json"]
+        if tokenizer_json is None:
+            tokenizer_json = folder.contents["tokenizer.json"].decode("utf-8")
         try:
-            self._tok = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
+            self._tok = tokenizers.Tokenizer.from_str(tokenizer_json)
         except Exception as exc:  # the library raises bare Exception with its parser message
             raise TokenizerLoadError(
                 f"{folder.root / 'tokenizer.json'}: the tokenizers library refuses it: {exc}",
@@ -158,6 +174,33 @@ class TokenizersBackend:
         return self._tok.token_to_id(token)
 
 
+class Transformers5Backend(TokenizersBackend):
+    """The folder as transformers 5 builds it (checked: 5.19.0), on the ``tokenizers`` library.
+
+    A folder whose tokenizer class :mod:`~tokenkeys.tokenizer.transformers5` does not know is
+    refused at load, never approximated.
+    """
+
+    name = "transformers5"
+    # Bump the number when the reproduction changes what a folder tokenizes to.
+    behaviour = f"transformers5/1;checked={transformers5.CHECKED_RELEASE}"
+
+    def __init__(self, folder: TokenizerFolder, *, split_special_tokens: bool = False) -> None:
+        rebuilt = transformers5.rebuild(folder)
+        super().__init__(
+            folder, split_special_tokens=split_special_tokens, tokenizer_json=rebuilt.tokenizer_json
+        )
+        self._clean_up_spaces = rebuilt.clean_up_spaces
+
+    def decode_batch(
+        self, sequences: Sequence[Sequence[int]], *, skip_special_tokens: bool
+    ) -> list[str]:
+        texts = super().decode_batch(sequences, skip_special_tokens=skip_special_tokens)
+        if self._clean_up_spaces:
+            return [transformers5.clean_up_tokenization(t) for t in texts]
+        return texts
+
+
 class TransformersBackend:
     """transformers' ``AutoTokenizer`` on the folder, as vLLM and SGLang load it."""
 
@@ -188,6 +231,9 @@ class TransformersBackend:
             ) from exc
         self._vocab_size = len(self._tok)
         self._num_special = self._tok.num_special_tokens_to_add(pair=False)
+        # Every call sets the shared Rust tokenizer's truncation (on or off) before it encodes,
+        # so two calls on worker threads (large requests encode off the event loop) could
+        # encode with each other's settings, or fail with "Already borrowed": one at a time.
         self._lock = threading.Lock()
 
     def vocab_size(self) -> int:
@@ -204,7 +250,7 @@ class TransformersBackend:
         kwargs = {}
         if truncation is not None:
             kwargs = {"truncation": True, "max_length": truncation.max_tokens}
-        with self._truncation_side(truncation):
+        with self._lock, self._truncation_side(truncation):
             out = self._tok(
                 list(texts),
                 add_special_tokens=add_special_tokens,
@@ -221,17 +267,16 @@ class TransformersBackend:
 
     @contextlib.contextmanager
     def _truncation_side(self, truncation: Truncation | None) -> Iterator[None]:
-        """transformers reads the side from the shared tokenizer: set it under a lock."""
+        """transformers reads the side from the shared tokenizer: set it (under the lock)."""
         if truncation is None:
             yield
             return
-        with self._lock:
-            saved = self._tok.truncation_side
-            self._tok.truncation_side = truncation.side
-            try:
-                yield
-            finally:
-                self._tok.truncation_side = saved
+        saved = self._tok.truncation_side
+        self._tok.truncation_side = truncation.side
+        try:
+            yield
+        finally:
+            self._tok.truncation_side = saved
 
     def num_special_tokens(self) -> int:
         return self._num_special
@@ -265,6 +310,11 @@ def load_backend(
     """Construct the named backend on a folder; errors name the file and the cause."""
     if name == "tokenizers":
         return TokenizersBackend(folder, split_special_tokens=split_special_tokens)
+    if name == "transformers5":
+        return Transformers5Backend(folder, split_special_tokens=split_special_tokens)
     if name == "transformers":
         return TransformersBackend(folder, split_special_tokens=split_special_tokens)
-    raise TokenizerLoadError(f"unknown backend {name!r}; use 'tokenizers' or 'transformers'")
+    raise TokenizerLoadError(
+        f"unknown backend {name!r}; use 'tokenizers', 'transformers5' or 'transformers'",
+        field="backend",
+    )

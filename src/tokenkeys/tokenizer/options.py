@@ -7,18 +7,20 @@ from typing import Any, Literal
 
 from tokenkeys.errors import ConfigError
 
-Backend = Literal["tokenizers", "transformers"]
+Backend = Literal["tokenizers", "transformers5", "transformers"]
 NulHandling = Literal["keep", "strip"]
 
-BACKENDS: tuple[str, ...] = ("tokenizers", "transformers")
+BACKENDS: tuple[str, ...] = ("tokenizers", "transformers5", "transformers")
 
 
 @dataclass(frozen=True)
 class TokenizerOptions:
     """Behaviour defaults of one served tokenizer; every field enters the fingerprint.
 
-    - ``backend``: ``tokenizers`` (the Rust library on tokenizer.json, what Rust frontends serve)
-      or ``transformers`` (the Python tokenizer classes that vLLM and SGLang serve).
+    - ``backend``: ``tokenizers`` (the Rust library on tokenizer.json, what Rust frontends serve),
+      ``transformers5`` (the folder as transformers 5 builds it: what vLLM 0.32 serves, without
+      needing transformers) or ``transformers`` (the installed transformers' classes, as vLLM
+      and SGLang load them).
     - ``add_special_tokens_completion`` / ``add_special_tokens_chat``: what an unset
       ``add_special_tokens`` means for a bare prompt and for a rendered chat. The defaults are
       vLLM's (True for /v1/completions, False for chat, whose template already holds the specials).

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
+import re
 
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as pb
-from tokenkeys.errors import InvalidArgument
-from tokenkeys.serving.models import ServedModel
-from tokenkeys.tokenizer import Tokenizer, Truncation
+from tokenkeys.errors import ConfigError, InvalidArgument
+from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, Truncation
 
 _NUL = {pb.NUL_HANDLING_KEEP: "keep", pb.NUL_HANDLING_STRIP: "strip"}
 _NUL_TO_PROTO = {v: k for k, v in _NUL.items()}
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def nul_from_proto(value: int) -> str | None:
@@ -66,49 +66,37 @@ def tokenizer_identity(tokenizer: Tokenizer) -> pb.TokenizerIdentity:
     )
 
 
-def supported_operations(model: ServedModel) -> list[int]:
-    """The OpenEngineTokenizer operations served for ``model`` (TokenizerOperation values)."""
-    operations = [pb.TOKENIZER_OPERATION_TOKENIZE, pb.TOKENIZER_OPERATION_DETOKENIZE]
-    if "artifacts" in model.extensions:
-        operations.append(pb.TOKENIZER_OPERATION_ARTIFACTS)
-    if "cache_keys" in model.extensions:
-        operations += [
-            pb.TOKENIZER_OPERATION_CACHE_KEY_SPEC,
-            pb.TOKENIZER_OPERATION_COMPUTE_CACHE_KEYS,
-        ]
-    return operations
+def identity_options(identity: pb.TokenizerIdentity) -> tuple[TokenizerOptions, str]:
+    """The behaviour options and behaviour string a ``TokenizerIdentity`` describes.
 
-
-def tokenizer_info(model: ServedModel, served_names: list[str]) -> pb.TokenizerInfo:
-    """Build the TokenizerInfo answer for one served model."""
-    tok = model.tokenizer
-    sp = tok.specials
-    specials = pb.SpecialTokens(
-        eos=[pb.SpecialToken(content=e.content, id=e.id) for e in sp.eos],
-        added=[pb.AddedToken(id=a.id, content=a.content, special=a.special) for a in sp.added],
-    )
-    for role in ("bos", "pad", "unk"):
-        ref = getattr(sp, role)
-        if ref is not None:
-            getattr(specials, role).CopyFrom(pb.SpecialToken(content=ref.content, id=ref.id))
-    template = model.extensions.get("chat_template") or tok.chat_templates.get("default")
-    operations = supported_operations(model)
-    return pb.TokenizerInfo(
-        fingerprint=tok.fingerprint,
-        backend=tok.options.backend,
-        backend_version=tok.backend.library_version,
-        format="huggingface",
-        model=model.name,
-        served_names=served_names,
-        vocab_size=tok.vocab_size,
-        special_tokens=specials,
-        defaults=option_defaults(tok),
-        max_context_length=sp.model_max_length or 0,
-        chat_template_sha256=hashlib.sha256(template.encode()).hexdigest() if template else "",
-        chat_template_names=sorted(tok.chat_templates),
-        artifacts=[
-            pb.ArtifactFile(path=e.path, size=e.size, sha256=e.sha256) for e in tok.folder.entries
-        ],
-        supported_operations=operations,
-        identity=tokenizer_identity(tok),
-    )
+    The inverse of :func:`tokenizer_identity`; a property test keeps the two in step.
+    """
+    defaults = identity.defaults
+    nul = _NUL.get(defaults.nul_handling)
+    if nul is None:
+        raise InvalidArgument(
+            f"identity.defaults.nul_handling {defaults.nul_handling} is not KEEP or STRIP",
+            field="identity.defaults.nul_handling",
+        )
+    override = identity.chat_template_override_sha256
+    if override and not _HEX64.match(override):
+        raise InvalidArgument(
+            f"identity.chat_template_override_sha256 {override!r} is not 64 lowercase hex",
+            field="identity.chat_template_override_sha256",
+        )
+    if not identity.behaviour:
+        raise InvalidArgument("identity.behaviour is empty", field="identity.behaviour")
+    try:
+        options = TokenizerOptions(
+            backend=identity.backend,  # type: ignore[arg-type]
+            add_special_tokens_completion=defaults.add_special_tokens,
+            add_special_tokens_chat=defaults.add_special_tokens_chat,
+            nul=nul,  # type: ignore[arg-type]
+            split_special_tokens=defaults.split_special_tokens,
+            chat_template_sha256=override or None,
+        )
+    except ConfigError as exc:
+        raise InvalidArgument(
+            f"identity is not usable here: {exc.message}", field="identity"
+        ) from exc
+    return options, identity.behaviour

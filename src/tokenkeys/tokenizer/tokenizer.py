@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Literal
 
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.tokenizer.backends import Encoded, TokenizerBackend, Truncation, load_backend
@@ -18,6 +19,11 @@ from tokenkeys.tokenizer.token_floor import TokenFloor, token_floor
 # How many preceding tokens give a token its context when decoding it alone: enough for a
 # SentencePiece leading space and for a UTF-8 sequence split over up to four byte tokens.
 _TOKEN_STR_CONTEXT = 4
+#: How token strings are spelled: ``"decoded"``, each token's text in context (``" world"``, as
+#: Dynamo reports it), or ``"vocabulary"``, its entry in the vocabulary (``"Ġworld"``,
+#: ``"▁This"``: transformers' ``convert_ids_to_tokens``, what vLLM's /tokenize returns).
+TokenStrs = Literal["decoded", "vocabulary"]
+TOKEN_STRS: tuple[TokenStrs, ...] = ("decoded", "vocabulary")
 
 
 @dataclass(frozen=True)
@@ -108,14 +114,17 @@ class Tokenizer:
         self.check_ids(sequences)
         return self.backend.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
 
-    def token_strs(self, ids: Sequence[int]) -> list[str]:
-        """The decoded text of each token in context (``" world"``, not ``"Ġworld"``).
+    def token_strs(self, ids: Sequence[int], kind: TokenStrs = "decoded") -> list[str]:
+        """Each token as a string: its decoded text in context (``" world"``), or with
+        ``kind="vocabulary"`` its vocabulary entry (``"Ġworld"``, as ``convert_ids_to_tokens``).
 
         Each token's text is what decoding it adds after the few tokens before it, so that
         leading spaces survive SentencePiece decoders that strip them at sequence start. Bytes
         of a character split over several tokens decode as U+FFFD on the incomplete tokens.
         """
         self.check_ids([ids])
+        if kind == "vocabulary":
+            return [self.backend.id_to_token(i) or "" for i in ids]
         windows: list[list[int]] = []
         for i in range(len(ids)):
             start = max(0, i - _TOKEN_STR_CONTEXT)

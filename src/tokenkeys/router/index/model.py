@@ -1,6 +1,6 @@
 """The prefix index: which worker holds which KV block, on which tier, by the key events carry.
 
-:class:`PrefixIndex` is the one interface; ``index_memory`` (bounded, LRU) and ``index_redis``
+:class:`PrefixIndex` is the one interface; ``index.memory`` (bounded, LRU) and ``index.redis``
 (shared by router replicas) implement it, and one conformance suite runs against both. Modelled
 on llm-d's ``kvblock.Index`` (llm-d-router ``pkg/kvcache/kvblock/index.go``, read at ``ebab687``)
 with two deliberate differences:

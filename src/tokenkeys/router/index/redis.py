@@ -20,7 +20,8 @@ With ``ttl``, every write refreshes the expiry of the blocks it touches and of t
 entries of a worker whose events stop (a crash without notice) disappear after ``ttl`` seconds.
 
 Redis errors are translated where they are caught: connection failures and timeouts become
-:class:`~tokenkeys.errors.Unavailable` (a router then routes by load), a namespace holding
+:class:`~tokenkeys.errors.Unavailable` (a router then routes by load), and so does a full Redis
+(``maxmemory`` with ``noeviction`` refuses writes; see ``ingest.backoff``), a namespace holding
 foreign data :class:`~tokenkeys.errors.FailedPrecondition`.
 """
 
@@ -273,6 +274,13 @@ class RedisPrefixIndex:
                 f"prefix index {op}: Redis namespace {{{self.namespace}}} at {self.where} holds "
                 f"keys of another type ({exc}); choose a namespace no other program uses",
                 field="namespace",
+            )
+        if isinstance(exc, rexc.OutOfMemoryError):  # maxmemory with noeviction: reads go on
+            return Unavailable(
+                f"prefix index {op}: Redis at {self.where} is full ({exc}); route by load "
+                "until space returns: raise maxmemory or give the index a Redis of its own",
+                backend="redis",
+                op=op,
             )
         return Unavailable(
             f"prefix index {op}: Redis at {self.where} failed ({type(exc).__name__}: {exc}); "

@@ -10,9 +10,10 @@ The gRPC twin of :class:`~tokenkeys.router.ingest.consumer.ZmqEventConsumer`, wi
   otherwise wait for the old sequence number and its first batches would be missed silently.)
 - a terminal ``EngineError`` (OVERLOADED when this subscriber fell behind, DRAINING when the
   engine stops) or a broken stream resubscribes from the next sequence number after a pause;
-- an index failure (Redis down) stops reading until a reset of the worker succeeds, then
-  resubscribes from 0 so the engine's buffer rebuilds its entries; :meth:`rebuild` does the same
-  on demand (the registry calls it when the index comes back, possibly empty);
+- an index failure (Redis down, or full) clears the worker once and stops reading until its
+  :class:`~tokenkeys.router.ingest.backoff.WriteBackoff` is due, then resubscribes from 0 so
+  the engine's buffer rebuilds its entries; :meth:`rebuild` does the same at once (the registry
+  calls it when the index comes back, possibly empty);
 - each batch carries the spec its hashes follow (tokenkeys field 100); a batch of another spec
   is ignored and counted by the ingestor, and ``on_foreign`` is told (at most once per
   ``foreign_interval`` seconds) so that the worker's advertisement is checked again.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 
 import grpc
@@ -32,6 +34,7 @@ from tokenkeys.errors import Unavailable, from_grpc
 from tokenkeys.events.model import SpecRef
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.router.index.model import check_worker
+from tokenkeys.router.ingest.backoff import BackoffSettings, WriteBackoff
 from tokenkeys.router.ingest.ingestor import EventIngestor
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class GrpcEventConsumer:
         retry_delay: float = 0.5,
         on_foreign: Callable[[str], object] | None = None,
         foreign_interval: float = 5.0,
+        backoff: WriteBackoff | None = None,
     ) -> None:
         self.worker = check_worker(worker)
         self.control = control
@@ -70,8 +74,14 @@ class GrpcEventConsumer:
         self.codec = ProtobufEventCodec()
         #: True while the index failed and the worker waits for a reset and a replay.
         self.resyncing = False
+        #: When the worker may be rebuilt after failed index writes.
+        self.backoff = backoff if backoff is not None else BackoffSettings().new()
         #: Sequence number of the last batch handled (applied, ignored or dropped).
         self.last_seq: int | None = None
+        #: When the last batch was applied: ``time.time()`` (None before the first).
+        self.applied_at: float | None = None
+        # The worker's entries were cleared after the failure: a rebuild need not clear again.
+        self._cleared = False
         self._next: int | None = None
         self._call: grpc.aio.UnaryStreamCall | None = None
         self._interrupted = False
@@ -103,7 +113,8 @@ class GrpcEventConsumer:
 
     def rebuild(self) -> None:
         """Clear the worker and replay its events from 0 now (the index came back empty)."""
-        self.resyncing = True
+        self.resyncing, self._cleared = True, False
+        self.backoff.retry_now()
         if self._call is not None:
             self._interrupted = True
             self._call.cancel()
@@ -111,8 +122,15 @@ class GrpcEventConsumer:
     async def _follow(self) -> None:
         """One subscription, until it ends, breaks, or a resync needs a new one."""
         if self.resyncing:
-            await self.ingestor.reset(self.worker, "index_recovered")
-            self.resyncing = False
+            while not self.backoff.due():  # re-read each pause: rebuild() may end it early
+                await asyncio.sleep(min(self.backoff.remaining(), self.retry_delay))
+            if not self._cleared:
+                try:
+                    await self.ingestor.reset(self.worker, "index_recovered")
+                except Unavailable as exc:
+                    self.backoff.failed(exc.message)
+                    raise
+            self.resyncing, self._cleared = False, False
             self._next = None
             log.info("prefix index back: rebuilding %s from the engine's buffer", self.worker)
         await self._check_instance()
@@ -174,9 +192,12 @@ class GrpcEventConsumer:
                 lost_before=max(0, seq - expected),
             )
         except Unavailable as exc:
-            log.warning("prefix index unavailable while ingesting %s: %s", self.worker, exc.message)
             self.resyncing = True
+            self._cleared = await self.ingestor.write_failed(self.worker, self.backoff, exc.message)
             return None
+        self.backoff.succeeded()
         self._next = seq + 1
         self.last_seq = seq
+        if applied:
+            self.applied_at = time.time()
         return applied

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
+from tokenkeys.router.ingest.backoff import WriteBackoff
 from tokenkeys.router.ingest.consumer import ZmqEventConsumer
 from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.ingest.ingestor import EventIngestor
@@ -31,6 +32,7 @@ async def follow_events(
     retry_delay: float,
     foreign_interval: float,
     on_foreign: Callable[[], object],
+    backoff: WriteBackoff,
 ) -> None:
     """Apply ``model``'s events of ``ws`` from ``source`` until cancelled."""
     worker = index_worker_id(ws.address, model)
@@ -43,7 +45,7 @@ async def follow_events(
             start_seq=0,
         )
         codec = VllmMsgpackCodec(source.wire_version, spec=source.spec.spec)
-        consumer = ZmqEventConsumer(worker, subscriber, codec, ingestor)
+        consumer = ZmqEventConsumer(worker, subscriber, codec, ingestor, backoff=backoff)
         ws.followers[model] = consumer
         try:
             await consumer.run()
@@ -61,6 +63,7 @@ async def follow_events(
         retry_delay=retry_delay,
         on_foreign=lambda _worker: on_foreign(),
         foreign_interval=foreign_interval,
+        backoff=backoff,
     )
     ws.followers[model] = follower
     await follower.run()

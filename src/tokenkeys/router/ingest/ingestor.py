@@ -38,6 +38,7 @@ from tokenkeys.events.model import (
     SpecRef,
 )
 from tokenkeys.router.index.model import PrefixIndex, check_worker, index_keys, medium_tier
+from tokenkeys.router.ingest.backoff import WriteBackoff
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class IngestMetrics:
     - ``tokenkeys_router_kv_events_ignored_total{reason}``: events not indexed: ``foreign_spec``,
       ``no_spec``, ``other_group``, ``not_prefix_kind``, ``bad_medium``;
     - ``tokenkeys_router_worker_clears_total{reason}``: ``all_blocks_cleared``,
-      ``publisher_restart``, ``events_lost``, ``undecodable``, ``index_recovered``; and from
+      ``publisher_restart``, ``events_lost``, ``undecodable``, ``index_write_failed`` (a
+      write failed, e.g. Redis full: see ``backoff``), ``index_recovered``; and from
       the worker registry ``worker_joined``, ``worker_down``, ``worker_restarted``,
       ``worker_refused``.
 
@@ -120,6 +122,25 @@ class EventIngestor:
         await self.index.clear(worker)
         self.metrics.clears.labels(worker, reason).inc()
         log.info("prefix index: cleared worker %s (%s)", worker, reason)
+
+    async def write_failed(self, worker: str, backoff: WriteBackoff, error: str) -> bool:
+        """A write of ``worker``'s entries failed: back off, and clear it once now.
+
+        Returns whether the clear succeeded (a full Redis still deletes; a Redis that is down
+        does not, and the rebuild then clears first). See ``backoff`` for why not at once.
+        """
+        backoff.failed(error)
+        log.warning(
+            "prefix index write failed for %s, routing it by load for %.1f s: %s",
+            worker,
+            backoff.delay,
+            error,
+        )
+        try:
+            await self.reset(worker, "index_write_failed")
+        except TokenkeysError:
+            return False
+        return True
 
     async def apply(
         self,

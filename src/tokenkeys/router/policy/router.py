@@ -209,7 +209,9 @@ class Router:
                 raise
             log.warning("prefix index unavailable, routing %s by load: %s", pool.name, exc.message)
             found, reason = {}, "index_unavailable"
-        matches = {ids[w]: m for w, m in found.items() if w in ids}
+        # A worker advertising unverified keys: its prefix matches are not believed.
+        untrusted = pool.untrusted()
+        matches = {ids[w]: m for w, m in found.items() if w in ids and ids[w] not in untrusted}
         # Without keys the prompt's size still weighs in the load and growth it brings.
         total = len(keys) if keys else len(request.token_ids) // pool.block_size
         scores = score_workers(matches, total, load, weights=self.weights)
@@ -233,6 +235,8 @@ class Router:
             growth.record(best.worker, best.prefill_blocks)
         if reason is None:
             reason = "prefix" if best.prefill_blocks < total else "load"
+            if best.worker in untrusted:
+                reason = "keys_unverified"  # routed by load: say why in the decision metrics
         ranking = tuple(dataclasses.replace(c.score, cost=c.cost) for c in costs)
         return RouteDecision(
             worker=best.worker,

@@ -112,6 +112,9 @@ class ModelDescription:
     tokenizer_endpoint: str
     max_context_length: int | None
     sources: tuple[EventSource, ...]
+    #: False once the worker found its engine's block hashes differ from its keys (a sidecar's
+    #: live key check, ``TokenizerAdvertisement.keys_unverified``).
+    keys_verified: bool = True
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,7 @@ async def describe_worker(
                     model.max_context_length if model.HasField("max_context_length") else None
                 ),
                 sources=tuple(EventSource.of(s, wire_version) for s in sources.sources),
+                keys_verified=not ad.keys_unverified,
             )
         )
     return WorkerDescription(
@@ -219,6 +223,18 @@ async def describe_worker(
         engine_version=info.engine_version,
         models=tuple(models),
     )
+
+
+async def keys_verified(
+    address: str, control: openengine_pb2_grpc.ControlStub, model: str, *, timeout: float = 5.0
+) -> bool:
+    """Whether ``model``'s keys at ``address`` are still verified (its GetModelInfo says so)."""
+    info: model_pb2.ModelInfo = await _call(
+        address,
+        f"GetModelInfo({model})",
+        control.GetModelInfo(model_pb2.GetModelInfoRequest(model=model), timeout=timeout),
+    )
+    return not info.tokenizer.keys_unverified
 
 
 async def read_load(

@@ -7,6 +7,10 @@ ai-dynamo/dynamo ``lib/llm/src/kv_router/sequence.rs``). The worker's blocks in 
 estimated as other clients' share of the last snapshot, fading as it ages (other clients'
 requests finish too: with the time constant of this router's own requests there, the best
 guess it has), plus its own in-flight blocks now.
+
+The same counts check the worker (``trust``): one that reports fewer requests than this router
+has in flight there is not believed (:attr:`LoadView.load` takes the larger), and the polls
+that did so are counted; requests sent since its last event batch tell a silent worker.
 """
 
 from __future__ import annotations
@@ -39,6 +43,15 @@ class LoadView:
     inflight_keys: Counter[int] = field(default_factory=Counter)
     #: Running mean of how long this router's requests there took (None before the first).
     request_seconds: float | None = None
+    #: Consecutive polls that reported fewer requests than this router had in flight, and the
+    #: last such claim (reported, in flight).
+    underreports: int = 0
+    last_claim: tuple[float, int] = (0.0, 0)
+    #: ``wall`` time of the last request sent there, and of the first one sent since the
+    #: worker's last applied event batch (None: none since; see :meth:`events_applied`).
+    wall: Callable[[], float] = time.time
+    last_sent: float | None = None
+    waiting_since: float | None = None
 
     @property
     def load(self) -> float:
@@ -67,6 +80,20 @@ class LoadView:
         self.used_kv_blocks = used_kv_blocks
         self.polled_at = self.clock()
         self.own_blocks_at_poll = self.own_blocks
+        if running_and_queued < self.inflight:
+            self.underreports += 1
+            self.last_claim = (running_and_queued, self.inflight)
+        else:
+            self.underreports = 0
+
+    def events_applied(self, applied_at: float | None) -> None:
+        """The worker's last event batch was applied at ``applied_at`` (``wall`` time)."""
+        if applied_at is None or self.waiting_since is None or applied_at < self.waiting_since:
+            return
+        # Requests sent after that batch are still waiting for theirs; the last one sent is
+        # the latest of them (an estimate on the late side: silence is never overstated).
+        sent = self.last_sent
+        self.waiting_since = sent if sent is not None and sent > applied_at else None
 
     def inflight_prefix(self, keys: Sequence[int]) -> int:
         """How many leading ``keys`` this router's in-flight requests there reference."""
@@ -82,6 +109,9 @@ class LoadView:
         """A request with these prompt block keys was sent there; returns its start time."""
         self.inflight += 1
         self.inflight_keys.update(keys)
+        self.last_sent = self.wall()
+        if self.waiting_since is None:
+            self.waiting_since = self.last_sent
         return self.clock()
 
     def end(self, keys: Sequence[int], started: float) -> None:

@@ -60,6 +60,8 @@ class Member:
     instance_id: str
     source: EventSource
     view: LoadView = field(default_factory=LoadView)
+    #: False once the worker advertises its keys unverified: routed by load, never by prefix.
+    keys_trusted: bool = True
 
     @property
     def load(self) -> float:
@@ -198,9 +200,11 @@ class Pool:
                 )
         return None
 
-    def join(self, address: str, instance_id: str, source: EventSource) -> Member:
+    def join(
+        self, address: str, instance_id: str, source: EventSource, *, keys_trusted: bool = True
+    ) -> Member:
         """Make ``address`` a ready member (its index entries must have been cleared)."""
-        member = Member(address, instance_id, source)
+        member = Member(address, instance_id, source, keys_trusted=keys_trusted)
         self.members[address] = member
         return member
 
@@ -215,6 +219,10 @@ class Pool:
     def candidates(self) -> dict[str, float]:
         """Ready members and their loads (what the scorer takes)."""
         return {a: m.load for a, m in self.members.items()}
+
+    def untrusted(self) -> set[str]:
+        """Ready members whose keys are unverified (their prefix matches are not believed)."""
+        return {a for a, m in self.members.items() if not m.keys_trusted}
 
     def kv_usage(self, address: str) -> float:
         """The polled KV-cache usage of a member (0 when unknown)."""

@@ -1,9 +1,11 @@
-"""What the registry keeps per worker address, and the JSON views of workers and pools."""
+"""What the registry keeps per worker address, and its views: JSON status and state gauges."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -11,8 +13,12 @@ from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
 from tokenkeys.client.engine import RemoteEngine
 from tokenkeys.router.ingest.consumer import ZmqEventConsumer
 from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
+from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.workers.discovery import WorkerDescription
 from tokenkeys.router.workers.pool import Pool, Refusal
+
+if TYPE_CHECKING:  # trust.py imports this module
+    from tokenkeys.router.workers.trust import Suspicion
 
 #: A worker's states (see ``registry``).
 STATES = ("ready", "refused", "down")
@@ -37,16 +43,27 @@ class WorkerState:
     error: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def as_dict(self) -> dict:
-        """A JSON-ready summary (``GET /router/workers``)."""
+    def as_dict(self, suspicions: dict[str, list[Suspicion]] | None = None) -> dict:
+        """A JSON-ready summary (``GET /router/workers``); ``suspicions`` by model (``trust``)."""
+        suspicions = suspicions or {}
         return {
             "address": self.address,
             "state": self.state,
             "instance_id": self.instance_id,
             "models": sorted(self.engines),
             "events": {
-                model: {"last_seq": f.last_seq, "resyncing": f.resyncing}
+                model: {
+                    "last_seq": f.last_seq,
+                    "resyncing": f.resyncing,
+                    "last_batch_applied_at": f.applied_at,
+                    "index_writes": f.backoff.as_dict(),
+                }
                 for model, f in self.followers.items()
+            },
+            "suspect": {
+                model: [{"reason": x.reason, "message": x.message} for x in found]
+                for model, found in suspicions.items()
+                if found
             },
             "refusals": [
                 {"model": r.model, "reason": r.reason, "message": r.message} for r in self.refusals
@@ -69,3 +86,33 @@ def pool_status(pool: Pool) -> dict:
         "block_size": pool.block_size,
         "members": sorted(pool.members),
     }
+
+
+def registry_status(
+    pools: dict[str, Pool],
+    workers: dict[str, WorkerState],
+    suspicions_of: Callable[[WorkerState], dict] | None = None,
+) -> dict:
+    """Pools and workers as JSON (``GET /router/workers``), each worker with its suspicions."""
+    return {
+        "pools": [pool_status(pool) for pool in pools.values()],
+        "workers": [
+            ws.as_dict(suspicions_of(ws) if suspicions_of is not None else None)
+            for ws in workers.values()
+        ],
+    }
+
+
+def count_states(
+    metrics: RouterMetrics, pools: dict[str, Pool], workers: dict[str, WorkerState]
+) -> None:
+    """Set the ``workers{model, state}`` gauges: per pool, its workers by state."""
+    for model in pools:
+        counts = dict.fromkeys(STATES, 0)
+        for ws in workers.values():
+            if model in ws.engines:
+                counts["ready"] += 1
+            elif ws.description is not None and ws.description.model(model) is not None:
+                counts["down" if ws.state == "down" else "refused"] += 1
+        for state, count in counts.items():
+            metrics.workers.labels(model, state).set(count)

@@ -67,6 +67,7 @@ class ControlService(openengine_pb2_grpc.ControlServicer):
         remote = self._remote()
         if remote is not None:
             return await _forward(remote.control.GetServerInfo(request))
+        await self._runtime.ensure_up()
         return server_info(self._runtime)
 
     @grpc_status.unary
@@ -91,7 +92,7 @@ class ControlService(openengine_pb2_grpc.ControlServicer):
         remote = self._remote()
         if remote is not None:
             return await _forward(remote.control.GetLoad(request))
-        return load_info(self._runtime)
+        return await load_info(self._runtime)
 
     @grpc_status.unary
     async def Health(

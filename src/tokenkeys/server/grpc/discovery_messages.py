@@ -19,9 +19,9 @@ from tokenkeys._gen.openengine.v1 import (
 )
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.proto import spec_ref
+from tokenkeys.server.grpc.tokenizer_info import supported_operations
 from tokenkeys.server.runtime.engines import EngineRuntime, ModelEngine
 from tokenkeys.serving.models import ServedModel
-from tokenkeys.tokenizer.proto import supported_operations
 
 ENGINE_NAME = "tokenkeys-sim"
 #: The OpenEngine revision implemented and the immutable source it is taken from.
@@ -61,10 +61,10 @@ def server_info(runtime: EngineRuntime) -> server_pb2.ServerInfo:
         schema_release=SCHEMA_RELEASE,
     )
     engines = [runtime.local(name).local for name in runtime.models.names]
-    block_sizes = {e.engine.block_size for e in engines if e is not None}
+    block_sizes = {e.block_size for e in engines if e is not None}
     if len(block_sizes) == 1:
         info.capacity.kv_block_size = block_sizes.pop()
-    info.capacity.total_kv_blocks = sum(e.engine.num_blocks for e in engines if e is not None)
+    info.capacity.total_kv_blocks = sum(e.num_blocks for e in engines if e is not None)
     info.extra.update(
         {
             "kv_events_wire_format": "vllm-msgpack",
@@ -82,13 +82,14 @@ def tokenizer_advertisement(
         fingerprint=model.tokenizer.fingerprint,
         operations=supported_operations(model),
         artifact_format=ARTIFACT_FORMAT,
-        artifacts_available="artifacts" in model.extensions,
-        remote_key_computation="cache_keys" in model.extensions,
+        artifacts_available=model.artifacts is not None,
+        remote_key_computation=model.cache_keys is not None,
     )
     if not runtime.remote:
         local = runtime.local(model.name).local
         assert local is not None
         ad.key_spec.CopyFrom(spec_ref(local.spec))
+        ad.keys_unverified = not local.keys_verified
     return ad
 
 
@@ -97,6 +98,7 @@ def model_info(model: ServedModel, runtime: EngineRuntime) -> model_pb2.ModelInf
     info = model_pb2.ModelInfo(
         model_id=model.name,
         served_model_name=model.name,
+        served_model_aliases=list(model.aliases),
         supports_text_input=True,
         supports_token_ids_input=True,
         supports_lora=bool(runtime.config.lora_modules),
@@ -118,30 +120,21 @@ def model_info(model: ServedModel, runtime: EngineRuntime) -> model_pb2.ModelInf
     return info
 
 
-def load_info(runtime: EngineRuntime) -> server_pb2.LoadInfo:
+async def load_info(runtime: EngineRuntime) -> server_pb2.LoadInfo:
     """GetLoad: running and waiting requests and KV blocks in use, over every model.
 
     ``used_kv_blocks`` counts the blocks running requests hold (``Engine.used_blocks``), never
     cached blocks that no request references: those are free to allocate, and a router that
     counted them as load would steer away from the workers whose caches serve it best.
     """
-    engines = [runtime.local(name).local for name in runtime.models.names]
-    running = waiting = used = total = 0
-    for local in engines:
-        if local is None:
-            continue
-        engine = local.engine
-        running += engine.stats.running
-        waiting += engine.stats.waiting
-        used += engine.used_blocks
-        total += engine.num_blocks
+    loads = [await runtime.engine_of(name).load() for name in runtime.models.names]
     return server_pb2.LoadInfo(
         instance_id=runtime.instance_id,
         timestamp_unix_nanos=time.time_ns(),
-        running_requests=running,
-        queued_requests=waiting,
-        used_kv_blocks=used,
-        total_kv_blocks=total,
+        running_requests=sum(load.running for load in loads),
+        queued_requests=sum(load.waiting for load in loads),
+        used_kv_blocks=sum(load.used_kv_blocks for load in loads),
+        total_kv_blocks=sum(load.total_kv_blocks for load in loads),
     )
 
 

@@ -1,11 +1,11 @@
 """gRPC servicer of OpenEngine ``Inference.Generate``: a thin translation onto the model's engine.
 
-Text is tokenized by the model's Preprocessor (the one path); the engine is whatever
-``extensions["engine"]`` holds (the simulated engine, or a remote OpenEngine engine). Failures
-before the first token are gRPC statuses; after it, one terminal ``EngineError`` message
-(OpenEngine v1 error phases). The last message is ``GenerationFinished`` with usage; the
-simulated timing rides in trailing metadata (``tokenkeys-simulated-ttft-us``,
-``tokenkeys-simulated-total-us``).
+Text is tokenized by the model's Preprocessor (the one path); the engine is the model's
+:class:`~tokenkeys.engine.protocol.Engine` (the simulated engine, or a remote OpenEngine
+engine). Failures before the first token are gRPC statuses; after it, one terminal
+``EngineError`` message (OpenEngine v1 error phases). The last message is
+``GenerationFinished`` with usage; the simulated timing rides in trailing metadata
+(``tokenkeys-simulated-ttft-us``, ``tokenkeys-simulated-total-us``).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import grpc
 from tokenkeys._gen.openengine.v1 import generation_pb2, openengine_pb2_grpc
 from tokenkeys.engine.proto import (
     finished_response,
-    generate_inputs,
     timing_metadata,
     token_response,
 )
 from tokenkeys.engine.proto_errors import engine_error
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.server.grpc import status as grpc_status
+from tokenkeys.server.grpc.generate_inputs import generate_inputs
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.models import ModelRegistry
 

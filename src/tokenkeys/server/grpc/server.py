@@ -29,6 +29,7 @@ async def start_grpc_server(
     *,
     guards: Guards | None = None,
     tls: ServerTls | None = None,
+    reuse_port: bool = False,
     connections: ConnectionLimits | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a server with the given services bound to ``host:port``; returns it and its port.
@@ -37,6 +38,8 @@ async def start_grpc_server(
     itself with RESOURCE_EXHAUSTED naming the limit, before any of our code runs. Every call
     passes ``guards`` first (default: draining and ``limits.max_streams_per_client`` with a
     lifecycle of its own); ``tls`` serves TLS (mutual TLS with a client CA) instead of plain TCP.
+    ``reuse_port`` binds with SO_REUSEPORT, so the worker processes of ``serve --workers N``
+    share the port (the kernel spreads connections over them); off, a taken port is an error.
     ``connections`` caps connections and reclaims idle ones
     (:mod:`tokenkeys.transport.grpc_options`; default: the defaults of ConnectionLimits).
     """
@@ -47,7 +50,7 @@ async def start_grpc_server(
         options=[
             ("grpc.max_receive_message_length", limits.max_request_bytes),
             ("grpc.max_send_message_length", limits.max_request_bytes * _SEND_FACTOR),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
             *grpc_server_options(connections or ConnectionLimits()),
         ],
     )

@@ -11,21 +11,24 @@ from collections.abc import AsyncIterator
 import grpc
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2, tokenizer_pb2, tokenizer_pb2_grpc
+from tokenkeys.artifacts.streamer import ArtifactStreamer
 from tokenkeys.errors import Unsupported
+from tokenkeys.keys.service import CacheKeyService
 from tokenkeys.preprocess.offload import offload
 from tokenkeys.server.grpc import status as grpc_status
+from tokenkeys.server.grpc.tokenizer_info import tokenizer_info
 from tokenkeys.serving.models import ModelRegistry, ServedModel
-from tokenkeys.tokenizer.proto import (
-    nul_from_proto,
-    tokenizer_info,
-    truncation_from_proto,
-)
+from tokenkeys.tokenizer.proto import nul_from_proto, truncation_from_proto
 
 pb = tokenizer_pb2
 
-# Above this many characters a Tokenize call runs on a worker thread so one large request does
-# not stall the event loop; below it the thread hop would cost more than the encode.
-_INLINE_CHARS = 32_768
+# Above this many characters (about 500 tokens) a Tokenize call encodes on a worker thread.
+# gRPC and HTTP share the event loop, and a gRPC call needs several loop turns (its completion
+# queue reaches the loop through a poller thread), so encodes run on the loop made gRPC wait
+# behind every HTTP encode: p50 0.97 s against HTTP's 0.04 s under the bench_load mix. `tokenizers`
+# releases the GIL while it encodes, so off the loop both protocols keep their latency and a
+# second core encodes too (bench/bench_load.py). Below this size the hop costs more than it saves.
+_INLINE_CHARS = 2048
 
 
 class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
@@ -101,7 +104,7 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
         self, request: pb.GetTokenizerArtifactsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TokenizerArtifactChunk]:
         model = self._models.get(request.model)
-        streamer = _extension(model, "artifacts", "GetTokenizerArtifacts")
+        streamer = _artifacts(model)
         model.check_fingerprint(
             request.expected_fingerprint if request.HasField("expected_fingerprint") else None,
             "expected_fingerprint",
@@ -115,27 +118,32 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
     ) -> cache_keys_pb2.CacheKeySpec:
         model = self._models.get(request.model)
         include = request.include_vectors if request.HasField("include_vectors") else True
-        return _extension(model, "cache_keys", "GetCacheKeySpec").spec_message(include)
+        return _cache_keys(model, "GetCacheKeySpec").spec_message(include)
 
     @grpc_status.unary
     async def ComputeCacheKeys(
         self, request: cache_keys_pb2.ComputeCacheKeysRequest, context: grpc.aio.ServicerContext
     ) -> cache_keys_pb2.ComputeCacheKeysResponse:
         model = self._models.get(request.model)
-        return await _extension(model, "cache_keys", "ComputeCacheKeys").compute(request)
+        return await _cache_keys(model, "ComputeCacheKeys").compute(request)
 
 
-def _extension(model: ServedModel, key: str, rpc: str):  # noqa: ANN202 - duck-typed per RPC
-    """The part of a served model that implements ``rpc``; UNIMPLEMENTED when not configured."""
-    ext = model.extensions.get(key)
-    if ext is None:
+def _artifacts(model: ServedModel) -> ArtifactStreamer:
+    """The model's artifact streamer; UNIMPLEMENTED when this server streams none for it."""
+    if model.artifacts is None:
         raise Unsupported(
-            f"{rpc} is not available for model {model.name!r} on this server" + _HINTS.get(key, ""),
+            f"GetTokenizerArtifacts is not available for model {model.name!r} on this server",
             field="model",
         )
-    return ext
+    return model.artifacts
 
 
-_HINTS = {
-    "cache_keys": " (no cache-key spec is configured; see tokenkeys serve --cache-key-profile)",
-}
+def _cache_keys(model: ServedModel, rpc: str) -> CacheKeyService:
+    """The model's cache keys; UNIMPLEMENTED when no cache-key spec is configured."""
+    if model.cache_keys is None:
+        raise Unsupported(
+            f"{rpc} is not available for model {model.name!r} on this server (no cache-key spec "
+            "is configured; see tokenkeys serve --cache-key-profile)",
+            field="model",
+        )
+    return model.cache_keys

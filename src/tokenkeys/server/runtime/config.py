@@ -55,6 +55,41 @@ class LoraModule:
 
 
 @dataclass(frozen=True)
+class VllmEngineConfig:
+    """A real vLLM the sidecar fronts: ``--engine vllm+http://HOST:PORT`` and its KV events.
+
+    ``kv_events`` is vLLM's ZMQ publisher (``--engine-kv-events tcp://HOST:PORT``, the endpoint
+    of vLLM's ``--kv-events-config``), ``kv_replay`` its replay endpoint and ``kv_topic`` its
+    topic ("" subscribes to every topic).
+    """
+
+    url: str
+    kv_events: str
+    kv_replay: str | None = None
+    kv_topic: str = ""
+
+    #: The scheme prefix that selects this engine on ``--engine``.
+    SCHEME = "vllm+"
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"https?://[^\s/]+(:\d{1,5})?/?", self.url):
+            raise ConfigError(
+                f"--engine {self.SCHEME}{self.url!r} is not vllm+http://HOST:PORT",
+                field="engine",
+            )
+        for name, value in (
+            ("engine-kv-events", self.kv_events),
+            ("engine-kv-replay", self.kv_replay),
+        ):
+            if value is not None and not re.fullmatch(r"tcp://[^\s*]+:\d{1,5}", value):
+                raise ConfigError(
+                    f"--{name} {value!r} is not tcp://HOST:PORT (vLLM's endpoint, with the host "
+                    "this sidecar reaches it on in place of vLLM's bind wildcard '*')",
+                    field=name,
+                )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Generation settings of one server process (every served model gets its own engine).
 
@@ -64,7 +99,7 @@ class EngineConfig:
     ``kv_events_subscriber_backlog`` batches behind gets a terminal OVERLOADED message.
     ``kv_events`` False disables the ZMQ publisher only; the gRPC ``SubscribeKvEvents`` stream
     is always there. ``remote_engine`` (``host:port``) forwards generation to an OpenEngine
-    ``Inference`` service instead of simulating it.
+    ``Inference`` service instead of simulating it; ``vllm`` to a real vLLM (the sidecar).
     """
 
     num_kv_blocks: int = 4096
@@ -84,6 +119,7 @@ class EngineConfig:
     advertise_host: str | None = None
     lora_modules: tuple[LoraModule, ...] = ()
     remote_engine: str | None = None
+    vllm: VllmEngineConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1:

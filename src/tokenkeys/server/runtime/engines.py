@@ -1,9 +1,11 @@
 """Assembling and running the engines of a server: one per served model, all or nothing.
 
-Per model: spec (``local_engine.deployment_spec`` unless given) -> key function ->
+Per model: spec (``runtime.local.deployment_spec`` unless given) -> key function ->
 :class:`EventStream` (with a :class:`ZmqEventPublisher` on a routable endpoint plus a replay
 endpoint, topic ``kv@<host:port>@<model>`` by default) -> the simulated engine, attached as
-``extensions["engine"]``; or, with ``--engine HOST:PORT``, a :class:`RemoteEngine`.
+the model's ``engine``; with ``--engine vllm+http://HOST:PORT`` the same stream fed by the real
+vLLM's relayed events and a :class:`VllmSidecarEngine`; or, with ``--engine HOST:PORT``, a
+:class:`RemoteEngine`.
 
 Lifecycle: :meth:`EngineRuntime.start` after the gRPC server is listening (the topic and the
 advertised gRPC source name its port); :meth:`EngineRuntime.begin_shutdown` ends every KV-event
@@ -13,35 +15,47 @@ after the gRPC server stopped closes the sockets.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from tokenkeys.client.engine import RemoteEngine
 from tokenkeys.errors import FailedPrecondition, NotFound, Unavailable
 from tokenkeys.events.model import EventSourceInfo, SpecRef
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec, int_encoding_of
 from tokenkeys.events.stream import EventStream
-from tokenkeys.events.vllm_codec import VllmMsgpackCodec
+from tokenkeys.events.vllm_codec import VllmMsgpackCodec, layout_for
 from tokenkeys.events.zmq_endpoint import routable_endpoint
 from tokenkeys.events.zmq_publisher import ZmqEventPublisher
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.runtime.config import EngineConfig
+from tokenkeys.server.runtime.key_check import KeyCheck, keys_checked
 from tokenkeys.server.runtime.local import LocalEngine, deployment_spec
+from tokenkeys.server.runtime.vllm_sidecar import VllmSidecarEngine
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
 log = logging.getLogger(__name__)
 
 
+#: An engine whose KV events this process streams itself: simulated, or a fronted vLLM.
+HostedEngine = LocalEngine | VllmSidecarEngine
+
+
 @dataclass
 class ModelEngine:
-    """The running engine parts of one served model (``local`` or ``remote`` is set)."""
+    """The running engine parts of one served model (``local`` or ``remote`` is set).
+
+    ``local`` is a hosted engine: its events are this server's stream (simulated, or relayed
+    from the vLLM it fronts).
+    """
 
     model: str
-    local: LocalEngine | None = None
+    local: HostedEngine | None = None
     remote: RemoteEngine | None = None
     publisher: ZmqEventPublisher | None = None
     protobuf: ProtobufEventCodec | None = None
@@ -75,6 +89,9 @@ class EngineRuntime:
         self.ready = False
         self.draining = False
         self._channel: grpc.aio.Channel | None = None
+        #: Metrics of the engines (exported on the HTTP ``/metrics``): the live key check.
+        self.metrics = CollectorRegistry(auto_describe=True)
+        self.keys_checked = keys_checked(self.metrics)
 
     @property
     def instance_id(self) -> str:
@@ -101,7 +118,7 @@ class EngineRuntime:
             raise
         for model in self.models:
             parts = self.engines[model.name]
-            model.extensions["engine"] = parts.local or parts.remote
+            self.models.replace(dataclasses.replace(model, engine=parts.local or parts.remote))
         self.ready = True
 
     async def _start_model(self, index: int, model: ServedModel, bind_host: str) -> ModelEngine:
@@ -121,6 +138,7 @@ class EngineRuntime:
                 buffer_steps=config.kv_events_buffer_steps,
                 hwm=config.kv_events_hwm,
                 advertise_host=config.advertise_host,
+                replay_topic=layout_for(config.wire_version).replay_topic,
             )
         parts = ModelEngine(model.name, publisher=publisher)
         try:
@@ -133,11 +151,26 @@ class EngineRuntime:
                 buffer_steps=config.kv_events_buffer_steps,
                 subscriber_backlog=config.kv_events_subscriber_backlog,
             )
-            parts.local = LocalEngine(model, spec, stream, config)
+            if config.vllm is not None:
+                sidecar = VllmSidecarEngine(
+                    model,
+                    spec,
+                    stream,
+                    config.vllm,
+                    KeyCheck(spec, model.name, self.keys_checked),
+                    max_model_len=config.max_model_len,
+                    wire_version=config.wire_version,
+                )
+                parts.local = sidecar
+                await sidecar.start()
+            else:
+                parts.local = LocalEngine(model, spec, stream, config)
             parts.protobuf = ProtobufEventCodec(
                 int_encoding_of(spec.event_encoding), spec_ref(spec)
             )
         except BaseException:
+            if isinstance(parts.local, VllmSidecarEngine):
+                await parts.local.close()
             if publisher is not None:
                 await publisher.close()
             raise
@@ -150,11 +183,16 @@ class EngineRuntime:
             if parts.remote is not None:
                 lines.append(f"engine {name}: remote OpenEngine engine at {parts.remote.target}")
                 continue
-            assert parts.local is not None
-            engine, spec = parts.local.engine, parts.local.spec
+            local = parts.local
+            assert local is not None
+            kind = (
+                f"vLLM at {local.config.url}"
+                if isinstance(local, VllmSidecarEngine)
+                else "simulated"
+            )
             line = (
-                f"engine {name}: simulated, {engine.num_blocks} KV blocks of "
-                f"{engine.block_size} tokens, keys {spec.profile_id} (spec {spec.fingerprint})"
+                f"engine {name}: {kind}, {local.num_blocks} KV blocks of {local.block_size} "
+                f"tokens, keys {local.spec.profile_id} (spec {local.spec.fingerprint})"
             )
             info = parts.zmq_source()
             if info is not None:
@@ -165,8 +203,8 @@ class EngineRuntime:
             lines.append(line)
         return lines
 
-    def engine_of(self, model: str) -> LocalEngine | RemoteEngine:
-        """What ``extensions["engine"]`` holds for ``model``."""
+    def engine_of(self, model: str) -> HostedEngine | RemoteEngine:
+        """The engine of ``model`` (what the served model's ``engine`` is)."""
         parts = self.parts(model)
         engine = parts.local or parts.remote
         assert engine is not None
@@ -194,6 +232,13 @@ class EngineRuntime:
             )
         return parts
 
+    async def ensure_up(self) -> None:
+        """Raise Unavailable when a fronted vLLM is down: discovery then finds this server down,
+        and a router admits it again only once its engine answers."""
+        for parts in self.engines.values():
+            if isinstance(parts.local, VllmSidecarEngine):
+                await parts.local.ensure_up()
+
     def begin_shutdown(self) -> None:
         """Refuse new requests and end every KV-event subscription (terminal message)."""
         self.draining = True
@@ -206,6 +251,8 @@ class EngineRuntime:
         self.begin_shutdown()
         self.ready = False
         for parts in self.engines.values():
+            if isinstance(parts.local, VllmSidecarEngine):
+                await parts.local.close()
             if parts.publisher is not None:
                 await parts.publisher.close()
         if self._channel is not None:

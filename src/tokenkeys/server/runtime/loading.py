@@ -27,18 +27,30 @@ from tokenkeys.tokenizer.proto import tokenizer_identity
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A served name and the tokenizer folder it is loaded from."""
+    """A served name (and further names) and the tokenizer folder it is loaded from."""
 
     name: str
     path: Path
+    aliases: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, spec: str) -> ModelSource:
-        """``DIR`` (served under the folder's name) or ``NAME=DIR``."""
+        """``DIR`` (served under the folder's name) or ``NAME=DIR``.
+
+        NAME may be a Hugging Face id (``org/name``), as vLLM serves them. A spec that is an
+        existing folder is always a DIR, so a folder whose path holds ``=`` needs no quoting.
+        """
         name, sep, path = spec.partition("=")
-        if sep and name and "/" not in name:
+        if sep and name and not Path(spec).is_dir():
             return cls(name, Path(path))
         return cls(Path(spec).resolve().name, Path(spec))
+
+    def named(self, names: list[str]) -> ModelSource:
+        """This folder served under ``names`` (vLLM's ``--served-model-name``): the first is
+        the name answers carry, every one is accepted; no names keeps this source's."""
+        if not names:
+            return self
+        return dataclasses.replace(self, name=names[0], aliases=tuple(names[1:]))
 
     @classmethod
     def default(cls) -> ModelSource:
@@ -91,7 +103,7 @@ def load_models(
     chat = chat or ChatOptions()
     options = dataclasses.replace(options, chat_template_sha256=chat_config_digest(chat))
     registry = ModelRegistry()
-    # The server sends messages up to a multiple of max_request_bytes (grpc_server.py), so a
+    # The server sends messages up to a multiple of max_request_bytes (server/grpc/server.py), so a
     # chunk no larger than max_request_bytes always fits, whatever the configured limit.
     max_chunk = min(MAX_CHUNK_SIZE, max(MIN_CHUNK_SIZE, limits.max_request_bytes))
     chunk = (
@@ -99,12 +111,16 @@ def load_models(
     )
     for source in sources or [ModelSource.default()]:
         tokenizer = Tokenizer.load(source.path, options)
-        model = ServedModel(source.name, tokenizer, Preprocessor(tokenizer, limits, chat))
-        model.extensions["artifacts"] = ArtifactStreamer(
+        artifacts = ArtifactStreamer(
             tokenizer,
             tokenizer_identity(tokenizer),
             default_chunk_size=chunk,
             max_chunk_size=max_chunk,
         )
-        registry.add(model)
+        preprocessor = Preprocessor(tokenizer, limits, chat)
+        registry.add(
+            ServedModel(
+                source.name, tokenizer, preprocessor, artifacts=artifacts, aliases=source.aliases
+            )
+        )
     return registry

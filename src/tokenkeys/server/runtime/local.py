@@ -1,7 +1,8 @@
 """One served model's simulated engine, as the serving layers call it.
 
-:class:`LocalEngine` is what ``ServedModel.extensions["engine"]`` holds when generation is
-simulated: the :class:`~tokenkeys.engine.core.Engine` bound to the model's cache-key spec, its
+:class:`LocalEngine` is a served model's ``engine`` (an
+:class:`~tokenkeys.engine.protocol.Engine`) when generation is simulated: the
+:class:`~tokenkeys.engine.core.Engine` bound to the model's cache-key spec, its
 :class:`~tokenkeys.events.stream.EventStream`, and the per-request resolution every caller
 (gRPC ``Inference.Generate``, the HTTP routes) needs: the adapter's registered path and id, the
 server's default seed, the model name where the profile keys it, the KV-cache group.
@@ -16,6 +17,7 @@ from functools import lru_cache
 
 from tokenkeys.engine.core import Engine, GenerateOutput, GenerationParams
 from tokenkeys.engine.event_extra_keys import VllmEventExtraKeys
+from tokenkeys.engine.protocol import EngineLoad
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, NotFound
 from tokenkeys.events.model import SpecRef
 from tokenkeys.events.stream import EventStream
@@ -43,13 +45,12 @@ def _default_spec() -> CacheKeySpec:
 def deployment_spec(model: ServedModel) -> CacheKeySpec:
     """The cache-key spec the engine of ``model`` keys its blocks with.
 
-    The server's cache-key configuration (``extensions["cache_keys"]``, which carries the
-    deployment's spec) when there is one, so that events, GetCacheKeySpec and ComputeCacheKeys
+    The server's cache-key configuration (``model.cache_keys``, which carries the deployment's
+    spec) when there is one, so that events, GetCacheKeySpec and ComputeCacheKeys
     all follow one spec; otherwise :data:`DEFAULT_PROFILE` at :data:`DEFAULT_BLOCK_SIZE`.
     """
-    spec = getattr(model.extensions.get("cache_keys"), "spec", None)
-    if isinstance(spec, CacheKeySpec):
-        return spec
+    if model.cache_keys is not None:
+        return model.cache_keys.spec
     return _default_spec()
 
 
@@ -95,6 +96,39 @@ class LocalEngine:
             group_idx=group.index,
             kv_cache_spec_kind=group.kind,
         )
+
+    @property
+    def block_size(self) -> int:
+        """The simulated engine's KV block size."""
+        return self.engine.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        """The simulated engine's KV blocks."""
+        return self.engine.num_blocks
+
+    @property
+    def keys_verified(self) -> bool:
+        """Always: the simulated engine hashes with the spec itself."""
+        return True
+
+    @property
+    def max_model_len(self) -> int | None:
+        """``--max-model-len``, else the tokenizer's ``model_max_length``."""
+        return self.engine.max_model_len
+
+    @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        """The adapters registered with ``--lora-modules``, by name and path."""
+        return tuple(Adapter(m.name, m.path) for m in self.config.lora_modules)
+
+    async def load(self) -> EngineLoad:
+        """The simulated engine's requests and KV blocks."""
+        return await self.engine.load()
+
+    async def close(self) -> None:
+        """End the KV-event subscriptions (terminal message); the publisher is the runtime's."""
+        self.stream.close()
 
     @property
     def spec_ref(self) -> SpecRef:

@@ -80,7 +80,7 @@ class ModelInfo(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., served_model_name: _Optional[str] = ..., served_model_aliases: _Optional[_Iterable[str]] = ..., max_context_length: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., tokenizer_modes: _Optional[_Iterable[str]] = ..., supports_text_input: _Optional[bool] = ..., supports_token_ids_input: _Optional[bool] = ..., generation: _Optional[_Union[GenerationCapabilities, _Mapping]] = ..., supports_lora: _Optional[bool] = ..., supports_multimodal: _Optional[bool] = ..., reasoning_parser: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tokenizer: _Optional[_Union[TokenizerAdvertisement, _Mapping]] = ...) -> None: ...
 
 class TokenizerAdvertisement(_message.Message):
-    __slots__ = ("fingerprint", "operations", "artifact_format", "artifacts_available", "key_spec", "remote_key_computation", "tokenizer_endpoint")
+    __slots__ = ("fingerprint", "operations", "artifact_format", "artifacts_available", "key_spec", "remote_key_computation", "tokenizer_endpoint", "keys_unverified")
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class TokenizerAdvertisement(_message.Message):
     KEY_SPEC_FIELD_NUMBER: _ClassVar[int]
     REMOTE_KEY_COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_UNVERIFIED_FIELD_NUMBER: _ClassVar[int]
     fingerprint: str
     operations: _containers.RepeatedScalarFieldContainer[_tokenizer_pb2.TokenizerOperation]
     artifact_format: str
@@ -95,7 +96,8 @@ class TokenizerAdvertisement(_message.Message):
     key_spec: _cache_keys_pb2.CacheKeySpecRef
     remote_key_computation: bool
     tokenizer_endpoint: str
-    def __init__(self, fingerprint: _Optional[str] = ..., operations: _Optional[_Iterable[_Union[_tokenizer_pb2.TokenizerOperation, str]]] = ..., artifact_format: _Optional[str] = ..., artifacts_available: _Optional[bool] = ..., key_spec: _Optional[_Union[_cache_keys_pb2.CacheKeySpecRef, _Mapping]] = ..., remote_key_computation: _Optional[bool] = ..., tokenizer_endpoint: _Optional[str] = ...) -> None: ...
+    keys_unverified: bool
+    def __init__(self, fingerprint: _Optional[str] = ..., operations: _Optional[_Iterable[_Union[_tokenizer_pb2.TokenizerOperation, str]]] = ..., artifact_format: _Optional[str] = ..., artifacts_available: _Optional[bool] = ..., key_spec: _Optional[_Union[_cache_keys_pb2.CacheKeySpecRef, _Mapping]] = ..., remote_key_computation: _Optional[bool] = ..., tokenizer_endpoint: _Optional[str] = ..., keys_unverified: _Optional[bool] = ...) -> None: ...
 
 class GenerationCapabilities(_message.Message):
     __slots__ = ("prompt_logprobs", "output_logprobs", "guided_decoding", "max_num_sequences", "supports_priority", "supports_stop_in_output", "supports_cache_salt", "supports_prefix_cache_bypass")

@@ -1,4 +1,4 @@
-"""The ``cache_keys`` extension of a served model: GetCacheKeySpec and ComputeCacheKeys.
+"""Cache keys of a served model (``ServedModel.cache_keys``): GetCacheKeySpec, ComputeCacheKeys.
 
 The servicer stays a thin translation: it finds the model and hands the request here. This
 module validates the whole request before computing anything (limits, the expected spec
@@ -24,12 +24,7 @@ from tokenkeys.keys.proto import (
     spec_ref,
     spec_to_message,
 )
-from tokenkeys.limits import Limits
-from tokenkeys.serving.models import ModelRegistry
-
-EXTENSION = "cache_keys"
-# The largest GetCacheKeySpec answer clients accept (CacheKeyClient's receive limit).
-MAX_SPEC_BYTES = 64 * 1024 * 1024
+from tokenkeys.limits import MAX_ANSWER_BYTES, Limits
 
 # Above this many tokens in one call the keys are computed on a worker thread, so one large
 # call does not hold up the event loop's other RPCs for its whole duration.
@@ -63,11 +58,11 @@ class CacheKeyService:
             False: spec_to_message(spec, include_vectors=False),
         }
         size = self._messages[True].ByteSize()
-        if size > MAX_SPEC_BYTES:
+        if size > MAX_ANSWER_BYTES:
             raise ConfigError(
                 f"the {spec.profile_id} spec with hash unit {spec.hash_unit} carries "
                 f"{size} bytes of test vectors, more than a client receives in one message "
-                f"({MAX_SPEC_BYTES}); use a smaller --block-size",
+                f"({MAX_ANSWER_BYTES}); use a smaller --block-size",
                 field="block_size",
             )
 
@@ -155,13 +150,3 @@ def _at(i: int, exc: TokenkeysError) -> TokenkeysError:
         where = name or f"requests[{i}]"
     error = type(exc)(f"{where}: {exc.message}", field=where, **exc.details)
     return error
-
-
-def attach_cache_keys(models: ModelRegistry, spec: CacheKeySpec | None, limits: Limits) -> None:
-    """Give every served model a :class:`CacheKeyService` for ``spec`` (none when ``None``)."""
-    if spec is None:
-        return
-    for model in models:
-        model.extensions[EXTENSION] = CacheKeyService(
-            spec, limits, tokenizer_fingerprint=model.tokenizer.fingerprint
-        )

@@ -1,0 +1,115 @@
+"""A Generate request, validated for a served model: token ids, parameters, key context.
+
+What the simulated engine cannot honour exactly is refused with UNIMPLEMENTED naming the field
+(media, guided decoding, logprobs, several sequences, stop strings, min_tokens, KV sessions,
+prefix-cache bypass); sampling knobs other than ``seed`` are accepted and have no effect on the
+simulated tokens. The same refusals apply when generation is forwarded to a remote engine,
+because the forwarding interface carries token ids, usage and finish reasons only.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
+from tokenkeys.engine.core import GenerationParams
+from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.keys import KeyContext
+from tokenkeys.serving.models import ServedModel
+
+#: max_tokens when a request leaves it unset (vLLM's completions default).
+DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class GenerateInputs:
+    """A validated Generate request as the engine takes it."""
+
+    request_id: str
+    token_ids: list[int]
+    params: GenerationParams
+    context: KeyContext | None
+    lora_name: str | None
+
+
+def _unsupported(what: str, field: str) -> Unsupported:
+    return Unsupported(
+        f"{what} is not supported by this engine (tokenkeys' simulated engine produces token "
+        f"ids, usage and finish reasons only); drop {field} from the request",
+        field=field,
+    )
+
+
+def _refuse_unsupported(request: gen.GenerateRequest) -> None:
+    if request.media:
+        raise _unsupported(f"media input ({len(request.media)} items)", "media")
+    guide = request.guided.WhichOneof("guide") if request.HasField("guided") else None
+    if guide is not None:
+        raise _unsupported(f"guided decoding ({guide})", f"guided.{guide}")
+    resp = request.response
+    for name in (
+        "return_prompt_logprobs",
+        "return_output_logprobs",
+        "prompt_candidates",
+        "output_candidates",
+        "prompt_logprob_start",
+    ):
+        if resp.HasField(name) and (getattr(resp, name) is not False):
+            raise _unsupported("logprobs", f"response.{name}")
+    sampling = request.sampling
+    if sampling.HasField("num_sequences"):
+        if sampling.num_sequences == 0:
+            raise InvalidArgument(
+                "sampling.num_sequences is 0; it must be at least 1 (or unset for 1)",
+                field="sampling.num_sequences",
+            )
+        if sampling.num_sequences > 1:
+            raise _unsupported(
+                f"num_sequences={sampling.num_sequences} (several outputs per request)",
+                "sampling.num_sequences",
+            )
+    stopping = request.stopping
+    if stopping.HasField("min_tokens") and stopping.min_tokens > 0:
+        raise _unsupported("min_tokens", "stopping.min_tokens")
+    for cond in stopping.conditions:
+        if cond.WhichOneof("condition") == "stop_text":
+            raise _unsupported("stop strings", "stopping.conditions.stop_text")
+    if request.kv.HasField("session"):
+        raise _unsupported("KV sessions (disaggregated prefill/decode)", "kv.session")
+    if request.kv.bypass_prefix_cache:
+        raise _unsupported("bypassing the prefix cache", "kv.bypass_prefix_cache")
+
+
+def generate_inputs(request: gen.GenerateRequest, model: ServedModel) -> GenerateInputs:
+    """Validate ``request`` for ``model``: text is tokenized by the model's Preprocessor."""
+    _refuse_unsupported(request)
+    kind = request.WhichOneof("input")
+    if kind == "prompt":
+        ids = model.preprocessor.tokenize_prompts([request.prompt], field_name="prompt")[0].ids
+    elif kind == "token_ids":
+        ids = list(request.token_ids.ids)
+        model.preprocessor.limits.check_tokens("token_ids", len(ids))
+        model.tokenizer.check_ids([ids], field="token_ids")
+    else:
+        raise InvalidArgument(
+            "GenerateRequest has no input; set prompt (text) or token_ids", field="input"
+        )
+    stopping = request.stopping
+    max_tokens = stopping.max_tokens if stopping.HasField("max_tokens") else DEFAULT_MAX_TOKENS
+    params = GenerationParams(
+        max_tokens=max_tokens,
+        seed=request.sampling.seed if request.sampling.HasField("seed") else None,
+        stop_token_ids=tuple(
+            c.stop_token_id for c in stopping.conditions if c.WhichOneof("condition")
+        ),
+    )
+    salt = request.kv.cache_salt if request.kv.HasField("cache_salt") else None
+    context = KeyContext(cache_salt=salt) if salt is not None else None
+    return GenerateInputs(
+        request_id=request.request_id or uuid.uuid4().hex,
+        token_ids=ids,
+        params=params,
+        context=context,
+        lora_name=request.lora_name or None,
+    )

@@ -1,0 +1,120 @@
+"""What the sidecar checks at start about the vLLM it fronts: every conflict refuses to start.
+
+vLLM says what it is in three places, all read before the sidecar serves anything:
+
+- ``/metrics`` ``vllm:cache_config_info`` (vLLM 0.32 ``CacheConfig.metrics_info``, every
+  cache-config field as a label): ``block_size`` against ``--block-size``,
+  ``prefix_caching_hash_algo`` against the algorithm of ``--cache-key-profile``, and
+  ``enable_prefix_caching`` (without it vLLM stores no blocks and publishes no keys);
+- ``/v1/models``: the served model name (the sidecar forwards under its own served name) and
+  ``max_model_len`` against ``--max-model-len`` when given (adopted otherwise);
+- ``/tokenize`` of a probe text: vLLM's ids against the sidecar's tokenizer (backend), so the
+  served number is vLLM's.
+
+A conflict is a :class:`~tokenkeys.errors.ConfigError` naming the option and both values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenkeys.client.vllm_http import VllmHttpClient, VllmModel
+from tokenkeys.errors import ConfigError
+from tokenkeys.keys import Adapter, CacheKeySpec
+from tokenkeys.serving.models import ServedModel
+
+#: Text the probe tokenizes: ASCII, digits, a Unicode numeral after a space (where tokenizer
+#: backends disagreed, issue 11), accents and a special token.
+PROBE_TEXT = "Probe 12345 tokens: caf\u00e9, \u2166 and \u0661\u0662\u0663<|im_end|> done."
+
+
+@dataclass(frozen=True)
+class VllmFacts:
+    """What the sidecar adopts from vLLM once the checks passed."""
+
+    max_model_len: int | None
+    num_blocks: int
+    adapters: tuple[Adapter, ...]
+
+
+async def check_vllm(
+    client: VllmHttpClient,
+    model: ServedModel,
+    spec: CacheKeySpec,
+    max_model_len: int | None,
+) -> VllmFacts:
+    """Run every start check against the vLLM behind ``client``; the facts, or ConfigError."""
+    metrics = await client.metrics()
+    cache = metrics.cache_config
+    if not cache:
+        raise ConfigError(
+            f"vLLM at {client.base_url} publishes no vllm:cache_config_info on /metrics; "
+            "cannot check its block size and hash algorithm",
+            field="engine",
+        )
+    _check_cache_config(cache, spec)
+    served = await client.models()
+    base = _served_model(served, model.name, client.base_url)
+    if max_model_len is not None and base.max_model_len not in (None, max_model_len):
+        raise ConfigError(
+            f"--max-model-len is {max_model_len}, vLLM's max_model_len is {base.max_model_len}",
+            field="max-model-len",
+        )
+    await _probe_tokenize(client, model)
+    adapters = tuple(Adapter(m.name, m.root) for m in served if m.parent == base.name)
+    return VllmFacts(
+        base.max_model_len or max_model_len, int(cache.get("num_gpu_blocks") or 0), adapters
+    )
+
+
+def _check_cache_config(cache: dict[str, str], spec: CacheKeySpec) -> None:
+    if cache.get("enable_prefix_caching") != "True":
+        raise ConfigError(
+            "vLLM runs without prefix caching (enable_prefix_caching="
+            f"{cache.get('enable_prefix_caching')}); it stores no blocks to route by: start it "
+            "with --enable-prefix-caching",
+            field="engine",
+        )
+    block_size = spec.groups[0].block_size
+    if cache.get("block_size") != str(block_size):
+        raise ConfigError(
+            f"--block-size is {block_size}, vLLM's block_size is {cache.get('block_size')}",
+            field="block-size",
+        )
+    if spec.engine != "vllm":
+        raise ConfigError(
+            f"--cache-key-profile is {spec.profile_id}, a {spec.engine} profile; vLLM hashes "
+            f"with {cache.get('prefix_caching_hash_algo')} (use a vllm/... profile)",
+            field="cache-key-profile",
+        )
+    algo = cache.get("prefix_caching_hash_algo")
+    if algo != spec.algorithm:
+        raise ConfigError(
+            f"--cache-key-profile {spec.profile_id} hashes with {spec.algorithm}, vLLM's "
+            f"prefix_caching_hash_algo is {algo}",
+            field="cache-key-profile",
+        )
+
+
+def _served_model(served: list[VllmModel], name: str, url: str) -> VllmModel:
+    bases = [m for m in served if m.parent is None]
+    for entry in bases:
+        if entry.name == name:
+            return entry
+    raise ConfigError(
+        f"--model serves {name!r}, vLLM at {url} serves {[m.name for m in bases]}; name the "
+        "model as vLLM's --served-model-name (--model NAME=DIR)",
+        field="model",
+    )
+
+
+async def _probe_tokenize(client: VllmHttpClient, model: ServedModel) -> None:
+    theirs = await client.tokenize(model.name, PROBE_TEXT)
+    ours = list(model.tokenizer.encode([PROBE_TEXT], add_special_tokens=True)[0].ids)
+    if ours != theirs:
+        raise ConfigError(
+            f"/tokenize of a probe text differs: --backend {model.tokenizer.options.backend} "
+            f"gives {ours}, vLLM gives {theirs}; choose the backend of vLLM's tokenizer library "
+            "(e.g. --backend transformers5) and the same tokenizer folder",
+            field="backend",
+        )

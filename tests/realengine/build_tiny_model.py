@@ -1,0 +1,72 @@
+"""Build a tiny random-weight Llama (and a LoRA adapter for it); run by the ENGINE's Python.
+
+Usage: ``python build_tiny_model.py TOKENIZER_FOLDER MODEL_OUT [LORA_OUT]``
+
+Nothing is downloaded: the tokenizer files are copied byte for byte from the given folder (the
+embedded SmolLM2 tokenizer), so vLLM serves the very files tokenkeys fingerprints. The weights are
+random (fixed seed); only the tokenizer, the block hashes and the events matter to the tests.
+Shape: vLLM's CPU attention needs a head size of at least 32, hence hidden 128 with 4 heads.
+
+This file imports torch, transformers and peft, which live in the engine environment only; it is
+a script, not a test module.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+MAX_POSITIONS = 4096
+
+
+def build_model(tokenizer_folder: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder), local_files_only=True)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=MAX_POSITIONS,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        torch_dtype="float32",
+    )
+    LlamaForCausalLM(config).save_pretrained(str(out))
+    for name in TOKENIZER_FILES:
+        if (tokenizer_folder / name).is_file():
+            shutil.copyfile(tokenizer_folder / name, out / name)
+
+
+def build_lora(model: Path, out: Path) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(1)
+    base = LlamaForCausalLM.from_pretrained(str(model))
+    # init_lora_weights=False: random A and B, so the adapter really changes the model.
+    config = LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    get_peft_model(base, config).save_pretrained(str(out))
+
+
+def main(argv: list[str]) -> None:
+    tokenizer_folder, model_out = Path(argv[0]), Path(argv[1])
+    build_model(tokenizer_folder, model_out)
+    if len(argv) > 2:
+        build_lora(model_out, Path(argv[2]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

