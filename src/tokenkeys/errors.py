@@ -86,15 +86,6 @@ class TemplateLimitExceeded(InvalidArgument, LimitExceeded):
     """
 
 
-def vllm_invalid(message: str, parameter: str | None = None, value: Any = None) -> InvalidArgument:
-    """A 400 worded as vLLM 0.32 words its ``VLLMValidationError``: the message, then
-    ``(parameter=P, value=V)`` for those it names (``vllm/exceptions.py`` ``__str__``), so a
-    client matching vLLM's text matches ours. ``field`` is the parameter."""
-    extras = [f"{k}={v}" for k, v in (("parameter", parameter), ("value", value)) if v is not None]
-    text = f"{message} ({', '.join(extras)})" if extras else message
-    return InvalidArgument(text, field=parameter)
-
-
 class ContextLengthExceeded(InvalidArgument, LimitExceeded):
     """A request does not fit the model's context (``max_model_len``).
 
@@ -102,6 +93,22 @@ class ContextLengthExceeded(InvalidArgument, LimitExceeded):
     INVALID_ARGUMENT) as vLLM and OpenAI do, since :class:`InvalidArgument` comes first in
     :data:`STATUS_TABLE`.
     """
+
+
+def vllm_invalid(
+    message: str,
+    parameter: str | None = None,
+    value: Any = None,
+    *,
+    kind: type[InvalidArgument] = InvalidArgument,
+) -> InvalidArgument:
+    """A 400 worded as vLLM 0.32 words its ``VLLMValidationError``: the message, then
+    ``(parameter=P, value=V)`` for those it names (``vllm/exceptions.py`` ``__str__``), so a
+    client matching vLLM's text matches ours. ``field`` is the parameter; ``kind`` the class
+    (e.g. :class:`ContextLengthExceeded`), any :class:`InvalidArgument`."""
+    extras = [f"{k}={v}" for k, v in (("parameter", parameter), ("value", value)) if v is not None]
+    text = f"{message} ({', '.join(extras)})" if extras else message
+    return kind(text, field=parameter)
 
 
 class TooManyRequests(LimitExceeded):

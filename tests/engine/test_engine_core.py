@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from dataclasses import dataclass
 
 import pytest
 
 from tokenkeys.engine.core import Engine, GenerationParams
 from tokenkeys.engine.latency import LatencyModel
-from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
+from tokenkeys.errors import ConfigError, ContextLengthExceeded, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 BS = 4
@@ -258,12 +259,43 @@ async def test_lora_and_event_extra_keys_are_reported():
         ([1, -1], GenerationParams(), InvalidArgument, r"prompt_token_ids\[1\]"),
         ([1, 2**32], GenerationParams(), InvalidArgument, r"\[0, 2\*\*32\)"),
         ([1, True], GenerationParams(), InvalidArgument, r"prompt_token_ids\[1\]"),
-        ([1], GenerationParams(max_tokens=0), InvalidArgument, "max_tokens is 0"),
+        ([1], GenerationParams(max_tokens="2"), InvalidArgument, "max_tokens is '2'"),
         (list(range(40)), GenerationParams(max_tokens=1), LimitExceeded, "needs 10 KV blocks"),
-        # vLLM 0.32's context rules: max_tokens past max_model_len, or a prompt leaving no
-        # room, is refused; a prompt + max_tokens past it is fitted (test below).
-        ([1] * 64, GenerationParams(max_tokens=1), LimitExceeded, "max_model_len 64"),
-        ([1], GenerationParams(max_tokens=65), LimitExceeded, "max_model_len 64"),
+        # vLLM 0.32's context rule in vLLM's words (engine/context_window.py, the rule the HTTP
+        # frontend applies): max_tokens below 1 or past max_model_len, a prompt past it or
+        # leaving no room, is refused; a prompt + max_tokens past it is fitted (test below).
+        (
+            [1],
+            GenerationParams(max_tokens=0),
+            InvalidArgument,
+            re.escape("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"),
+        ),
+        (
+            [1] * 64,
+            GenerationParams(max_tokens=1),
+            ContextLengthExceeded,
+            re.escape("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"),
+        ),
+        (
+            [1] * 65,
+            GenerationParams(max_tokens=1),
+            ContextLengthExceeded,
+            re.escape(
+                "This model's maximum context length is 64 tokens. However, your prompt "
+                "contains at least 65 input tokens, which exceeds this limit even without any "
+                "output tokens. Please reduce the length of the input prompt. "
+                "(parameter=input_tokens, value=65)"
+            ),
+        ),
+        (
+            [1],
+            GenerationParams(max_tokens=65),
+            ContextLengthExceeded,
+            re.escape(
+                "max_tokens=65 cannot be greater than max_model_len=64. Please request fewer "
+                "output tokens. (parameter=max_tokens, value=65)"
+            ),
+        ),
     ],
 )
 async def test_bad_requests_are_refused_with_a_clear_error(prompt, params, error, match):

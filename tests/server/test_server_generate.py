@@ -158,7 +158,8 @@ async def test_accepted_but_ignored_options(stack):
         (
             {"prompt": "x", "stopping": gen.StoppingOptions(max_tokens=9000)},
             grpc.StatusCode.INVALID_ARGUMENT,
-            "max_model_len 8192",
+            # vLLM's words, as the HTTP frontend's (engine/context_window.py)
+            "max_tokens=9000 cannot be greater than max_model_len=8192.",
         ),
         (
             {"prompt": "x", "sampling": gen.SamplingParams(num_sequences=0)},
@@ -172,6 +173,34 @@ async def test_bad_requests_are_refused_before_acceptance(stack, fields, code, n
         await stack.generate(**fields)
     assert info.value.code() == code, info.value.details()
     assert needle in info.value.details()
+
+
+async def test_the_context_rule_is_vllms_in_vllms_words_over_grpc():
+    """Generate goes through the one context rule (engine/context_window.py) the HTTP frontend
+    applies: a prompt past max_model_len is INVALID_ARGUMENT (vLLM's 400) in vLLM's words; a
+    prompt plus max_tokens past it is fitted to the room left, not refused."""
+    stack = await start_stack(EngineConfig(max_model_len=32))
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stack.generate(token_ids=gen.TokenIds(ids=[1] * 40))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details().startswith(
+            "This model's maximum context length is 32 tokens. However, your prompt contains "
+            "40 input tokens"
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stack.generate(token_ids=gen.TokenIds(ids=[1] * 32))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == (
+            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+        )
+        messages = await stack.generate(
+            token_ids=gen.TokenIds(ids=[1] * 30), stopping=gen.StoppingOptions(max_tokens=10)
+        )
+        assert messages[-1].usage.completion_tokens == 2
+        assert messages[-1].finished.reason == gen.FINISH_REASON_LENGTH
+    finally:
+        await stack.stop()
 
 
 async def test_capacity_too_small_for_a_request_is_resource_exhausted():

@@ -16,11 +16,16 @@ A prompt that fits with room to spare generates at most ``max_model_len - prompt
 answer then ends with ``finish_reason: "length"``): a prompt plus ``max_tokens`` over the context
 is not an error in vLLM 0.32. The messages are vLLM's, so clients that match on them work.
 A context length is only known when the model's engine states one; otherwise the engine judges.
+
+This is the one copy of the rule: the HTTP frontend applies it before tokens are generated, and
+the simulated engine (:class:`tokenkeys.engine.core.Engine`, behind gRPC ``Generate`` too) applies
+it to every request it runs, so both refuse with the same words and the same class,
+:class:`~tokenkeys.errors.ContextLengthExceeded` (400, INVALID_ARGUMENT).
 """
 
 from __future__ import annotations
 
-from tokenkeys.errors import InvalidArgument, vllm_invalid
+from tokenkeys.errors import ContextLengthExceeded, InvalidArgument, vllm_invalid
 
 
 def check_requested(max_tokens: int | None, field: str, limit: int | None) -> None:
@@ -31,21 +36,22 @@ def check_requested(max_tokens: int | None, field: str, limit: int | None) -> No
             "Please request fewer output tokens.",
             field,
             max_tokens,
+            kind=ContextLengthExceeded,
         )
 
 
 def fit(prompt_len: int, max_tokens: int, limit: int | None, *, rendered: bool = True) -> int:
     """The output budget of one prompt: ``max_tokens`` capped by the context left (cases 2, 3).
 
-    ``rendered``: the prompt went through the renderer (False: a token-in chat's ids).
+    ``rendered``: the prompt went through the renderer (False: a token-in chat's ids). Without a
+    ``limit`` the budget is ``max_tokens``, still refused below 1 as vLLM's ``SamplingParams``
+    refuses it, in the same words as case 3.
     """
-    if limit is None:
-        return max_tokens
-    if prompt_len > limit and not rendered:
-        raise InvalidArgument(
+    if limit is not None and prompt_len > limit and not rendered:
+        raise ContextLengthExceeded(
             f"Input length ({prompt_len}) exceeds model's maximum context length ({limit})."
         )
-    if prompt_len > limit:
+    if limit is not None and prompt_len > limit:
         raise vllm_invalid(
             f"This model's maximum context length is {limit} tokens. However, your prompt "
             f"contains {_at_least(prompt_len, limit)}{prompt_len} input tokens, which exceeds "
@@ -53,10 +59,16 @@ def fit(prompt_len: int, max_tokens: int, limit: int | None, *, rendered: bool =
             "output tokens. Please reduce the length of the input prompt.",
             "input_tokens",
             prompt_len,
+            kind=ContextLengthExceeded,
         )
-    budget = min(max_tokens, limit - prompt_len)
+    budget = max_tokens if limit is None else min(max_tokens, limit - prompt_len)
     if budget < 1:
-        raise vllm_invalid(f"max_tokens must be at least 1, got {budget}.", "max_tokens", budget)
+        raise vllm_invalid(
+            f"max_tokens must be at least 1, got {budget}.",
+            "max_tokens",
+            budget,
+            kind=ContextLengthExceeded if budget < max_tokens else InvalidArgument,
+        )
     return budget
 
 

@@ -23,12 +23,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from tokenkeys.engine.context_window import check_requested, fit
 from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.engine.paged_cache import Block, BlockKeyLike, PagedPrefixCache
 from tokenkeys.engine.protocol import EngineLoad
 from tokenkeys.engine.sampler import TokenSampler
 from tokenkeys.engine.usage import SimulatedTiming, Usage
-from tokenkeys.errors import ConfigError, ContextLengthExceeded, InvalidArgument, LimitExceeded
+from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import MEDIUM_GPU, EventBatch
 from tokenkeys.keys import Adapter
 
@@ -186,33 +187,14 @@ class Engine:
                     f"prompt_token_ids[{i}] is {t!r}; token ids are integers in [0, 2**32)",
                     field="prompt_token_ids",
                 )
-        if not isinstance(params.max_tokens, int) or params.max_tokens < 1:
+        if isinstance(params.max_tokens, bool) or not isinstance(params.max_tokens, int):
             raise InvalidArgument(
                 f"max_tokens is {params.max_tokens!r}; it must be an integer >= 1",
                 field="max_tokens",
             )
-        if self.max_model_len is None:
-            return params
-        return replace(params, max_tokens=self._fitted_max_tokens(len(prompt), params.max_tokens))
-
-    def _fitted_max_tokens(self, prompt_len: int, max_tokens: int) -> int:
-        """vLLM 0.32's context rules (``vllm/renderers/params.py`` checks,
-        ``vllm/entrypoints/serve/utils/api_utils.py`` ``get_max_tokens``): max_tokens above
-        max_model_len, or a prompt leaving no room for one token, is a bad request; otherwise
-        max_tokens is lowered to the room the prompt leaves (the request is not refused)."""
-        limit = self.max_model_len
-        if max_tokens > limit:
-            raise ContextLengthExceeded(
-                f"max_tokens ({max_tokens}) exceeds max_model_len {limit}; request fewer tokens",
-                field="max_tokens",
-            )
-        if prompt_len >= limit:
-            raise ContextLengthExceeded(
-                f"the prompt has {prompt_len} tokens; max_model_len {limit} leaves no room for "
-                "one generated token; shorten the prompt",
-                field="prompt",
-            )
-        return min(max_tokens, limit - prompt_len)
+        # vLLM 0.32's context rule, the one the HTTP frontend applies (one copy, one wording).
+        check_requested(params.max_tokens, "max_tokens", self.max_model_len)
+        return replace(params, max_tokens=fit(len(prompt), params.max_tokens, self.max_model_len))
 
     async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:
         """Wait until the request's blocks fit; touch its prefix hits and reserve the rest."""
