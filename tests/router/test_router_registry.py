@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import uuid
 
+import grpc
 import pytest
+from engine_stack import ServeProcess
 from routing_support import (
     SYSTEM,
     counter,
@@ -17,6 +22,9 @@ from routing_support import (
     wait_until,
 )
 
+from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
+from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
+from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
@@ -224,3 +232,102 @@ async def test_a_worker_dead_before_any_poll_noticed_is_skipped_and_checked_at_o
         await wait_until(lambda: first.worker not in pool.members, what="removal")
     finally:
         await cluster.close()
+
+
+@contextlib.asynccontextmanager
+async def _router_over(serve: ServeProcess, settings: PoolSettings, down_after: int):
+    """A router polling the ``tokenkeys serve`` process every 50 ms with a 500 ms deadline;
+    events over gRPC (a subscription replays what came before it: no ZMQ slow joiner)."""
+    config = RouterConfig(
+        workers=(serve.target,),
+        transport="grpc",
+        poll_interval=0.05,
+        timeout=0.5,
+        down_after=down_after,
+        pools=settings,
+    )
+    service = await RoutingService(config).start()
+    try:
+        yield service
+    finally:
+        await service.close()
+
+
+async def _served_prefix(service: RoutingService, serve: ServeProcess) -> list[int]:
+    """A prompt the engine served and whose blocks the router's index shows at the worker."""
+    pool = next(iter(service.registry.pools.values()))
+    ids = pool.preprocessor.tokenize_prompts(["Stall here. " + SYSTEM])[0].ids
+    async with grpc.aio.insecure_channel(serve.target) as channel:
+        stub = openengine_pb2_grpc.InferenceStub(channel)
+        request = gen.GenerateRequest(
+            token_ids=gen.TokenIds(ids=ids), stopping=gen.StoppingOptions(max_tokens=1)
+        )
+        async for _ in stub.Generate(request):
+            pass
+    await wait_until(lambda: _held(service, serve.target, ids), what="the prompt's blocks indexed")
+    return ids
+
+
+async def _held(service: RoutingService, address: str, ids: list[int]) -> bool:
+    pool = next(iter(service.registry.pools.values()))
+    worker = pool.index_id(address)
+    found = await service.index.lookup(await pool.block_keys(ids), {worker})
+    return worker in found and found[worker].blocks == len(ids) // 16
+
+
+def _events(service: RoutingService, event: str) -> float:
+    name = "tokenkeys_router_worker_events_total"
+    return service.metrics_registry.get_sample_value(name, {"event": event}) or 0.0
+
+
+@contextlib.contextmanager
+def _stopped(serve: ServeProcess):
+    """The engine process frozen (SIGSTOP): its sockets accept, nothing answers."""
+    os.kill(serve.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(serve.proc.pid, signal.SIGCONT)
+
+
+async def test_a_worker_late_to_answer_stays_ready_with_its_entries(settings):
+    """Missed GetLoad deadlines below ``down_after`` keep the worker ready and its index
+    entries: a loaded host answers late now and then (the failure seen under load before)."""
+    with ServeProcess() as serve:
+        async with _router_over(serve, settings, down_after=1000) as service:
+            ids = await _served_prefix(service, serve)
+            ws = service.registry.workers[serve.target]
+            with _stopped(serve):
+                await wait_until(lambda: ws.missed_polls >= 2, what="two missed polls")
+                assert ws.state == "ready"
+                (status,) = service.registry.status()["workers"]
+                assert status["state"] == "ready" and status["missed_polls"] >= 2
+                assert "did not answer GetLoad" in status["error"]
+            await wait_until(lambda: ws.missed_polls == 0, what="an answered poll")
+            assert ws.state == "ready" and ws.error is None
+            assert await _held(service, serve.target, ids)  # nothing was cleared
+            assert _events(service, "down") == 0
+            assert _events(service, "poll_missed") >= 2
+
+
+async def test_a_worker_that_stops_answering_is_down_at_the_down_after_th_miss(settings, caplog):
+    with ServeProcess() as serve:
+        async with _router_over(serve, settings, down_after=3) as service:
+            ids = await _served_prefix(service, serve)
+            ws = service.registry.workers[serve.target]
+            with _stopped(serve):
+                await wait_until(lambda: ws.state == "down", what="down")
+                assert "did not answer GetLoad" in (ws.error or "")
+                assert not await _held(service, serve.target, ids)  # cleared with it
+            # Two misses in a row tolerated, the third took it out (misses of a loaded machine
+            # before the stop, if any, were followed by an answer, which restarts the count).
+            told = ("worker %s missed", "worker %s is down")
+            steps = [
+                ("missed", r.args[1]) if "missed a poll" in r.msg else ("down",)
+                for r in caplog.records
+                if isinstance(r.msg, str) and r.msg.startswith(told)
+            ]
+            assert steps[-3:] == [("missed", 1), ("missed", 2), ("down",)]
+            assert _events(service, "down") == 1
+            await wait_until(lambda: ws.state == "ready", what="rejoin once it answers")
+            assert ws.missed_polls == 0

@@ -30,6 +30,8 @@ def test_bad_worker_addresses(address):
         ({"index": "redis"}, "--redis-url"),
         ({"transport": "nats"}, "--events"),
         ({"poll_interval": 0}, "--poll-interval"),
+        ({"down_after": 0}, "--down-after"),
+        ({"down_after": 1.5}, "--down-after"),
     ],
 )
 def test_bad_options_name_the_flag(options, message):

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from tokenkeys.cli.access_options import (
     add_client_access_options,
@@ -30,7 +31,9 @@ from tokenkeys.router.index.memory import DEFAULT_CAPACITY
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import POLICIES
 from tokenkeys.router.service import INDEXES, RouterConfig
+from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool_setup import PoolSettings
+from tokenkeys.serving.lifecycle import exit_stopped
 from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
 from tokenkeys.terminal import escape_log_records, printable
 
@@ -95,6 +98,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
     p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
     p.add_argument(
+        "--down-after",
+        type=int,
+        default=DOWN_AFTER,
+        metavar="POLLS",
+        help="GetLoad polls in a row a reachable worker may leave unanswered within --timeout "
+        f"before it is marked down (default {DOWN_AFTER}); a refused connection is down at once",
+    )
+    p.add_argument(
         "--cache",
         metavar="DIR",
         help="tokenizer cache folder (default: $TOKENKEYS_CACHE, else "
@@ -142,6 +153,7 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteC
         transport=args.events,
         poll_interval=args.poll_interval,
         timeout=args.timeout,
+        down_after=args.down_after,
         pools=PoolSettings(
             cache=args.cache, limits=limits, security=channel_security(args, prefix="worker-")
         ),
@@ -208,17 +220,17 @@ async def _route(args: argparse.Namespace, link: WorkerLink | None = None) -> in
     return 0
 
 
-def route_worker(args: argparse.Namespace, link: WorkerLink) -> int:
-    """One worker process of ``route --workers N``."""
+def route_worker(args: argparse.Namespace, link: WorkerLink) -> NoReturn:
+    """One worker process of ``route --workers N``; the process ends once it stopped."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     escape_log_records()  # log lines carry client- and server-supplied strings
-    return asyncio.run(_route(args, link))
+    exit_stopped(asyncio.run(_route(args, link)))
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     escape_log_records()  # log lines carry client- and server-supplied strings
     if args.workers == 1:
-        return asyncio.run(_route(args))
+        exit_stopped(asyncio.run(_route(args)))  # stopped cleanly: no teardown to wait for
     config_from(args)  # a bad option fails once, before any worker starts
     return Supervisor(route_worker, args, args.workers, [("http_port", "--http-port")]).run()

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
 from tokenkeys.cli.common import (
@@ -34,6 +35,7 @@ from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.server.runtime.config import new_instance_id
+from tokenkeys.serving.lifecycle import exit_stopped
 from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
 from tokenkeys.terminal import escape_log_records
 
@@ -214,11 +216,11 @@ async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> in
     return 0
 
 
-def serve_worker(args: argparse.Namespace, link: WorkerLink) -> int:
-    """One worker process of ``serve --workers N``."""
+def serve_worker(args: argparse.Namespace, link: WorkerLink) -> NoReturn:
+    """One worker process of ``serve --workers N``; the process ends once it stopped."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     escape_log_records()  # log lines carry client- and server-supplied strings
-    return asyncio.run(_serve(args, link))
+    exit_stopped(asyncio.run(_serve(args, link)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -227,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     # One line per request forwarded to a vLLM would drown the log (httpx logs at INFO).
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.workers == 1:
-        return asyncio.run(_serve(args))
+        exit_stopped(asyncio.run(_serve(args)))  # stopped cleanly: no teardown to wait for
     # Checked here so a bad option fails once, before any worker starts.
     serve_config(args)
     # Per-process defaults fixed once, so every worker serves the same identity.

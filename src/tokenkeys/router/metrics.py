@@ -34,7 +34,8 @@ class RouterMetrics:
     - ``worker_events_total{event}``: ``joined``, ``down``, ``rejoined``, ``restarted``
       (a new engine instance at a known address), ``foreign_events`` (a rediscovery was
       triggered by events of another spec), ``keys_unverified`` (a worker began advertising
-      unverified keys: routed by load from then on);
+      unverified keys: routed by load from then on), ``poll_missed`` (a ready worker did not
+      answer GetLoad before the deadline; down at ``down_after`` in a row);
     - ``worker_last_event_batch_timestamp_seconds{worker}``: when the last KV-event batch of a
       ready worker (``address@model``) was applied, Unix time (alert on ``time() - it``);
     - ``worker_suspect{worker, reason}``: 1 while a ready worker's reports are not believed

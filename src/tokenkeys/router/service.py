@@ -26,6 +26,7 @@ from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import POLICIES, Router
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.workers.discovery import check_address
+from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool import TRANSPORTS
 from tokenkeys.router.workers.pool_setup import PoolSettings, pool_factory
 from tokenkeys.router.workers.registry import WorkerRegistry
@@ -44,9 +45,10 @@ class RouterConfig:
     - ``transport``: KV events over ``zmq``, ``grpc`` or ``auto`` (ZMQ when advertised);
       it overrides ``pools.transport``;
     - ``poll_interval`` / ``timeout``: seconds between worker polls (GetLoad, health,
-      rejoin) and the deadline of each discovery call; ``retry_delay``: pause before a gRPC
-      event stream is resubscribed; ``recheck_interval``: at most one rediscovery per this
-      many seconds when a worker's events follow a foreign spec;
+      rejoin) and the deadline of each discovery call; ``down_after``: polls in a row a
+      reachable worker may leave unanswered before it is marked down; ``retry_delay``: pause
+      before a gRPC event stream is resubscribed; ``recheck_interval``: at most one
+      rediscovery per this many seconds when a worker's events follow a foreign spec;
     - ``pools``: artifact cache, request limits, key strategy (``pool_setup.PoolSettings``);
     - ``cost``: the precise policy's weights and temperature (``router.policy.cost.CostWeights``).
     """
@@ -60,6 +62,7 @@ class RouterConfig:
     transport: str = "auto"
     poll_interval: float = 1.0
     timeout: float = 2.0
+    down_after: int = DOWN_AFTER
     retry_delay: float = 0.5
     recheck_interval: float = 5.0
     pools: PoolSettings = field(default_factory=PoolSettings)
@@ -94,6 +97,13 @@ class RouterConfig:
                 f"and {self.timeout}",
                 field="poll-interval",
             )
+        if isinstance(self.down_after, bool) or not (
+            isinstance(self.down_after, int) and self.down_after >= 1
+        ):
+            raise ConfigError(
+                f"--down-after must be an integer >= 1 (polls), got {self.down_after!r}",
+                field="down-after",
+            )
 
     def make_index(self) -> PrefixIndex:
         """The configured prefix index (not yet instrumented)."""
@@ -120,6 +130,7 @@ class RoutingService:
             ingest_metrics=self.ingest_metrics,
             interval=config.poll_interval,
             timeout=config.timeout,
+            down_after=config.down_after,
             retry_delay=config.retry_delay,
             foreign_interval=config.recheck_interval,
             security=config.pools.security,

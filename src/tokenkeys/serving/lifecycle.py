@@ -4,13 +4,19 @@
 call guards refuse every new call but health checks (HTTP 503, gRPC UNAVAILABLE), health
 reports draining, and :meth:`Lifecycle.wait_idle` waits, up to ``--shutdown-timeout``, for the
 calls already admitted (streams included) to finish before the servers stop.
+:func:`exit_stopped` then ends the process without the interpreter's teardown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
+import sys
 import threading
 import time
+from typing import NoReturn
 
 
 class Lifecycle:
@@ -60,3 +66,20 @@ class Lifecycle:
         while self._inflight > 0 and loop.time() < deadline:
             await asyncio.sleep(poll)
         return self._inflight
+
+
+def exit_stopped(code: int) -> NoReturn:
+    """End a server process whose servers stopped and engines closed, skipping the teardown.
+
+    Nothing is left to run by then, yet the interpreter's finalization would still free the
+    heap object by object: every module, the tokenizers' vocabularies and merges. That took
+    0.15 s on an idle machine but 7 to 15 s at a load average of about 10 (`tokenkeys serve`
+    with the embedded tokenizer, measured from "stopped" to the exit), long enough for a
+    supervisor or an orchestrator's grace period to kill a process that had shut down cleanly.
+    Log handlers and stdio are flushed first; :func:`os._exit` skips the rest.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken pipe: nothing to flush
+            stream.flush()
+    os._exit(code)

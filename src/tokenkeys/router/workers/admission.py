@@ -167,7 +167,7 @@ class Admission:
     async def go_down(self, ws: WorkerState, message: str) -> None:
         """``ws`` stopped answering: out of every pool, its index entries cleared."""
         log.warning("worker %s is down: %s", ws.address, message)
-        ws.error = message
+        ws.error, ws.missed_polls = message, 0
         await self.leave_all(ws, "worker_down")
         ws.state = "down"
         self.metrics.worker_events.labels("down").inc()

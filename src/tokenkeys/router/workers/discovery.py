@@ -6,7 +6,8 @@ decides admission (``pool``) or keeps state (``registry``). :func:`read_load` tu
 into the load the scorer breaks ties with.
 
 Every gRPC failure is translated into the error tree where it is caught: an unreachable worker
-is :class:`~tokenkeys.errors.Unavailable`, naming the address.
+is :class:`~tokenkeys.errors.Unavailable`, naming the address (``details["timed_out"]`` when
+it was reachable but did not answer before the deadline).
 """
 
 from __future__ import annotations
@@ -158,11 +159,15 @@ async def _call(address: str, what: str, call: Awaitable[T]) -> T:
         return await call
     except grpc.RpcError as error:
         translated = from_grpc(error)
-        if isinstance(translated, Unavailable) or error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        timed_out = error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        if isinstance(translated, Unavailable) or timed_out:
+            # ``timed_out``: the worker may only be slow (or this router's own loop late);
+            # health polling tolerates a few such misses before it takes a worker out.
             raise Unavailable(
                 f"worker {address} did not answer {what}: {translated.message}",
                 field="worker",
                 worker=address,
+                timed_out=timed_out,
             ) from None
         raise type(translated)(
             f"worker {address} refused {what}: {translated.message}",

@@ -1,10 +1,18 @@
 """Health polling of workers: load, restarts, rejoins, and the prefix index itself.
 
 A poll every ``interval`` seconds reads each worker's ``GetLoad`` (and :meth:`refresh` reads it
-after each request forwarded there): the load and KV blocks in use feed the routing cost, a
-failure marks it
-down, and a new ``instance_id`` at a known address (an engine restart) makes it leave and
-rejoin. Down and refused workers are described again at each poll; a worker that answers again
+after each request forwarded there): the load and KV blocks in use feed the routing cost, and a
+new ``instance_id`` at a known address (an engine restart) makes it leave and rejoin.
+
+A worker that refuses the connection is down at once; one that is reachable but does not
+answer before the deadline is down only after ``down_after`` such polls in a row. A loaded
+host (the worker's, or the router's own, whose event loop may be late to read the answer)
+misses a deadline now and then, and taking the worker out for it would clear its index
+entries, which only its events can rebuild, and send its conversations elsewhere. Kubernetes
+probes (``failureThreshold``) and load balancers' unhealthy thresholds count misses the same
+way, 3 by default as here.
+
+Down and refused workers are described again at each poll; a worker that answers again
 rejoins with a cleared index entry, rebuilt from its events (replayed from sequence 0 as far as
 the engine still buffers them). A request that failed on a worker wakes the poll at once.
 """
@@ -25,6 +33,9 @@ from tokenkeys.router.workers.trust import flag_worker
 
 log = logging.getLogger(__name__)
 
+#: GetLoad polls in a row a reachable worker may leave unanswered before it is marked down.
+DOWN_AFTER = 3
+
 
 class HealthPolling:
     """The poll loop and the per-worker checks; its tasks end at :meth:`close`."""
@@ -37,9 +48,12 @@ class HealthPolling:
         *,
         interval: float,
         timeout: float,
+        down_after: int = DOWN_AFTER,
         silent_after: float = 30.0,
     ) -> None:
         self.index = index
+        #: GetLoad deadlines a ready worker may miss in a row before it is marked down.
+        self.down_after = down_after
         #: Seconds without an event batch after a request before a worker is flagged silent.
         self.silent_after = silent_after
         self.admission = admission
@@ -144,8 +158,12 @@ class HealthPolling:
             try:
                 load = await read_load(ws.address, ws.control, timeout=self.timeout)
             except TokenkeysError as exc:
-                await admission.go_down(ws, exc.message)
+                if exc.details.get("timed_out") and ws.missed_polls + 1 < self.down_after:
+                    self._missed(ws, exc.message)
+                else:
+                    await admission.go_down(ws, exc.message)
                 return
+            ws.missed_polls, ws.error = 0, None
             if load.instance_id and load.instance_id != ws.instance_id:
                 log.info("worker %s restarted (instance %s)", ws.address, load.instance_id)
                 admission.metrics.worker_events.labels("restarted").inc()
@@ -154,6 +172,18 @@ class HealthPolling:
                 return
             self._apply_load(ws, load)
             await self._check_keys(ws)
+
+    def _missed(self, ws: WorkerState, message: str) -> None:
+        """A ready worker did not answer GetLoad in time: counted, kept ready (stale load)."""
+        ws.missed_polls, ws.error = ws.missed_polls + 1, message
+        self.admission.metrics.worker_events.labels("poll_missed").inc()
+        log.warning(
+            "worker %s missed a poll (%d in a row; down at %d): %s",
+            ws.address,
+            ws.missed_polls,
+            self.down_after,
+            message,
+        )
 
     async def _check_keys(self, ws: WorkerState) -> None:
         """Stop trusting the keys of a model whose worker now advertises them unverified.

@@ -5,7 +5,8 @@ Per worker address (``--worker HOST:PORT``) the registry keeps one gRPC channel 
 - ``ready``: admitted to at least one pool; its KV events are followed (one consumer task per
   served model, so one worker's batches are applied in order) and requests are routed to it.
 - ``refused``: reachable, but no model of it may join its pool (reasons: ``pool.Refusal``).
-- ``down``: not answering. Its pools stop routing to it, its consumers stop and its index
+- ``down``: not answering (refusing connections, or ``down_after`` polls in a row without an
+  answer before the deadline). Its pools stop routing to it, its consumers stop and its index
   entries are cleared at once (the blocks may be gone, and an index that over-reports sends
   requests to a worker that lost the prefix).
 
@@ -27,7 +28,7 @@ from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.workers.admission import Admission, LeaveListener, PoolFactory
 from tokenkeys.router.workers.discovery import check_address
 from tokenkeys.router.workers.following import EventFollowing
-from tokenkeys.router.workers.health import HealthPolling
+from tokenkeys.router.workers.health import DOWN_AFTER, HealthPolling
 from tokenkeys.router.workers.pool import Pool
 from tokenkeys.router.workers.state import WorkerState, registry_status
 from tokenkeys.router.workers.tasks import BackgroundTasks
@@ -50,6 +51,7 @@ class WorkerRegistry:
         ingest_metrics: IngestMetrics | None = None,
         interval: float = 1.0,
         timeout: float = 2.0,
+        down_after: int = DOWN_AFTER,
         retry_delay: float = 0.5,
         foreign_interval: float = 5.0,
         security: ChannelSecurity = PLAIN,
@@ -83,6 +85,7 @@ class WorkerRegistry:
             self.workers,
             interval=interval,
             timeout=timeout,
+            down_after=down_after,
             silent_after=silent_after,
         )
 

@@ -41,6 +41,8 @@ class WorkerState:
     #: The event consumer of each model (``last_seq``, ``resyncing``).
     followers: dict[str, ZmqEventConsumer | GrpcEventConsumer] = field(default_factory=dict)
     error: str | None = None
+    #: GetLoad polls in a row a ready worker left unanswered before the deadline (``health``).
+    missed_polls: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def as_dict(self, suspicions: dict[str, list[Suspicion]] | None = None) -> dict:
@@ -69,6 +71,7 @@ class WorkerState:
                 {"model": r.model, "reason": r.reason, "message": r.message} for r in self.refusals
             ],
             "error": self.error,
+            "missed_polls": self.missed_polls,
         }
 
 
