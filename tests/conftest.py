@@ -11,6 +11,10 @@ from tokenkeys.serving.models import ModelRegistry
 
 from support import ServerThread
 
+# The real-vLLM session fixtures (environment, tiny model, server pool), here so that every
+# suite shares one pool: tests/realengine and the Engine conformance suite's vLLM case.
+from vllm_fixtures import tiny_model, vllm_pool, vllm_python  # noqa: F401
+
 
 @pytest.fixture
 def grpc_server() -> Iterator[Callable[..., ServerThread]]:

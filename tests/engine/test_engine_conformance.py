@@ -2,15 +2,18 @@
 
 The serving layers (gRPC ``Inference``, the HTTP routes) call nothing but the Protocol, so
 every kind must behave alike through it: the simulated engine of ``tokenkeys serve`` (local),
-an OpenEngine engine over gRPC (remote) and the worker a router picks (routed). Each runs for
-real on loopback ports. A new engine kind is one context manager below and one entry in
-:data:`KINDS`.
+an OpenEngine engine over gRPC (remote), the worker a router picks (routed), and a real vLLM
+0.32 behind the sidecar (``serve --engine vllm+http://…``; marker ``realengine``, on the vLLM
+server pool the real-engine tests share). Each runs for real on loopback ports. A new engine
+kind is one context manager below and one entry in :data:`KINDS`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -23,12 +26,31 @@ from tokenkeys.engine.core import GenerateOutput, GenerationParams
 from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.engine.protocol import Engine, EngineLoad
 from tokenkeys.errors import InvalidArgument
-from tokenkeys.keys import Adapter
+from tokenkeys.keys import Adapter, make_spec
+from tokenkeys.limits import Limits
 from tokenkeys.router.workers.pool_setup import PoolSettings
+from tokenkeys.server.runtime.config import EngineConfig, VllmEngineConfig
+from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.tokenizer import TokenizerOptions
 
-#: The context every engine under test accepts (prompt plus output, in tokens).
+#: The context the simulated engines under test accept (prompt plus output, in tokens).
 MAX_MODEL_LEN = 256
-PROMPT = list(range(1000, 1100))  # 100 tokens: six full 16-token blocks
+PROMPT = list(range(1000, 1100))  # 100 tokens: six full 16-token blocks, three of 32
+
+
+@dataclass(frozen=True)
+class Subject:
+    """An engine under test and what the suite must know of the engine behind it.
+
+    ``block_size``: its KV blocks (prefix hits come in whole blocks); ``context``: the context
+    length of the engine that judges a request (a kind that forwards may state none itself);
+    ``reproducible``: whether the same seed is promised the same tokens (see the vLLM kind).
+    """
+
+    engine: Engine
+    block_size: int = 16
+    context: int = MAX_MODEL_LEN
+    reproducible: bool = True
 
 
 def _config():  # noqa: ANN202 - an EngineConfig
@@ -36,48 +58,92 @@ def _config():  # noqa: ANN202 - an EngineConfig
 
 
 @contextlib.asynccontextmanager
-async def local_engine(tmp_path: Path) -> AsyncIterator[Engine]:
+async def local_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
     stack = await start_stack(_config(), models=engine_models())
     try:
-        yield stack.local()
+        yield Subject(stack.local())
     finally:
         await stack.stop()
 
 
 @contextlib.asynccontextmanager
-async def remote_engine(tmp_path: Path) -> AsyncIterator[Engine]:
+async def remote_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
     stack = await start_stack(_config(), models=engine_models())
     channel = grpc.aio.insecure_channel(stack.target)
     engine = RemoteEngine(stack.target, stack.models.names[0], channel, owns_channel=True)
     try:
-        yield engine
+        yield Subject(engine)
     finally:
         await engine.close()
         await stack.stop()
 
 
 @contextlib.asynccontextmanager
-async def routed_engine(tmp_path: Path) -> AsyncIterator[Engine]:
+async def routed_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
+    tmp_path: Path = request.getfixturevalue("tmp_path")
     cluster = await start_cluster(
         1, settings=PoolSettings(cache=tmp_path / "cache"), configs=[_config()]
     )
     try:
-        yield cluster.engine()
+        yield Subject(cluster.engine())
     finally:
         await cluster.close()
 
 
-KINDS: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[Engine]]] = {
+@contextlib.asynccontextmanager
+async def vllm_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
+    """The sidecar's engine, built by the same assembly as ``tokenkeys serve --engine vllm+…``
+    (start checks, event relay, key check), in front of the pool's default vLLM server: the
+    one the real-engine parity modules use, so this case starts no vLLM of its own."""
+    from served_pair import EMBEDDED
+    from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME
+
+    server = request.getfixturevalue("vllm_pool").get(DEFAULT_CONFIG)
+    models = load_models(
+        [ModelSource(MODEL_NAME, EMBEDDED)],
+        TokenizerOptions(backend="transformers5"),  # vLLM 0.32's tokenization
+        Limits(),
+    )
+    sidecar = VllmEngineConfig(
+        server.url, server.events_endpoint, server.replay_endpoint, server.topic
+    )
+    config = EngineConfig(vllm=sidecar, kv_events_vllm_version="0.32")
+    spec = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE)  # vLLM's default root
+    stack = await start_stack(config, models=models, spec=spec)
+    engine = stack.models.get(None).engine
+    assert engine is not None and engine.max_model_len is not None
+    try:
+        # vLLM promises the same tokens for the same seed only with batch invariance
+        # (docs.vllm.ai "Reproducibility", 0.32: "In online mode, you can only enable batch
+        # invariance"), which this server does not run; and a repeated prompt is computed
+        # from cached KV, another numeric path than its first prefill.
+        yield Subject(engine, BLOCK_SIZE, engine.max_model_len, reproducible=False)
+    finally:
+        await stack.stop()
+
+
+KINDS: dict[str, Callable[[pytest.FixtureRequest], contextlib.AbstractAsyncContextManager]] = {
     "local": local_engine,
     "remote": remote_engine,
     "routed": routed_engine,
+    "vllm": vllm_engine,
 }
 
 
-@pytest.fixture(params=sorted(KINDS))
-async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
-    async with KINDS[request.param](tmp_path) as running:
+@pytest.fixture(
+    params=[
+        pytest.param(kind, marks=pytest.mark.realengine) if kind == "vllm" else kind
+        for kind in sorted(KINDS)
+    ]
+)
+async def subject(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
+    async with KINDS[request.param](request) as running:
         yield running
+
+
+def fresh_prompt(label: str) -> list[int]:
+    """100 ids no other test sends: a real engine's prefix cache outlives one test."""
+    return random.Random(label).sample(range(1000, 40_000), 100)
 
 
 async def _run(engine: Engine, ids: list[int], max_tokens: int = 4) -> list[GenerateOutput]:
@@ -86,12 +152,12 @@ async def _run(engine: Engine, ids: list[int], max_tokens: int = 4) -> list[Gene
         return [o async for o in stream]
 
 
-async def test_it_is_an_engine(engine: Engine) -> None:
-    assert isinstance(engine, Engine)
+async def test_it_is_an_engine(subject: Subject) -> None:
+    assert isinstance(subject.engine, Engine)
 
 
-async def test_one_output_per_token_usage_on_the_last(engine: Engine) -> None:
-    outputs = await _run(engine, PROMPT, max_tokens=5)
+async def test_one_output_per_token_usage_on_the_last(subject: Subject) -> None:
+    outputs = await _run(subject.engine, PROMPT, max_tokens=5)
     assert [len(o.token_ids) for o in outputs] == [1] * 5
     assert [o.finished for o in outputs] == [False] * 4 + [True]
     last = outputs[-1]
@@ -100,24 +166,31 @@ async def test_one_output_per_token_usage_on_the_last(engine: Engine) -> None:
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (len(PROMPT), 5)
 
 
-async def test_the_same_seed_gives_the_same_tokens_and_a_prefix_hit(engine: Engine) -> None:
-    first = await _run(engine, PROMPT)
-    second = await _run(engine, PROMPT)
-    assert [o.token_ids for o in first] == [o.token_ids for o in second]
+async def test_a_repeated_prompt_hits_the_prefix_cache(subject: Subject) -> None:
+    prompt = fresh_prompt("a repeated prompt")
+    first = await _run(subject.engine, prompt)
+    second = await _run(subject.engine, prompt)
     assert first[-1].usage is not None and second[-1].usage is not None
     assert first[-1].usage.cached_prompt_tokens == 0
-    assert second[-1].usage.cached_prompt_tokens == 96  # six full blocks, as vLLM caps a hit
+    # Whole blocks, with at least one prompt token left to compute (vLLM caps a hit there).
+    hit = (len(prompt) - 1) // subject.block_size * subject.block_size
+    assert second[-1].usage.cached_prompt_tokens == hit
+    assert len(first) == len(second) == 4
+    if subject.reproducible:  # the same seed, the same tokens
+        assert [o.token_ids for o in first] == [o.token_ids for o in second]
 
 
-async def test_a_prompt_past_the_context_is_refused(engine: Engine) -> None:
-    limit = engine.max_model_len
-    assert limit is None or limit == MAX_MODEL_LEN  # None: the engine behind checks it
-    # ContextLengthExceeded is a bad request (INVALID_ARGUMENT, HTTP 400) as vLLM answers it.
-    with pytest.raises(InvalidArgument):
-        await _run(engine, list(range(MAX_MODEL_LEN)), max_tokens=4)
+async def test_a_prompt_filling_the_context_is_refused_in_vllms_words(subject: Subject) -> None:
+    engine = subject.engine
+    assert engine.max_model_len in (None, subject.context)  # None: the engine behind judges
+    # No room for one token: a bad request (INVALID_ARGUMENT, HTTP 400) worded as vLLM 0.32
+    # words it, whichever engine judged (engine/context_window.py is the simulated engine's).
+    with pytest.raises(InvalidArgument, match=r"max_tokens must be at least 1, got 0\."):
+        await _run(engine, list(range(subject.context)), max_tokens=4)
 
 
-async def test_adapters_and_load(engine: Engine) -> None:
+async def test_adapters_and_load(subject: Subject) -> None:
+    engine = subject.engine
     assert all(isinstance(a, Adapter) for a in engine.adapters)
     await _run(engine, PROMPT)
     load = await engine.load()
@@ -126,7 +199,8 @@ async def test_adapters_and_load(engine: Engine) -> None:
     assert 0 <= load.used_kv_blocks <= load.total_kv_blocks
 
 
-async def test_a_stream_closed_early_frees_the_request(engine: Engine) -> None:
+async def test_a_stream_closed_early_frees_the_request(subject: Subject) -> None:
+    engine = subject.engine
     outputs = engine.generate(PROMPT, GenerationParams(max_tokens=50, seed=1))
     async with contextlib.aclosing(outputs) as stream:
         async for _ in stream:
@@ -135,6 +209,6 @@ async def test_a_stream_closed_early_frees_the_request(engine: Engine) -> None:
     assert (await _run(engine, PROMPT, max_tokens=3))[-1].finished
 
 
-async def test_close_is_idempotent(engine: Engine) -> None:
-    await engine.close()
-    await engine.close()
+async def test_close_is_idempotent(subject: Subject) -> None:
+    await subject.engine.close()
+    await subject.engine.close()

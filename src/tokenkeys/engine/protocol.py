@@ -2,10 +2,12 @@
 
 A served model generates through an :class:`Engine`: the simulated one of ``tokenkeys serve``
 (:class:`~tokenkeys.server.runtime.local.LocalEngine`), an OpenEngine engine reached over gRPC
-(:class:`~tokenkeys.client.engine.RemoteEngine`) or the worker a router picks
-(:class:`~tokenkeys.router.routed_engine.RoutedEngine`). The gRPC ``Inference`` servicer and the
-HTTP routes call nothing else, so a new engine kind is one class that satisfies this Protocol
-(and one line in the conformance suite, ``tests/engine/test_engine_conformance.py``).
+(:class:`~tokenkeys.client.engine.RemoteEngine`), the worker a router picks
+(:class:`~tokenkeys.router.routed_engine.RoutedEngine`) or a real vLLM behind the sidecar
+(:class:`~tokenkeys.server.runtime.vllm_sidecar.VllmSidecarEngine`). The gRPC ``Inference``
+servicer and the HTTP routes call nothing else, so a new engine kind is one class that
+satisfies this Protocol (and one entry in the conformance suite,
+``tests/engine/test_engine_conformance.py``).
 """
 
 from __future__ import annotations
