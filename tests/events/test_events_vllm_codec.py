@@ -26,6 +26,7 @@ from tokenkeys.events.vllm_codec import (
     encode,
     layout_for,
 )
+from tokenkeys.events.vllm_layout import wire_release_of
 from tokenkeys.events.vllm_structs import decode_strict
 
 # ----------------------------------------------------------------------------- a real 0.33 batch
@@ -313,6 +314,35 @@ def test_layouts_by_version():
             layout_for(version)
     with pytest.raises(InvalidArgument, match="MAJOR.MINOR"):
         layout_for("latest")
+
+
+@pytest.mark.parametrize(
+    ("reported", "release"),
+    [
+        ("0.32.0", "0.32"),  # what vLLM 0.32's GET /version answers
+        ("0.11.0", "0.11"),
+        ("0.33.1.dev3+g0123abc", "0.33"),
+        ("v0.26.1", "0.26"),
+    ],
+)
+def test_an_engines_version_maps_to_its_wire_release(reported, release):
+    assert wire_release_of(reported) == release
+
+
+@pytest.mark.parametrize("reported", ["0.34.0", "1.0.0", "0.10.2", "0.9.2"])
+def test_an_engine_version_without_a_known_layout_is_refused_not_stretched(reported):
+    # layout_for lets an operator's 0.40 use 0.33's layout; an engine's own version never does.
+    with pytest.raises(Unsupported) as caught:
+        wire_release_of(reported)
+    assert caught.value.message == (
+        f"vLLM {reported} has no KV-event layout known here; supported: vLLM 0.11 to 0.33"
+    )
+
+
+def test_an_engine_version_that_is_no_release_is_refused():
+    for reported in ("", "latest", "unknown"):
+        with pytest.raises(InvalidArgument, match="MAJOR.MINOR"):
+            wire_release_of(reported)
 
 
 def test_array_form_leaves_out_fields_the_release_lacks():

@@ -41,7 +41,8 @@ def vllm(vllm_pool) -> VllmServer:
 
 @pytest.fixture(scope="module")
 def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
-    process = TokenkeysServe(*sidecar_args(vllm, "--kv-events-vllm-version", "0.32"))
+    # No --kv-events-vllm-version: the layout is that of the release vLLM's /version reports.
+    process = TokenkeysServe(*sidecar_args(vllm))
     try:
         process.wait_healthy()
         yield process
@@ -189,6 +190,15 @@ def test_every_checked_key_matches_and_events_are_relayed(sidecar) -> None:
     finally:
         relayed.close()
         channel.close()
+
+
+def test_the_event_layout_is_the_one_of_the_release_vllm_reports(vllm, sidecar) -> None:
+    assert httpx.get(f"{vllm.url}/version", timeout=30).json()["version"] == "0.32.0"
+    with grpc.insecure_channel(sidecar.target) as channel:
+        control = openengine_pb2_grpc.ControlStub(channel)
+        info = control.GetServerInfo(server_pb2.GetServerInfoRequest(), timeout=30)
+    assert info.extra["kv_events_vllm_version"].string_value == "0.32"
+    assert "KV events in vLLM 0.32's layout, the release vLLM at" in sidecar.log_text()
 
 
 def test_load_is_vllms(sidecar) -> None:

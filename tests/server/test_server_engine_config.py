@@ -12,7 +12,7 @@ from tokenkeys.server.runtime.config import EngineConfig, LoraModule
 
 def test_defaults():
     config = EngineConfig()
-    assert config.wire_version == "0.33" and config.kv_events_format == "map"
+    assert config.wire_version == "0.33" and config.kv_events_format is None  # 0.33's: map
     assert config.topic("10.0.0.1:50051", "m") == "kv@10.0.0.1:50051@m"
     assert config.ports(0) == (0, 0) and config.ports(3) == (0, 0)
     assert len(config.instance_id) == 32 and EngineConfig().instance_id != config.instance_id
@@ -28,7 +28,9 @@ def test_fixed_ports_are_offset_per_model_like_vllm_dp_ranks():
     "fmt,version,expected",
     [
         ("map", None, "0.33"),
+        (None, None, "0.33"),
         ("array", None, "0.23"),
+        (None, "0.20", "0.20"),  # the format follows the version
         ("array", "0.20", "0.20"),
         ("map", "0.26", "0.26"),
     ],

@@ -130,13 +130,16 @@ def _add_event_group(ev: argparse._ArgumentGroup) -> None:
     ev.add_argument(
         "--kv-events-format",
         choices=("map", "array"),
-        default="map",
-        help="event encoding: map (vLLM >= 0.24) or positional array (vLLM <= 0.23)",
+        default=None,
+        help="event encoding: map (vLLM >= 0.24) or positional array (vLLM <= 0.23); "
+        "default: the form of --kv-events-vllm-version",
     )
     ev.add_argument(
         "--kv-events-vllm-version",
         default=None,
-        help="vLLM release whose event layout to publish (default 0.33 for map, 0.23 for array)",
+        help="vLLM release whose event layout to publish (default 0.33, 0.23 with --kv-events-"
+        "format array; with --engine vllm+http://... the release that vLLM's /version reports, "
+        "refused when its layout is not known)",
     )
     ev.add_argument("--kv-events-buffer-steps", type=int, default=10_000)
     ev.add_argument("--kv-events-hwm", type=int, default=100_000)

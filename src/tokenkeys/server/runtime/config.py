@@ -98,8 +98,11 @@ class EngineConfig:
     ``kv_events_replay_port`` None disables replay. A gRPC subscriber more than
     ``kv_events_subscriber_backlog`` batches behind gets a terminal OVERLOADED message.
     ``kv_events`` False disables the ZMQ publisher only; the gRPC ``SubscribeKvEvents`` stream
-    is always there. ``remote_engine`` (``host:port``) forwards generation to an OpenEngine
-    ``Inference`` service instead of simulating it; ``vllm`` to a real vLLM (the sidecar).
+    is always there. ``kv_events_format`` None is the form of ``kv_events_vllm_version``;
+    ``kv_events_vllm_version`` None is 0.33 (0.23 for the array form), or, in front of a vLLM,
+    the release that vLLM reports (read at start, :func:`~.vllm_checks.wire_version_of`).
+    ``remote_engine`` (``host:port``) forwards generation to an OpenEngine ``Inference``
+    service instead of simulating it; ``vllm`` to a real vLLM (the sidecar).
     """
 
     num_kv_blocks: int = 4096
@@ -108,7 +111,7 @@ class EngineConfig:
     kv_events_port: int = 0
     kv_events_replay_port: int | None = 0
     kv_events_topic: str = DEFAULT_TOPIC
-    kv_events_format: str = "map"
+    kv_events_format: str | None = None
     kv_events_vllm_version: str | None = None
     kv_events_buffer_steps: int = 10_000
     kv_events_hwm: int = 100_000
@@ -181,19 +184,19 @@ class EngineConfig:
     @property
     def wire_version(self) -> str:
         """The vLLM release whose event layout ZMQ payloads follow (format and version agree)."""
-        if self.kv_events_format not in ("map", "array"):
+        if self.kv_events_format not in (None, "map", "array"):
             raise ConfigError(
                 f"--kv-events-format must be 'map' or 'array', got {self.kv_events_format!r}",
                 field="kv-events-format",
             )
         version = self.kv_events_vllm_version or (
-            DEFAULT_VERSION if self.kv_events_format == "map" else LAST_ARRAY_VERSION
+            LAST_ARRAY_VERSION if self.kv_events_format == "array" else DEFAULT_VERSION
         )
         try:
             form = layout_for(version).form
         except TokenkeysError as exc:
             raise ConfigError(exc.message, field="kv-events-vllm-version") from None
-        if form != self.kv_events_format:
+        if self.kv_events_format is not None and form != self.kv_events_format:
             raise ConfigError(
                 f"vLLM {version} publishes {form}-encoded events, not {self.kv_events_format}: "
                 "map form is vLLM 0.24 and later, array form 0.23 and earlier; adjust "

@@ -24,6 +24,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from tokenkeys.client.engine import RemoteEngine
+from tokenkeys.client.vllm_http import VllmHttpClient
 from tokenkeys.errors import FailedPrecondition, NotFound, Unavailable
 from tokenkeys.events.model import EventSourceInfo, SpecRef
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec, int_encoding_of
@@ -36,6 +37,7 @@ from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.key_check import KeyCheck, keys_checked
 from tokenkeys.server.runtime.local import LocalEngine, deployment_spec
+from tokenkeys.server.runtime.vllm_checks import wire_version_of
 from tokenkeys.server.runtime.vllm_sidecar import VllmSidecarEngine
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
@@ -109,6 +111,7 @@ class EngineRuntime:
             f"tcp://{bind_host}:{grpc_port}", self.config.advertise_host
         ).removeprefix("tcp://")
         try:
+            await self._adopt_vllm_wire_version()
             if self.config.remote_engine is not None:
                 self._channel = grpc.aio.insecure_channel(self.config.remote_engine)
             for index, model in enumerate(self.models):
@@ -120,6 +123,21 @@ class EngineRuntime:
             parts = self.engines[model.name]
             self.models.replace(dataclasses.replace(model, engine=parts.local or parts.remote))
         self.ready = True
+
+    async def _adopt_vllm_wire_version(self) -> None:
+        """In front of a vLLM, unless ``--kv-events-vllm-version`` names one, the event layout
+        is that of the release vLLM reports (or the start is refused): the relay decodes vLLM's
+        events with it and this server publishes them in it again."""
+        vllm = self.config.vllm
+        if vllm is None or self.config.kv_events_vllm_version is not None:
+            return
+        client = VllmHttpClient(vllm.url)
+        try:
+            version = await wire_version_of(client)
+        finally:
+            await client.close()
+        log.info("KV events in vLLM %s's layout, the release vLLM at %s reports", version, vllm.url)
+        self.config = dataclasses.replace(self.config, kv_events_vllm_version=version)
 
     async def _start_model(self, index: int, model: ServedModel, bind_host: str) -> ModelEngine:
         if self._channel is not None:

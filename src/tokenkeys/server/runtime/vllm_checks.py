@@ -1,7 +1,10 @@
 """What the sidecar checks at start about the vLLM it fronts: every conflict refuses to start.
 
-vLLM says what it is in three places, all read before the sidecar serves anything:
+vLLM says what it is in four places, all read before the sidecar serves anything:
 
+- ``/version``, unless ``--kv-events-vllm-version`` names the release: the layout of the KV
+  events vLLM publishes, which the sidecar decodes and publishes again
+  (:func:`wire_version_of`, read before the event stream is built);
 - ``/metrics`` ``vllm:cache_config_info`` (vLLM 0.32 ``CacheConfig.metrics_info``, every
   cache-config field as a label): ``block_size`` against ``--block-size``,
   ``prefix_caching_hash_algo`` against the algorithm of ``--cache-key-profile``, and
@@ -19,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenkeys.client.vllm_http import VllmHttpClient, VllmModel
-from tokenkeys.errors import ConfigError
+from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, Unsupported
+from tokenkeys.events.vllm_layout import wire_release_of
 from tokenkeys.keys import Adapter, CacheKeySpec
 from tokenkeys.serving.models import ServedModel
 
@@ -35,6 +39,31 @@ class VllmFacts:
     max_model_len: int | None
     num_blocks: int
     adapters: tuple[Adapter, ...]
+
+
+async def wire_version_of(client: VllmHttpClient) -> str:
+    """The KV-event layout release of the vLLM behind ``client``, from its ``/version``.
+
+    A version without a known layout, or no version, refuses to start (ConfigError naming
+    ``--kv-events-vllm-version``): decoding vLLM's events with a guessed layout would relay
+    and check them wrongly. An unreachable vLLM stays :class:`Unavailable`, as in every check.
+    """
+    try:
+        reported = await client.version()
+    except (InvalidArgument, NotFound) as exc:  # vLLM's 4xx: no such route here
+        raise _layout_unknown(client, f"GET /version gave no release ({exc.message})") from None
+    try:
+        return wire_release_of(reported)
+    except (InvalidArgument, Unsupported) as exc:
+        raise _layout_unknown(client, exc.message) from None
+
+
+def _layout_unknown(client: VllmHttpClient, why: str) -> ConfigError:
+    return ConfigError(
+        f"cannot tell the KV-event layout of vLLM at {client.base_url}: {why}; give "
+        "--kv-events-vllm-version with the release whose layout its events follow",
+        field="kv-events-vllm-version",
+    )
 
 
 async def check_vllm(

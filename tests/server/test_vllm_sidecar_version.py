@@ -1,0 +1,120 @@
+"""The sidecar reads the KV-event layout of the vLLM it fronts from vLLM's ``GET /version``.
+
+Against a real HTTP server on loopback answering as vLLM's ``/version`` does
+(``{"version": "0.32.0"}``, ``vllm/entrypoints/openai/api_server.py`` in 0.32) but with a
+release no layout is known for, or with no ``/version`` at all: the start is refused, naming the
+version, the supported releases and the option. Against the real vLLM 0.32 the default is
+``tests/realengine/test_vllm_sidecar.py`` (its sidecar is started without the option).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from engine_stack import start_stack
+
+from tokenkeys.errors import ConfigError, TokenkeysError
+from tokenkeys.server.runtime.config import EngineConfig, VllmEngineConfig
+
+from support import run_cli
+
+
+class _Engine(ThreadingHTTPServer):
+    """Answers GET ``/version`` with ``version`` (None: 404, as any unknown path); counts hits."""
+
+    def __init__(self, version: str | None) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.version = version
+        self.hits: Counter[str] = Counter()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Engine
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.server.hits[self.path] += 1
+        if self.path == "/version" and self.server.version is not None:
+            body, status = json.dumps({"version": self.server.version}).encode(), 200
+        else:
+            body, status = b'{"detail": "Not Found"}', 404
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+
+@pytest.fixture
+def engine(request: pytest.FixtureRequest) -> Iterator[_Engine]:
+    server = _Engine(request.param)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _config(engine: _Engine, version: str | None = None) -> EngineConfig:
+    # The events endpoint is never reached: every case here stops at the start checks.
+    vllm = VllmEngineConfig(engine.url, "tcp://127.0.0.1:9")
+    return EngineConfig(vllm=vllm, kv_events_vllm_version=version)
+
+
+@pytest.mark.parametrize("engine", ["0.99.0", "0.10.1"], indirect=True)
+async def test_an_engine_release_without_a_known_layout_refuses_the_start(engine) -> None:
+    with pytest.raises(ConfigError) as caught:
+        await start_stack(_config(engine))
+    assert caught.value.field == "kv-events-vllm-version"
+    assert caught.value.message == (
+        f"cannot tell the KV-event layout of vLLM at {engine.url}: vLLM {engine.version} has no "
+        "KV-event layout known here; supported: vLLM 0.11 to 0.33; give "
+        "--kv-events-vllm-version with the release whose layout its events follow"
+    )
+    assert engine.hits == {"/version": 1}  # refused before anything else was asked
+
+
+@pytest.mark.parametrize("engine", [None], indirect=True)
+async def test_an_engine_without_a_version_refuses_the_start(engine) -> None:
+    with pytest.raises(ConfigError, match="give --kv-events-vllm-version") as caught:
+        await start_stack(_config(engine))
+    assert "GET /version gave no release" in caught.value.message
+    assert '"Not Found"' in caught.value.message  # what the engine answered
+
+
+@pytest.mark.parametrize("engine", ["0.99.0"], indirect=True)
+async def test_the_option_wins_over_the_engines_version(engine) -> None:
+    # Named by hand, the release is the operator's word: /version is not read, and the start
+    # goes on to the next check (which this engine, answering nothing else, fails).
+    with pytest.raises(TokenkeysError) as caught:
+        await start_stack(_config(engine, "0.32"))
+    assert "/version" not in engine.hits and engine.hits["/metrics"] == 1
+    assert "layout" not in caught.value.message
+
+
+@pytest.mark.parametrize("engine", ["0.40.0"], indirect=True)
+def test_serve_says_why_it_refuses(engine) -> None:
+    events = "tcp://127.0.0.1:9"
+    result = run_cli(
+        "serve", "--grpc-port", "0", "--http-port", "0",
+        "--engine", f"vllm+{engine.url}", "--engine-kv-events", events,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert (
+        f"tokenkeys serve: error: cannot tell the KV-event layout of vLLM at {engine.url}: "
+        "vLLM 0.40.0 has no KV-event layout known here; supported: vLLM 0.11 to 0.33"
+    ) in result.stderr
