@@ -145,7 +145,7 @@ class TokenizersBackend:
         # encode (a 4 MB prompt froze the event loop for 3 s) while both batch calls release it
         # (bindings/python/src/tokenizer.rs, py.allow_threads). Without offsets, encode_batch_fast
         # skips tracking them (tokenizers' encode_fast): same ids, a quarter less CPU at 1k
-        # tokens (907 -> 685 us, smollm2). Parity in tests/tokenizer/test_tokenizer_encode_off_gil.py.
+        # tokens (907 -> 685 us, smollm2). Parity: tests/tokenizer/test_tokenizer_encode_off_gil.py.
         encode = self._tok.encode_batch if offsets else self._tok.encode_batch_fast
         encs = encode(list(texts), add_special_tokens=specials_now)
         if truncation is not None:
