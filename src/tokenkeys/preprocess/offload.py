@@ -1,11 +1,18 @@
-"""Where a Preprocessor call runs: inline when small, on a worker thread when large.
+"""Where a Preprocessor call runs: inline when small, on the process's encode threads when large.
 
 Encoding and template rendering are CPU work; on the event loop a megabyte prompt would hold up
 every other request of the process (HTTP and gRPC share the loop). Large calls therefore run on
-the loop's default executor. That helps only because the encode itself releases the GIL
-(:class:`tokenkeys.tokenizer.backends.TokenizersBackend` uses ``encode_batch`` for that
-reason); what stays under the GIL (building the id list, offsets) is short and Python switches
-threads every few milliseconds there.
+a pool of encode threads of their own. That helps only because the encode itself releases the
+GIL (:class:`tokenkeys.tokenizer.backends.TokenizersBackend` uses the batch calls for that
+reason); what stays under the GIL (building the id list, offsets) is short.
+
+The pool is small on purpose: one thread per core left over after the event loop's, and at
+least one (:func:`encode_threads_for`). More threads than cores only interleave encodes: each
+finishes later, they queue for the GIL when they come back, and the order in which requests
+finish stops being the order they came in. On 2 cores, 1k-token /tokenize at 16 connections,
+one process: 1 thread gave a p99 of 20-30 ms where asyncio's default pool (6 threads) gave
+60-70 ms, at the same or a higher rate (docs/benchmarks.md, bench_vs_vllm). ``serve --workers
+N`` uses the other cores with processes, each with its own pool.
 
 After a large call the C heap is trimmed: glibc keeps what the worker threads' arenas freed
 (a 3 MB prompt left the process ~430 MB larger, for good) until ``malloc_trim`` hands it back.
@@ -16,13 +23,52 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 #: Calls on inputs this large (bytes or characters) trim the heap afterwards.
 TRIM_AFTER = 1 << 20
+
+#: Upper bound of the default pool: past it, threads mostly wait for the GIL.
+MAX_DEFAULT_THREADS = 8
+#: Upper bound of ``serve --encode-threads`` (a guard against a typo).
+MAX_ENCODE_THREADS = 256
+
+_pool: ThreadPoolExecutor | None = None
+_pool_threads = 0
+
+
+def encode_threads_for(workers: int, cores: int | None = None) -> int:
+    """The default encode threads of each of ``workers`` processes on ``cores`` cores.
+
+    Each process's event loop keeps a core busy at load; the encode threads get the rest.
+    """
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_THREADS, cores // max(1, workers) - 1))
+
+
+def set_encode_threads(threads: int) -> None:
+    """Size this process's encode pool; a pool already running finishes its calls and goes."""
+    global _pool, _pool_threads
+    if threads < 1:
+        raise ValueError(f"encode threads must be at least 1, got {threads}")
+    if _pool is not None and threads != _pool_threads:
+        _pool.shutdown(wait=False)
+        _pool = None
+    _pool_threads = threads
+
+
+def _encode_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        global _pool_threads
+        _pool_threads = _pool_threads or encode_threads_for(1)
+        _pool = ThreadPoolExecutor(_pool_threads, thread_name_prefix="tokenkeys-encode")
+    return _pool
 
 
 def _load_trim() -> Callable[[int], int] | None:
@@ -45,6 +91,10 @@ def trim_heap() -> bool:
     return True
 
 
+def _run(fn: Callable[..., T], args: tuple[Any, ...], kw: dict[str, Any]) -> T:
+    return fn(*args, **kw)
+
+
 def _run_and_trim(fn: Callable[..., T], args: tuple[Any, ...], kw: dict[str, Any]) -> T:
     try:
         return fn(*args, **kw)
@@ -53,13 +103,13 @@ def _run_and_trim(fn: Callable[..., T], args: tuple[Any, ...], kw: dict[str, Any
 
 
 async def offload(size: int, inline: int, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-    """``fn(*args, **kw)`` inline when ``size <= inline``, else on a worker thread.
+    """``fn(*args, **kw)`` inline when ``size <= inline``, else on an encode thread.
 
     ``size`` measures the input (body bytes, text characters); from :data:`TRIM_AFTER` on, the
-    heap is trimmed after the call, on the same worker thread.
+    heap is trimmed after the call, on the same thread. Calls wait for a free thread in the
+    order they came.
     """
     if size <= inline:
         return fn(*args, **kw)
-    if size >= TRIM_AFTER:
-        return await asyncio.to_thread(_run_and_trim, fn, args, kw)
-    return await asyncio.to_thread(fn, *args, **kw)
+    call = _run_and_trim if size >= TRIM_AFTER else _run
+    return await asyncio.get_running_loop().run_in_executor(_encode_pool(), call, fn, args, kw)
