@@ -57,3 +57,25 @@ def test_one_encode_thread_serves_calls_in_the_order_they_came() -> None:
 def test_zero_threads_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         off.set_encode_threads(0)
+
+
+def test_a_huge_call_does_not_hold_up_large_ones() -> None:
+    off.set_encode_threads(1)
+    release = threading.Event()
+
+    def huge() -> str:
+        # Released only once the large call has finished: in a shared lane it never is.
+        return "huge" if release.wait(30) else "the large call waited behind the huge one"
+
+    async def main() -> tuple[str, str]:
+        slow = asyncio.ensure_future(off.offload(off.TRIM_AFTER, 100, huge))
+        # Finishes while the huge call still occupies its (one-thread) lane.
+        large = await off.offload(1000, 100, lambda: threading.current_thread().name)
+        release.set()
+        return large, await slow
+
+    try:
+        large, slow = asyncio.run(main())
+        assert large.startswith("tokenkeys-encode_") and slow == "huge"
+    finally:
+        off.set_encode_threads(off.encode_threads_for(1))

@@ -38,8 +38,9 @@ MAX_DEFAULT_THREADS = 8
 #: Upper bound of ``serve --encode-threads`` (a guard against a typo).
 MAX_ENCODE_THREADS = 256
 
-_pool: ThreadPoolExecutor | None = None
-_pool_threads = 0
+_threads = 0
+#: The encode pools, by lane: False for large calls, True for huge ones (from TRIM_AFTER on).
+_pools: dict[bool, ThreadPoolExecutor] = {}
 
 
 def encode_threads_for(workers: int, cores: int | None = None) -> int:
@@ -52,23 +53,24 @@ def encode_threads_for(workers: int, cores: int | None = None) -> int:
 
 
 def set_encode_threads(threads: int) -> None:
-    """Size this process's encode pool; a pool already running finishes its calls and goes."""
-    global _pool, _pool_threads
+    """Size this process's encode pools; pools already running finish their calls and go."""
+    global _threads
     if threads < 1:
         raise ValueError(f"encode threads must be at least 1, got {threads}")
-    if _pool is not None and threads != _pool_threads:
-        _pool.shutdown(wait=False)
-        _pool = None
-    _pool_threads = threads
+    if threads != _threads:
+        for pool in _pools.values():
+            pool.shutdown(wait=False)
+        _pools.clear()
+    _threads = threads
 
 
-def _encode_pool() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        global _pool_threads
-        _pool_threads = _pool_threads or encode_threads_for(1)
-        _pool = ThreadPoolExecutor(_pool_threads, thread_name_prefix="tokenkeys-encode")
-    return _pool
+def _pool(huge: bool) -> ThreadPoolExecutor:
+    pool = _pools.get(huge)
+    if pool is None:
+        threads = _threads or encode_threads_for(1)
+        name = "tokenkeys-encode-huge" if huge else "tokenkeys-encode"
+        pool = _pools[huge] = ThreadPoolExecutor(threads, thread_name_prefix=name)
+    return pool
 
 
 def _load_trim() -> Callable[[int], int] | None:
@@ -107,9 +109,11 @@ async def offload(size: int, inline: int, fn: Callable[..., T], *args: Any, **kw
 
     ``size`` measures the input (body bytes, text characters); from :data:`TRIM_AFTER` on, the
     heap is trimmed after the call, on the same thread. Calls wait for a free thread in the
-    order they came.
+    order they came; huge ones (from :data:`TRIM_AFTER` on) in a lane of their own, so that a
+    prompt of several seconds holds up only the other huge ones.
     """
     if size <= inline:
         return fn(*args, **kw)
-    call = _run_and_trim if size >= TRIM_AFTER else _run
-    return await asyncio.get_running_loop().run_in_executor(_encode_pool(), call, fn, args, kw)
+    huge = size >= TRIM_AFTER
+    call = _run_and_trim if huge else _run
+    return await asyncio.get_running_loop().run_in_executor(_pool(huge), call, fn, args, kw)
