@@ -38,19 +38,19 @@ def test_blocks_to_prefill_are_queued_until_the_first_output():
     view = LoadView(clock=Clock())
     first = view.begin([1, 2, 3, 4], cached=1)  # block 1 cached there: 2, 3, 4 to compute
     assert first.fresh == (2, 3, 4)
-    assert view.queued_prefill([7, 8]) == 3
+    assert view.queued_prefill({7, 8}) == 3
     # A prompt sharing blocks 1-3 would need 2 and 3 itself anywhere: only 4 is queued for it.
-    assert view.queued_prefill([1, 2, 3, 9]) == 1
+    assert view.queued_prefill({1, 2, 3, 9}) == 1
     # A second request sharing the first's blocks computes only its own new ones.
     second = view.begin([1, 2, 3, 5, 6])
     assert second.fresh == (5, 6)
-    assert view.queued_prefill([7]) == 5
+    assert view.queued_prefill({7}) == 5
     view.first_output(first)
     view.first_output(first)  # once is enough
-    assert view.queued_prefill([7]) == 2
+    assert view.queued_prefill({7}) == 2
     assert view.active_blocks == 6 + 2  # still running: its blocks are in use
     view.end(second)  # ended without an output (failed): no longer queued either
-    assert view.queued_prefill([7]) == 0
+    assert view.queued_prefill({7}) == 0
     view.end(first)
     assert (view.inflight, dict(view.inflight_keys), dict(view.prefilling_keys)) == (0, {}, {})
 

@@ -222,13 +222,16 @@ class Router:
         scores = score_workers(matches, total, load, weights=self.weights)
         growth = self._growth.setdefault(pool.name, GrowthLedger())
         loads = {}
+        prompt_keys: frozenset[int] = frozenset()  # built once, when a worker has prefill queued
         for address in load:
             view = pool.members[address].view
+            if view.prefilling_keys and not prompt_keys:
+                prompt_keys = frozenset(keys)
             loads[address] = Candidate(
                 active_blocks=view.active_blocks,
                 inflight_prefix=view.inflight_prefix(keys),
                 growth=growth.get(address),
-                queued_prefill=view.queued_prefill(keys),
+                queued_prefill=view.queued_prefill(prompt_keys),
                 capacity=view.capacity,
             )
         costs = choose(

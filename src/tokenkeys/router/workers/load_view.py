@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
 # Weight of the newest request in the running mean of request durations.
@@ -98,13 +98,10 @@ class LoadView:
             others *= math.exp(-age / self.request_seconds)
         return others + self.own_blocks
 
-    def queued_prefill(self, keys: Sequence[int]) -> int:
+    def queued_prefill(self, prompt_keys: Set[int]) -> int:
         """Blocks this router's requests there still have to prefill, other than the blocks
-        of the prompt ``keys`` (those it would compute itself anywhere else)."""
-        pending = self.prefilling_keys
-        if not pending:
-            return 0
-        return len(pending) - sum(1 for key in set(keys) if key in pending)
+        of the prompt (``prompt_keys``: those it would compute itself anywhere else)."""
+        return sum(1 for key in self.prefilling_keys if key not in prompt_keys)
 
     def polled(
         self,
