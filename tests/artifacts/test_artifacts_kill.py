@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from faulty_streams import leftovers
+from ports import free_port
 
 from tokenkeys.artifacts import Progress, PullSettings, fetch
 from tokenkeys.errors import Unavailable
 
 from support import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_serve(port: int) -> subprocess.Popen:

@@ -17,7 +17,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections import OrderedDict
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from ports import free_port
 
 BLOCK_SIZE = 32  # vLLM's CPU attention needs KV blocks in multiples of 32
 MAX_MODEL_LEN = 4096
@@ -32,13 +32,6 @@ MODEL_NAME = "tiny"
 LORA_NAME = "ada"
 START_TIMEOUT = 600.0  # seconds; 40-130 s is usual, a busy shared machine can take longer
 STOP_GRACE = 30.0
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _terminate_with_parent() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import redis
+from ports import free_port
 
 from tokenkeys.router.index.instrumented import InstrumentedIndex
 from tokenkeys.router.index.memory import MemoryPrefixIndex
@@ -25,18 +25,12 @@ from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.index.redis import RedisPrefixIndex
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class RedisServer:
     """A ``redis-server`` child process on a loopback port; stoppable and restartable."""
 
     def __init__(self, binary: str) -> None:
         self.binary = binary
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="tokenkeys-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 

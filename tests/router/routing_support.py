@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_stack import EngineStack, default_models, start_stack
+from ports import free_port
 
 from tokenkeys.events.model import EventBatch
 from tokenkeys.keys import CacheKeySpec, make_spec
@@ -62,12 +62,6 @@ def engine_models(profile: str = DEFAULT_PROFILE, block_size: int = 16) -> Model
         )
     attach_cache_keys(models, _spec(profile, block_size), Limits())
     return models
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def engine_config(**overrides: object) -> EngineConfig:

@@ -13,7 +13,7 @@ import asyncio
 from collections import Counter
 
 import pytest
-from routing_support import collect, index_run, start_cluster
+from routing_support import collect, index_run, start_cluster, wait_until
 
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.routed_engine import RouteNote, current_note
@@ -73,9 +73,14 @@ async def test_a_burst_of_new_prompts_spreads_before_any_load_poll(settings):
         served = await asyncio.gather(*(served_by(cluster, ids) for ids in pairs))
         assert [served[2 * i] for i in range(4)] == [served[2 * i + 1] for i in range(4)]
         assert len(set(served)) == 4
-        # Nothing left in flight once the requests finished.
+        # Nothing left in flight once the requests finished, nor queued to prefill (each
+        # request's first output ended its prefill); the capacity came with the load polls.
         pool = next(iter(cluster.registry.pools.values()))
-        assert all(not m.view.inflight and not m.view.inflight_keys for m in pool.members.values())
+        views = [m.view for m in pool.members.values()]
+        assert all(not v.inflight and not v.inflight_keys for v in views)
+        assert all(not v.prefilling_keys for v in views)
+        capacities = {c.num_kv_blocks for c in cluster.configs}
+        await wait_until(lambda: {v.capacity for v in views} == capacities, what="capacities")
     finally:
         await cluster.close()
 

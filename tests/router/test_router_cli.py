@@ -105,6 +105,8 @@ def test_route_refuses_bad_options(capsys):
     assert "--growth-weight must be a finite number >= 0, got -1.0" in capsys.readouterr().err
     assert main(["route", "--worker", "127.0.0.1:1", "--router-temperature", "nan"]) == 2
     assert "--router-temperature must be a finite number >= 0" in capsys.readouterr().err
+    assert main(["route", "--worker", "127.0.0.1:1", "--overflow-weight", "-0.5"]) == 2
+    assert "--overflow-weight must be a finite number >= 0" in capsys.readouterr().err
 
 
 def test_route_cost_options_reach_the_router_config():
@@ -112,8 +114,10 @@ def test_route_cost_options_reach_the_router_config():
     register(parser.add_subparsers())
     args = parser.parse_args(
         ["route", "--worker", "127.0.0.1:1", "--prefix-weight", "2", "--load-weight", "0.5"]
-        + ["--growth-weight", "0", "--router-temperature", "0.3"]
+        + ["--overflow-weight", "3", "--growth-weight", "0", "--router-temperature", "0.3"]
     )
     config = config_from(args)
-    assert config.router.cost == CostWeights(prefix=2.0, load=0.5, growth=0.0, temperature=0.3)
+    assert config.router.cost == CostWeights(
+        prefix=2.0, load=0.5, overflow=3.0, growth=0.0, temperature=0.3
+    )
     assert config_from(parser.parse_args(["route", "--worker", "h:1"])).router.cost == CostWeights()

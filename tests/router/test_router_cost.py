@@ -1,9 +1,10 @@
 """The precise policy's cost model (``router.policy.cost``): prefix hits weighed against load.
 
 Pure functions over prefix matches and loads, so every case is exact and deterministic. The
-costs follow Dynamo's KV router (``overlap_score_weight * prefill_blocks + decode_blocks``,
-ai-dynamo/dynamo ``lib/llm/src/kv_router/scheduler.rs``) plus a cache-growth term in the part
-of llm-d's ``no-hit-lru-scorer``.
+costs follow Dynamo's KV router (``prefill blocks + decode blocks``, ai-dynamo/dynamo
+``lib/kv-router/src/scheduling/selector.rs`` @01690d42) with the load priced apart from the
+request's own prefill, blocks beyond a worker's KV capacity priced like prefill, and a
+cache-growth term in the part of llm-d's ``no-hit-lru-scorer``.
 """
 
 from __future__ import annotations
@@ -43,16 +44,28 @@ def ranked(
     return choose(costs, (weights or CostWeights()).temperature, affinity=affinity, **kw)
 
 
-def test_cost_is_prefill_blocks_against_blocks_in_use_and_growth():
-    weights = CostWeights(prefix=2.0, load=0.5, growth=0.25)
-    loads = {"w1": Candidate(active_blocks=10, growth=8.0)}
+def test_cost_is_prefill_against_load_overflow_and_growth():
+    weights = CostWeights(prefix=2.0, load=0.5, overflow=3.0, growth=0.25)
+    loads = {"w1": Candidate(active_blocks=10, growth=8.0, queued_prefill=4, capacity=25)}
     costs = {c.worker: c for c in ranked({"w1": 6}, 20, loads, weights)}
-    # w1: 14 blocks to prefill, 10 in use + the request's 20, growth 8.
-    assert costs["w1"].prefill_blocks == 14
-    assert costs["w1"].active_blocks == 30
-    assert costs["w1"].cost == 2.0 * 14 + 0.5 * 30 + 0.25 * 8
-    # An idle worker without the prefix: all 20 blocks to prefill, the request's 20 in use.
+    # w1: 14 blocks to prefill; 10 in use + the request's 20, and 4 queued to prefill; 30 in
+    # use of a capacity of 25: 5 blocks short; growth 8.
+    w1 = costs["w1"]
+    assert (w1.prefill_blocks, w1.active_blocks, w1.queued_prefill) == (14, 30, 4)
+    assert w1.overflow_blocks == 5
+    assert w1.cost == 2.0 * 14 + 0.5 * (30 + 4) + 3.0 * 5 + 0.25 * 8
+    # An idle worker of unknown capacity without the prefix: all 20 blocks to prefill, the
+    # request's 20 in use, never short.
     assert costs["w0"].cost == 2.0 * 20 + 0.5 * 20
+    assert costs["w0"].overflow_blocks == 0
+
+
+def test_default_weights():
+    """A block of load costs 1/8 of a block of prefill, a block beyond the capacity a whole
+    one (docs/router.md, "Routing", has the arithmetic); Dynamo prices both load and prefill
+    at 1."""
+    d = CostWeights()
+    assert (d.prefix, d.load, d.overflow, d.growth, d.temperature) == (1, 0.125, 1, 0.25, 0)
 
 
 def test_blocks_in_flight_there_count_as_cached_and_as_already_in_use():
@@ -119,9 +132,84 @@ def test_a_long_cached_prefix_outweighs_recent_growth():
     far more new blocks lately than the others."""
     loads = {"w3": Candidate(growth=100.0)}
     assert ranked({"w3": 29}, 30, loads)[0].worker == "w3"
-    # Load does move it once it costs more than the prefill saved (29 blocks, weight 1).
-    busy = {"w3": Candidate(active_blocks=60, growth=0.0)}
-    assert ranked({"w3": 29}, 30, busy)[0].worker != "w3"
+
+
+def test_a_conversation_stays_with_its_prefix_while_the_load_there_is_worth_less():
+    """A follow-up turn saves 29 blocks of prefill on w3, where 60 more blocks are in use and
+    10 more are queued to prefill than elsewhere: at 1/8 a block that load is worth 8.75
+    blocks, so it stays. At Dynamo's price (a block of load like a block of prefill) it moves,
+    and the 29 blocks are computed a second time."""
+    busy = {"w3": Candidate(active_blocks=60, queued_prefill=10, capacity=400)}
+    assert ranked({"w3": 29}, 30, busy)[0].worker == "w3"
+    assert ranked({"w3": 29}, 30, busy, CostWeights(load=1.0))[0].worker != "w3"
+    # It moves once the load there is worth more than the prefill saved: 240 blocks more.
+    crowded = {"w3": Candidate(active_blocks=240, capacity=400)}
+    assert ranked({"w3": 29}, 30, crowded)[0].worker != "w3"
+
+
+def test_a_worker_that_cannot_hold_the_request_loses_it():
+    """Blocks beyond the capacity cost like prefill: the request would wait for running
+    requests to free them (or the engine would preempt one and recompute it)."""
+    # 60 + 30 blocks in use of 80: 10 short, fewer than the 29 blocks of prefill saved.
+    tight = {"w3": Candidate(active_blocks=60, capacity=80)}
+    best = ranked({"w3": 29}, 30, tight)[0]
+    assert (best.worker, best.overflow_blocks) == ("w3", 10)
+    # Of 50: 40 short, more than the prefill saved.
+    full = {"w3": Candidate(active_blocks=60, capacity=50)}
+    assert ranked({"w3": 29}, 30, full)[0].worker != "w3"
+    # With the overflow weight at 0 a full worker keeps its prompts while the load allows.
+    assert ranked({"w3": 29}, 30, full, CostWeights(overflow=0.0))[0].worker == "w3"
+
+
+def test_prefill_queued_on_a_worker_spreads_new_prompts():
+    """New prompts (cached nowhere) avoid the worker whose queue of prefill is longest, even
+    while the blocks in use read equal."""
+    queued = dict(zip(WORKERS, (40, 0, 8, 8), strict=True))
+    loads = {w: Candidate(active_blocks=20, queued_prefill=q) for w, q in queued.items()}
+    assert [c.worker for c in ranked({}, 10, loads, affinity=None)] == ["w1", "w2", "w3", "w0"]
+
+
+def simulate_round(weights: CostWeights, seed: int, small: int = 0) -> tuple[int, Counter[str]]:
+    """One round of 32 follow-up turns sent at once over 4 workers of 400 KV blocks (w0 of
+    ``small`` when set), each worker holding the cached prefixes of 8 conversations (20 of
+    each prompt's 24 blocks). Each request is counted in flight where it went before the next
+    is routed (as the forwarder does), in a random order. Returns the turns that left their
+    prefix and the requests per worker."""
+    rng = random.Random(seed)
+    home = {c: WORKERS[c % 4] for c in range(32)}
+    order = list(home)
+    rng.shuffle(order)
+    capacity = {w: 400 for w in WORKERS} | ({"w0": small} if small else {})
+    active: Counter[str] = Counter()
+    queued: Counter[str] = Counter()
+    served: Counter[str] = Counter()
+    moved = 0
+    for c in order:
+        loads = {
+            w: Candidate(active_blocks=active[w], queued_prefill=queued[w], capacity=capacity[w])
+            for w in WORKERS
+        }
+        best = ranked({home[c]: 20}, 24, loads, weights, affinity=c)[0]
+        moved += best.worker != home[c]
+        active[best.worker] += 24 + 1  # the prompt's blocks and a partial one
+        queued[best.worker] += best.prefill_blocks
+        served[best.worker] += 1
+    return moved, served
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_burst_of_follow_ups_keeps_its_affinity_and_spreads_real_overload(seed):
+    """The burst arrives in random order, so for a while some workers have many more of it in
+    flight than others; that passes, and at the default weights no turn leaves its prefix. At
+    Dynamo's price the transient imbalance moves turns. A worker too small for its 8
+    conversations sheds the turns it cannot hold."""
+    assert simulate_round(CostWeights(), seed) == (0, Counter(dict.fromkeys(WORKERS, 8)))
+    assert simulate_round(CostWeights(load=1.0), seed)[0] > 0
+    moved, served = simulate_round(CostWeights(), seed, small=150)
+    # 150 blocks hold 6 of these requests (25 blocks each): w0 keeps those and sheds some of
+    # the rest, the other workers' turns stay.
+    assert 6 <= served["w0"] < 8
+    assert moved == 8 - served["w0"]
 
 
 def test_prefix_weight_zero_is_pure_load_balancing():
@@ -142,7 +230,7 @@ def test_equal_costs_are_broken_by_a_stable_rule():
 
 
 def test_temperature_samples_cheaper_workers_more_often():
-    weights = CostWeights(temperature=0.5)
+    weights = CostWeights(load=1.0, temperature=0.5)
     loads = {"w1": Candidate(active_blocks=4), "w2": Candidate(active_blocks=8)}
     rng = random.Random(3)
     picks = Counter(ranked({"w0": 10}, 10, loads, weights, rng=rng)[0].worker for _ in range(400))
@@ -160,7 +248,9 @@ def test_temperature_samples_cheaper_workers_more_often():
         for _ in range(20)
     ]
     # Temperature 0 never samples.
-    assert {ranked({"w0": 10}, 10, loads)[0].worker for _ in range(20)} == {"w0"}
+    assert {ranked({"w0": 10}, 10, loads, CostWeights(load=1.0))[0].worker for _ in range(20)} == {
+        "w0"
+    }
 
 
 @pytest.mark.parametrize(
@@ -169,6 +259,7 @@ def test_temperature_samples_cheaper_workers_more_often():
         ("prefix", -1.0, "--prefix-weight"),
         ("load", math.nan, "--load-weight"),
         ("growth", math.inf, "--growth-weight"),
+        ("overflow", -0.1, "--overflow-weight"),
         ("temperature", True, "--router-temperature"),
         ("load", "1", "--load-weight"),
     ],

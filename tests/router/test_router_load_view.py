@@ -24,20 +24,45 @@ def test_own_requests_count_at_once_and_stop_counting_when_they_finish():
     assert view.active_blocks == 5 + 2  # distinct full blocks, one partial block per request
     assert view.inflight_prefix([1, 2, 3, 9]) == 3
     assert view.inflight_prefix([9, 1]) == 0  # a prefix, from the prompt's first block
-    view.end([1, 2, 3], first)
+    view.end(first)
     assert view.active_blocks == 4 + 1 and view.inflight_prefix([1, 2, 3]) == 2
-    view.end([1, 2, 4, 5], second)
+    view.end(second)
     assert (view.active_blocks, view.inflight, dict(view.inflight_keys)) == (0, 0, {})
+    assert not view.prefilling_keys
+
+
+def test_blocks_to_prefill_are_queued_until_the_first_output():
+    """What a request computes there (not cached, not held by another request of ours) is
+    queued prefill for the next prompt until its first output arrives, as Dynamo counts a
+    request's prefill tokens until it is marked prefill-completed."""
+    view = LoadView(clock=Clock())
+    first = view.begin([1, 2, 3, 4], cached=1)  # block 1 cached there: 2, 3, 4 to compute
+    assert first.fresh == (2, 3, 4)
+    assert view.queued_prefill({7, 8}) == 3
+    # A prompt sharing blocks 1-3 would need 2 and 3 itself anywhere: only 4 is queued for it.
+    assert view.queued_prefill({1, 2, 3, 9}) == 1
+    # A second request sharing the first's blocks computes only its own new ones.
+    second = view.begin([1, 2, 3, 5, 6])
+    assert second.fresh == (5, 6)
+    assert view.queued_prefill({7}) == 5
+    view.first_output(first)
+    view.first_output(first)  # once is enough
+    assert view.queued_prefill({7}) == 2
+    assert view.active_blocks == 6 + 2  # still running: its blocks are in use
+    view.end(second)  # ended without an output (failed): no longer queued either
+    assert view.queued_prefill({7}) == 0
+    view.end(first)
+    assert (view.inflight, dict(view.inflight_keys), dict(view.prefilling_keys)) == (0, {}, {})
 
 
 def test_a_poll_counts_other_clients_blocks_and_not_this_routers_twice():
     clock = Clock()
     view = LoadView(clock=clock)
     started = view.begin([1, 2, 3, 4])  # 5 blocks of ours
-    view.polled(3.0, 0.5, 25)  # the worker: 25 blocks in use, 20 of them other clients'
-    assert view.active_blocks == 25
+    view.polled(3.0, 0.5, 25, 50)  # the worker: 25 of its 50 blocks in use, 20 other clients'
+    assert view.active_blocks == 25 and view.capacity == 50
     clock.now += 2.0
-    view.end([1, 2, 3, 4], started)  # ours took 2 s and is done: 20 blocks of others remain...
+    view.end(started)  # ours took 2 s and is done: 20 blocks of others remain...
     assert view.request_seconds == 2.0
     # ...fading as the report ages, with the time constant of this router's requests there.
     assert math.isclose(view.active_blocks, 20 * math.exp(-2.0 / 2.0))
@@ -78,7 +103,7 @@ def test_trust_flags_silence_only_after_requests_and_forgets_it_when_events_come
     view = LoadView(wall=lambda: now[0])
     assert suspicions(view, None, 30.0, 1000.0) == []  # no request sent: nothing to say
     started = view.begin([1])
-    view.end([1], started)
+    view.end(started)
     now[0] = 131.0
     (found,) = suspicions(view, 50.0, 30.0, now[0])
     assert found.reason == "events_silent" and "31.0 s ago" in found.message

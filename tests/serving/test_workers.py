@@ -112,3 +112,8 @@ def test_workers_count_and_taken_port_refused(engine) -> None:
         done = _refused("--workers", "2", "--engine", engine.grpc_target, "--http-port", port)
     assert done.returncode == 2
     assert f"cannot bind --http-port {port}" in done.stderr
+
+
+def test_encode_threads_out_of_range_refused() -> None:
+    done = _refused("--encode-threads", "0")
+    assert done.returncode == 2 and "--encode-threads must be 1..256, got 0" in done.stderr

@@ -1,4 +1,5 @@
-"""The tokenizers backend encodes through ``encode_batch`` (which releases the GIL) for one text
+"""The tokenizers backend encodes through ``encode_batch`` / ``encode_batch_fast`` (both release
+the GIL; the fast one, used when no offsets are asked for, skips tracking them) for one text
 too; this proves that changes nothing in what a text becomes. The effect on other requests is
 proven end to end in tests/transport/test_front_door_attacks.py (/health p99 beside a
 maximum-size /tokenize)."""
@@ -35,6 +36,8 @@ def test_one_text_encodes_as_the_library_encodes_it(
     (got,) = tokenizer.encode([text], add_special_tokens=specials, offsets=True)
     assert got.ids == expected.ids
     assert got.offsets == [tuple(o) for o in expected.offsets]
+    (fast,) = tokenizer.encode([text], add_special_tokens=specials)
+    assert fast.ids == expected.ids and fast.offsets is None
 
 
 def test_truncation_still_keeps_the_specials(tokenizer: Tokenizer) -> None:

@@ -78,15 +78,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     cost = p.add_argument_group(
         "precise policy cost (in KV blocks; lower wins; see docs/router.md)",
-        "cost = prefix weight x blocks to prefill + load weight x KV blocks in use "
-        "+ growth weight x new blocks recently placed there",
+        "cost = prefix weight x blocks to prefill + load weight x (KV blocks in use + "
+        "prefill queued) + overflow weight x blocks beyond the KV capacity + growth weight x "
+        "new blocks recently placed there",
     )
     d = CostWeights()
     for option, default, what in (
         ("--prefix-weight", d.prefix, "cost of one block of prefill; higher keeps prompts with "
          "their cached prefix, 0 ignores the cache"),
-        ("--load-weight", d.load, "cost of one KV block in use; higher spreads running work at "
-         "the price of more prefill"),
+        ("--load-weight", d.load, "cost of one block of load (KV block in use, block of "
+         "prefill queued); higher spreads running work at the price of more prefill, 1 is "
+         "Dynamo's"),
+        ("--overflow-weight", d.overflow, "cost of one block a request needs beyond the "
+         "worker's KV capacity; higher moves requests off full workers sooner"),
         ("--growth-weight", d.growth, "cost of one block of new cache recently placed on the "
          "worker; higher spreads new prefixes, 0 lets a shared header attract them"),
         ("--router-temperature", d.temperature, "0 always takes the cheapest worker; above 0 "
@@ -160,6 +164,7 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteC
         cost=CostWeights(
             prefix=args.prefix_weight,
             load=args.load_weight,
+            overflow=args.overflow_weight,
             growth=args.growth_weight,
             temperature=args.router_temperature,
         ),

@@ -33,6 +33,12 @@ from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
+from tokenkeys.preprocess.offload import (
+    MAX_DEFAULT_THREADS,
+    MAX_ENCODE_THREADS,
+    encode_threads_for,
+    set_encode_threads,
+)
 from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.server.runtime.config import new_instance_id
 from tokenkeys.serving.lifecycle import exit_stopped
@@ -80,6 +86,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "core; needs --engine HOST:PORT (the simulated engine's prefix cache and KV events "
         "live in one process); default 1",
     )
+    p.add_argument(
+        "--encode-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads per process that encode large requests off the event loop (default: the "
+        "cores left per worker after its event loop's, at least 1, at most "
+        f"{MAX_DEFAULT_THREADS})",
+    )
     add_limit_options(p)
     add_connection_options(p)
     keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
@@ -101,6 +116,12 @@ def check_workers(args: argparse.Namespace) -> None:
             "behind one address. Run it as its own `tokenkeys serve` and forward to it, or "
             "serve with --workers 1",
             field="workers",
+        )
+    threads = getattr(args, "encode_threads", None)
+    if threads is not None and not 1 <= threads <= MAX_ENCODE_THREADS:
+        raise ConfigError(
+            f"--encode-threads must be 1..{MAX_ENCODE_THREADS}, got {threads}",
+            field="encode_threads",
         )
 
 
@@ -209,6 +230,7 @@ async def _until_drained(
 
 async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
     config = serve_config(args, reuse_port=link is not None)
+    set_encode_threads(args.encode_threads or encode_threads_for(args.workers))
     models = local_models(args, config.limits, chat_options(args))
     server = await EngineServer(models, config).start()
     announce(_description(server), link)

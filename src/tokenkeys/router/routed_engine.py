@@ -95,7 +95,7 @@ class RoutedEngine:
             if member is None:
                 continue
             started = False
-            sent_at = member.view.begin(decision.keys)
+            flight = member.view.begin(decision.keys, decision.cached_blocks(address))
             try:
                 engine = self.registry.engine(address, self.model)
                 outputs = engine.generate(
@@ -105,6 +105,7 @@ class RoutedEngine:
                     async for output in stream:
                         if not started:
                             started = True
+                            member.view.first_output(flight)
                             if note is not None:
                                 note.served_by.append(address)
                         if output.finished and output.usage is not None:
@@ -127,7 +128,7 @@ class RoutedEngine:
                 metrics.requests.labels(address, "failed").inc()
                 raise
             finally:
-                member.view.end(decision.keys, sent_at)
+                member.view.end(flight)
         raise Unavailable(
             f"no worker of {self.model!r} accepted the request: " + "; ".join(failures or ["none"]),
             field="model",

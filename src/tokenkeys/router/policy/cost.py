@@ -1,8 +1,11 @@
 """The precise policy's cost model: prefix hits weighed against load, in KV blocks.
 
-Each candidate worker gets a cost (lower is better)::
+Each candidate worker gets a cost (lower is better), every term counted in KV blocks::
 
-    cost = prefix_weight * prefill_blocks + load_weight * active_blocks + growth_weight * growth
+    cost = prefix_weight * prefill_blocks
+         + load_weight * (active_blocks + queued_prefill)
+         + overflow_weight * overflow_blocks
+         + growth_weight * growth
 
 - ``prefill_blocks``: the prompt's full blocks the worker would compute, i.e. those not cached
   there (tier-weighted, from the prefix index) and not already referenced there by a request
@@ -12,23 +15,37 @@ Each candidate worker gets a cost (lower is better)::
   running requests, not cached but free ones), fading as that report ages, plus the blocks of
   this router's own in-flight requests now (``router.workers.load_view``), plus the request's
   blocks not already in use there.
+- ``queued_prefill``: blocks this router's requests there still have to prefill (sent, no
+  output yet), other than the prompt's own.
+- ``overflow_blocks``: how far ``active_blocks`` exceeds the worker's KV capacity: blocks the
+  engine does not have, so the request waits until running ones free them, or the engine
+  preempts one of them and recomputes it later.
 - ``growth``: new blocks this router recently put into the worker's cache (a sum decayed by
   ``1 - 1/GROWTH_HORIZON`` per routing decision of the pool, so it counts decisions, not
   seconds). It spreads new prefixes when loads read equal, e.g. when requests arrive one at a
   time: a worker that holds only a short common header saves a few blocks of prefill, which
   the growth it took with the last new prefix outweighs.
 
-The first two terms are Dynamo's KV router cost (ai-dynamo/dynamo,
-``lib/llm/src/kv_router/scheduler.rs`` ``DefaultWorkerSelector``, 2025, and its successor
-``lib/kv-router/src/scheduling/selector.rs`` @01690d42: ``overlap_score_weight *
-prefill_blocks + decode_blocks``, where decode blocks are the worker's active blocks plus the
-request's new ones, counted once per distinct block hash). The growth term plays the part of
-llm-d's ``no-hit-lru-scorer`` (llm-d-inference-scheduler: cold requests go to the endpoint
-least recently given one, to spread cache growth), weighted by blocks rather than cold or not,
-because a prompt that shares only a header with cached ones is warm for llm-d and would follow
-the header. With ``temperature`` 0 the cheapest worker wins, ties broken by a stable rule
-(:func:`choose`); above 0 a worker is drawn with probability ``exp(-(cost - min) / ((max -
-min) * temperature))``, normalized, as Dynamo's ``softmax_sample`` does.
+The first two terms are Dynamo's KV router cost (ai-dynamo/dynamo ``lib/kv-router/src/
+scheduling/selector.rs`` @01690d42, ``DefaultWorkerSelector``: ``prefill_load_scale *
+(active prefill tokens + the request's uncached tokens) / block_size + decode_blocks``, decode
+blocks being the worker's active blocks plus the request's new ones), priced apart. Dynamo
+prices the load like the request's own prefill; here it costs ``load_weight`` (1/8 by
+default), because the two are not the same work: the request's prefill is new compute that
+holds up every request running where it goes, while the load there delays only this request
+(its decode steps read the blocks in use, its first token waits for the queued prefill). Below
+its KV capacity a continuous-batching engine takes one more request into the same steps; what
+it cannot absorb is a request that does not fit, so blocks beyond the capacity cost like
+prefill (``overflow_weight`` 1). A conversation therefore stays with its cached prefix unless
+the load it would share there is worth more than the prefill it saves, and moves when the
+worker cannot hold it; docs/router.md gives the arithmetic behind the defaults. The growth
+term plays the part of llm-d's ``no-hit-lru-scorer`` (llm-d-inference-scheduler: cold
+requests go to the endpoint least recently given one, to spread cache growth), weighted by
+blocks rather than cold or not, because a prompt that shares only a header with cached ones
+is warm for llm-d and would follow the header. With ``temperature`` 0 the cheapest worker
+wins, ties broken by a stable rule (:func:`choose`); above 0 a worker is drawn with
+probability ``exp(-(cost - min) / ((max - min) * temperature))``, normalized, as Dynamo's
+``softmax_sample`` does.
 """
 
 from __future__ import annotations
@@ -56,8 +73,13 @@ class CostWeights:
     - ``prefix``: cost of one block of prefill. Higher keeps prompts with their cached prefix
       (better time to first token, less recomputation) at the price of piling work on the
       worker that holds it; 0 ignores the cache (pure load balancing).
-    - ``load``: cost of one KV block in use. Higher spreads running work (decode speed, fewer
-      preemptions) at the price of more prefill; 0 ignores the load.
+    - ``load``: cost of one block of load there: a KV block in use, or a block of prefill
+      queued. Higher spreads running work (decode speed, shorter prefill queues) at the price
+      of more prefill; 1 is Dynamo's (load costs like the request's own prefill); 0 ignores
+      the load below the capacity.
+    - ``overflow``: cost of one block the request needs beyond the worker's KV capacity.
+      Higher moves requests off full workers sooner; 0 lets a full worker keep attracting
+      the prompts it has cached.
     - ``growth``: cost of one block of new cache this router recently placed on the worker.
       Higher spreads new prefixes over the workers' caches even when loads read equal, at the
       price of short shared prefixes (a common header) being computed more than once.
@@ -66,12 +88,13 @@ class CostWeights:
     """
 
     prefix: float = 1.0
-    load: float = 1.0
+    load: float = 0.125
     growth: float = 0.25
     temperature: float = 0.0
+    overflow: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("prefix", "load", "growth", "temperature"):
+        for name in ("prefix", "load", "overflow", "growth", "temperature"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -91,12 +114,16 @@ class Candidate:
 
     ``active_blocks``: KV blocks in use there now (see the module doc); ``inflight_prefix``:
     leading blocks of this prompt already referenced there by this router's in-flight
-    requests; ``growth``: the decayed count of new blocks this router put there.
+    requests; ``growth``: the decayed count of new blocks this router put there;
+    ``queued_prefill``: blocks this router's requests there still have to prefill, the
+    prompt's own excluded; ``capacity``: the worker's KV blocks (0: unknown, never full).
     """
 
     active_blocks: float = 0.0
     inflight_prefix: int = 0
     growth: float = 0.0
+    queued_prefill: float = 0.0
+    capacity: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +136,8 @@ class WorkerCost:
     active_blocks: float
     growth: float
     score: WorkerScore
+    queued_prefill: float = 0.0
+    overflow_blocks: float = 0.0
 
 
 def cost_workers(
@@ -132,8 +161,27 @@ def cost_workers(
         # The blocks in use once the request runs there: the ones it shares with requests in
         # flight are referenced already, every other block of it (cached or not) becomes used.
         active = load.active_blocks + (total_blocks - inflight)
-        cost = weights.prefix * prefill + weights.load * active + weights.growth * load.growth
-        out.append(WorkerCost(s.worker, cost, prefill, active, load.growth, s))
+        # Blocks beyond the capacity: the engine cannot admit the request until running ones
+        # free that many, or it preempts one of them and recomputes it later.
+        overflow = max(active - load.capacity, 0.0) if load.capacity > 0 else 0.0
+        cost = (
+            weights.prefix * prefill
+            + weights.load * (active + load.queued_prefill)
+            + weights.overflow * overflow
+            + weights.growth * load.growth
+        )
+        out.append(
+            WorkerCost(
+                worker=s.worker,
+                cost=cost,
+                prefill_blocks=prefill,
+                active_blocks=active,
+                growth=load.growth,
+                score=s,
+                queued_prefill=load.queued_prefill,
+                overflow_blocks=overflow,
+            )
+        )
     return out
 
 

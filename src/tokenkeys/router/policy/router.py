@@ -6,9 +6,10 @@ index, and never sends a request itself (``routed_engine`` forwards). Policies:
 - ``precise``: the pool's keys for the prompt (local or remote, as the pool decided) -> the
   index's consecutive runs per ready worker -> :func:`~tokenkeys.router.policy.scorer.score_workers`
   (longest cached prefix, tier-weighted, normalized) -> :func:`~tokenkeys.router.policy.cost.
-  cost_workers` (blocks to prefill against KV blocks in use and recent cache growth, weighted
-  by :class:`~tokenkeys.router.policy.cost.CostWeights`) -> the cheapest worker. The index missing
-  (Redis down) or the keys not computable right now leave load and growth to decide.
+  cost_workers` (blocks to prefill against the load there, blocks beyond its KV capacity and
+  recent cache growth, weighted by :class:`~tokenkeys.router.policy.cost.CostWeights`) -> the
+  cheapest worker. The index missing (Redis down) or the keys not computable right now leave
+  load and growth to decide.
 - ``round_robin``: the next ready worker in turn (the baseline without cache knowledge).
 - ``text_chunks``: hashed 64-byte text chunks of the prompt matched against what this router
   sent each worker (``text_chunks``; the baseline without tokenization or events).
@@ -75,6 +76,10 @@ class RouteDecision:
     def fallbacks(self) -> list[str]:
         """The other ranked workers, best first (where to retry if the chosen one fails)."""
         return [s.worker for s in self.ranking if s.worker != self.worker]
+
+    def cached_blocks(self, worker: str) -> int:
+        """Leading blocks of the prompt the policy found cached at ``worker`` (0 if unranked)."""
+        return next((s.matched_blocks for s in self.ranking if s.worker == worker), 0)
 
 
 def _key(score: WorkerScore) -> tuple[float, float]:
@@ -217,12 +222,17 @@ class Router:
         scores = score_workers(matches, total, load, weights=self.weights)
         growth = self._growth.setdefault(pool.name, GrowthLedger())
         loads = {}
+        prompt_keys: frozenset[int] = frozenset()  # built once, when a worker has prefill queued
         for address in load:
             view = pool.members[address].view
+            if view.prefilling_keys and not prompt_keys:
+                prompt_keys = frozenset(keys)
             loads[address] = Candidate(
                 active_blocks=view.active_blocks,
                 inflight_prefix=view.inflight_prefix(keys),
                 growth=growth.get(address),
+                queued_prefill=view.queued_prefill(prompt_keys),
+                capacity=view.capacity,
             )
         costs = choose(
             cost_workers(scores, total, loads, self.cost),

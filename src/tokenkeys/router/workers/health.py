@@ -110,7 +110,9 @@ class HealthPolling:
         for model in ws.engines:
             member = self.admission.pools[model].members.get(ws.address)
             if member is not None:
-                member.view.polled(load.load, load.kv_usage, load.used_kv_blocks)
+                member.view.polled(
+                    load.load, load.kv_usage, load.used_kv_blocks, load.total_kv_blocks
+                )
 
     async def poll_once(self) -> None:
         """Check the index and every worker once (what each poll does)."""

@@ -8,6 +8,12 @@ estimated as other clients' share of the last snapshot, fading as it ages (other
 requests finish too: with the time constant of this router's own requests there, the best
 guess it has), plus its own in-flight blocks now.
 
+Of its own requests the router also knows which are still in prefill: the blocks each one
+computes there (those not cached when it was sent) are queued prefill until its first output
+arrives, as Dynamo counts a request's prefill tokens until it is marked prefill-completed on
+its first streamed item (``lib/llm/src/kv_router.rs`` ``KvPushRouter``). The worker's KV
+capacity comes with each poll.
+
 The same counts check the worker (``trust``): one that reports fewer requests than this router
 has in flight there is not believed (:attr:`LoadView.load` takes the larger), and the polls
 that did so are counted; requests sent since its last event batch tell a silent worker.
@@ -18,11 +24,26 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
 # Weight of the newest request in the running mean of request durations.
 _NEWEST = 0.2
+
+
+@dataclass
+class Flight:
+    """One request this router has in flight at the worker (:meth:`LoadView.begin`).
+
+    ``fresh``: the prompt's blocks the worker computes, i.e. those neither cached there nor
+    held by another of this router's requests when it was sent; ``prefilling`` until its
+    first output arrives.
+    """
+
+    keys: tuple[int, ...]
+    fresh: tuple[int, ...]
+    started: float
+    prefilling: bool = True
 
 
 @dataclass
@@ -31,16 +52,20 @@ class LoadView:
 
     clock: Callable[[], float] = time.monotonic
     #: From the last GetLoad: running + queued requests, fraction of KV blocks in use, KV blocks
-    #: referenced by running requests; when it arrived and how many blocks were this router's.
+    #: referenced by running requests, KV capacity in blocks (0: not reported); when it
+    #: arrived and how many blocks were this router's.
     polled_load: float = 0.0
     kv_usage: float = 0.0
     used_kv_blocks: int = 0
+    capacity: int = 0
     polled_at: float = 0.0
     own_blocks_at_poll: int = 0
     #: This router's requests in flight there, and their prompts' block keys (one count per
     #: request using a key).
     inflight: int = 0
     inflight_keys: Counter[int] = field(default_factory=Counter)
+    #: The fresh blocks of those requests still in prefill (one count per request).
+    prefilling_keys: Counter[int] = field(default_factory=Counter)
     #: Running mean of how long this router's requests there took (None before the first).
     request_seconds: float | None = None
     #: Consecutive polls that reported fewer requests than this router had in flight, and the
@@ -73,11 +98,23 @@ class LoadView:
             others *= math.exp(-age / self.request_seconds)
         return others + self.own_blocks
 
-    def polled(self, running_and_queued: float, kv_usage: float, used_kv_blocks: int) -> None:
+    def queued_prefill(self, prompt_keys: Set[int]) -> int:
+        """Blocks this router's requests there still have to prefill, other than the blocks
+        of the prompt (``prompt_keys``: those it would compute itself anywhere else)."""
+        return sum(1 for key in self.prefilling_keys if key not in prompt_keys)
+
+    def polled(
+        self,
+        running_and_queued: float,
+        kv_usage: float,
+        used_kv_blocks: int,
+        total_kv_blocks: int = 0,
+    ) -> None:
         """Take a GetLoad answer."""
         self.polled_load = running_and_queued
         self.kv_usage = kv_usage
         self.used_kv_blocks = used_kv_blocks
+        self.capacity = total_kv_blocks
         self.polled_at = self.clock()
         self.own_blocks_at_poll = self.own_blocks
         if running_and_queued < self.inflight:
@@ -105,22 +142,38 @@ class LoadView:
             n += 1
         return n
 
-    def begin(self, keys: Sequence[int]) -> float:
-        """A request with these prompt block keys was sent there; returns its start time."""
+    def begin(self, keys: Sequence[int], cached: int = 0) -> Flight:
+        """A request with these prompt block keys was sent there, its first ``cached`` blocks
+        cached there as far as the index knew; returns its :class:`Flight`."""
+        keys = tuple(keys)
+        fresh = keys[max(cached, self.inflight_prefix(keys)) :]
         self.inflight += 1
         self.inflight_keys.update(keys)
+        self.prefilling_keys.update(fresh)
         self.last_sent = self.wall()
         if self.waiting_since is None:
             self.waiting_since = self.last_sent
-        return self.clock()
+        return Flight(keys, fresh, self.clock())
 
-    def end(self, keys: Sequence[int], started: float) -> None:
-        """The request that :meth:`begin` returned ``started`` for finished (or failed)."""
+    def first_output(self, flight: Flight) -> None:
+        """The request's first output arrived: its prefill is done (idempotent)."""
+        if flight.prefilling:
+            flight.prefilling = False
+            _take(self.prefilling_keys, flight.fresh)
+
+    def end(self, flight: Flight) -> None:
+        """The request finished (or failed)."""
+        self.first_output(flight)
         self.inflight -= 1
-        self.inflight_keys.subtract(keys)
-        for key in keys:
-            if self.inflight_keys[key] <= 0:
-                del self.inflight_keys[key]
-        took = max(self.clock() - started, 0.0)
+        _take(self.inflight_keys, flight.keys)
+        took = max(self.clock() - flight.started, 0.0)
         mean = self.request_seconds
         self.request_seconds = took if mean is None else mean + _NEWEST * (took - mean)
+
+
+def _take(counts: Counter[int], keys: Sequence[int]) -> None:
+    """Remove one count of each of ``keys``, dropping keys that reach zero."""
+    counts.subtract(keys)
+    for key in keys:
+        if key in counts and counts[key] <= 0:
+            del counts[key]
