@@ -197,7 +197,7 @@ def test_the_event_layout_is_the_one_of_the_release_vllm_reports(vllm, sidecar) 
     with grpc.insecure_channel(sidecar.target) as channel:
         control = openengine_pb2_grpc.ControlStub(channel)
         info = control.GetServerInfo(server_pb2.GetServerInfoRequest(), timeout=30)
-    assert info.extra["kv_events_vllm_version"].string_value == "0.32"
+    assert info.extra["kv_events_vllm_version"] == "0.32"
     assert "KV events in vLLM 0.32's layout, the release vLLM at" in sidecar.log_text()
 
 
