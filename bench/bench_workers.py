@@ -151,11 +151,12 @@ def run(quick: bool) -> str:
             "whole server built by its builder, sharing the ports with SO_REUSEPORT under a "
             "supervisor that restarts and drains them; `--workers` needs `--engine` because one "
             "engine's prefix cache and KV events cannot be split over processes. Inside each "
-            "process, encodes above 2 KiB run on worker threads (`tokenizers` releases the GIL; "
-            "a request of several texts uses its rayon-parallel `encode_batch`), so one worker "
-            "already uses a second core for large prompts, which is why the 1k-token rows gain "
-            "less from a second process than the small-prompt gRPC rows. On this 2-core machine "
-            "the load generator takes one core, so the ratios here bound what N = 2 can show; "
+            "process, encodes above 2 KiB run on its encode threads (`tokenizers` releases the "
+            "GIL; a request of several texts uses its rayon-parallel batch call), so one worker "
+            "already keeps a second core busy with large prompts beside its event loop: the "
+            "1k-token rows gain less from a second process than the small-prompt HTTP rows, and "
+            "a single connection is served by one worker whatever N is. wrk takes a share of "
+            "the same 2 cores; "
             "the design scales with the cores a deployment gives it.",
             "",
         ]
