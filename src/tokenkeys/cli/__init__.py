@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from tokenkeys.cli import keys, pull, route, serve, tokens
 from tokenkeys.errors import TokenkeysError
+from tokenkeys.serving.allocator import restart_tuned
 from tokenkeys.terminal import printable
 
 # Each module exposes register(subparsers); a subcommand's parser sets ``func(args) -> int``.
@@ -34,6 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; errors print one clear line and exit 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None and args.command == "serve":
+        restart_tuned()  # the serving process's allocator (tokenkeys.serving.allocator)
     try:
         return int(args.func(args) or 0)
     except TokenkeysError as error:
