@@ -183,8 +183,9 @@ def run(quick: bool) -> str:
             "(process CPU over a wrk run, minus the encodes); vLLM's API server and engine "
             "processes took 1.5 ms of CPU per request (13.0 s over an 8 s run at 1,085 req/s). "
             "At 2,000 req/s the encodes alone keep 1.4 of the 2 cores busy, and wrk needs its "
-            "share of the same cores; twice vLLM's rate needs the encode itself to be cheaper, "
-            "which both servers get from the same `tokenizers` library.",
+            "share of the same cores, so the last step to twice vLLM's rate was making the "
+            "encode itself cheaper: glibc's larger per-thread malloc cache, which `tokenkeys "
+            "serve` starts with (`tokenkeys.serving.allocator`; 8-11 % more at this row).",
             "",
         ]
     )
