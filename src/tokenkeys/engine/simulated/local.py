@@ -2,7 +2,7 @@
 
 :class:`LocalEngine` is a served model's ``engine`` (an
 :class:`~tokenkeys.engine.protocol.Engine`) when generation is simulated: the
-:class:`~tokenkeys.engine.simulated.engine.Engine` bound to the model's cache-key spec, its
+:class:`~tokenkeys.engine.simulated.engine.SimulatedEngine` bound to the model's cache-key spec, its
 :class:`~tokenkeys.events.stream.EventStream`, and the per-request resolution every caller
 (gRPC ``Inference.Generate``, the HTTP routes) needs: the adapter's registered path and id, the
 server's default seed, the model name where the profile keys it, the KV-cache group.
@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from functools import lru_cache
 
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
-from tokenkeys.engine.simulated.engine import Engine
+from tokenkeys.engine.simulated.engine import SimulatedEngine
 from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, NotFound
 from tokenkeys.events.model import SpecRef
@@ -84,7 +84,7 @@ class LocalEngine:
         # The engine simulates the first KV-cache group; its keys are the spec's keys at that
         # group's block size (vLLM >= 0.24 BlockHashListWithBlockSize), selected by group index.
         self._group = group.index if group.block_size != spec.hash_unit else None
-        self.engine = Engine(
+        self.engine = SimulatedEngine(
             key_fn=self._keys,
             block_size=group.block_size,
             num_blocks=config.num_kv_blocks,
