@@ -30,7 +30,7 @@ class EngineInputs:
     """What one served model's engine is built from (never the served model itself).
 
     ``stream`` is the model's KV-event stream (None for a kind whose events are forwarded);
-    ``keys_checked`` the server's counter of engine-stored keys checked against tokenkeys'.
+    ``metrics`` what the kind's ``EngineKind.metrics`` made in the server's metrics registry.
     """
 
     name: str
@@ -38,7 +38,7 @@ class EngineInputs:
     spec: CacheKeySpec
     config: EngineConfig
     stream: EventStream | None = None
-    keys_checked: Any = None
+    metrics: Any = None
 
 
 class HostedEngine(Engine, Protocol):

@@ -12,11 +12,13 @@ import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tokenkeys.errors import NotFound
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from tokenkeys.engine.config import EngineConfig
     from tokenkeys.engine.hosting import EngineInputs, HostedEngine
 
@@ -42,13 +44,16 @@ class EngineKind:
       (:class:`~tokenkeys.engine.hosting.ForwardedEngine`);
     - ``build``: one served model's engine from its inputs (called in the serving loop);
     - ``prepare``: the configuration completed from the engine before any model's engine is
-      built (the vLLM sidecar reads the event layout vLLM publishes); as given by default.
+      built (the vLLM sidecar reads the event layout vLLM publishes); as given by default;
+    - ``metrics``: the kind's own metrics, made once per server in the server's registry (the
+      vLLM sidecar's live key check) and handed to every engine in ``EngineInputs.metrics``.
     """
 
     name: str
     hosting: Literal["streamed", "forwarded"]
     build: Callable[[EngineInputs], HostedEngine]
     prepare: Callable[[EngineConfig], Awaitable[EngineConfig]] = field(default=_as_given)
+    metrics: Callable[[CollectorRegistry], Any] | None = None
 
 
 @cache

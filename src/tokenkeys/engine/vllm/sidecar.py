@@ -28,7 +28,7 @@ from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationPara
 from tokenkeys.engine.registry import EngineKind
 from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, wire_version_of
 from tokenkeys.engine.vllm.client import VllmHttpClient
-from tokenkeys.engine.vllm.key_check import KeyCheck
+from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
 from tokenkeys.events.model import AllBlocksCleared, EventBatch
 from tokenkeys.events.stream import EventStream
@@ -280,10 +280,10 @@ def build(inputs: EngineInputs) -> VllmSidecarEngine:
         inputs.spec,
         inputs.stream,
         config.vllm,
-        KeyCheck(inputs.spec, inputs.name, inputs.keys_checked),
+        KeyCheck(inputs.spec, inputs.name, inputs.metrics),
         max_model_len=config.max_model_len,
         wire_version=config.wire_version,
     )
 
 
-KIND = EngineKind("vllm", "streamed", build, prepare)
+KIND = EngineKind("vllm", "streamed", build, prepare, keys_checked)

@@ -23,7 +23,6 @@ from prometheus_client import CollectorRegistry
 from tokenkeys.engine.config import EngineConfig
 from tokenkeys.engine.hosting import HostedEngine
 from tokenkeys.engine.registry import engine_kind
-from tokenkeys.engine.vllm.key_check import keys_checked
 from tokenkeys.errors import NotFound, Unavailable
 from tokenkeys.events.zmq_endpoint import routable_endpoint
 from tokenkeys.keys import CacheKeySpec
@@ -80,9 +79,9 @@ class EngineRuntime:
         self.grpc_address: str | None = None
         self.ready = False
         self.draining = False
-        #: Metrics of the engines (exported on the HTTP ``/metrics``): the live key check.
+        #: Metrics of the engines (exported on the HTTP ``/metrics``), made by their kind.
         self.metrics = CollectorRegistry(auto_describe=True)
-        self.keys_checked = keys_checked(self.metrics)
+        self.kind_metrics = None if self.kind.metrics is None else self.kind.metrics(self.metrics)
         self.hosting: Hosting = HOSTINGS[self.kind.hosting](self)
 
     @property

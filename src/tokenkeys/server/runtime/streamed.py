@@ -103,7 +103,7 @@ class StreamedHosting:
             subscriber_backlog=config.kv_events_subscriber_backlog,
         )
         inputs = EngineInputs(
-            model.name, model.tokenizer, spec, config, stream, runtime.keys_checked
+            model.name, model.tokenizer, spec, config, stream, runtime.kind_metrics
         )
         # A kind hosted "streamed" builds a StreamedEngine (engine.registry.EngineKind).
         engine: StreamedEngine = runtime.kind.build(inputs)  # type: ignore[assignment]
