@@ -79,7 +79,7 @@ async def test_a_burst_of_new_prompts_spreads_before_any_load_poll(settings):
         views = [m.view for m in pool.members.values()]
         assert all(not v.inflight and not v.inflight_keys for v in views)
         assert all(not v.prefilling_keys for v in views)
-        capacities = {c.num_kv_blocks for c in cluster.configs}
+        capacities = {c.engine.num_kv_blocks for c in cluster.configs}
         await wait_until(lambda: {v.capacity for v in views} == capacities, what="capacities")
     finally:
         await cluster.close()

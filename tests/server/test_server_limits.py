@@ -13,7 +13,7 @@ from engine_stack import start_stack
 from tokenkeys._gen.openengine.v1 import generation_pb2, lifecycle_pb2
 from tokenkeys.artifacts import ArtifactLimits, PullSettings, fetch
 from tokenkeys.client import TokenizerClient
-from tokenkeys.engine.config import EngineConfig
+from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError, LimitExceeded
 from tokenkeys.limits import Limits
@@ -119,7 +119,8 @@ def _request(prompt: str, max_tokens: int) -> generation_pb2.GenerateRequest:
 
 async def test_grpc_streams_per_client() -> None:
     stack = await start_stack(
-        EngineConfig(latency=_SLOW, kv_events=False), limits=Limits(max_streams_per_client=2)
+        EngineConfig(engine=SimulatedConfig(latency=_SLOW), kv_events=False),
+        limits=Limits(max_streams_per_client=2),
     )
     try:
         calls = []

@@ -7,7 +7,10 @@ import argparse
 from tokenkeys.engine.config import (
     DEFAULT_TOPIC,
     EngineConfig,
+    KindConfig,
     LoraModule,
+    RemoteConfig,
+    SimulatedConfig,
     VllmEngineConfig,
     new_instance_id,
 )
@@ -177,12 +180,32 @@ def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
     )
 
 
+def kind_config_from(args: argparse.Namespace) -> KindConfig:
+    """The settings of the engine kind ``--engine`` selects (simulated without it)."""
+    vllm = vllm_config_from(args)
+    if vllm is not None:
+        return vllm
+    if args.engine is not None:
+        return RemoteConfig(args.engine)
+    return SimulatedConfig(
+        num_kv_blocks=args.num_kv_blocks,
+        latency=LatencyModel(
+            prefill_s_per_token=args.prefill_us_per_token * _US,
+            decode_s_per_token=args.decode_us_per_token * _US,
+            sleep=args.simulate_latency,
+        ),
+        seed=args.seed,
+        lora_modules=tuple(
+            LoraModule.parse(text, i + 1) for i, text in enumerate(args.lora_modules)
+        ),
+    )
+
+
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration of parsed ``serve`` arguments."""
-    vllm = vllm_config_from(args)
     replay = args.kv_events_replay_port
     return EngineConfig(
-        num_kv_blocks=args.num_kv_blocks,
+        engine=kind_config_from(args),
         max_model_len=args.max_model_len,
         kv_events=args.kv_events,
         kv_events_port=args.kv_events_port,
@@ -193,17 +216,6 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         kv_events_buffer_steps=args.kv_events_buffer_steps,
         kv_events_hwm=args.kv_events_hwm,
         kv_events_subscriber_backlog=args.kv_events_subscriber_backlog,
-        latency=LatencyModel(
-            prefill_s_per_token=args.prefill_us_per_token * _US,
-            decode_s_per_token=args.decode_us_per_token * _US,
-            sleep=args.simulate_latency,
-        ),
-        seed=args.seed,
         instance_id=args.instance_id or new_instance_id(),
         advertise_host=args.advertise_host,
-        lora_modules=tuple(
-            LoraModule.parse(text, i + 1) for i, text in enumerate(args.lora_modules)
-        ),
-        remote_engine=None if vllm is not None else args.engine,
-        vllm=vllm,
     )

@@ -27,6 +27,7 @@ from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.engine.config import new_instance_id
+from tokenkeys.engine.registry import engine_kind
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.process.encode_lanes import (
@@ -129,7 +130,7 @@ def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> Serve
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.
     spec = build_spec(key_spec_options(args))
     engine = engine_config_from(args)
-    if spec is None and engine.remote_engine is None:
+    if spec is None and engine_kind(engine.kind).hosting == "streamed":
         # The simulated engine keys its prefix cache and events with a spec; serving none while
         # it publishes hashes of another would advertise hashes no router can reproduce.
         raise ConfigError(

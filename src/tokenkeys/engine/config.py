@@ -1,8 +1,11 @@
-"""What ``tokenkeys serve`` configures about generation: the simulated engine, its KV events,
-its LoRA adapters, or the remote OpenEngine engine generation is forwarded to.
+"""What ``tokenkeys serve`` configures about generation: one engine kind's settings, and what
+every kind shares (context limit, KV events, identity).
 
-Plain frozen values, checked once at start (:class:`~tokenkeys.errors.ConfigError` names the
-option). The CLI spellings live in ``tokenkeys.cli.engine_options``.
+:class:`EngineConfig` holds the shared settings and ``engine``, the settings of one kind: a
+union of :class:`SimulatedConfig`, :class:`RemoteConfig` and :class:`VllmEngineConfig`, each
+naming its kind (``KIND``, a key of :data:`tokenkeys.engine.registry.KINDS`). Plain frozen
+values, checked once at start (:class:`~tokenkeys.errors.ConfigError` names the option). The
+CLI spellings live in ``tokenkeys.cli.engine_options``.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import re
 import string
 import uuid
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError, TokenkeysError
@@ -63,13 +67,14 @@ class VllmEngineConfig:
     topic ("" subscribes to every topic).
     """
 
+    KIND: ClassVar[str] = "vllm"
+    #: The scheme prefix that selects this engine on ``--engine``.
+    SCHEME: ClassVar[str] = "vllm+"
+
     url: str
     kv_events: str
     kv_replay: str | None = None
     kv_topic: str = ""
-
-    #: The scheme prefix that selects this engine on ``--engine``.
-    SCHEME = "vllm+"
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"https?://[^\s/]+(:\d{1,5})?/?", self.url):
@@ -90,6 +95,55 @@ class VllmEngineConfig:
 
 
 @dataclass(frozen=True)
+class SimulatedConfig:
+    """The simulated engine: KV capacity, simulated latency, output seed, LoRA adapters."""
+
+    KIND: ClassVar[str] = "simulated"
+
+    num_kv_blocks: int = 4096
+    latency: LatencyModel = field(default_factory=LatencyModel)
+    seed: int = 0
+    lora_modules: tuple[LoraModule, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1:
+            raise ConfigError(
+                f"--num-kv-blocks must be a positive integer, got {self.num_kv_blocks!r}",
+                field="num-kv-blocks",
+            )
+        names = [m.name for m in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--lora-modules names repeat: {names}", field="lora-modules")
+
+    def adapter(self, name: str) -> LoraModule | None:
+        """The registered adapter called ``name``."""
+        for module in self.lora_modules:
+            if module.name == name:
+                return module
+        return None
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """An OpenEngine engine generation is forwarded to: ``--engine HOST:PORT``."""
+
+    KIND: ClassVar[str] = "remote"
+
+    target: str
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^:\s\[\]]+):\d{1,5}", self.target):
+            raise ConfigError(
+                f"--engine {self.target!r} is not HOST:PORT (e.g. 10.0.0.7:50051)",
+                field="engine",
+            )
+
+
+#: The settings of one engine kind.
+KindConfig = SimulatedConfig | RemoteConfig | VllmEngineConfig
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Generation settings of one server process (every served model gets its own engine).
 
@@ -102,11 +156,10 @@ class EngineConfig:
     ``kv_events_vllm_version`` None is 0.33 (0.23 for the array form), or, in front of a vLLM,
     the release that vLLM reports (read at start,
     :func:`~tokenkeys.engine.vllm.checks.wire_version_of`).
-    ``remote_engine`` (``host:port``) forwards generation to an OpenEngine ``Inference``
-    service instead of simulating it; ``vllm`` to a real vLLM (the sidecar).
+    ``engine`` is the kind's own settings (the simulated engine's by default).
     """
 
-    num_kv_blocks: int = 4096
+    engine: KindConfig = field(default_factory=SimulatedConfig)
     max_model_len: int | None = None
     kv_events: bool = True
     kv_events_port: int = 0
@@ -117,20 +170,10 @@ class EngineConfig:
     kv_events_buffer_steps: int = 10_000
     kv_events_hwm: int = 100_000
     kv_events_subscriber_backlog: int = 10_000
-    latency: LatencyModel = field(default_factory=LatencyModel)
-    seed: int = 0
     instance_id: str = field(default_factory=new_instance_id)
     advertise_host: str | None = None
-    lora_modules: tuple[LoraModule, ...] = ()
-    remote_engine: str | None = None
-    vllm: VllmEngineConfig | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1:
-            raise ConfigError(
-                f"--num-kv-blocks must be a positive integer, got {self.num_kv_blocks!r}",
-                field="num-kv-blocks",
-            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(
                 f"--max-model-len must be >= 1, got {self.max_model_len}", field="max-model-len"
@@ -154,16 +197,6 @@ class EngineConfig:
             raise ConfigError(
                 "--instance-id must be 1..256 characters (default: a fresh id per process)",
                 field="instance-id",
-            )
-        names = [m.name for m in self.lora_modules]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"--lora-modules names repeat: {names}", field="lora-modules")
-        if self.remote_engine is not None and not re.fullmatch(
-            r"(\[[0-9a-fA-F:.]+\]|[^:\s\[\]]+):\d{1,5}", self.remote_engine
-        ):
-            raise ConfigError(
-                f"--engine {self.remote_engine!r} is not HOST:PORT (e.g. 10.0.0.7:50051)",
-                field="engine",
             )
 
     def _check_topic(self) -> None:
@@ -210,9 +243,7 @@ class EngineConfig:
     def kind(self) -> str:
         """The engine kind this configuration selects (a key of
         :data:`tokenkeys.engine.registry.KINDS`)."""
-        if self.vllm is not None:
-            return "vllm"
-        return "remote" if self.remote_engine is not None else "simulated"
+        return self.engine.KIND
 
     def topic(self, address: str, model: str) -> str:
         """The ZMQ topic of ``model``'s stream."""
@@ -225,10 +256,3 @@ class EngineConfig:
         if replay:
             replay += index
         return pub, replay
-
-    def adapter(self, name: str) -> LoraModule | None:
-        """The registered adapter called ``name``."""
-        for module in self.lora_modules:
-            if module.name == name:
-                return module
-        return None

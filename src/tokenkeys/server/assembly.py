@@ -47,8 +47,9 @@ class ServeConfig:
     - ``host``: the address gRPC, HTTP and the KV-event sockets bind;
     - ``grpc_port`` / ``http_port``: 0 picks a free port; None leaves that face out (an engine
       runtime needs gRPC: its events are advertised under the gRPC address);
-    - ``engine``: the engine settings (simulated, or ``remote_engine``); None serves the models'
-      engines as they are (none, or attached by the caller) without ``Control``/``Inference``;
+    - ``engine``: the engine settings (one kind's in ``EngineConfig.engine``); None serves the
+      models' engines as they are (none, or attached by the caller) without ``Control`` and
+      ``Inference`` -- a server of tokenizers only has no engine kind at all;
     - ``cache_keys``: the deployment's spec, attached to every model; ``spec_of`` overrides
       the spec an engine keys its blocks with (default: the model's cache keys, else the
       default profile);
