@@ -131,7 +131,7 @@ def test_vllm_engine_options() -> None:
         (
             ["--engine", "vllm+ftp://h:1", "--engine-kv-events", "tcp://h:2"],
             "engine",
-            "vllm+http://HOST:PORT",
+            "--engine 'ftp://h:1' is not http://HOST:PORT",
         ),
         (
             ["--engine", "vllm+http://h:1", "--engine-kv-events", "tcp://*:2"],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 
 from tokenkeys.engine.config import (
     DEFAULT_TOPIC,
@@ -18,6 +20,31 @@ from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError
 
 _US = 1e-6
+
+#: The flag of each engine setting whose name differs from ``--`` + the field with dashes.
+_FLAGS = {
+    "target": "--engine",
+    "url": "--engine",
+    "kv_events": "--engine-kv-events",
+    "kv_replay": "--engine-kv-replay",
+}
+
+
+def _flag(name: str) -> str:
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def _in_flags(error: ConfigError) -> ConfigError:
+    """The library's refusal of a setting, said in the flags that set it."""
+    # Settings named with an underscore, and the refused one, are the library's words for flags.
+    named = {s for s in _SETTINGS if "_" in s} | ({error.field} if error.field else set())
+    message = re.sub(
+        r"\b[a-z]+(?:_[a-z]+)*\b",
+        lambda m: _flag(m.group()) if m.group() in named else m.group(),
+        error.message,
+    )
+    field = _flag(error.field).split()[0].removeprefix("--") if error.field else None
+    return ConfigError(message, field=field)
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -202,7 +229,14 @@ def kind_config_from(args: argparse.Namespace) -> KindConfig:
 
 
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
-    """The engine configuration of parsed ``serve`` arguments."""
+    """The engine configuration of parsed ``serve`` arguments (refusals name the flags)."""
+    try:
+        return _engine_config(args)
+    except ConfigError as error:
+        raise _in_flags(error) from None
+
+
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
     replay = args.kv_events_replay_port
     return EngineConfig(
         engine=kind_config_from(args),
@@ -219,3 +253,11 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         instance_id=args.instance_id or new_instance_id(),
         advertise_host=args.advertise_host,
     )
+
+
+#: Every setting a refusal may name: the fields of the engine configurations.
+_SETTINGS = frozenset(
+    f.name
+    for cls in (EngineConfig, SimulatedConfig, RemoteConfig, VllmEngineConfig, LoraModule)
+    for f in dataclasses.fields(cls)
+)

@@ -27,7 +27,8 @@ from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.access.tls import ServerTls
 from tokenkeys.access.token import BearerTokens
 from tokenkeys.engine.config import EngineConfig
-from tokenkeys.frontend import HttpConfig, HttpServer, create_app, start_http_server
+from tokenkeys.frontend import HttpConfig, HttpServer, create_app
+from tokenkeys.frontend.server import serve_app
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.limits import Limits
 from tokenkeys.server.grpc.engine_services import engine_service_adders
@@ -143,17 +144,9 @@ class EngineServer:
 
     async def _start_http(self, port: int) -> HttpServer:
         self.app = create_app(self.models, self.config.http_config(), lifecycle=self.lifecycle)
-        config = self.config
         if self.runtime is not None:
             self.app.state.tokenkeys.metrics.include(self.runtime.metrics)
-        return await start_http_server(
-            self.app,
-            config.host,
-            port,
-            tls=config.tls,
-            reuse_port=config.reuse_port,
-            connections=config.connections,
-        )
+        return await serve_app(self.app, self.config, port)
 
     def begin_drain(self) -> None:
         """Refuse new calls on both faces and end every KV-event subscription."""
