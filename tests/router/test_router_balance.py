@@ -95,7 +95,7 @@ async def test_a_burst_of_new_prompts_spreads_before_any_load_poll(settings):
 )
 async def test_a_short_common_header_does_not_attract_every_new_prompt(settings, weights, most):
     cluster = await start_cluster(4, settings=settings)
-    cluster.router.cost = weights
+    cluster.router.policy.cost = weights
     try:
         served = Counter()
         for i in range(12):

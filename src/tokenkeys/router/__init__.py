@@ -18,7 +18,8 @@ from tokenkeys.router.ingest.consumer import ZmqEventConsumer
 from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.ingest.ingestor import EventIngestor, IngestMetrics
 from tokenkeys.router.policy.cost import CostWeights
-from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
+from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
+from tokenkeys.router.policy.router import Router
 from tokenkeys.router.policy.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore, score_workers
 from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings

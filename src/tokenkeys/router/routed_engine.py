@@ -24,7 +24,8 @@ from tokenkeys.engine.core import GenerateOutput, GenerationParams
 from tokenkeys.engine.protocol import EngineLoad
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.keys import Adapter, KeyContext
-from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
+from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
+from tokenkeys.router.policy.router import Router
 from tokenkeys.router.workers.registry import WorkerRegistry
 
 
