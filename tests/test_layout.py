@@ -24,6 +24,10 @@ FORBIDDEN = [
     ("frontend", "router"),
 ]
 
+#: The router's rooms, lowest first: each imports only the rooms before it (data flows one way:
+#: the index, the events that feed it, the workers followed, the policies choosing among them).
+ROUTER_ROOMS = ["index", "ingest", "workers", "policy"]
+
 #: Longest module, in lines, outside generated code: split by concept before this.
 MAX_LINES = 400
 #: Modules allowed past it, with their own bound and the reason.
@@ -74,6 +78,24 @@ def test_rooms_import_one_way(importer: str, forbidden: str) -> None:
         for module in sorted(_imported(path))
         if module.split(".")[1] == forbidden
     ]
+    assert not broken, "\n".join(broken)
+
+
+def test_router_rooms_import_downwards() -> None:
+    broken = []
+    for path in _modules():
+        parts = path.relative_to(SRC).parts
+        if parts[0] != "router" or len(parts) < 3 or parts[1] not in ROUTER_ROOMS:
+            continue
+        allowed = ROUTER_ROOMS[: ROUTER_ROOMS.index(parts[1]) + 1]
+        broken += [
+            f"{path.relative_to(SRC)} imports {module}"
+            for module in sorted(_imported(path))
+            if module.split(".")[1] == "router"
+            and len(module.split(".")) > 2
+            and module.split(".")[2] in ROUTER_ROOMS
+            and module.split(".")[2] not in allowed
+        ]
     assert not broken, "\n".join(broken)
 
 
