@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import xxhash
 from routing_support import SYSTEM, collect, start_cluster
 
 from tokenkeys.router.routed_engine import RouteNote, current_note
-from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
 async def run_conversations(cluster, conversations: int, turns: int, *, shared: bool = True):  # noqa: ANN001, ANN201, E501
@@ -49,11 +47,6 @@ async def run_conversations(cluster, conversations: int, turns: int, *, shared: 
 def rendezvous(keys: list[int], workers: list[str]) -> str:
     salt = keys[0].to_bytes(8, "little")
     return max(workers, key=lambda w: xxhash.xxh64_intdigest(salt + w.encode()))
-
-
-@pytest.fixture
-def settings(tmp_path):  # noqa: ANN001, ANN201
-    return PoolSettings(cache=tmp_path / "cache")
 
 
 async def test_follow_up_turns_land_on_the_worker_holding_their_prefix(settings, tmp_path):

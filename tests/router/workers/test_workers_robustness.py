@@ -26,7 +26,6 @@ from routing_support import (
 )
 
 from tokenkeys.router.index.redis import RedisPrefixIndex
-from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.server.grpc import control
 
 CLEARS = "tokenkeys_router_worker_clears_total"
@@ -62,12 +61,11 @@ def _followers(cluster: Cluster) -> list:
 
 @pytest.mark.parametrize("transport", ["zmq", "grpc"])
 async def test_a_full_redis_routes_by_load_with_backoff_and_recovers(
-    tmp_path, start_redis, transport
+    settings, start_redis, transport
 ):
     server = start_redis()
     admin = redis_client.Redis(port=server.port)
     index = RedisPrefixIndex.from_url(server.url, namespace=f"t-{uuid.uuid4().hex[:12]}")
-    settings = PoolSettings(cache=tmp_path / "cache")
     cluster = await start_cluster(3, settings=settings, index=index, transport=transport)
     clock = ManualClock()
     backoff = cluster.registry.following.write_backoff
@@ -119,8 +117,7 @@ async def test_a_full_redis_routes_by_load_with_backoff_and_recovers(
         admin.close()
 
 
-async def test_a_lying_and_a_silent_worker_are_flagged_with_reasons(tmp_path, monkeypatch):
-    settings = PoolSettings(cache=tmp_path / "cache")
+async def test_a_lying_and_a_silent_worker_are_flagged_with_reasons(settings, monkeypatch):
     cluster = await start_cluster(3, settings=settings, http=True)
     liar, mute = cluster.stacks[0], cluster.stacks[1]
     honest = control.load_info

@@ -28,11 +28,6 @@ from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
-@pytest.fixture
-def settings(tmp_path):  # noqa: ANN001, ANN201
-    return PoolSettings(cache=tmp_path / "cache")
-
-
 async def test_a_dead_worker_is_removed_and_rejoins_with_a_cleared_cache(settings):
     cluster = await start_cluster(3, settings=settings)
     try:
