@@ -1,6 +1,6 @@
 """``tokenkeys route``: an OpenAI-compatible HTTP router in front of OpenEngine workers.
 
-``--workers N`` routes from N processes sharing the HTTP port (:mod:`tokenkeys.serving.workers`).
+``--processes N`` routes from N processes sharing the HTTP port (:mod:`tokenkeys.serving.workers`).
 Each is a whole router replica: it discovers the engines, follows their KV events into its own
 prefix index (or the shared Redis one) and counts its own requests in flight, as N router
 replicas behind a load balancer would.
@@ -130,7 +130,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
     )
     p.add_argument(
-        "--workers",
+        "--processes",
         type=int,
         default=1,
         metavar="N",
@@ -145,7 +145,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteConfig:
     """The router configuration the options describe (``reuse_port``: one of N workers)."""
-    check_worker_count(getattr(args, "workers", 1))
+    check_worker_count(getattr(args, "processes", 1))
     limits = Limits(max_request_bytes=args.max_request_bytes)
     router = RouterConfig(
         workers=tuple(args.worker),
@@ -226,7 +226,7 @@ async def _route(args: argparse.Namespace, link: WorkerLink | None = None) -> in
 
 
 def route_worker(args: argparse.Namespace, link: WorkerLink) -> NoReturn:
-    """One worker process of ``route --workers N``; the process ends once it stopped."""
+    """One process of ``route --processes N``; the process ends once it stopped."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     escape_log_records()  # log lines carry client- and server-supplied strings
     exit_stopped(asyncio.run(_route(args, link)))
@@ -235,7 +235,7 @@ def route_worker(args: argparse.Namespace, link: WorkerLink) -> NoReturn:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     escape_log_records()  # log lines carry client- and server-supplied strings
-    if args.workers == 1:
+    if args.processes == 1:
         exit_stopped(asyncio.run(_route(args)))  # stopped cleanly: no teardown to wait for
     config_from(args)  # a bad option fails once, before any worker starts
-    return Supervisor(route_worker, args, args.workers, [("http_port", "--http-port")]).run()
+    return Supervisor(route_worker, args, args.processes, [("http_port", "--http-port")]).run()

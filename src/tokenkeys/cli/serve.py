@@ -5,7 +5,7 @@ UNAVAILABLE; health checks still answer, reporting draining), ends KV-event subs
 their terminal message, waits up to ``--shutdown-timeout`` seconds for the calls in flight
 (streams included) to finish, then stops and exits 0. A second signal stops at once.
 
-``--workers N`` serves from N processes sharing the ports (:mod:`tokenkeys.serving.workers`);
+``--processes N`` serves from N processes sharing the ports (:mod:`tokenkeys.serving.workers`);
 generation must then be forwarded (``--engine``): a simulated engine per process would be N
 engines, each with its own prefix cache and KV events, behind one address.
 """
@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, how long calls in flight may take to finish (default 30)",
     )
     p.add_argument(
-        "--workers",
+        "--processes",
         type=int,
         default=1,
         metavar="N",
@@ -106,16 +106,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def check_workers(args: argparse.Namespace) -> None:
-    """``--workers N``: a count in range, and generation that N processes can share."""
-    workers = getattr(args, "workers", 1)
+    """``--processes N``: a count in range, and generation that N processes can share."""
+    workers = getattr(args, "processes", 1)
     check_worker_count(workers)
     if workers > 1 and args.engine is None:
         raise ConfigError(
-            f"--workers {workers} needs --engine HOST:PORT: the simulated engine keeps its "
+            f"--processes {workers} needs --engine HOST:PORT: the simulated engine keeps its "
             "prefix cache and KV events in its process, so N processes would be N engines "
             "behind one address. Run it as its own `tokenkeys serve` and forward to it, or "
-            "serve with --workers 1",
-            field="workers",
+            "serve with --processes 1",
+            field="processes",
         )
     threads = getattr(args, "encode_threads", None)
     if threads is not None and not 1 <= threads <= MAX_ENCODE_THREADS:
@@ -230,7 +230,7 @@ async def _until_drained(
 
 async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
     config = serve_config(args, reuse_port=link is not None)
-    set_encode_threads(args.encode_threads or encode_threads_for(args.workers))
+    set_encode_threads(args.encode_threads or encode_threads_for(args.processes))
     models = local_models(args, config.limits, chat_options(args))
     server = await EngineServer(models, config).start()
     announce(_description(server), link)
@@ -239,7 +239,7 @@ async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> in
 
 
 def serve_worker(args: argparse.Namespace, link: WorkerLink) -> NoReturn:
-    """One worker process of ``serve --workers N``; the process ends once it stopped."""
+    """One process of ``serve --processes N``; the process ends once it stopped."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     escape_log_records()  # log lines carry client- and server-supplied strings
     exit_stopped(asyncio.run(_serve(args, link)))
@@ -250,11 +250,11 @@ def run(args: argparse.Namespace) -> int:
     escape_log_records()  # log lines carry client- and server-supplied strings
     # One line per request forwarded to a vLLM would drown the log (httpx logs at INFO).
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if args.workers == 1:
+    if args.processes == 1:
         exit_stopped(asyncio.run(_serve(args)))  # stopped cleanly: no teardown to wait for
     # Checked here so a bad option fails once, before any worker starts.
     serve_config(args)
     # Per-process defaults fixed once, so every worker serves the same identity.
     args.instance_id = args.instance_id or new_instance_id()
     ports = [("grpc_port", "--grpc-port"), ("http_port", "--http-port")]
-    return Supervisor(serve_worker, args, args.workers, ports).run()
+    return Supervisor(serve_worker, args, args.processes, ports).run()
