@@ -26,8 +26,32 @@ from tokenkeys.router.workers.pool import Pool
 log = logging.getLogger(__name__)
 
 
+class GrowthLedgers:
+    """Each pool's :class:`~tokenkeys.router.policy.cost.GrowthLedger`, by model name; the
+    routing service owns them, so what else counts growth (router replicas sharing their load)
+    reads the same ledgers the policy prices."""
+
+    def __init__(self) -> None:
+        self._ledgers: dict[str, GrowthLedger] = {}
+
+    def ledger(self, model: str) -> GrowthLedger:
+        """The growth counted for the pool of ``model``."""
+        return self._ledgers.setdefault(model, GrowthLedger())
+
+    def record(self, model: str, worker: str, new_blocks: float) -> None:
+        """A decision put ``new_blocks`` into ``worker``'s cache."""
+        self.ledger(model).record(worker, new_blocks)
+
+    def forget(self, model: str, worker: str) -> None:
+        """Drop the growth counted for ``worker``, which left the pool of ``model``."""
+        ledger = self._ledgers.get(model)
+        if ledger is not None:
+            ledger.forget(worker)
+
+
 class PrecisePolicy:
-    """Routes by the prefix ``index`` the pools' events feed; owns each pool's growth ledger."""
+    """Routes by the prefix ``index`` the pools' events feed, pricing cache ``growth``
+    (default: its own :class:`GrowthLedgers`)."""
 
     name = "precise"
 
@@ -38,13 +62,14 @@ class PrecisePolicy:
         weights: Mapping[str, float] = DEFAULT_TIER_WEIGHTS,
         cost: CostWeights | None = None,
         rng: random.Random | None = None,
+        growth: GrowthLedgers | None = None,
     ) -> None:
         self.index = index
         self.weights = dict(weights)
         self.cost = cost if cost is not None else CostWeights()
         # Only sampling (temperature > 0) draws from it; seeded for reproducible runs.
         self.rng = rng if rng is not None else random.Random()
-        self._growth: dict[str, GrowthLedger] = {}
+        self.growth = growth if growth is not None else GrowthLedgers()
 
     async def choose(
         self, pool: Pool, request: RouteRequest, load: Mapping[str, float], *, record: bool
@@ -70,7 +95,7 @@ class PrecisePolicy:
         # Without keys the prompt's size still weighs in the load and growth it brings.
         total = len(keys) if keys else len(request.token_ids) // pool.block_size
         scores = score_workers(matches, total, load, weights=self.weights)
-        growth = self._growth.setdefault(pool.name, GrowthLedger())
+        growth = self.growth.ledger(pool.name)
         loads = {}
         prompt_keys: frozenset[int] = frozenset()  # built once, when a worker has prefill queued
         for address in load:
@@ -92,7 +117,7 @@ class PrecisePolicy:
         )
         best = costs[0]
         if record:
-            growth.record(best.worker, best.prefill_blocks)
+            self.growth.record(pool.name, best.worker, best.prefill_blocks)
         if reason is None:
             reason = "prefix" if best.prefill_blocks < total else "load"
             if best.worker in untrusted:
@@ -111,6 +136,4 @@ class PrecisePolicy:
 
     def forget(self, pool: Pool, address: str) -> None:
         """Drop the growth the cost model remembers of ``address``."""
-        growth = self._growth.get(pool.name)
-        if growth is not None:
-            growth.forget(address)
+        self.growth.forget(pool.name, address)

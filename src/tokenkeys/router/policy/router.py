@@ -26,17 +26,17 @@ from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.decision import Policy, RouteDecision, RouteRequest
-from tokenkeys.router.policy.precise import PrecisePolicy
+from tokenkeys.router.policy.precise import GrowthLedgers, PrecisePolicy
 from tokenkeys.router.policy.round_robin import RoundRobinPolicy
 from tokenkeys.router.policy.text_chunks import TextChunksPolicy
 from tokenkeys.router.workers.pool import Pool
 
-#: Policy name -> its factory, given the prefix index, the cost weights and the random source.
-FACTORIES: Mapping[str, Callable[[PrefixIndex, CostWeights | None, random.Random | None], Policy]]
-FACTORIES = {
-    "precise": lambda index, cost, rng: PrecisePolicy(index, cost=cost, rng=rng),
-    "round_robin": lambda index, cost, rng: RoundRobinPolicy(),
-    "text_chunks": lambda index, cost, rng: TextChunksPolicy(),
+#: Policy name -> its factory, given the prefix index, the precise policy's cost weights,
+#: random source and growth ledgers (the baselines need none of them).
+FACTORIES: Mapping[str, Callable[..., Policy]] = {
+    "precise": lambda index, **parts: PrecisePolicy(index, **parts),
+    "round_robin": lambda index, **parts: RoundRobinPolicy(),
+    "text_chunks": lambda index, **parts: TextChunksPolicy(),
 }
 POLICIES = tuple(FACTORIES)
 
@@ -47,6 +47,7 @@ def make_policy(
     *,
     cost: CostWeights | None = None,
     rng: random.Random | None = None,
+    growth: GrowthLedgers | None = None,
 ) -> Policy:
     """The policy called ``name``; InvalidArgument naming the known ones otherwise."""
     factory = FACTORIES.get(name)
@@ -54,7 +55,7 @@ def make_policy(
         raise InvalidArgument(
             f"routing policy {name!r} is not one of {', '.join(POLICIES)}", field="policy"
         )
-    return factory(index, cost, rng)
+    return factory(index, cost=cost, rng=rng, growth=growth)
 
 
 class Router:
