@@ -54,7 +54,7 @@ class ServeConfig:
       default profile);
     - ``http``: the frontend's settings (default: ``limits`` and the access settings below);
     - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces;
-    - ``reuse_port``: bind both ports with SO_REUSEPORT (the workers of ``serve --processes N``
+    - ``reuse_port``: bind both ports with SO_REUSEPORT (the processes of ``serve --processes N``
       each build a whole server and share the ports; :mod:`tokenkeys.serving.workers`);
     - ``connections``: connection caps and idle timeouts on both faces (default: the defaults).
     """
