@@ -6,7 +6,7 @@ import signal
 
 import httpx
 from engine_stack import ServeProcess
-from test_router_cli import RouteProcess
+from route_process import RouteProcess
 from worker_pids import announced_pids, answering_pids, gone, until
 
 
