@@ -99,6 +99,23 @@ def test_router_rooms_import_downwards() -> None:
     assert not broken, "\n".join(broken)
 
 
+#: Folders of tests/ that are not a room of src/: data, the peers' code, the real-vLLM harness.
+NOT_ROOMS = {"data", "peers", "realengine", "__pycache__"}
+
+
+def test_tests_mirror_src() -> None:
+    # Each test folder is named after the src/ room (or sub-room) it tests.
+    tests = REPO / "tests"
+    unmatched = [
+        folder.relative_to(tests).as_posix()
+        for folder in sorted(tests.rglob("*"))
+        if folder.is_dir()
+        and not NOT_ROOMS & set(folder.relative_to(tests).parts)
+        and not (SRC / folder.relative_to(tests)).is_dir()
+    ]
+    assert not unmatched, f"test folders without a src/ room: {unmatched}"
+
+
 def test_modules_stay_small() -> None:
     long = [
         f"{path.relative_to(SRC)}: {n} lines"
