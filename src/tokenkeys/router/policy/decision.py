@@ -50,6 +50,31 @@ class RouteDecision:
     ranking: tuple[WorkerScore, ...] = ()
     keys: tuple[int, ...] = ()
 
+    @classmethod
+    def first_of(
+        cls,
+        ranking: Sequence[WorkerScore],
+        *,
+        model: str,
+        policy: str,
+        total_blocks: int,
+        reason: str,
+        keys: Sequence[int] = (),
+    ) -> RouteDecision:
+        """The decision for the first worker of ``ranking`` (best first, non-empty)."""
+        best = ranking[0]
+        return cls(
+            best.worker,
+            model,
+            policy,
+            best.score,
+            best.matched_blocks,
+            total_blocks,
+            reason,
+            tuple(ranking),
+            tuple(keys),
+        )
+
     def fallbacks(self) -> list[str]:
         """The other ranked workers, best first (where to retry if the chosen one fails)."""
         return [s.worker for s in self.ranking if s.worker != self.worker]

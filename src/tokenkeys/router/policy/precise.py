@@ -122,16 +122,9 @@ class PrecisePolicy:
             reason = "prefix" if best.prefill_blocks < total else "load"
             if best.worker in untrusted:
                 reason = "keys_unverified"  # routed by load: say why in the decision metrics
-        return RouteDecision(
-            worker=best.worker,
-            model=pool.name,
-            policy=self.name,
-            score=best.score.score,
-            matched_blocks=best.score.matched_blocks,
-            total_blocks=total,
-            reason=reason,
-            ranking=tuple(dataclasses.replace(c.score, cost=c.cost) for c in costs),
-            keys=tuple(keys),
+        ranking = [dataclasses.replace(c.score, cost=c.cost) for c in costs]
+        return RouteDecision.first_of(
+            ranking, model=pool.name, policy=self.name, total_blocks=total, reason=reason, keys=keys
         )
 
     def forget(self, pool: Pool, address: str) -> None:

@@ -26,16 +26,9 @@ class RoundRobinPolicy:
         turn = next(self._turn.setdefault(pool.name, itertools.count()))
         chosen = order[turn % len(order)]
         rest = sorted((w for w in load if w != chosen), key=lambda w: (load[w], w))
-        ranking = tuple(WorkerScore(w, 0.0, 0, load[w]) for w in (chosen, *rest))
-        return RouteDecision(
-            worker=chosen,
-            model=pool.name,
-            policy=self.name,
-            score=0.0,
-            matched_blocks=0,
-            total_blocks=0,
-            reason="round_robin",
-            ranking=ranking,
+        ranking = [WorkerScore(w, 0.0, 0, load[w]) for w in (chosen, *rest)]
+        return RouteDecision.first_of(
+            ranking, model=pool.name, policy=self.name, total_blocks=0, reason="round_robin"
         )
 
     def forget(self, pool: Pool, address: str) -> None:

@@ -117,15 +117,12 @@ class TextChunksPolicy:
         best = ranking[0]
         if record:
             self.table.record(pool.index_id(best.worker), hashes)
-        return RouteDecision(
-            worker=best.worker,
+        return RouteDecision.first_of(
+            ranking,
             model=pool.name,
             policy=self.name,
-            score=best.score,
-            matched_blocks=best.matched_blocks,
             total_blocks=len(hashes),
             reason="text_prefix" if best.matched_blocks else "load",
-            ranking=tuple(ranking),
         )
 
     def forget(self, pool: Pool, address: str) -> None:
