@@ -104,7 +104,7 @@ async def test_dropped_events_are_replayed_and_the_index_matches_the_engine(sett
         else:
             import asyncio
 
-            ws.consumers[parts.model] = asyncio.ensure_future(follower.run())
+            ws.consumers[stack.models.get(None).name] = asyncio.ensure_future(follower.run())
         await stack.generate(token_ids={"ids": prompts[2]}, stopping={"max_tokens": 1})
         await cluster.settle()
         for ids in prompts:

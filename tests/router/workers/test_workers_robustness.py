@@ -26,7 +26,7 @@ from routing_support import (
 )
 
 from tokenkeys.router.index.redis import RedisPrefixIndex
-from tokenkeys.server.grpc import control
+from tokenkeys.server.grpc import discovery_messages
 
 CLEARS = "tokenkeys_router_worker_clears_total"
 
@@ -120,15 +120,15 @@ async def test_a_full_redis_routes_by_load_with_backoff_and_recovers(
 async def test_a_lying_and_a_silent_worker_are_flagged_with_reasons(settings, monkeypatch):
     cluster = await start_cluster(3, settings=settings, http=True)
     liar, mute = cluster.stacks[0], cluster.stacks[1]
-    honest = control.load_info
+    honest = discovery_messages.load_info
 
-    async def lying_load(runtime):  # noqa: ANN001, ANN202
-        info = await honest(runtime)
-        if runtime is liar.runtime:  # claims to be idle, whatever runs there
+    async def lying_load(instance_id, engines):  # noqa: ANN001, ANN202
+        info = await honest(instance_id, engines)
+        if instance_id == liar.runtime.instance_id:  # claims to be idle, whatever runs there
             info.running_requests = info.queued_requests = 0
         return info
 
-    monkeypatch.setattr(control, "load_info", lying_load)
+    monkeypatch.setattr(discovery_messages, "load_info", lying_load)
     mute.local().stream.emit = lambda batch: 0  # publishes nothing from now on
     cluster.registry.health.silent_after = 0.0
     held = []
