@@ -1,5 +1,6 @@
 """Every configurable limit over real gRPC servers: a request at the limit passes, one past it
-is refused with the documented status and a message naming the limit (HTTP: test_http_limits)."""
+is refused with the documented status and a message naming the limit (HTTP:
+test_frontend_limits)."""
 
 from __future__ import annotations
 

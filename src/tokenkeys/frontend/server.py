@@ -94,7 +94,7 @@ async def start_http_server(
     """Serve ``app`` on ``host:port`` (0 picks a free port) until :meth:`HttpServer.stop`.
 
     ``tls`` serves HTTPS (requiring client certificates when it names a client CA);
-    ``reuse_port`` binds with SO_REUSEPORT so that worker processes share the port;
+    ``reuse_port`` binds with SO_REUSEPORT so that processes share the port;
     ``connections`` bounds headers, their timeout, idle time and connection counts (default:
     :class:`~tokenkeys.transport.limits.ConnectionLimits`' defaults).
     """

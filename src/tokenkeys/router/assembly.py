@@ -39,7 +39,7 @@ class RouteConfig:
     - ``host`` / ``http_port``: where the HTTP frontend listens (0 picks a free port; None: no
       HTTP frontend);
     - ``http``: the frontend's settings (default: the pools' request limits); ``tls``: HTTPS;
-    - ``reuse_port``: bind with SO_REUSEPORT (the workers of ``route --workers N`` share it);
+    - ``reuse_port``: bind with SO_REUSEPORT (the processes of ``route --processes N`` share it);
     - ``connections``: the HTTP face's connection caps and idle timeouts.
     """
 

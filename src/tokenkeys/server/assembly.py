@@ -56,7 +56,7 @@ class ServeConfig:
       default profile);
     - ``http``: the frontend's settings (default: ``limits`` and the access settings below);
     - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces;
-    - ``reuse_port``: bind both ports with SO_REUSEPORT (the workers of ``serve --workers N``
+    - ``reuse_port``: bind both ports with SO_REUSEPORT (the processes of ``serve --processes N``
       each build a whole server and share the ports; :mod:`tokenkeys.process.supervisor`);
     - ``connections``: connection caps and idle timeouts on both faces (default: the defaults).
     """
