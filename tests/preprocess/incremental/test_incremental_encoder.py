@@ -13,7 +13,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from built_tokenizers import BUILT, write_folder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +22,7 @@ from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, Truncation, default
 from tokenkeys.tokenizer.splice import AddedToken, SplicePlan
 from tokenkeys.tokenizer.splice_audit import SpliceDecision
 
+from built_tokenizers import BUILT, write_folder
 from conformance_data import data_path
 
 DATA = ("smollm2-135m-instruct", "qwen2.5-instruct", "phi-3-mini", "gpt2", "t5-small")
