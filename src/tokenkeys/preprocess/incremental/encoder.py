@@ -112,6 +112,15 @@ class IncrementalEncoder:
         """Whether encodes go through the cache (False: see :attr:`reason`)."""
         return self._plan is not None
 
+    def describe(self) -> dict[str, object]:
+        """The cache's state as /tokenizer_info reports it (the gRPC answer has the same)."""
+        return {
+            "enabled": self.enabled,
+            "reason": self.reason,
+            "max_bytes": self.options.max_bytes,
+            "verify_every": self.options.verify_every,
+        }
+
     def encode(
         self,
         texts: Sequence[str],
