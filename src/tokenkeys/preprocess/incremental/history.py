@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 _DEFAULT_CONVERSATIONS = 4096
 
 
-def _digest(data: bytes) -> bytes:
+def _digest(data: bytes | memoryview) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
@@ -54,9 +54,13 @@ class HistoryWatch:
         self, context: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], prompt: str
     ) -> bool:
         """Record a render; True when it rewrote an earlier render of the same conversation."""
-        chain = [_digest(_canonical(context))]
+        # One running hash over the context and the messages: its state after each message
+        # names the conversation up to there.
+        running = hashlib.blake2b(_canonical(context), digest_size=16)
+        chain = [running.digest()]
         for message in messages:
-            chain.append(_digest(chain[-1] + _canonical(message)))
+            running.update(_canonical(message))
+            chain.append(running.digest())
         encoded = prompt.encode("utf-8", "surrogatepass")
         with self._lock:
             earlier = None
@@ -71,7 +75,7 @@ class HistoryWatch:
             if earlier is None:
                 return False
             size, digest = earlier
-            if size <= len(encoded) and _digest(encoded[:size]) == digest:
+            if size <= len(encoded) and _digest(memoryview(encoded)[:size]) == digest:
                 return False
             self.rewrites += 1
             first = not self._logged
