@@ -88,3 +88,17 @@ def test_normalized_and_split_special_tokens_do_not_cut() -> None:
 @pytest.mark.parametrize("content", [" lead", "trail ", "\n"])
 def test_tokens_with_whitespace_at_an_end_do_not_cut(content: str) -> None:
     assert _plan(_special(content)).boundaries == {}
+
+
+def test_thousands_of_added_tokens_cut_like_a_few() -> None:
+    """The finder is a trie: the longest token at a position wins, as in the library."""
+    many = [_special(f"<unused{i}>") for i in range(3000)]
+    plan = _plan(*many, _special("<|"), _special("<|EOS|>"))
+    text = "a<|EOS|>b<unused123>c<unused1234>d<|x<unused9999>"
+    assert plan.pieces(text) == [
+        "a<|EOS|>",
+        "b<unused123>",
+        "c<unused1234>",
+        "d<|",
+        "x<unused9999>",
+    ]
