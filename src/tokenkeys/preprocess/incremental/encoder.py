@@ -30,8 +30,8 @@ from tokenkeys.tokenizer.splice_audit import SpliceDecision
 
 log = logging.getLogger(__name__)
 
-#: The default byte budget of one model's cache: about 16 conversations of 32k tokens each
-#: (8 bytes a token: its text and its id) beside many shorter ones.
+#: The default byte budget of one model's cache: 5.2M tokens of chat pieces (about 13 bytes a
+#: token: text, ids and bookkeeping), some 160 conversations of 32k tokens (docs/benchmarks.md).
 DEFAULT_MAX_BYTES = 64 << 20
 #: The default guard rate: 1 in this many spliced texts is re-encoded whole and compared.
 DEFAULT_VERIFY_EVERY = 1000
