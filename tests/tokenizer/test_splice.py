@@ -9,15 +9,15 @@ from tokenizers import AddedToken as LibAddedToken
 from tokenizers import Tokenizer as LibTokenizer
 from tokenizers import models, pre_tokenizers
 
-from tokenkeys.tokenizer.splice import RUST_WHITESPACE, AddedToken, SplicePlan
+from tokenkeys.tokenizer.splice import RUST_WHITESPACE, AddedTokenMatch, SplicePlan
 
 
-def _plan(*tokens: AddedToken, split_special_tokens: bool = False) -> SplicePlan:
+def _plan(*tokens: AddedTokenMatch, split_special_tokens: bool = False) -> SplicePlan:
     return SplicePlan.build(tokens, split_special_tokens=split_special_tokens, prefix=(), suffix=())
 
 
-def _special(content: str, **flags: bool) -> AddedToken:
-    return AddedToken(content, special=True, normalized=False, **flags)
+def _special(content: str, **flags: bool) -> AddedTokenMatch:
+    return AddedTokenMatch(content, special=True, normalized=False, **flags)
 
 
 def test_rust_whitespace_is_what_the_library_strips() -> None:
@@ -56,28 +56,30 @@ def test_rstrip_cuts_after_the_whitespace_it_absorbs() -> None:
 
 
 def test_rstrip_cuts_are_refused_when_a_token_starts_with_whitespace() -> None:
-    plan = _plan(_special("<e>", rstrip=True), AddedToken(" x", special=False, normalized=False))
+    plan = _plan(
+        _special("<e>", rstrip=True), AddedTokenMatch(" x", special=False, normalized=False)
+    )
     assert plan.cuts("a<e>  b") == []
     assert plan.cuts("a<e>b") == [4]
 
 
 def test_single_word_tokens_never_cut_and_guard_the_character_before_a_cut() -> None:
     plan = _plan(
-        AddedToken("hi", special=False, normalized=False, single_word=True), _special("<x>")
+        AddedTokenMatch("hi", special=False, normalized=False, single_word=True), _special("<x>")
     )
     assert "hi" not in plan.boundaries
     assert plan.cuts("a<x>hi") == [4]  # '>' is no word character
     word_end = _plan(
-        AddedToken("hi", special=False, normalized=False, single_word=True), _special("<x")
+        AddedTokenMatch("hi", special=False, normalized=False, single_word=True), _special("<x")
     )
     assert word_end.cuts("a<xhi") == []  # 'x' is: the single_word "hi" after it reads it
 
 
 def test_normalized_and_split_special_tokens_do_not_cut() -> None:
     plan = _plan(
-        AddedToken("fox", special=False, normalized=True),
+        AddedTokenMatch("fox", special=False, normalized=True),
         _special("<s>"),
-        AddedToken("<t>", special=False, normalized=False),
+        AddedTokenMatch("<t>", special=False, normalized=False),
         split_special_tokens=True,
     )
     assert set(plan.boundaries) == {"<t>"}

@@ -48,7 +48,7 @@ RUST_WHITESPACE = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
-class AddedToken:
+class AddedTokenMatch:
     """The fields of one ``added_tokens`` entry that decide how it is matched."""
 
     content: str
@@ -59,7 +59,7 @@ class AddedToken:
     single_word: bool = False
 
     @classmethod
-    def from_json(cls, entry: Mapping[str, object]) -> AddedToken:
+    def from_json(cls, entry: Mapping[str, object]) -> AddedTokenMatch:
         """One entry of tokenizer.json's ``added_tokens``."""
         return cls(
             content=str(entry["content"]),
@@ -158,7 +158,7 @@ class SplicePlan:
     @classmethod
     def build(
         cls,
-        added: Sequence[AddedToken],
+        added: Sequence[AddedTokenMatch],
         *,
         split_special_tokens: bool,
         prefix: Sequence[int],

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenkeys.tokenizer.splice import AddedToken, SplicePlan
+from tokenkeys.tokenizer.splice import AddedTokenMatch, SplicePlan
 
 #: Encode texts with or without special tokens, as the backend does: the probe of the load check.
 EncodeFn = Callable[[Sequence[str], bool], list[list[int]]]
@@ -160,7 +160,7 @@ def splice_decision(
     around = _around(doc.get("post_processor"))
     if isinstance(around, str):
         return SpliceDecision(None, around)
-    added = [AddedToken.from_json(entry) for entry in doc.get("added_tokens") or []]
+    added = [AddedTokenMatch.from_json(entry) for entry in doc.get("added_tokens") or []]
     plan = SplicePlan.build(
         added, split_special_tokens=split_special_tokens, prefix=around[0], suffix=around[1]
     )

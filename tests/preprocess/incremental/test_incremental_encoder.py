@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tokenkeys.preprocess import Preprocessor
 from tokenkeys.preprocess.incremental import IncrementalEncoder, IncrementalOptions
 from tokenkeys.tokenizer import Tokenizer, TokenizerOptions, Truncation, default_tokenizer_path
-from tokenkeys.tokenizer.splice import AddedToken, SplicePlan
+from tokenkeys.tokenizer.splice import AddedTokenMatch, SplicePlan
 from tokenkeys.tokenizer.splice_audit import SpliceDecision
 
 from built_tokenizers import BUILT, write_folder
@@ -157,7 +157,7 @@ def test_a_wrong_cut_is_caught_by_the_guard_and_turns_the_cache_off(caplog) -> N
     """A plan that cuts inside words (no added token there) is wrong; the guard proves it."""
     tokenizer = Tokenizer.load(default_tokenizer_path())
     wrong = SplicePlan.build(
-        [AddedToken("th", special=False, normalized=False)],
+        [AddedTokenMatch("th", special=False, normalized=False)],
         split_special_tokens=False,
         prefix=(),
         suffix=(),
