@@ -32,6 +32,7 @@ from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys.context import KeyContext, items_overlapping
 from tokenkeys.keys.profile import (
     Profile,
+    RootlessProfile,
     le_bytes,
     refuse_unsupported,
 )
@@ -65,7 +66,7 @@ def next_sequence_hash(parent: int, local: int) -> int:
     return xxhash.xxh3_64_intdigest(_PAIR.pack(parent, local), XXH3_SEED)
 
 
-class DynamoProfile(Profile):
+class DynamoProfile(RootlessProfile):
     """Dynamo kv-router sequence hashes."""
 
     engine = "dynamo"
@@ -81,6 +82,11 @@ class DynamoProfile(Profile):
         "ai-dynamo/dynamo: lib/kv-hashing/src/salt.rs, lib/tokens/src/lib.rs",
         "ai-dynamo-runtime 1.6.1: dynamo._core.compute_block_hash_for_seq (values cross-checked)",
     )
+    chain_start = "the chain starts at the first block hash"
+    serialization = "u32_le_tokens+u64_le_sorted_mm"
+    digest = "xxh3_64"
+    event_encoding = "u64"
+    extra_keys = "dynamo_seed_mix"
 
     def parameters(self) -> dict[str, Any]:
         """Deployment parameters and supported context."""
@@ -91,27 +97,6 @@ class DynamoProfile(Profile):
             "cache_salt": "Dynamo cache_namespace",
             "digest_bytes": 8,
         }
-
-    def make_spec(
-        self,
-        block_size: int | None,
-        *,
-        root_seed: str | None = None,
-        root_hex: str | None = None,
-        groups: object = None,
-    ) -> CacheKeySpec:
-        """A spec; Dynamo has no root (the first sequence hash is the first block hash)."""
-        return self.rootless_spec(
-            block_size,
-            root_seed,
-            root_hex,
-            groups,
-            chain_start="the chain starts at the first block hash",
-            serialization="u32_le_tokens+u64_le_sorted_mm",
-            digest="xxh3_64",
-            event_encoding="u64",
-            extra_keys="dynamo_seed_mix",
-        )
 
     def check_context(self, spec: CacheKeySpec, ctx: KeyContext, n_blocks: int) -> None:
         """Adapter, namespace (cache salt) and multimodal items are supported."""

@@ -207,26 +207,32 @@ class Profile(ABC):
         """Refuse context fields this profile does not support (overridden per family)."""
         refuse_unsupported(self.id, ctx, n_blocks)
 
-    def rootless_spec(
+
+class RootlessProfile(Profile):
+    """A family whose chain has no root (SGLang, Dynamo): one spec builder for all of them.
+
+    Subclasses state the spec's wire facts as class attributes; ``chain_start`` says how the
+    chain begins instead of a root, for the refusal of a root option.
+    """
+
+    chain_start: str
+    serialization: str
+    digest: str
+    event_encoding: str
+    extra_keys: str
+
+    def make_spec(
         self,
         block_size: int | None,
-        root_seed: str | None,
-        root_hex: str | None,
-        groups: object,
         *,
-        chain_start: str,
-        serialization: str,
-        digest: str,
-        event_encoding: str,
-        extra_keys: str,
+        root_seed: str | None = None,
+        root_hex: str | None = None,
+        groups: object = None,
     ) -> CacheKeySpec:
-        """A single-group spec for a family whose chain has no root (SGLang, Dynamo).
-
-        ``chain_start`` says how the chain begins instead, for the refusal of a root option.
-        """
+        """A single-group spec; a root option is refused (the family has no root)."""
         if root_seed is not None or root_hex is not None:
             raise InvalidArgument(
-                f"{self.id} has no root: {chain_start}; drop root_seed/root_hex",
+                f"{self.id} has no root: {self.chain_start}; drop root_seed/root_hex",
                 field="root_seed",
             )
         unit = check_block_size(block_size)
@@ -239,10 +245,10 @@ class Profile(ABC):
             groups=single_group(unit, groups),
             root_hex="",
             root_derivation="none",
-            serialization=serialization,
-            digest=digest,
-            event_encoding=event_encoding,
-            extra_keys=extra_keys,
+            serialization=self.serialization,
+            digest=self.digest,
+            event_encoding=self.event_encoding,
+            extra_keys=self.extra_keys,
             partial_block="never_hashed",
             client_computable=True,
         )

@@ -30,6 +30,7 @@ from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys.context import KeyContext
 from tokenkeys.keys.profile import (
     Profile,
+    RootlessProfile,
     event_keys_of,
     le_bytes,
     refuse_unsupported,
@@ -45,7 +46,7 @@ def int64_of(digest: bytes) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-class SglangProfile(Profile):
+class SglangProfile(RootlessProfile):
     """SGLang page hashes as published in KV events."""
 
     engine = "sglang"
@@ -59,6 +60,11 @@ class SglangProfile(Profile):
         "sglang/srt/mem_cache/cpp_utils/hash_binding.cpp",
         "sgl-project/sglang: python/sglang/srt/mem_cache/hicache_storage.py get_hash_str",
     )
+    chain_start = "the first page is hashed without a prior digest"
+    serialization = "u32_le_tokens"
+    digest = "sha256"
+    event_encoding = "i64_be_first8"
+    extra_keys = "sglang_salt_seed"
 
     def parameters(self) -> dict[str, Any]:
         """Deployment parameters and supported context."""
@@ -68,27 +74,6 @@ class SglangProfile(Profile):
             "supports": ["cache_salt"],
             "digest_bytes": 32,
         }
-
-    def make_spec(
-        self,
-        block_size: int | None,
-        *,
-        root_seed: str | None = None,
-        root_hex: str | None = None,
-        groups: object = None,
-    ) -> CacheKeySpec:
-        """A spec; SGLang has no root (the first page has no prior digest)."""
-        return self.rootless_spec(
-            block_size,
-            root_seed,
-            root_hex,
-            groups,
-            chain_start="the first page is hashed without a prior digest",
-            serialization="u32_le_tokens",
-            digest="sha256",
-            event_encoding="i64_be_first8",
-            extra_keys="sglang_salt_seed",
-        )
 
     def check_context(self, spec: CacheKeySpec, ctx: KeyContext, n_blocks: int) -> None:
         """Only the cache salt is supported."""
