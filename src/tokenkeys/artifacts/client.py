@@ -16,9 +16,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
@@ -37,6 +39,9 @@ from tokenkeys.errors import (
 )
 from tokenkeys.limits import MAX_ANSWER_BYTES
 from tokenkeys.tokenizer import Tokenizer
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -246,43 +251,21 @@ async def pull_async(
     return await asyncio.to_thread(installed.load)
 
 
-def fetch(
-    target: str,
-    *,
-    model: str = "",
-    fingerprint: str | None = None,
-    cache: ArtifactCache | str | os.PathLike[str] | None = None,
-    settings: PullSettings | None = None,
-    progress: ProgressCallback | None = None,
-) -> Installed:
-    """Blocking :func:`fetch_async` (not from inside a running event loop)."""
-    return asyncio.run(
-        fetch_async(
-            target,
-            model=model,
-            fingerprint=fingerprint,
-            cache=cache,
-            settings=settings,
-            progress=progress,
-        )
-    )
+def _blocking(coro: Callable[P, Coroutine[Any, Any, T]], doc: str) -> Callable[P, T]:
+    """The blocking face of one ``*_async`` entry point: same signature, run on a fresh loop."""
+
+    @functools.wraps(coro)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return asyncio.run(coro(*args, **kwargs))
+
+    run.__name__ = run.__qualname__ = coro.__name__.removesuffix("_async")
+    run.__doc__ = doc
+    return run
 
 
-def pull(
-    target: str,
-    *,
-    model: str = "",
-    fingerprint: str | None = None,
-    cache: ArtifactCache | str | os.PathLike[str] | None = None,
-    settings: PullSettings | None = None,
-    progress: ProgressCallback | None = None,
-) -> Tokenizer:
-    """Blocking :func:`pull_async`: the server's tokenizer, verified, cached and loaded."""
-    return fetch(
-        target,
-        model=model,
-        fingerprint=fingerprint,
-        cache=cache,
-        settings=settings,
-        progress=progress,
-    ).load()
+fetch = _blocking(
+    fetch_async, "Blocking :func:`fetch_async` (not from inside a running event loop)."
+)
+pull = _blocking(
+    pull_async, "Blocking :func:`pull_async`: the server's tokenizer, verified, cached and loaded."
+)
