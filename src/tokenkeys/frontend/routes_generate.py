@@ -157,55 +157,45 @@ async def _stream(
     # The first prompt is started before the 200 goes out, so a refused request (empty prompt,
     # over max_model_len) is answered with its own status; later prompts report in-stream.
     first = await call.start(prompts[0])
-    events = _events(state, model, call, prompts, options, shape, route, first)
-    return StreamingResponse(events, media_type="text/event-stream")
 
+    async def events() -> AsyncIterator[bytes]:
+        decode = _decoder(model, options.skip_special_tokens)
+        usages: list[Usage] = []
+        try:
+            for index, prompt in enumerate(prompts):
+                stream, head = first if index == 0 else await call.start(prompt)
+                try:
+                    opening = shape.opening(index, prompt)
+                    if opening is not None:
+                        yield sse(opening)
+                    # Completions send the prompt ids on the first chunk of each choice.
+                    prompt_ids: list[int] | None = None if opening is not None else prompt
+                    text = IncrementalText(decode)
+                    out: GenerateOutput | None = head
+                    while out is not None:
+                        delta = text.push(out.token_ids)
+                        ids = list(out.token_ids)
+                        if out.finished:
+                            delta += text.finish()
+                            if out.usage is not None:
+                                usages.append(out.usage)
+                            yield sse(shape.chunk(index, delta, out.finish_reason, ids, prompt_ids))
+                            break
+                        if delta or options.return_token_ids:
+                            yield sse(shape.chunk(index, delta, None, ids, prompt_ids))
+                            prompt_ids = None
+                        out = await anext(stream, None)
+                finally:
+                    await stream.aclose()  # type: ignore[attr-defined]  # an async generator
+            if options.include_usage:
+                yield sse(shape.usage_chunk(usage_body(usages)))
+        except TokenkeysError as error:
+            yield sse(error_of(error)[1])
+        finally:
+            _record(state, model, route, usages)
+        yield DONE
 
-async def _events(
-    state: AppState,
-    model: ServedModel,
-    call: EngineCall,
-    prompts: list[list[int]],
-    options: sampling.Sampling,
-    shape: CompletionShape | ChatShape,
-    route: str,
-    first: tuple[AsyncIterator[GenerateOutput], GenerateOutput],
-) -> AsyncIterator[bytes]:
-    decode = _decoder(model, options.skip_special_tokens)
-    usages: list[Usage] = []
-    try:
-        for index, prompt in enumerate(prompts):
-            stream, head = first if index == 0 else await call.start(prompt)
-            try:
-                opening = shape.opening(index, prompt)
-                if opening is not None:
-                    yield sse(opening)
-                # Completions send the prompt ids on the first chunk of each choice.
-                prompt_ids: list[int] | None = None if opening is not None else prompt
-                text = IncrementalText(decode)
-                out: GenerateOutput | None = head
-                while out is not None:
-                    delta = text.push(out.token_ids)
-                    ids = list(out.token_ids)
-                    if out.finished:
-                        delta += text.finish()
-                        if out.usage is not None:
-                            usages.append(out.usage)
-                        yield sse(shape.chunk(index, delta, out.finish_reason, ids, prompt_ids))
-                        break
-                    if delta or options.return_token_ids:
-                        yield sse(shape.chunk(index, delta, None, ids, prompt_ids))
-                        prompt_ids = None
-                    out = await anext(stream, None)
-            finally:
-                await stream.aclose()  # type: ignore[attr-defined]  # an async generator
-        if options.include_usage:
-            yield sse(shape.usage_chunk(usage_body(usages)))
-    except TokenkeysError as error:
-        yield sse(error_of(error)[1])
-    finally:
-        _record(state, model, route, usages)
-    yield DONE
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 def add_routes(app: FastAPI) -> None:
