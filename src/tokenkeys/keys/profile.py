@@ -13,7 +13,7 @@ import sys
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -39,17 +39,10 @@ class ProfileInfo:
     sources: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
-            "id": self.id,
-            "engine": self.engine,
-            "algorithm": self.algorithm,
-            "engine_version": self.engine_version,
-            "client_computable": self.client_computable,
-            "description": self.description,
-            "parameters": self.parameters,
-            "sources": list(self.sources),
-        }
+        """JSON form: the fields in their order, ``sources`` as a list."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["sources"] = list(self.sources)
+        return out
 
 
 def check_tokens(tokens: Sequence[int]) -> array:
@@ -167,16 +160,11 @@ class Profile(ABC):
 
     def info(self) -> ProfileInfo:
         """The listing entry for this profile."""
-        return ProfileInfo(
-            id=self.id,
-            engine=self.engine,
-            algorithm=self.algorithm,
-            engine_version=self.engine_version,
-            client_computable=self.client_computable,
-            description=self.description,
-            parameters=self.parameters(),
-            sources=self.sources,
-        )
+        # Every field but the computed parameters is the profile's attribute of the same name.
+        copied = {
+            f.name: getattr(self, f.name) for f in fields(ProfileInfo) if f.name != "parameters"
+        }
+        return ProfileInfo(**copied, parameters=self.parameters())
 
     @abstractmethod
     def parameters(self) -> dict[str, Any]:
