@@ -52,7 +52,30 @@ def _add_engine_group(g: argparse._ArgumentGroup) -> None:
         default="",
         help="with --engine vllm+http://...: vLLM's KV-event topic (default: every topic)",
     )
+    g.add_argument(
+        "--engine-wait",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="with --engine vllm+http://...: how long to wait at start for vLLM to answer "
+        "/health (default 600; 0 fails at once)",
+    )
+    g.add_argument(
+        "--no-engine-probe",
+        dest="engine_probe",
+        action="store_false",
+        help="with --engine vllm+http://...: skip the start probe (one fresh block through "
+        "vLLM whose stored hash must be tokenkeys' key, which catches a wrong --root-seed)",
+    )
     g.add_argument("--num-kv-blocks", type=int, default=4096, help="KV-cache capacity in blocks")
+    g.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=16,
+        metavar="N",
+        help="simulated engine: max_tokens of a request that sets none (default 16; a real "
+        "vLLM applies its own default)",
+    )
     g.add_argument(
         "--max-model-len",
         type=int,
@@ -174,6 +197,8 @@ def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
         args.engine_kv_events,
         args.engine_kv_replay,
         args.engine_kv_topic,
+        args.engine_wait,
+        args.engine_probe,
     )
 
 
@@ -184,6 +209,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         num_kv_blocks=args.num_kv_blocks,
         max_model_len=args.max_model_len,
+        default_max_tokens=args.default_max_tokens,
         kv_events=args.kv_events,
         kv_events_port=args.kv_events_port,
         kv_events_replay_port=None if replay is not None and replay < 0 else replay,

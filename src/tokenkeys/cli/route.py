@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from typing import NoReturn
 
 from tokenkeys.cli.access_options import (
@@ -35,7 +34,7 @@ from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.serving.lifecycle import exit_stopped
 from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
-from tokenkeys.terminal import escape_log_records, printable
+from tokenkeys.terminal import configure_logging, printable
 
 log = logging.getLogger("tokenkeys.route")
 
@@ -227,14 +226,12 @@ async def _route(args: argparse.Namespace, link: WorkerLink | None = None) -> in
 
 def route_worker(args: argparse.Namespace, link: WorkerLink) -> NoReturn:
     """One worker process of ``route --workers N``; the process ends once it stopped."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
+    configure_logging()
     exit_stopped(asyncio.run(_route(args, link)))
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
+    configure_logging()
     if args.workers == 1:
         exit_stopped(asyncio.run(_route(args)))  # stopped cleanly: no teardown to wait for
     config_from(args)  # a bad option fails once, before any worker starts

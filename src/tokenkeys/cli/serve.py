@@ -17,7 +17,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from typing import NoReturn
 
 from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
@@ -43,7 +42,7 @@ from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.server.runtime.config import new_instance_id
 from tokenkeys.serving.lifecycle import exit_stopped
 from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
-from tokenkeys.terminal import escape_log_records
+from tokenkeys.terminal import configure_logging
 
 log = logging.getLogger("tokenkeys.serve")
 
@@ -240,14 +239,12 @@ async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> in
 
 def serve_worker(args: argparse.Namespace, link: WorkerLink) -> NoReturn:
     """One worker process of ``serve --workers N``; the process ends once it stopped."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
+    configure_logging()
     exit_stopped(asyncio.run(_serve(args, link)))
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
+    configure_logging()
     # One line per request forwarded to a vLLM would drown the log (httpx logs at INFO).
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.workers == 1:

@@ -56,11 +56,41 @@ _U32 = 1 << 32
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """Sampling parameters the simulated engine honours."""
+    """What a request asks of the engine's sampling and stopping.
 
-    max_tokens: int = 16
+    ``max_tokens`` None is the engine's default: the simulated engine's ``default_max_tokens``
+    setting, the rest of the context for a real vLLM. The simulated engine honours
+    ``max_tokens``, ``seed`` and ``stop_token_ids``; the distribution knobs (``temperature``
+    .. ``repetition_penalty``, vLLM's ``SamplingParams`` names and meanings) shape nothing it
+    draws and no count, and reach a real engine unchanged.
+    """
+
+    max_tokens: int | None = None
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+
+    def sampling(self) -> dict[str, float | int]:
+        """The distribution knobs that are set, by vLLM's names."""
+        return {k: v for k, v in ((k, getattr(self, k)) for k in SAMPLING_KNOBS) if v is not None}
+
+
+#: GenerationParams fields that only shape the sampling distribution (vLLM's names).
+SAMPLING_KNOBS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
 @dataclass(frozen=True)
@@ -93,7 +123,8 @@ class Engine:
     """Simulated LLM engine with a paged prefix cache, deterministic tokens and KV events.
 
     ``key_fn`` computes block keys (the engine never hashes itself); ``block_size`` must be the
-    block size those keys are for. ``num_blocks`` is the KV capacity. ``event_sink`` gets one
+    block size those keys are for. ``num_blocks`` is the KV capacity, ``default_max_tokens`` the
+    output budget of a request that sets none. ``event_sink`` gets one
     batch per step that produced events. All methods run on one event loop.
     """
 
@@ -107,6 +138,7 @@ class Engine:
         latency: LatencyModel | None = None,
         output_vocab: Sequence[int] = range(1000),
         max_model_len: int | None = None,
+        default_max_tokens: int = 16,
         event_extra_keys: EventExtraKeysFn | None = None,
         group_idx: int = 0,
         medium: str = MEDIUM_GPU,
@@ -128,6 +160,7 @@ class Engine:
         self.latency = latency or LatencyModel()
         self.sampler = TokenSampler(output_vocab)
         self.max_model_len = max_model_len
+        self.default_max_tokens = default_max_tokens
         self.event_extra_keys = event_extra_keys
         self.clock = clock
         self.stats = EngineStats()
@@ -187,6 +220,8 @@ class Engine:
                     f"prompt_token_ids[{i}] is {t!r}; token ids are integers in [0, 2**32)",
                     field="prompt_token_ids",
                 )
+        if params.max_tokens is None:
+            params = replace(params, max_tokens=self.default_max_tokens)
         if isinstance(params.max_tokens, bool) or not isinstance(params.max_tokens, int):
             raise InvalidArgument(
                 f"max_tokens is {params.max_tokens!r}; it must be an integer >= 1",

@@ -102,7 +102,8 @@ class ControlService(openengine_pb2_grpc.ControlServicer):
             self._models.get(request.model)
         runtime = self._runtime
         if not runtime.remote or not runtime.ready or runtime.draining:
-            return health(runtime, request.include_inference_probe)
+            unready = await runtime.unready() if runtime.ready else None
+            return health(runtime, request.include_inference_probe, unready)
         remote = self._remote(request.model or None)
         assert remote is not None
         try:

@@ -60,13 +60,17 @@ class VllmEngineConfig:
 
     ``kv_events`` is vLLM's ZMQ publisher (``--engine-kv-events tcp://HOST:PORT``, the endpoint
     of vLLM's ``--kv-events-config``), ``kv_replay`` its replay endpoint and ``kv_topic`` its
-    topic ("" subscribes to every topic).
+    topic ("" subscribes to every topic). ``wait_s`` bounds how long the sidecar waits at start
+    for vLLM to answer (``--engine-wait``; vLLM loads its model before it serves). ``probe``:
+    the start probe of one fresh block (``--no-engine-probe`` skips it).
     """
 
     url: str
     kv_events: str
     kv_replay: str | None = None
     kv_topic: str = ""
+    wait_s: float = 600.0
+    probe: bool = True
 
     #: The scheme prefix that selects this engine on ``--engine``.
     SCHEME = "vllm+"
@@ -76,6 +80,11 @@ class VllmEngineConfig:
             raise ConfigError(
                 f"--engine {self.SCHEME}{self.url!r} is not vllm+http://HOST:PORT",
                 field="engine",
+            )
+        if not isinstance(self.wait_s, int | float) or self.wait_s < 0:
+            raise ConfigError(
+                f"--engine-wait must be a number of seconds >= 0, got {self.wait_s!r}",
+                field="engine-wait",
             )
         for name, value in (
             ("engine-kv-events", self.kv_events),
@@ -103,10 +112,13 @@ class EngineConfig:
     the release that vLLM reports (read at start, :func:`~.vllm_checks.wire_version_of`).
     ``remote_engine`` (``host:port``) forwards generation to an OpenEngine ``Inference``
     service instead of simulating it; ``vllm`` to a real vLLM (the sidecar).
+    ``default_max_tokens`` is the simulated engine's output budget for a request that sets
+    none (a real engine applies its own default).
     """
 
     num_kv_blocks: int = 4096
     max_model_len: int | None = None
+    default_max_tokens: int = 16
     kv_events: bool = True
     kv_events_port: int = 0
     kv_events_replay_port: int | None = 0
@@ -129,6 +141,11 @@ class EngineConfig:
             raise ConfigError(
                 f"--num-kv-blocks must be a positive integer, got {self.num_kv_blocks!r}",
                 field="num-kv-blocks",
+            )
+        if not isinstance(self.default_max_tokens, int) or self.default_max_tokens < 1:
+            raise ConfigError(
+                f"--default-max-tokens must be an integer >= 1, got {self.default_max_tokens!r}",
+                field="default-max-tokens",
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(

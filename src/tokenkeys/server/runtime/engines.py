@@ -133,7 +133,7 @@ class EngineRuntime:
             return
         client = VllmHttpClient(vllm.url)
         try:
-            version = await wire_version_of(client)
+            version = await wire_version_of(client, vllm.wait_s)
         finally:
             await client.close()
         log.info("KV events in vLLM %s's layout, the release vLLM at %s reports", version, vllm.url)
@@ -249,6 +249,15 @@ class EngineRuntime:
                 field="model",
             )
         return parts
+
+    async def unready(self) -> str | None:
+        """Why a fronted vLLM cannot serve now (the first such reason), or None."""
+        for parts in self.engines.values():
+            if isinstance(parts.local, VllmSidecarEngine):
+                reason = await parts.local.unready()
+                if reason is not None:
+                    return reason
+        return None
 
     async def ensure_up(self) -> None:
         """Raise Unavailable when a fronted vLLM is down: discovery then finds this server down,

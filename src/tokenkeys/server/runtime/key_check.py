@@ -72,6 +72,8 @@ class KeyCheck:
         self._placed: _Lru = _Lru(limit)
         self.verified = True
         self.first_mismatch: str | None = None
+        #: Blocks placed and counted so far (either way).
+        self.counted = 0
         #: ``tokenkeys_engine_keys_checked_total{model, result}`` (see :func:`keys_checked`).
         self.checked = checked
 
@@ -111,6 +113,7 @@ class KeyCheck:
             if expected is None:
                 return  # generated tokens, or a prompt no longer remembered
             first = parent == _ROOT
+            self.counted += 1
             if published == (expected.event_key if isinstance(published, int) else expected.digest):
                 self.checked.labels(self.model, "match").inc()
             else:

@@ -92,6 +92,7 @@ class LocalEngine:
             latency=config.latency,
             output_vocab=output_vocab(model),
             max_model_len=config.max_model_len or model.tokenizer.specials.model_max_length,
+            default_max_tokens=config.default_max_tokens,
             event_extra_keys=VllmEventExtraKeys(spec.hash_unit),
             group_idx=group.index,
             kv_cache_spec_kind=group.kind,
