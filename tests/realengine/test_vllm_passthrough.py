@@ -1,0 +1,246 @@
+"""Acceptance: every vLLM request field through the sidecar means what it means to vLLM (issue 20).
+
+The same request goes straight to a real vLLM 0.32 and through ``tokenkeys serve --engine
+vllm+http://...`` in front of it; the answers must be equal but for the parts each answer makes
+anew (``id``, ``created``): greedy and seeded text, ``n`` choices, logprobs (chat's shape too),
+stop strings, penalties, JSON-schema output, ``echo`` of a token prompt, streamed and not, and
+through the official ``openai`` client. Each side gets its own ``cache_salt`` so that both
+compute the whole prompt (a prefix hit would change nothing vLLM returns but ``cached_tokens``).
+What the sidecar refuses (``docs/vllm.md``) answers 501 naming the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from served_pair import TokenkeysServe, sidecar_args
+from vllm_server import DEFAULT_CONFIG, MODEL_NAME, VllmServer
+
+pytestmark = pytest.mark.realengine
+
+WORDS = "The sidecar forwards every field of the request to the engine behind it. " * 3
+CHAT = [
+    {"role": "system", "content": "You answer in one short sentence."},
+    {"role": "user", "content": "Why do caches help? " + WORDS},
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 8}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+_salts = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_pool) -> VllmServer:
+    return vllm_pool.get(DEFAULT_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
+    process = TokenkeysServe(*sidecar_args(vllm))
+    try:
+        process.wait_healthy()
+        yield process
+    finally:
+        process.stop()
+
+
+def _fresh(value):  # noqa: ANN001, ANN202 - any JSON value
+    """An answer without what each answer makes anew."""
+    if isinstance(value, dict):
+        return {k: _fresh(v) for k, v in value.items() if k not in ("id", "created")}
+    if isinstance(value, list):
+        return [_fresh(v) for v in value]
+    return value
+
+
+def _answer(response: httpx.Response, stream: bool):  # noqa: ANN202
+    assert response.status_code == 200, response.text
+    if not stream:
+        return _fresh(response.json())
+    lines = [line for line in response.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [_fresh(json.loads(line[6:])) for line in lines[:-1]]
+
+
+def _both(vllm: VllmServer, sidecar: TokenkeysServe, path: str, body: dict, stream: bool):  # noqa: ANN202
+    answers = []
+    for url in (vllm.url, sidecar.url):
+        sent = copy.deepcopy({"model": MODEL_NAME, **body, "stream": stream})
+        sent["cache_salt"] = f"salt-{next(_salts)}"
+        answers.append(_answer(httpx.post(url + path, json=sent, timeout=600), stream))
+    return answers
+
+
+COMPLETIONS = {
+    "greedy": {"prompt": WORDS, "max_tokens": 8, "temperature": 0},
+    "seeded_n": {
+        "prompt": WORDS,
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "top_k": 40,
+        "seed": 7,
+        "n": 2,
+    },
+    "logprobs_echo_ids": {
+        "prompt": [1, 504, 3458, 314, 253, 1692, 28],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": 3,
+        "prompt_logprobs": 1,
+        "echo": True,
+        "return_token_ids": True,
+    },
+    "stop_strings": {
+        "prompt": WORDS,
+        "max_tokens": 24,
+        "temperature": 0,
+        "stop": ["e", " the"],
+        "include_stop_str_in_output": True,
+    },
+    "penalties_and_bounds": {
+        "prompt": WORDS,
+        "max_tokens": 10,
+        "temperature": 0.8,
+        "seed": 3,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.4,
+        "repetition_penalty": 1.2,
+        "min_p": 0.05,
+        "min_tokens": 6,
+        "ignore_eos": True,
+        "logit_bias": {"28": 4.0},
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "user": "u-1",
+        "priority": 0,
+    },
+    "json_schema": {
+        "prompt": WORDS,
+        "max_tokens": 30,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}},
+    },
+}
+CHATS = {
+    "greedy_logprobs": {
+        "messages": CHAT,
+        "max_completion_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    },
+    "seeded_n": {"messages": CHAT, "max_tokens": 6, "temperature": 1.0, "seed": 5, "n": 2},
+    "structured_choice": {
+        "messages": CHAT,
+        "max_tokens": 6,
+        "structured_outputs": {"choice": ["yes", "no", "maybe"]},
+    },
+    "stop_and_prompt_text": {
+        "messages": CHAT,
+        "max_tokens": 16,
+        "temperature": 0,
+        "stop": ["a"],
+        "return_prompt_text": True,
+        "return_token_ids": True,
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("case", sorted(COMPLETIONS))
+def test_completions_fields_mean_what_they_mean_to_vllm(vllm, sidecar, case, stream) -> None:
+    body = COMPLETIONS[case]
+    if stream:
+        body = {**body, "stream_options": {"include_usage": True}}
+    theirs, ours = _both(vllm, sidecar, "/v1/completions", body, stream)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("case", sorted(CHATS))
+def test_chat_fields_mean_what_they_mean_to_vllm(vllm, sidecar, case, stream) -> None:
+    theirs, ours = _both(vllm, sidecar, "/v1/chat/completions", CHATS[case], stream)
+    assert ours == theirs
+
+
+def test_a_stream_without_include_usage_is_vllms_stream(vllm, sidecar) -> None:
+    # The sidecar asks vLLM for usage (its metrics count it) and drops the chunk nobody asked for.
+    body = {"prompt": WORDS, "max_tokens": 5, "temperature": 0}
+    theirs, ours = _both(vllm, sidecar, "/v1/completions", body, True)
+    assert ours == theirs
+    assert all("usage" not in chunk or chunk["usage"] is None for chunk in ours)
+
+
+def test_chat_without_max_tokens_fills_the_context_as_vllm_does(vllm, sidecar) -> None:
+    # vLLM's chat default is the rest of the context; a stop string ends it early on both.
+    body = {"messages": CHAT, "temperature": 0, "stop": ["."], "min_tokens": 20}
+    theirs, ours = _both(vllm, sidecar, "/v1/chat/completions", body, False)
+    assert ours == theirs
+    assert ours["usage"]["completion_tokens"] > 16  # not the simulated engine's 16
+
+
+def test_the_openai_client_gets_vllms_answers(vllm, sidecar) -> None:
+    answers = []
+    for url in (vllm.url, sidecar.url):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600)
+        salt = {"cache_salt": f"salt-{next(_salts)}"}
+        whole = client.completions.create(
+            model=MODEL_NAME, prompt=WORDS, max_tokens=6, temperature=0, logprobs=2, extra_body=salt
+        )
+        chunks = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=CHAT,  # type: ignore[arg-type]
+            max_tokens=6,
+            temperature=0.7,
+            seed=9,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"cache_salt": f"salt-{next(_salts)}"},
+        )
+        answers.append((_fresh(whole.model_dump()), [_fresh(c.model_dump()) for c in chunks]))
+    assert answers[1] == answers[0]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/chat/completions", {"messages": CHAT, "echo": True}, "echo"),
+        ("/v1/completions", {"prompt": WORDS, "echo": True}, "echo"),
+        (
+            "/v1/completions",
+            {"prompt": WORDS, "kv_transfer_params": {"do_remote_prefill": True}},
+            "kv_transfer_params",
+        ),
+    ],
+)
+def test_what_cannot_pass_exactly_is_refused_naming_the_field(sidecar, path, body, field) -> None:
+    response = httpx.post(sidecar.url + path, json={"model": MODEL_NAME, **body}, timeout=60)
+    assert response.status_code == 501, response.text
+    assert response.json()["error"]["param"] == field
+
+
+def test_vllms_own_refusal_is_passed_back(vllm, sidecar) -> None:
+    body = {"model": MODEL_NAME, "prompt": WORDS, "max_tokens": 4, "logprobs": 10_000}
+    theirs = httpx.post(f"{vllm.url}/v1/completions", json=body, timeout=60)
+    ours = httpx.post(f"{sidecar.url}/v1/completions", json=body, timeout=60)
+    assert theirs.status_code == ours.status_code == 400
+    assert ours.json() == theirs.json()
+
+
+def test_version_is_vllms_and_tokenkeys(vllm, sidecar) -> None:
+    theirs = httpx.get(f"{vllm.url}/version", timeout=30).json()
+    ours = httpx.get(f"{sidecar.url}/version", timeout=30).json()
+    assert ours["version"] == theirs["version"] == "0.32.0"
+    assert ours["tokenkeys_version"]
