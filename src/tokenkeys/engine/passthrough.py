@@ -1,7 +1,7 @@
 """Engines that answer OpenAI generation requests themselves: the HTTP pass-through.
 
 An engine with its own OpenAI server (a real vLLM behind the sidecar) is handed the whole
-request instead of :class:`~tokenkeys.engine.core.GenerationParams`: every field keeps the
+request instead of :class:`~tokenkeys.engine.protocol.GenerationParams`: every field keeps the
 meaning that server gives it, and its answer (text, logprobs, choices, finish reasons, usage)
 goes back to the client as it sent it. The prompt is still the Preprocessor's: the routes
 tokenize first and the engine sends those ids. What an engine cannot pass exactly it names in
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from tokenkeys.engine.usage import Usage
+from tokenkeys.engine.protocol import Usage
 from tokenkeys.keys import KeyContext
 
 Route = Literal["completions", "chat"]

@@ -19,9 +19,8 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from tokenkeys.engine.core import GenerateOutput
 from tokenkeys.engine.passthrough import OpenAIPassThrough
-from tokenkeys.engine.usage import Usage
+from tokenkeys.engine.protocol import GenerateOutput, Usage
 from tokenkeys.errors import TokenkeysError, Unsupported
 from tokenkeys.frontend import passthrough, sampling
 from tokenkeys.frontend.body import json_response

@@ -6,7 +6,7 @@ rules live with the Preprocessor: :func:`tokenkeys.preprocess.completion.unsuppo
 honouring it would change what is returned or counted and this deployment does not do it:
 several choices, log probabilities, echo, stop strings, constrained decoding, forced tool calls.
 Options that only shape a sampling distribution (temperature, top_p, top_k, min_p, penalties)
-are carried in :class:`~tokenkeys.engine.core.GenerationParams` to the engine: a real one
+are carried in :class:`~tokenkeys.engine.protocol.GenerationParams` to the engine: a real one
 (a vLLM behind gRPC ``Generate``) samples with them; the simulated engine draws deterministic
 tokens from ``(prompt, seed)`` and no count depends on them. In front of a real vLLM's own
 OpenAI server these rules do not apply: the request passes whole
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenkeys.engine.context_window import check_requested
-from tokenkeys.engine.core import SAMPLING_KNOBS, GenerationParams
+from tokenkeys.engine.protocol import SAMPLING_KNOBS, GenerationParams
 from tokenkeys.errors import InvalidArgument, vllm_invalid
 
 

@@ -26,7 +26,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from tokenkeys.client.vllm_http import VllmHttpClient, VllmModel
+from tokenkeys.engine.vllm.client import VllmHttpClient, VllmModel
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, Unavailable, Unsupported
 from tokenkeys.events.vllm_layout import wire_release_of
 from tokenkeys.keys import Adapter, CacheKeySpec

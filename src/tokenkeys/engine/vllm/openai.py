@@ -27,9 +27,9 @@ from typing import Any
 
 import orjson
 
-from tokenkeys.client.vllm_http import VllmHttpClient
 from tokenkeys.engine.passthrough import OpenAIAnswer, OpenAIRequest, Route
-from tokenkeys.engine.usage import Usage
+from tokenkeys.engine.protocol import Usage
+from tokenkeys.engine.vllm.client import VllmHttpClient
 
 _PATHS: dict[Route, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 #: Request headers vLLM reads: the answer id ends in X-Request-Id.

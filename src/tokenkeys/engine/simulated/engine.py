@@ -24,11 +24,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tokenkeys.engine.context_window import check_requested, fit
-from tokenkeys.engine.latency import LatencyModel
-from tokenkeys.engine.paged_cache import Block, BlockKeyLike, PagedPrefixCache
-from tokenkeys.engine.protocol import EngineLoad
-from tokenkeys.engine.sampler import TokenSampler
-from tokenkeys.engine.usage import SimulatedTiming, Usage
+from tokenkeys.engine.protocol import (
+    EngineLoad,
+    GenerateOutput,
+    GenerationParams,
+    SimulatedTiming,
+    Usage,
+)
+from tokenkeys.engine.simulated.latency import LatencyModel
+from tokenkeys.engine.simulated.paged_cache import Block, BlockKeyLike, PagedPrefixCache
+from tokenkeys.engine.simulated.sampler import TokenSampler
 from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import MEDIUM_GPU, EventBatch
 from tokenkeys.keys import Adapter
@@ -52,57 +57,6 @@ EventExtraKeysFn = Callable[[Any, int, int], "tuple[Any, ...] | None"]
 EventSink = Callable[[EventBatch], object]
 
 _U32 = 1 << 32
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """What a request asks of the engine's sampling and stopping.
-
-    ``max_tokens`` None is the engine's default: the simulated engine's ``default_max_tokens``
-    setting, the rest of the context for a real vLLM. The simulated engine honours
-    ``max_tokens``, ``seed`` and ``stop_token_ids``; the distribution knobs (``temperature``
-    .. ``repetition_penalty``, vLLM's ``SamplingParams`` names and meanings) shape nothing it
-    draws and no count, and reach a real engine unchanged.
-    """
-
-    max_tokens: int | None = None
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-
-    def sampling(self) -> dict[str, float | int]:
-        """The distribution knobs that are set, by vLLM's names."""
-        return {k: v for k, v in ((k, getattr(self, k)) for k in SAMPLING_KNOBS) if v is not None}
-
-
-#: GenerationParams fields that only shape the sampling distribution (vLLM's names).
-SAMPLING_KNOBS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
-
-
-@dataclass(frozen=True)
-class GenerateOutput:
-    """One streamed step of a request: its new token, and on the last one usage and timing."""
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    finished: bool = False
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    timing: SimulatedTiming | None = None
 
 
 @dataclass
