@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from served_pair import TokenkeysServe, sidecar_args
-from vllm_server import DEFAULT_CONFIG, MODEL_NAME, VllmServer
+from vllm_server import DEFAULT_CONFIG, MAX_MODEL_LEN, MODEL_NAME, VllmServer
 
 pytestmark = pytest.mark.realengine
 
@@ -187,7 +187,6 @@ def test_chat_fields_mean_what_they_mean_to_vllm(vllm, sidecar, case, stream) ->
 
 
 def test_a_stream_without_include_usage_is_vllms_stream(vllm, sidecar) -> None:
-    # The sidecar asks vLLM for usage (its metrics count it) and drops the chunk nobody asked for.
     body = {"prompt": WORDS, "max_tokens": 5, "temperature": 0}
     theirs, ours = _both(vllm, sidecar, "/v1/completions", body, True)
     assert ours == theirs
@@ -195,11 +194,22 @@ def test_a_stream_without_include_usage_is_vllms_stream(vllm, sidecar) -> None:
 
 
 def test_chat_without_max_tokens_fills_the_context_as_vllm_does(vllm, sidecar) -> None:
-    # vLLM's chat default is the rest of the context; a stop string ends it early on both.
-    body = {"messages": CHAT, "temperature": 0, "stop": ["."], "min_tokens": 20}
+    # vLLM's chat default is the rest of the context: a prompt leaving a few dozen tokens of it
+    # gets them all (finish "length"), not the simulated engine's 16.
+    def conversation(repeats: int) -> list[dict]:
+        return [{"role": "user", "content": "Caches help. " * repeats}]
+
+    def count(repeats: int) -> int:
+        body = {"model": MODEL_NAME, "messages": conversation(repeats)}
+        return httpx.post(f"{sidecar.url}/tokenize", json=body, timeout=60).json()["count"]
+
+    per = count(101) - count(100)
+    repeats = 100 + (MAX_MODEL_LEN - 40 - count(100)) // per
+    body = {"messages": conversation(repeats), "temperature": 0, "ignore_eos": True}
     theirs, ours = _both(vllm, sidecar, "/v1/chat/completions", body, False)
     assert ours == theirs
-    assert ours["usage"]["completion_tokens"] > 16  # not the simulated engine's 16
+    usage = ours["usage"]
+    assert usage["completion_tokens"] == MAX_MODEL_LEN - usage["prompt_tokens"] > 16
 
 
 def test_the_openai_client_gets_vllms_answers(vllm, sidecar) -> None:

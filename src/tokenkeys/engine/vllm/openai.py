@@ -14,10 +14,11 @@ Only the prompt is replaced by the Preprocessor's ids, the served number:
   reasoning parsers and parses the output, so tool calls, reasoning and chat logprobs are
   vLLM's own. The messages and tools are sent along for that.
 
-What cannot pass exactly is refused by :func:`refusal` (501 naming the field). A streamed
-answer always asks vLLM for usage (the sidecar's metrics count it) and drops vLLM's usage chunk
-when the client did not ask for it; ``return_prompt_text`` gets the Preprocessor's rendered
-prompt, which vLLM does not have for a prompt given as ids.
+What cannot pass exactly is refused by :func:`refusal` (501 naming the field). A stream is
+vLLM's, event for event (its usage chunk, when the client asked for one, is also what the
+sidecar's metrics count; asking for it on the client's behalf would change vLLM's other
+chunks); ``return_prompt_text`` gets the Preprocessor's rendered prompt, which vLLM does not
+have for a prompt given as ids.
 """
 
 from __future__ import annotations
@@ -97,10 +98,6 @@ def vllm_body(request: OpenAIRequest, model: str) -> dict[str, Any]:
         kv = dict(body.get("kv_transfer_params") or {})
         kv["prompt_token_ids"] = request.prompts[0]
         body["kv_transfer_params"] = kv
-    if body.get("stream"):
-        options = dict(body.get("stream_options") or {})
-        options["include_usage"] = True
-        body["stream_options"] = options
     return body
 
 
@@ -130,9 +127,7 @@ async def answer(client: VllmHttpClient, request: OpenAIRequest, model: str) -> 
 async def _events(
     lines: AsyncIterator[bytes], request: OpenAIRequest, result: OpenAIAnswer
 ) -> AsyncIterator[bytes]:
-    """vLLM's events as it sent them, less the usage chunk nobody asked for."""
-    options = request.body.get("stream_options")
-    wanted = isinstance(options, Mapping) and options.get("include_usage") is True
+    """vLLM's events as it sent them (its usage collected on the way)."""
     text_due = _wants_prompt_text(request)
     async for line in lines:
         if not line.startswith(b"data:"):
@@ -142,8 +137,6 @@ async def _events(
             chunk = orjson.loads(data)
             if isinstance(chunk, dict) and chunk.get("usage") and not chunk.get("choices"):
                 result.usage.append(usage_of(chunk["usage"]))
-                if not wanted:
-                    continue
             elif text_due and isinstance(chunk, dict) and chunk.get("choices"):
                 chunk["prompt_text"] = request.prompt_text
                 data = orjson.dumps(chunk)
