@@ -3,18 +3,20 @@
 :class:`VllmSidecarEngine` satisfies :class:`~tokenkeys.engine.protocol.Engine`. The frontend
 tokenizes once with the model's own Preprocessor (whose backend the start probe proved equal to
 vLLM's). The HTTP routes hand it whole OpenAI requests with those ids
-(:class:`~tokenkeys.engine.passthrough.OpenAIPassThrough`, :mod:`~tokenkeys.engine.vllm.openai`):
-every field reaches vLLM and vLLM's answer goes back. gRPC ``Generate`` (``generate``) forwards
-the ids and :class:`~tokenkeys.engine.protocol.GenerationParams` to vLLM's ``/v1/completions``;
-usage (``cached_tokens`` included) is vLLM's own. :meth:`VllmSidecarEngine.start` waits for vLLM
+(:class:`~tokenkeys.engine.passthrough.OpenAIPassThrough`,
+:mod:`~tokenkeys.engine.vllm.openai`): every field reaches vLLM and vLLM's answer goes back.
+gRPC ``Generate`` (``generate``) forwards the ids and
+:class:`~tokenkeys.engine.protocol.GenerationParams` to vLLM's ``/v1/completions``; usage
+(``cached_tokens`` included) is vLLM's own. :meth:`VllmSidecarEngine.start` waits for vLLM
 (bounded), runs the start checks and the start probe of one fresh block; ``unready`` and
 ``release`` serve ``/health``, gRPC ``Health`` and ``/version``
-(:class:`~tokenkeys.engine.fronted.FrontedEngine`). Beside generation it runs one task, the relay: vLLM's
-KV events from its ZMQ publisher (subscriber with replay, tokenkeys' codec) are checked against
-the expected keys (:class:`~tokenkeys.engine.vllm.key_check.KeyCheck`) and re-emitted on the
-model's :class:`~tokenkeys.events.stream.EventStream`, which stamps the spec and numbers them for
-the sidecar's own ZMQ publisher and ``SubscribeKvEvents``. Load comes from vLLM's ``/metrics``;
-a vLLM that does not answer makes ``load`` raise Unavailable (the sidecar reports itself down).
+(:class:`~tokenkeys.engine.fronted.FrontedEngine`). Beside generation it runs one task, the
+relay: vLLM's KV events from its ZMQ publisher (subscriber with replay, tokenkeys' codec) are
+checked against the expected keys (:class:`~tokenkeys.engine.vllm.key_check.KeyCheck`) and
+re-emitted on the model's :class:`~tokenkeys.events.stream.EventStream`, which stamps the spec
+and numbers them for the sidecar's own ZMQ publisher and ``SubscribeKvEvents``. Load comes from
+vLLM's ``/metrics``; a vLLM that does not answer makes ``load`` raise Unavailable (the sidecar
+reports itself down).
 """
 
 from __future__ import annotations
