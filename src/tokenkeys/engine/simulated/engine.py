@@ -175,14 +175,16 @@ class Engine:
                     field="prompt_token_ids",
                 )
         if params.max_tokens is None:
+            # The engine's default is no request's: only fitted to the context, never refused.
             params = replace(params, max_tokens=self.default_max_tokens)
-        if isinstance(params.max_tokens, bool) or not isinstance(params.max_tokens, int):
+        elif isinstance(params.max_tokens, bool) or not isinstance(params.max_tokens, int):
             raise InvalidArgument(
                 f"max_tokens is {params.max_tokens!r}; it must be an integer >= 1",
                 field="max_tokens",
             )
-        # vLLM 0.32's context rule, the one the HTTP frontend applies (one copy, one wording).
-        check_requested(params.max_tokens, "max_tokens", self.max_model_len)
+        else:
+            # vLLM 0.32's context rule, the one the HTTP frontend applies (one copy, one wording).
+            check_requested(params.max_tokens, "max_tokens", self.max_model_len)
         return replace(params, max_tokens=fit(len(prompt), params.max_tokens, self.max_model_len))
 
     async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:
