@@ -6,7 +6,8 @@ anew (``id``, ``created``): greedy and seeded text, ``n`` choices, logprobs (cha
 stop strings, penalties, JSON-schema output, ``echo`` of a token prompt, streamed and not, and
 through the official ``openai`` client. Each side gets its own ``cache_salt`` so that both
 compute the whole prompt (a prefix hit would change nothing vLLM returns but ``cached_tokens``).
-What the sidecar refuses (``docs/vllm.md``) answers 501 naming the field.
+What the sidecar refuses (``docs/vllm.md``) answers 501 naming the field. Through ``tokenkeys
+route`` in front of the sidecar (gRPC ``Generate``), greedy and seeded text are vLLM's too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from router.test_router_cli import RouteProcess
 
 from served_pair import TokenkeysServe, sidecar_args
 from vllm_server import DEFAULT_CONFIG, MAX_MODEL_LEN, MODEL_NAME, VllmServer
@@ -302,3 +304,33 @@ def test_version_is_vllms_and_tokenkeys(vllm, sidecar) -> None:
     ours = httpx.get(f"{sidecar.url}/version", timeout=30).json()
     assert ours["version"] == theirs["version"] == "0.32.0"
     assert ours["tokenkeys_version"]
+
+
+@pytest.fixture(scope="module")
+def router(sidecar: TokenkeysServe, tmp_path_factory) -> Iterator[RouteProcess]:
+    cache = tmp_path_factory.mktemp("route-cache")
+    process = RouteProcess("--worker", sidecar.target, "--poll-interval", "1", cache=str(cache))
+    with process:
+        yield process
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 0}, {"temperature": 0.8, "top_p": 0.9, "top_k": 30, "seed": 5}],
+    ids=["greedy", "seeded"],
+)
+def test_through_the_router_the_sampling_fields_reach_vllm(vllm, router, chat, sampling) -> None:
+    # tokenkeys route -> gRPC Generate -> the sidecar -> vLLM: GenerationParams carries the
+    # sampling knobs, so greedy and seeded text are vLLM's own.
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body = {"model": MODEL_NAME, "max_tokens": 8, **sampling}
+    body |= {"messages": CHAT} if chat else {"prompt": WORDS}
+    texts = []
+    for url in (vllm.url, router.url):
+        sent = {**body, "cache_salt": f"salt-{next(_salts)}"}
+        answer = httpx.post(url + path, json=sent, timeout=600)
+        assert answer.status_code == 200, answer.text
+        choice = answer.json()["choices"][0]
+        texts.append(choice["message"]["content"] if chat else choice["text"])
+    assert texts[1] == texts[0]
