@@ -31,12 +31,15 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
+from tokenkeys.engine.hosting import EngineInputs
 from tokenkeys.engine.passthrough import OpenAIAnswer, OpenAIRequest, Route
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams, Usage
+from tokenkeys.engine.registry import EngineKind
 from tokenkeys.engine.vllm import openai as vllm_openai
-from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm
+from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, wire_version_of
 from tokenkeys.engine.vllm.client import VllmHttpClient
-from tokenkeys.engine.vllm.key_check import KeyCheck
+from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.engine.vllm.openai import usage_of
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, TokenkeysError, Unavailable
 from tokenkeys.events.model import AllBlocksCleared, EventBatch
@@ -44,8 +47,7 @@ from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.keys import Adapter, CacheKeySpec, KeyContext
-from tokenkeys.server.runtime.config import VllmEngineConfig
-from tokenkeys.serving.models import ServedModel
+from tokenkeys.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,8 @@ class VllmSidecarEngine:
 
     def __init__(
         self,
-        model: ServedModel,
+        name: str,
+        tokenizer: Tokenizer,
         spec: CacheKeySpec,
         stream: EventStream,
         config: VllmEngineConfig,
@@ -71,8 +74,8 @@ class VllmSidecarEngine:
         max_model_len: int | None = None,
         wire_version: str,
     ) -> None:
-        self.model = model
-        self.model_name = model.name
+        self.model_name = name
+        self.tokenizer = tokenizer
         self.spec = spec
         self.stream = stream
         self.config = config
@@ -90,7 +93,12 @@ class VllmSidecarEngine:
         """Wait for vLLM, check it (a conflict raises ConfigError naming the option), start
         relaying, then probe one fresh block (:meth:`_probe`)."""
         self._facts = await check_vllm(
-            self.client, self.model, self.spec, self._max_model_len, self.config.wait_s
+            self.client,
+            self.model_name,
+            self.tokenizer,
+            self.spec,
+            self._max_model_len,
+            self.config.wait_s,
         )
         self._release = await self.client.version()
         self._subscriber = ZmqEventSubscriber(
@@ -113,7 +121,7 @@ class VllmSidecarEngine:
         publishes nothing for it within :data:`PROBE_WAIT_S`, live traffic is checked instead.
         """
         text = secrets.token_hex(4 * self.block_size)
-        ids = list(self.model.tokenizer.encode([text], add_special_tokens=False)[0].ids)
+        ids = list(self.tokenizer.encode([text], add_special_tokens=False)[0].ids)
         ids = ids[: self.block_size + 1]
         if len(ids) <= self.block_size:
             return
@@ -177,6 +185,10 @@ class VllmSidecarEngine:
     async def unready(self) -> str | None:
         """Why vLLM cannot serve now (its ``/health`` does not answer 200), or None."""
         return await self.client.health()
+
+    def describe(self) -> str:
+        """The kind, for the server log."""
+        return f"vLLM at {self.config.url}"
 
     async def ensure_up(self) -> None:
         """Raise Unavailable unless vLLM's ``/health`` answers (the sidecar is down with it)."""
@@ -322,3 +334,38 @@ class VllmSidecarEngine:
             )
         last = () if held is None else (held,)
         yield GenerateOutput(rid, last, True, finish, usage)
+
+
+async def prepare(config: EngineConfig) -> EngineConfig:
+    """Unless ``kv_events_vllm_version`` names one, the event layout is that of the release
+    vLLM reports (or the start is refused): the relay decodes vLLM's events with it and the
+    sidecar publishes them in it again."""
+    vllm = config.vllm
+    if vllm is None or config.kv_events_vllm_version is not None:
+        return config
+    client = VllmHttpClient(vllm.url)
+    try:
+        version = await wire_version_of(client, vllm.wait_s)
+    finally:
+        await client.close()
+    log.info("KV events in vLLM %s's layout, the release vLLM at %s reports", version, vllm.url)
+    return dataclasses.replace(config, kv_events_vllm_version=version)
+
+
+def build(inputs: EngineInputs) -> VllmSidecarEngine:
+    """The sidecar of one served model, relaying vLLM's events onto ``inputs.stream``."""
+    config = inputs.config
+    assert inputs.stream is not None and config.vllm is not None
+    return VllmSidecarEngine(
+        inputs.name,
+        inputs.tokenizer,
+        inputs.spec,
+        inputs.stream,
+        config.vllm,
+        KeyCheck(inputs.spec, inputs.name, inputs.metrics),
+        max_model_len=config.max_model_len,
+        wire_version=config.wire_version,
+    )
+
+
+KIND = EngineKind("vllm", "streamed", build, prepare, keys_checked)
