@@ -51,6 +51,8 @@ def vllm_section() -> str:
         [str(python), str(builder), str(EMBEDDED), str(work / "model")], check=True, env=env
     )
     model = TinyModel(work / "model", None)
+    for i in range(2):
+        (work / f"v{i}").mkdir()
     engines = [VllmServer(python, model, ServerConfig(), work / f"v{i}") for i in range(2)]
     sidecars: list = []
     try:
