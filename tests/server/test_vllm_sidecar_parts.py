@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
+from tokenkeys.engine.config import VllmEngineConfig
 from tokenkeys.errors import ConfigError
 
 
@@ -29,15 +30,16 @@ def test_vllm_engine_options() -> None:
             "kv",
         )  # fmt: skip
     )
-    assert config.remote_engine is None and config.vllm is not None
-    assert config.vllm.url == "http://10.0.0.7:8000"
-    assert (config.vllm.kv_events, config.vllm.kv_replay, config.vllm.kv_topic) == (
+    vllm = config.engine
+    assert config.kind == "vllm" and isinstance(vllm, VllmEngineConfig)
+    assert vllm.url == "http://10.0.0.7:8000"
+    assert (vllm.kv_events, vllm.kv_replay, vllm.kv_topic) == (
         "tcp://10.0.0.7:5557",
         "tcp://10.0.0.7:5558",
         "kv",
     )
-    assert engine_config_from(_serve_args("--engine", "10.0.0.7:50051")).vllm is None
-    assert (config.vllm.wait_s, config.vllm.probe) == (600.0, True)
+    assert engine_config_from(_serve_args("--engine", "10.0.0.7:50051")).kind == "remote"
+    assert (vllm.wait_s, vllm.probe) == (600.0, True)
     waiting = engine_config_from(
         _serve_args(
             "--engine",
@@ -48,13 +50,15 @@ def test_vllm_engine_options() -> None:
             "30",
             "--no-engine-probe",
         )  # fmt: skip
-    )
-    assert waiting.vllm is not None and (waiting.vllm.wait_s, waiting.vllm.probe) == (30.0, False)
+    ).engine
+    assert isinstance(waiting, VllmEngineConfig)
+    assert (waiting.wait_s, waiting.probe) == (30.0, False)
 
 
 def test_the_simulated_engines_default_max_tokens_is_an_option() -> None:
-    assert engine_config_from(_serve_args()).default_max_tokens == 16
-    assert engine_config_from(_serve_args("--default-max-tokens", "64")).default_max_tokens == 64
+    assert engine_config_from(_serve_args()).engine.default_max_tokens == 16
+    chosen = engine_config_from(_serve_args("--default-max-tokens", "64"))
+    assert chosen.engine.default_max_tokens == 64
     with pytest.raises(ConfigError) as caught:
         engine_config_from(_serve_args("--default-max-tokens", "0"))
     assert caught.value.field == "default-max-tokens"
@@ -68,7 +72,7 @@ def test_the_simulated_engines_default_max_tokens_is_an_option() -> None:
         (
             ["--engine", "vllm+ftp://h:1", "--engine-kv-events", "tcp://h:2"],
             "engine",
-            "vllm+http://HOST:PORT",
+            "--engine 'ftp://h:1' is not http://HOST:PORT",
         ),
         (
             ["--engine", "vllm+http://h:1", "--engine-kv-events", "tcp://*:2"],
