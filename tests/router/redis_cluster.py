@@ -106,16 +106,29 @@ class RedisClusterServers:
                 client.close()
         return out
 
-    def failover(self, replica_port: int, timeout: float = 30) -> None:
-        """``CLUSTER FAILOVER`` on a replica, then wait until it is a master seen by all."""
+    def failover(self, replica_port: int, timeout: float = 60) -> None:
+        """``CLUSTER FAILOVER`` on a replica, then wait until it is a master seen by all.
+
+        A manual failover the replica cannot finish in time (its election needs the votes of
+        most masters, which a busy machine may delay) is aborted by Redis after 5 s; it is
+        asked again then.
+        """
         client = redis.Redis(port=replica_port)
+        deadline = time.monotonic() + timeout
         try:
-            client.execute_command("CLUSTER", "FAILOVER")
-            deadline = time.monotonic() + timeout
-            while client.info("replication")["role"] != "master":
+            while client.info("replication").get("master_link_status") != "up":
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"failover of {replica_port} did not finish")
+                    raise RuntimeError(f"replica {replica_port} never synced: {self.log()}")
                 time.sleep(0.05)
+            while client.info("replication")["role"] != "master":
+                client.execute_command("CLUSTER", "FAILOVER")
+                asked = time.monotonic()
+                while client.info("replication")["role"] != "master":
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"failover of {replica_port} did not finish")
+                    if time.monotonic() - asked > 6:
+                        break
+                    time.sleep(0.05)
         finally:
             client.close()
         for port in self.ports:

@@ -124,9 +124,9 @@ async def test_failover_during_routing_loses_no_index_writes(redis_cluster):
         try:
             await asyncio.sleep(0.2)
             failing_over = True
-            for replica in redis_cluster.replicas()[:2]:
-                await asyncio.to_thread(redis_cluster.failover, replica)
-                assert replica not in redis_cluster.replicas()
+            replica = redis_cluster.replicas()[0]
+            await asyncio.to_thread(redis_cluster.failover, replica)
+            assert replica not in redis_cluster.replicas()
         finally:
             failing_over = False
             done.set()
@@ -159,9 +159,7 @@ async def test_failover_during_routing_loses_no_index_writes(redis_cluster):
         drop_namespaces(redis_cluster.url, [namespace])
 
 
-async def test_a_router_on_the_cluster_routes_by_prefix_through_any_node(
-    tmp_path, redis_cluster
-):
+async def test_a_router_on_the_cluster_routes_by_prefix_through_any_node(tmp_path, redis_cluster):
     # The URL names the last node, whichever slots (if any) it serves.
     namespace = f"t-{uuid.uuid4().hex[:12]}"
     index = RedisPrefixIndex.from_url(redis_cluster.urls()[-1], namespace=namespace)

@@ -227,12 +227,12 @@ class RedisPrefixIndex:
                 "clear", [("SRANDMEMBER", key, CHUNK) for _, key in sets]
             )
             calls = []
-            for (p, key), ids in zip(sets, picks):
+            for (p, key), ids in zip(sets, picks, strict=True):
                 ids = [int(i) for i in ids]
                 keys = [p + "workers", key, *(f"{p}b:{k}" for k in ids)]
                 calls.append(Call(lua.CLEAR, keys, [worker, *ids]))
             await self._store.batch("clear", calls)
-            live = [p for (p, _), ids in zip(sets, picks) if ids]
+            live = [p for (p, _), ids in zip(sets, picks, strict=True) if ids]
 
     async def lookup(
         self, keys: Sequence[int], workers: Collection[str] | None = None
@@ -269,7 +269,7 @@ class RedisPrefixIndex:
         first = f"{prefixes[keys[0] % n]}b:{keys[0]}"
         if args:
             values = await self._store.command("lookup", "HMGET", first, *args)
-            held = {w: _text(v) for w, v in zip(args, values) if v is not None}
+            held = {w: _text(v) for w, v in zip(args, values, strict=True) if v is not None}
         else:
             flat = await self._store.command("lookup", "HGETALL", first)
             held = {_text(w): _text(v) for w, v in flat.items()}
@@ -288,12 +288,12 @@ class RedisPrefixIndex:
                     calls.append(Call(lua.PROBE, blocks, group))
                     layout.append((chunk, start))
         replies = await self._store.batch("lookup", calls) if names else []
-        for (chunk, start), reply in zip(layout, replies):
-            for i, row in zip(chunk, _text(reply).split(";")):
+        for (chunk, start), reply in zip(layout, replies, strict=True):
+            for i, row in zip(chunk, _text(reply).split(";"), strict=True):
                 for c, tiers in enumerate(row.split("|"), start):
                     column[c][i] = tiers
         runs = {}
-        for worker, tiers_at in zip(names, column):
+        for worker, tiers_at in zip(names, column, strict=True):
             run: list[list[Any]] = []
             for tiers in tiers_at:
                 if not tiers:
@@ -308,9 +308,11 @@ class RedisPrefixIndex:
     async def workers(self) -> frozenset[str]:
         """The workers holding at least one block (expired ones are pruned on the way)."""
         prefixes = await self._layout()
-        members = await self._store.batch("workers", [("SMEMBERS", p + "workers") for p in prefixes])
+        members = await self._store.batch(
+            "workers", [("SMEMBERS", p + "workers") for p in prefixes]
+        )
         calls = []
-        for p, found in zip(prefixes, members):
+        for p, found in zip(prefixes, members, strict=True):
             names = sorted(_text(m) for m in found)
             if names:
                 keys = [p + "workers", *(f"{p}w:{w}" for w in names)]

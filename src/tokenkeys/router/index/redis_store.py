@@ -165,38 +165,42 @@ class RedisStore:
         node, the nodes in parallel.
 
         Each call is atomic; calls of one batch must touch disjoint keys (their order is not
-        kept across nodes). The first failure is raised once every call has been tried.
+        kept across nodes), and be idempotent (a batch interrupted by a failover is sent again).
         """
         if not calls:
             return []
         client = await self.client()
-        results = await self._guard(op, self._pipeline(client, calls))
-        missing = [i for i, r in enumerate(results) if isinstance(r, rexc.NoScriptError)]
-        if missing:
-            for script in {c.script for i in missing if isinstance(c := calls[i], Call)}:
-                await self._guard(op, client.script_load(script.text))
-            again = await self._guard(op, self._pipeline(client, [calls[i] for i in missing]))
-            for i, result in zip(missing, again):
-                results[i] = result
-        for result in results:
-            if isinstance(result, Exception):
-                raise self._translate(op, result) from result
-        return results
+        try:
+            return await self._guard(op, self._pipeline(client, calls))
+        except Unavailable as exc:
+            if not isinstance(exc.__cause__, rexc.NoScriptError):
+                raise
+        # A server without the scripts (restarted, or a replica promoted by a failover): run
+        # the batch again with the scripts' text (every script here is idempotent), and load
+        # them for the next calls on every master the client knows now.
+        for script in {call.script for call in calls if isinstance(call, Call)}:
+            await self._guard(op, client.script_load(script.text))
+        return await self._guard(op, self._pipeline(client, calls, by_text=True))
 
     @staticmethod
-    async def _pipeline(client: Client, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
+    async def _pipeline(
+        client: Client, calls: Sequence[Call | tuple[Any, ...]], by_text: bool = False
+    ) -> list[Any]:
         if isinstance(client, RedisCluster):
             pipe: Any = client.pipeline()
         else:
             pipe = client.pipeline(transaction=False)
         for call in calls:
             if isinstance(call, Call):
-                pipe.execute_command(
-                    "EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args
-                )
+                script = call.script.text if by_text else call.script.sha
+                command = "EVAL" if by_text else "EVALSHA"
+                pipe.execute_command(command, script, len(call.keys), *call.keys, *call.args)
             else:
                 pipe.execute_command(*call)
-        return await pipe.execute(raise_on_error=False)
+        # Raising on error lets a cluster pipeline retry what a failover interrupted: a
+        # connection error or timeout reloads the slot map and sends the unanswered calls
+        # again (redis-py retries only exceptions, not errors returned as results).
+        return await pipe.execute(raise_on_error=True)
 
     async def _guard(self, op: str, awaitable: Any) -> Any:
         """Await one Redis operation, translating its errors into the tokenkeys tree."""
