@@ -93,6 +93,7 @@ class RouteServer:
             self.config.http_config(),
             metrics=service.metrics_registry,
             lifecycle=self.lifecycle,
+            shared=service.shared,
         )
         config = self.config
         return await start_http_server(

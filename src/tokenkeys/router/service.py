@@ -30,6 +30,7 @@ from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool import TRANSPORTS
 from tokenkeys.router.workers.pool_setup import PoolSettings, pool_factory
 from tokenkeys.router.workers.registry import WorkerRegistry
+from tokenkeys.router.workers.shared_load import LocalLoad, RedisSharedLoad, SharedLoad
 
 INDEXES = ("memory", "redis")
 
@@ -50,7 +51,10 @@ class RouterConfig:
       before a gRPC event stream is resubscribed; ``recheck_interval``: at most one
       rediscovery per this many seconds when a worker's events follow a foreign spec;
     - ``pools``: artifact cache, request limits, key strategy (``pool_setup.PoolSettings``);
-    - ``cost``: the precise policy's weights and temperature (``router.policy.cost.CostWeights``).
+    - ``cost``: the precise policy's weights and temperature (``router.policy.cost.CostWeights``);
+    - ``share_load``: share requests in flight and cache growth with the other replicas
+      through the Redis at ``redis_url`` (``router.workers.shared_load``); without it each
+      replica counts only its own.
     """
 
     workers: tuple[str, ...]
@@ -67,6 +71,7 @@ class RouterConfig:
     recheck_interval: float = 5.0
     pools: PoolSettings = field(default_factory=PoolSettings)
     cost: CostWeights = field(default_factory=CostWeights)
+    share_load: bool = False
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -84,6 +89,11 @@ class RouterConfig:
         if self.index == "redis" and not self.redis_url:
             raise ConfigError(
                 "--index redis needs --redis-url (e.g. redis://127.0.0.1:6379/0)",
+                field="redis-url",
+            )
+        if self.share_load and not self.redis_url:
+            raise ConfigError(
+                "--share-load needs --redis-url (the Redis the replicas share)",
                 field="redis-url",
             )
         if self.transport not in ("auto", *TRANSPORTS):
@@ -111,6 +121,13 @@ class RouterConfig:
             assert self.redis_url is not None
             return RedisPrefixIndex.from_url(self.redis_url, namespace=self.redis_namespace)
         return MemoryPrefixIndex(self.index_capacity)
+
+    def make_shared_load(self) -> SharedLoad:
+        """What the replicas share of their requests in flight (nothing without share_load)."""
+        if self.share_load:
+            assert self.redis_url is not None
+            return RedisSharedLoad(self.redis_url, namespace=self.redis_namespace)
+        return LocalLoad()
 
 
 class RoutingService:
@@ -143,19 +160,25 @@ class RoutingService:
             metrics=self.metrics,
         )
         self.registry.on_leave.append(self.router.forget)
+        self.shared = config.make_shared_load()
+        self.router.on_growth.append(self.shared.grew)
 
     async def start(self) -> RoutingService:
         """Discover every worker once (unreachable ones are retried by the polls), then poll."""
         for address in self.config.workers:
             await self.registry.add(address)
         await self.registry.start()
+        await self.shared.start(self.registry.pools, self.router.ledger)
         return self
 
     def engine(self, model: str | None = None) -> RoutedEngine:
         """A routing engine for ``model`` (default: the first pool's)."""
-        return RoutedEngine(self.router, self.registry, self.router.pool(model).name)
+        return RoutedEngine(
+            self.router, self.registry, self.router.pool(model).name, shared=self.shared
+        )
 
     async def close(self) -> None:
         """Stop following workers and close the index."""
+        await self.shared.close()
         await self.registry.close()
         await self.index.close()

@@ -24,7 +24,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
@@ -113,6 +113,9 @@ class Router:
         # Only sampling (temperature > 0) draws from it; seeded for reproducible runs.
         self.rng = rng if rng is not None else random.Random()
         self._growth: dict[str, GrowthLedger] = {}
+        #: Called with (pool, worker, new blocks) after each recorded decision's growth (the
+        #: replicas' shared load publishes it).
+        self.on_growth: list[Callable[[str, str, float], None]] = []
         self.metrics = metrics if metrics is not None else RouterMetrics()
         self._turn: dict[object, itertools.count] = {}
         self.text_chunks = TextChunkTable()
@@ -220,7 +223,7 @@ class Router:
         # Without keys the prompt's size still weighs in the load and growth it brings.
         total = len(keys) if keys else len(request.token_ids) // pool.block_size
         scores = score_workers(matches, total, load, weights=self.weights)
-        growth = self._growth.setdefault(pool.name, GrowthLedger())
+        growth = self.ledger(pool.name)
         loads = {}
         prompt_keys: frozenset[int] = frozenset()  # built once, when a worker has prefill queued
         for address in load:
@@ -243,6 +246,8 @@ class Router:
         best = costs[0]
         if record:
             growth.record(best.worker, best.prefill_blocks)
+            for listener in self.on_growth:
+                listener(pool.name, best.worker, best.prefill_blocks)
         if reason is None:
             reason = "prefix" if best.prefill_blocks < total else "load"
             if best.worker in untrusted:
@@ -285,6 +290,10 @@ class Router:
             self.text_chunks.record(pool.index_id(decision.worker), hashes)
         reason = "text_prefix" if decision.matched_blocks else "load"
         return dataclasses.replace(decision, reason=reason)
+
+    def ledger(self, model: str) -> GrowthLedger:
+        """The cache growth this router counts for the pool of ``model``."""
+        return self._growth.setdefault(model, GrowthLedger())
 
     def forget(self, pool: Pool, address: str) -> None:
         """Drop what the text-chunk baseline and the cost model remember of a worker that left."""
