@@ -478,8 +478,8 @@ async def _run_async(quick: bool) -> str:
             lines += [f"Replicas sharing their load, against one router: {ratios}.", ""]
     lines += [
         f"{ENGINES} simulated engines behind one router (in the replica rows, 2 or 4 routers "
-        "behind a load balancer picking one at random per request). Simulated TTFT = 1 ms + 0.2 ms per uncached prompt "
-        "token, without queueing; "
+        "behind a load balancer picking one at random per request). Simulated TTFT = 1 ms + "
+        "0.2 ms per uncached prompt token, without queueing; "
         '"busiest engine" is the share of requests the most used engine served (25 % is even). '
         "Precise routing uses the default cost weights (`--prefix-weight 1 --load-weight 0.125 "
         "--overflow-weight 1 --growth-weight 0.25`, docs/router.md): a block of load (in use "
