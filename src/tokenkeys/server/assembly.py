@@ -32,6 +32,7 @@ from tokenkeys.limits import Limits
 from tokenkeys.server.grpc.engine_services import engine_service_adders
 from tokenkeys.server.grpc.server import ServiceAdder, start_grpc_server
 from tokenkeys.server.grpc.tokenizer import TokenizerService
+from tokenkeys.server.http_snapshot import add_snapshot_route
 from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.guards import build_guards
@@ -145,6 +146,7 @@ class EngineServer:
         config = self.config
         if self.runtime is not None:
             self.app.state.tokenkeys.metrics.include(self.runtime.metrics)
+            add_snapshot_route(self.app, self.models, self.runtime)
         return await start_http_server(
             self.app,
             config.host,

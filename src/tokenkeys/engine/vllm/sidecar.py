@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams, Usage
+from tokenkeys.engine.vllm import snapshot_scope
 from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm
 from tokenkeys.engine.vllm.client import VllmHttpClient
 from tokenkeys.engine.vllm.key_check import KeyCheck
@@ -73,6 +74,7 @@ class VllmSidecarEngine:
     async def start(self) -> None:
         """Check vLLM (a conflict raises ConfigError naming the option), then start relaying."""
         self._facts = await check_vllm(self.client, self.model, self.spec, self._max_model_len)
+        snapshot_scope.before_first(self.stream.ledger)
         self._subscriber = ZmqEventSubscriber(
             self.config.kv_events,
             replay_endpoint=self.config.kv_replay,
@@ -135,7 +137,10 @@ class VllmSidecarEngine:
 
     async def _run_relay(self, subscriber: ZmqEventSubscriber) -> None:
         """vLLM's batches, in order (replayed ones first), checked then re-emitted."""
+        first = True
         async for delivery in subscriber:
+            snapshot_scope.observe(self.stream.ledger, delivery, first=first)
+            first = False
             if delivery.restarted:
                 # A restarted vLLM starts with an empty prefix cache: tell every consumer to
                 # drop what the old one stored before its new blocks arrive.
