@@ -2,9 +2,10 @@
 
 Layout, under a configurable namespace ``ns``, in ``shards`` shards. Each shard is a hash tag,
 so all its keys live in one cluster slot and a script may name them all: ``{ns}`` when there
-is one shard (a single Redis: the layout of earlier releases), ``{ns#0}`` ... ``{ns#N-1}``
-otherwise (a cluster: :data:`CLUSTER_SHARDS` by default, spread over the masters' slots). A
-block key ``k`` lives in shard ``k % shards``; within a shard:
+is one shard (a single Redis: the layout of earlier releases), ``{ns#0.k0}`` ...
+``{ns#N-1.kN}`` otherwise (a cluster: :data:`CLUSTER_SHARDS` by default, their slots spread
+evenly over the 16,384, :func:`shard_tags`). A block key ``k`` lives in shard ``k % shards``;
+within a shard:
 
 - ``<tag>:b:<key>``: a HASH per block key (decimal u64); field = worker id, value = the tiers
   that worker holds the block in, sorted and comma-joined (``"cpu,gpu"``).
@@ -39,6 +40,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
 from tokenkeys.errors import ConfigError, FailedPrecondition
 from tokenkeys.router.index import redis_scripts as lua
@@ -58,11 +60,31 @@ CHUNK = 2048
 #: lookup filter is applied to the answer instead, which gives the same result. (The same
 #: limit bounds the workers holding one prompt's first block: thousands, far beyond a pool.)
 MAX_SCRIPT_FILTER = 1024
-#: Shards of an index on a Redis Cluster when not configured: enough hash tags that the
-#: cluster's masters get near-equal shares of the index (64 tags over 3 masters: about 21 each).
-CLUSTER_SHARDS = 64
+#: Shards of an index on a Redis Cluster when not configured. Each shard's tag is picked so
+#: that its slot lies in the shard's equal part of the 16,384 slots (:func:`shard_tags`), so a
+#: cluster whose masters own equal slot ranges gets equal shares: 12 divides evenly over 2, 3,
+#: 4, 6 or 12 masters. More shards spread a larger cluster; each costs a script call on writes
+#: and lookups that touch it (a 32-block event batch touches about 11 of 12).
+CLUSTER_SHARDS = 12
 MAX_SHARDS = 4096
+SLOTS = 16384
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def shard_tags(namespace: str, shards: int) -> list[str]:
+    """The hash tags of ``namespace``'s shards: ``ns#s.k``, the first ``k`` whose cluster slot
+    (CRC16 % 16384, as Redis Cluster computes it) lies in shard ``s``'s equal part of the slots.
+
+    Deterministic, so every replica derives the same layout; '#' cannot occur in a namespace,
+    so no other namespace's tags collide."""
+    tags = []
+    for s in range(shards):
+        low, high = s * SLOTS // shards, (s + 1) * SLOTS // shards
+        k = 0
+        while not low <= key_slot(f"{namespace}#{s}.{k}".encode()) < high:
+            k += 1
+        tags.append(f"{namespace}#{s}.{k}")
+    return tags
 
 
 def _text(value: bytes | str) -> str:
@@ -170,7 +192,7 @@ class RedisPrefixIndex:
         if shards == 1:
             self._prefixes = [f"{{{self.namespace}}}:"]
         else:
-            self._prefixes = [f"{{{self.namespace}#{s}}}:" for s in range(shards)]
+            self._prefixes = [f"{{{tag}}}:" for tag in shard_tags(self.namespace, shards)]
         return self._prefixes
 
     def _by_shard(self, prefixes: list[str], keys: Sequence[int]) -> dict[int, list[int]]:
