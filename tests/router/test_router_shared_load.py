@@ -18,8 +18,8 @@ from routing_support import wait_until
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.service import RouterConfig
+from tokenkeys.router.shared_load import LocalLoad, RedisSharedLoad
 from tokenkeys.router.workers.load_view import LoadView
-from tokenkeys.router.workers.shared_load import LocalLoad, RedisSharedLoad
 
 
 @dataclass

@@ -10,12 +10,12 @@ import pytest
 from engine_stack import default_models
 
 from tokenkeys._gen.openengine.v1 import kv_pb2, openengine_pb2_grpc
+from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.simulated.local import LocalEngine
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys import make_spec
 from tokenkeys.server.assembly import EngineServer, ServeConfig
-from tokenkeys.server.runtime.config import EngineConfig
 
 SPEC = make_spec("vllm/sha256_cbor@0.31", 16)
 
@@ -24,7 +24,7 @@ def _config(**overrides: object) -> ServeConfig:
     base: dict[str, object] = {
         "grpc_port": 0,
         "http_port": 0,
-        "engine": EngineConfig(latency=LatencyModel(sleep=False)),
+        "engine": EngineConfig(engine=SimulatedConfig(latency=LatencyModel(sleep=False))),
         "cache_keys": SPEC,
     }
     base.update(overrides)

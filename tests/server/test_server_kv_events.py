@@ -19,12 +19,12 @@ from engine_stack import GrpcEvents, start_stack, zmq_batches_until
 
 from tokenkeys._gen.openengine.v1 import error_pb2, kv_pb2
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
+from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_publisher import END_SEQ
 from tokenkeys.keys import block_keys
-from tokenkeys.server.runtime.config import EngineConfig
 
 CODEC = ProtobufEventCodec()
 
@@ -54,7 +54,7 @@ def flat(batches) -> list:
 
 
 async def test_eviction_under_capacity_pressure_removes_least_recently_freed_blocks_first():
-    stack = await start_stack(EngineConfig(num_kv_blocks=8))
+    stack = await start_stack(EngineConfig(engine=SimulatedConfig(num_kv_blocks=8)))
     try:
         a, b, c = prompt(1, 3), prompt(2, 3), prompt(3, 5)
         spec = stack.local().spec
@@ -90,7 +90,7 @@ async def test_cache_reset_emits_all_blocks_cleared_on_both_transports():
 
 
 async def test_grpc_and_zmq_streams_carry_the_same_batches_under_the_same_numbers():
-    stack = await start_stack(EngineConfig(num_kv_blocks=12))
+    stack = await start_stack(EngineConfig(engine=SimulatedConfig(num_kv_blocks=12)))
     try:
         for i in range(6):
             await run(stack, prompt(10 + i % 3, 2 + i % 3), max_tokens=40)
@@ -156,7 +156,7 @@ async def test_zmq_replay_returns_exactly_the_batches_from_the_requested_sequenc
     try:
         for i in range(5):
             await run(stack, prompt(50 + i, 2))
-        info = stack.runtime.local(stack.models.names[0]).zmq_source()
+        info = stack.runtime.parts(stack.models.names[0]).zmq_source()
         replayed = await _zmq_replay(info.replay_endpoint, 2)
         assert [s for _, s, _ in replayed] == [2, 3, 4]
         assert {t for t, _, _ in replayed} == {info.topic.encode()}

@@ -5,7 +5,7 @@ UNAVAILABLE; health checks still answer, reporting draining), ends KV-event subs
 their terminal message, waits up to ``--shutdown-timeout`` seconds for the calls in flight
 (streams included) to finish, then stops and exits 0. A second signal stops at once.
 
-``--workers N`` serves from N processes sharing the ports (:mod:`tokenkeys.serving.workers`);
+``--processes N`` serves from N processes sharing the ports (:mod:`tokenkeys.process.supervisor`);
 generation must then be forwarded (``--engine``): a simulated engine per process would be N
 engines, each with its own prefix cache and KV events, behind one address.
 """
@@ -13,12 +13,7 @@ engines, each with its own prefix cache and KV events, behind one address.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import os
-import signal
-import sys
-from typing import NoReturn
 
 from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
 from tokenkeys.cli.common import (
@@ -31,24 +26,21 @@ from tokenkeys.cli.connection_options import add_connection_options, connection_
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
+from tokenkeys.engine.config import new_instance_id
+from tokenkeys.engine.registry import engine_kind
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
-from tokenkeys.preprocess.offload import (
+from tokenkeys.process.encode_lanes import (
     MAX_DEFAULT_THREADS,
     MAX_ENCODE_THREADS,
     encode_threads_for,
     set_encode_threads,
 )
+from tokenkeys.process.run import run_served
+from tokenkeys.process.supervisor import check_worker_count
 from tokenkeys.server.assembly import EngineServer, ServeConfig
-from tokenkeys.server.runtime.config import new_instance_id
-from tokenkeys.serving.lifecycle import exit_stopped
-from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
-from tokenkeys.terminal import escape_log_records
 
 log = logging.getLogger("tokenkeys.serve")
-
-#: After the drain, what the servers still give the calls that outlived the deadline.
-_STOP_GRACE = 1.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -78,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, how long calls in flight may take to finish (default 30)",
     )
     p.add_argument(
-        "--workers",
+        "--processes",
         type=int,
         default=1,
         metavar="N",
@@ -106,16 +98,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def check_workers(args: argparse.Namespace) -> None:
-    """``--workers N``: a count in range, and generation that N processes can share."""
-    workers = getattr(args, "workers", 1)
+    """``--processes N``: a count in range, and generation that N processes can share."""
+    workers = getattr(args, "processes", 1)
     check_worker_count(workers)
     if workers > 1 and args.engine is None:
         raise ConfigError(
-            f"--workers {workers} needs --engine HOST:PORT: the simulated engine keeps its "
+            f"--processes {workers} needs --engine HOST:PORT: the simulated engine keeps its "
             "prefix cache and KV events in its process, so N processes would be N engines "
             "behind one address. Run it as its own `tokenkeys serve` and forward to it, or "
-            "serve with --workers 1",
-            field="workers",
+            "serve with --processes 1",
+            field="processes",
         )
     threads = getattr(args, "encode_threads", None)
     if threads is not None and not 1 <= threads <= MAX_ENCODE_THREADS:
@@ -138,7 +130,7 @@ def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> Serve
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.
     spec = build_spec(key_spec_options(args))
     engine = engine_config_from(args)
-    if spec is None and engine.remote_engine is None:
+    if spec is None and engine_kind(engine.kind).hosting == "streamed":
         # The simulated engine keys its prefix cache and events with a spec; serving none while
         # it publishes hashes of another would advertise hashes no router can reproduce.
         raise ConfigError(
@@ -192,69 +184,23 @@ def _description(server: EngineServer) -> list[str]:
     return lines
 
 
-async def _until_drained(
-    server: EngineServer, timeout: float, link: WorkerLink | None = None
-) -> None:
-    """Wait for SIGTERM/SIGINT, drain up to ``timeout`` s (a second signal cuts it short), stop.
-
-    A worker (``link``) hears SIGTERM only, from its supervisor, and drains as well when the
-    supervisor is gone.
-    """
-    signals = asyncio.Queue[int]()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM,) if link is not None else (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, signals.put_nowait, sig)
-    if link is not None:
-        link.watch(lambda: signals.put_nowait(signal.SIGTERM))
-    who = f"worker {link.index} (pid {os.getpid()}) " if link is not None else ""
-    received = await signals.get()
-    print(
-        f"{who}{signal.Signals(received).name}: draining {server.lifecycle.inflight} calls in "
-        f"flight, at most {timeout:g} s",
-        flush=True,
-    )
-    drain = asyncio.ensure_future(server.drain(timeout))
-    second = asyncio.ensure_future(signals.get())
-    await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
-    second.cancel()
-    left = drain.result() if drain.done() else server.lifecycle.inflight
-    drain.cancel()
-    if left:
-        print(
-            f"{who}stopping with {left} calls still in flight (deadline or second signal)",
-            flush=True,
-        )
-    await server.stop(_STOP_GRACE if left else 0.0)
-    print(f"{who}stopped", flush=True)
-
-
-async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
-    config = serve_config(args, reuse_port=link is not None)
-    set_encode_threads(args.encode_threads or encode_threads_for(args.workers))
+async def start_server(
+    args: argparse.Namespace, reuse_port: bool
+) -> tuple[EngineServer, list[str]]:
+    """Build and start the server the options describe (a :data:`~tokenkeys.process.run.Start`)."""
+    config = serve_config(args, reuse_port=reuse_port)
+    set_encode_threads(args.encode_threads or encode_threads_for(args.processes))
     models = local_models(args, config.limits, chat_options(args))
     server = await EngineServer(models, config).start()
-    announce(_description(server), link)
-    await _until_drained(server, args.shutdown_timeout, link)
-    return 0
+    return server, _description(server)
 
 
-def serve_worker(args: argparse.Namespace, link: WorkerLink) -> NoReturn:
-    """One worker process of ``serve --workers N``; the process ends once it stopped."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
-    exit_stopped(asyncio.run(_serve(args, link)))
-
-
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
-    # One line per request forwarded to a vLLM would drown the log (httpx logs at INFO).
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    if args.workers == 1:
-        exit_stopped(asyncio.run(_serve(args)))  # stopped cleanly: no teardown to wait for
-    # Checked here so a bad option fails once, before any worker starts.
+def _check_once(args: argparse.Namespace) -> None:
     serve_config(args)
     # Per-process defaults fixed once, so every worker serves the same identity.
     args.instance_id = args.instance_id or new_instance_id()
+
+
+def run(args: argparse.Namespace) -> int:
     ports = [("grpc_port", "--grpc-port"), ("http_port", "--http-port")]
-    return Supervisor(serve_worker, args, args.workers, ports).run()
+    return run_served(start_server, args, ports, check=_check_once)

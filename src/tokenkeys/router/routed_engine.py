@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.keys import Adapter, KeyContext
-from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
+from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
+from tokenkeys.router.policy.router import Router
+from tokenkeys.router.shared_load import LocalLoad, SharedLoad
 from tokenkeys.router.workers.registry import WorkerRegistry
-from tokenkeys.router.workers.shared_load import LocalLoad, SharedLoad
 
 
 @dataclass

@@ -23,14 +23,19 @@ from tokenkeys.router.index.redis import RedisPrefixIndex
 from tokenkeys.router.ingest.ingestor import IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.policy.cost import CostWeights
-from tokenkeys.router.policy.router import POLICIES, Router
+from tokenkeys.router.policy.router import POLICIES, Router, make_policy
 from tokenkeys.router.routed_engine import RoutedEngine
+from tokenkeys.router.shared_load import (
+    LocalLoad,
+    RedisSharedLoad,
+    SharedGrowth,
+    SharedLoad,
+)
 from tokenkeys.router.workers.discovery import check_address
 from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool import TRANSPORTS
 from tokenkeys.router.workers.pool_setup import PoolSettings, pool_factory
 from tokenkeys.router.workers.registry import WorkerRegistry
-from tokenkeys.router.workers.shared_load import LocalLoad, RedisSharedLoad, SharedLoad
 
 INDEXES = ("memory", "redis")
 
@@ -53,7 +58,7 @@ class RouterConfig:
     - ``pools``: artifact cache, request limits, key strategy (``pool_setup.PoolSettings``);
     - ``cost``: the precise policy's weights and temperature (``router.policy.cost.CostWeights``);
     - ``share_load``: share requests in flight and cache growth with the other replicas
-      through the Redis at ``redis_url`` (``router.workers.shared_load``); without it each
+      through the Redis at ``redis_url`` (``router.shared_load``); without it each
       replica counts only its own.
     """
 
@@ -152,23 +157,24 @@ class RoutingService:
             foreign_interval=config.recheck_interval,
             security=config.pools.security,
         )
+        #: What the replicas share of their load (``shared_load``; nothing without share_load).
+        self.shared = config.make_shared_load()
+        #: The cache growth the precise policy prices, per pool; what it records is told to
+        #: the other replicas, and theirs is recorded here.
+        self.growth = SharedGrowth(self.shared)
         self.router = Router(
             self.registry.pools,
-            self.index,
-            policy=config.policy,
-            cost=config.cost,
+            make_policy(config.policy, self.index, cost=config.cost, growth=self.growth),
             metrics=self.metrics,
         )
         self.registry.on_leave.append(self.router.forget)
-        self.shared = config.make_shared_load()
-        self.router.on_growth.append(self.shared.grew)
 
     async def start(self) -> RoutingService:
         """Discover every worker once (unreachable ones are retried by the polls), then poll."""
         for address in self.config.workers:
             await self.registry.add(address)
         await self.registry.start()
-        await self.shared.start(self.registry.pools, self.router.ledger)
+        await self.shared.start(self.registry.pools, self.growth.ledger)
         return self
 
     def engine(self, model: str | None = None) -> RoutedEngine:

@@ -52,7 +52,7 @@ from tokenkeys.router.index.model import (
     check_tier,
     check_worker,
 )
-from tokenkeys.router.index.redis_store import Call, RedisStore, Script
+from tokenkeys.router.index.redis_store import RedisStore, Script, ScriptCall
 
 #: Keys per script call: bounds how long one call holds Redis (a script blocks the server).
 CHUNK = 2048
@@ -211,14 +211,14 @@ class RedisPrefixIndex:
         worker: str,
         keys: Sequence[int],
         extra: list[Any],
-    ) -> list[Call]:
+    ) -> list[ScriptCall]:
         calls = []
         for shard, shard_keys in self._by_shard(prefixes, keys).items():
             p = prefixes[shard]
             head = [p + "workers", f"{p}w:{worker}"]
             for chunk in _chunks(shard_keys, CHUNK):
                 blocks = [f"{p}b:{k}" for k in chunk]
-                calls.append(Call(script, head + blocks, [worker, *extra, *chunk]))
+                calls.append(ScriptCall(script, head + blocks, [worker, *extra, *chunk]))
         return calls
 
     async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
@@ -252,7 +252,7 @@ class RedisPrefixIndex:
             for (p, key), ids in zip(sets, picks, strict=True):
                 ids = [int(i) for i in ids]
                 keys = [p + "workers", key, *(f"{p}b:{k}" for k in ids)]
-                calls.append(Call(lua.CLEAR, keys, [worker, *ids]))
+                calls.append(ScriptCall(lua.CLEAR, keys, [worker, *ids]))
             await self._store.batch("clear", calls)
             live = [p for (p, _), ids in zip(sets, picks, strict=True) if ids]
 
@@ -307,7 +307,7 @@ class RedisPrefixIndex:
                 blocks = [f"{prefixes[shard]}b:{keys[i]}" for i in chunk]
                 for start in range(0, len(names), MAX_SCRIPT_FILTER):
                     group = names[start : start + MAX_SCRIPT_FILTER]
-                    calls.append(Call(lua.PROBE, blocks, group))
+                    calls.append(ScriptCall(lua.PROBE, blocks, group))
                     layout.append((chunk, start))
         replies = await self._store.batch("lookup", calls) if names else []
         for (chunk, start), reply in zip(layout, replies, strict=True):
@@ -338,7 +338,7 @@ class RedisPrefixIndex:
             names = sorted(_text(m) for m in found)
             if names:
                 keys = [p + "workers", *(f"{p}w:{w}" for w in names)]
-                calls.append(Call(lua.WORKERS, keys, names))
+                calls.append(ScriptCall(lua.WORKERS, keys, names))
         alive = await self._store.batch("workers", calls)
         return frozenset(_text(w) for answer in alive for w in answer)
 

@@ -50,7 +50,7 @@ class Script:
 
 
 @dataclass(frozen=True)
-class Call:
+class ScriptCall:
     """One script call of a :meth:`RedisStore.batch` (every key in one cluster slot)."""
 
     script: Script
@@ -158,9 +158,9 @@ class RedisStore:
 
     async def run(self, op: str, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script call."""
-        return (await self.batch(op, [Call(script, keys, args)]))[0]
+        return (await self.batch(op, [ScriptCall(script, keys, args)]))[0]
 
-    async def batch(self, op: str, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
+    async def batch(self, op: str, calls: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any]:
         """Several script calls (or plain commands, as tuples) in one pipeline: per cluster
         node, the nodes in parallel.
 
@@ -178,20 +178,20 @@ class RedisStore:
         # A server without the scripts (restarted, or a replica promoted by a failover): run
         # the batch again with the scripts' text (every script here is idempotent), and load
         # them for the next calls on every master the client knows now.
-        for script in {call.script for call in calls if isinstance(call, Call)}:
+        for script in {call.script for call in calls if isinstance(call, ScriptCall)}:
             await self._guard(op, client.script_load(script.text))
         return await self._guard(op, self._pipeline(client, calls, by_text=True))
 
     @staticmethod
     async def _pipeline(
-        client: Client, calls: Sequence[Call | tuple[Any, ...]], by_text: bool = False
+        client: Client, calls: Sequence[ScriptCall | tuple[Any, ...]], by_text: bool = False
     ) -> list[Any]:
         if isinstance(client, RedisCluster):
             pipe: Any = client.pipeline()
         else:
             pipe = client.pipeline(transaction=False)
         for call in calls:
-            if isinstance(call, Call):
+            if isinstance(call, ScriptCall):
                 script = call.script.text if by_text else call.script.sha
                 command = "EVAL" if by_text else "EVALSHA"
                 pipe.execute_command(command, script, len(call.keys), *call.keys, *call.args)
