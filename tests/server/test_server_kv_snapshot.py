@@ -14,10 +14,10 @@ from engine_stack import GrpcEvents, default_models
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys._gen.openengine.v1 import kv_snapshot_pb2, kv_snapshot_pb2_grpc
+from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.events.model import AllBlocksCleared
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.server.assembly import EngineServer, ServeConfig
-from tokenkeys.server.runtime.config import EngineConfig
 
 CODEC = ProtobufEventCodec()
 
@@ -29,7 +29,10 @@ def prompt(seed: int, blocks: int) -> list[int]:
 @pytest.fixture
 async def server():
     config = ServeConfig(
-        host="127.0.0.1", grpc_port=0, http_port=0, engine=EngineConfig(num_kv_blocks=16)
+        host="127.0.0.1",
+        grpc_port=0,
+        http_port=0,
+        engine=EngineConfig(engine=SimulatedConfig(num_kv_blocks=16)),
     )
     serving = await EngineServer(default_models(), config).start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{serving.grpc_port}")
@@ -55,14 +58,15 @@ async def test_the_snapshot_holds_the_cached_blocks_and_where_the_stream_goes_on
         await generate(channel, prompt(seed, 5))
     stub = kv_snapshot_pb2_grpc.OpenEngineKvSnapshotStub(channel)
     reply = await stub.GetKvSnapshot(kv_snapshot_pb2.GetKvSnapshotRequest())
-    stream = serving.runtime.local(serving.models.names[0]).local.stream
+    parts = serving.runtime.parts(serving.models.names[0])
+    stream = parts.stream
     assert reply.next_sequence_number == stream.next_seq and reply.complete
     assert reply.batch.sequence_number == reply.next_sequence_number
     _, batch = CODEC.decode(reply.batch)
     assert isinstance(batch.events[0], AllBlocksCleared)
     snapshot_hashes = [e.block_hashes[0] for e in batch.events[1:]]
     # Exactly what the engine's cache holds (the events said so, the cache agrees).
-    cache = serving.runtime.local(serving.models.names[0]).local.engine.cache
+    cache = parts.engine.engine.cache
     held = {b.key.event_key for b in cache._blocks if b.key is not None}  # noqa: SLF001
     assert 0 < len(snapshot_hashes) < 20 and set(snapshot_hashes) == held
     assert reply.batch.key_spec.spec_fingerprint == stream.spec.spec_fingerprint

@@ -17,6 +17,7 @@ from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.events.snapshot import Snapshot
 from tokenkeys.server.grpc import status as grpc_status
 from tokenkeys.server.runtime.engines import EngineRuntime
+from tokenkeys.server.runtime.streamed import StreamedParts
 from tokenkeys.serving.models import ModelRegistry
 
 
@@ -43,13 +44,13 @@ class KvSnapshotService(kv_snapshot_pb2_grpc.OpenEngineKvSnapshotServicer):
     ) -> kv_snapshot_pb2.KvSnapshot:
         model = self._models.get(request.model or None)
         parts = self._runtime.parts(model.name)
-        if parts.remote is not None:
-            stub = kv_snapshot_pb2_grpc.OpenEngineKvSnapshotStub(parts.remote.channel)
-            try:
-                return await stub.GetKvSnapshot(request)
-            except grpc.RpcError as error:
-                raise from_grpc(error) from None
-        parts = self._runtime.local(model.name)
-        if parts.local is None or parts.protobuf is None:
+        if isinstance(parts, StreamedParts):
+            return snapshot_message(parts.stream.snapshot(), parts.protobuf)
+        channel = getattr(parts.engine, "channel", None)
+        if channel is None:
             raise Unsupported(f"model {model.name!r} has no event stream here", field="model")
-        return snapshot_message(parts.local.stream.snapshot(), parts.protobuf)
+        stub = kv_snapshot_pb2_grpc.OpenEngineKvSnapshotStub(channel)
+        try:
+            return await stub.GetKvSnapshot(request)  # the forwarded engine's stream
+        except grpc.RpcError as error:
+            raise from_grpc(error) from None
