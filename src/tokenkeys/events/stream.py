@@ -60,6 +60,11 @@ class EventStream:
         """The sequence number the next batch gets."""
         return self._next_seq
 
+    @property
+    def oldest_seq(self) -> int:
+        """The sequence number of the oldest batch still buffered (``next_seq`` when none is)."""
+        return self._buffer[0][0] if self._buffer else self._next_seq
+
     def source_info(self) -> EventSourceInfo | None:
         """What discovery advertises for the ZMQ side of this stream (None without ZMQ).
 
