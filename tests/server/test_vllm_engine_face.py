@@ -19,7 +19,7 @@ import grpc
 import pytest
 from engine_stack import start_stack
 
-from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
 from tokenkeys.server.runtime.config import EngineConfig

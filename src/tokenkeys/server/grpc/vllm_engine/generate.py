@@ -21,7 +21,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from tokenkeys.engine.core import GenerateOutput, GenerationParams
+from tokenkeys.engine.protocol import GenerateOutput, GenerationParams
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.frontend.generation import eos_ids
 from tokenkeys.server.grpc.vllm_engine.stubs import vllm_engine_pb2 as pb

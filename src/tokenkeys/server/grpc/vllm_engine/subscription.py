@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from tokenkeys._gen.openengine.v1 import kv_pb2
-from tokenkeys.client.engine import RemoteEngine
+from tokenkeys.engine.remote import RemoteEngine
 from tokenkeys.errors import DataLoss, LimitExceeded, OutOfRange, Unavailable, from_grpc
 from tokenkeys.events.model import EventBatch
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
