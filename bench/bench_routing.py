@@ -54,7 +54,7 @@ from pathlib import Path
 
 import httpx
 from routing_smg import POLICIES as SMG_POLICIES
-from routing_smg import chat, smg_executable, smg_router
+from routing_smg import SmgRouter, chat, quiet, smg_executable, smg_router
 from timing import pct
 
 from tokenkeys.engine.simulated.latency import LatencyModel
@@ -126,6 +126,7 @@ def _serve_args(w: Workload, port: str, http_port: str) -> list[str]:
     args = [
         sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", port,
         "--http-port", http_port, "--num-kv-blocks", str(w.num_blocks),
+        "--vllm-engine-face",  # smg's gRPC rows route to it; the other rows never call it
     ]  # fmt: skip
     return args + (["--simulate-latency"] if w.concurrent else [])
 
@@ -316,35 +317,52 @@ async def _settle(services: list[RoutingService]) -> None:
         await _quiet(service)
 
 
-async def _run_smg(executable: Path, policy: str, w: Workload) -> dict:
-    """An smg policy: one ``smg launch`` over the engines' HTTP frontends (routing_smg)."""
+async def _run_smg(executable: Path, policy: str, w: Workload, grpc: bool) -> dict:
+    """An smg policy: one ``smg launch`` over the engines' HTTP frontends, or (``grpc``) over
+    their VllmEngine faces, its ``cache_aware`` then fed by their KV events (routing_smg)."""
     engines = await _start_engines(w)
     before_restart: Counter[str] = Counter()
+    workers = [f"grpc://{e.address}" if grpc else e.http for e in engines]
     try:
         async with (
-            smg_router(executable, policy, [e.http for e in engines]) as base,
+            smg_router(executable, policy, workers) as router,
             httpx.AsyncClient(timeout=120) as client,
         ):
 
             async def send(messages: list[dict]) -> tuple[int, int, str, str | None]:
-                prompt, cached, reply = await chat(client, base, MODEL, messages, MAX_TOKENS)
+                prompt, cached, reply = await chat(client, router.base, MODEL, messages, MAX_TOKENS)
                 return prompt, cached, reply, None
 
             async def restart() -> None:
-                before_restart.update(await _chat_requests(client, engines[:1]))
+                if not grpc:  # smg counts what it routes per worker; an engine counts its own
+                    before_restart.update(await _chat_requests(client, engines[:1]))
                 await asyncio.to_thread(engines[0].restart, w)
 
-            result = await _drive(w, send, restart, settle=_no_settle)
-            served = await _chat_requests(client, engines)
-            served.update(before_restart)
+            async def settle() -> None:
+                if grpc:
+                    await quiet(router)
+
+            result = await _drive(w, send, restart, settle=settle)
+            if grpc:
+                served = await _routed(router, engines)
+            else:
+                served = await _chat_requests(client, engines)
+                served.update(before_restart)
             return _finish(result, served)
     finally:
         for engine in engines:
             engine.stop()
 
 
-async def _no_settle() -> None:
-    """smg learns from what it sends; there are no engine events to wait for."""
+async def _routed(router: SmgRouter, engines: list[Engine]) -> Counter[str]:
+    """Requests smg sent each gRPC worker (``smg_worker_requests_total``)."""
+    served: Counter[str] = Counter()
+    for engine in engines:
+        worker = f"grpc://{engine.address}"
+        served[engine.address] = int(
+            await router.counter("smg_worker_requests_total", worker=worker)
+        )
+    return served
 
 
 async def _chat_requests(client: httpx.AsyncClient, engines: list[Engine]) -> Counter[str]:
@@ -405,7 +423,8 @@ async def _run_async(quick: bool) -> str:
             for name, policy, cost, replicas in POLICIES:
                 results[w.name][name] = await _run_policy(policy, cost, w, cache, replicas)
             for policy in SMG_POLICIES if smg is not None else ():
-                results[w.name][f"smg {policy}"] = await _run_smg(smg, policy, w)
+                results[w.name][f"smg {policy}"] = await _run_smg(smg, policy, w, grpc=False)
+                results[w.name][f"smg {policy}, gRPC"] = await _run_smg(smg, policy, w, grpc=True)
     for w in _workloads(quick):
         res = results[w.name]
         reference = res["round_robin"]
@@ -438,10 +457,12 @@ async def _run_async(quick: bool) -> str:
             best = max(smg_rows, key=lambda name: smg_rows[name]["hit"])
             one = res["precise"]["hit"] / smg_rows[best]["hit"]
             two = res["precise, 2 replicas"]["hit"] / smg_rows[best]["hit"]
+            events = res["smg cache_aware, gRPC"]["hit"]
             lines += [
                 f"Cache hit ratio of precise routing (default weights) against smg's best "
                 f"policy here ({best}): **{one:.2f}x** with one router, as smg runs; "
-                f"{two:.2f}x with two replicas.",
+                f"{two:.2f}x with two replicas; against smg's cache_aware fed by the engines' "
+                f"KV events (gRPC): **{res['precise']['hit'] / events:.2f}x**.",
                 "",
             ]
     lines += [
@@ -493,7 +514,14 @@ def _smg_note(where: str, ran: bool) -> str:
         "smg's `cache_aware` turns to the least loaded worker only when the busiest has 64 "
         "more requests in flight than the idlest and 1.5 times as many (its defaults), which "
         "32 concurrent requests never reach: here it routes by cache affinity alone, and "
-        "nothing stops it from sending an engine more than its KV cache holds."
+        "nothing stops it from sending an engine more than its KV cache holds. "
+        "The `, gRPC` rows run the same policy with `--worker-urls grpc://127.0.0.1:<port>` "
+        "against the engines' VllmEngine face (`serve --vllm-engine-face`): smg registers them "
+        "as vLLM workers, tokenizes itself with their tokenizer and sends token ids, and its "
+        "`cache_aware` indexes the engines' KV events (`SubscribeKvEvents`; each round settles "
+        "until smg's `smg_kv_event_batches_total` stops moving, as the tokenkeys routers "
+        "settle on the same events); a restarted engine clears its entries there. The busiest "
+        "share of these rows is from smg's `smg_worker_requests_total`."
     )
 
 

@@ -19,20 +19,21 @@ The launcher is the tests' (``tests/smg_gateway.py``; bench/run.py puts tests/ o
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-from pathlib import Path
+import asyncio
 
-from smg_gateway import SMG_VERSION, chat, smg_executable
-from smg_gateway import smg_router as _gateway
+from smg_gateway import SMG_VERSION, SmgRouter, chat, smg_executable, smg_router
 
 POLICIES = ("cache_aware", "prefix_hash")
 
-__all__ = ["POLICIES", "SMG_VERSION", "chat", "smg_executable", "smg_router"]
+__all__ = ["POLICIES", "SMG_VERSION", "SmgRouter", "chat", "quiet", "smg_executable", "smg_router"]
 
 
-@contextlib.asynccontextmanager
-async def smg_router(executable: Path, policy: str, workers: list[str]) -> AsyncIterator[str]:
-    """``smg launch`` with ``policy`` over ``workers``; yields its base URL once ready."""
-    async with _gateway(executable, policy, workers) as router:
-        yield router.base
+async def quiet(router: SmgRouter, rounds: int = 5) -> None:
+    """Until smg applied no new KV-event batch for ``rounds`` checks 20 ms apart: the gRPC
+    rows' counterpart of the tokenkeys routers' settling on the engines' events."""
+    last, still = await router.counter("smg_kv_event_batches_total", disposition="applied"), 0
+    while still < rounds:
+        await asyncio.sleep(0.02)
+        now = await router.counter("smg_kv_event_batches_total", disposition="applied")
+        still = still + 1 if now == last else 0
+        last = now

@@ -10,6 +10,7 @@ KV events of the same prompt. Where the faces differ by construction the test na
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import random
 import zipfile
@@ -42,7 +43,10 @@ def judge(tiny_model, tmp_path_factory) -> Iterator[VllmGrpcServer]:
         python = vllm_grpc_python()
     except VenvUnavailable as exc:
         pytest.skip(f"no vLLM --grpc environment: {exc}")
-    server = VllmGrpcServer(python, tiny_model, DEFAULT_CONFIG, tmp_path_factory.mktemp("grpc"))
+    # The harness's default engine without the adapter: --lora-modules is an option of vLLM's
+    # OpenAI frontend, which the gRPC launcher does not take (and VllmEngine names no adapter).
+    config = dataclasses.replace(DEFAULT_CONFIG, lora=False)
+    server = VllmGrpcServer(python, tiny_model, config, tmp_path_factory.mktemp("grpc"))
     try:
         server.wait_healthy()
         yield server

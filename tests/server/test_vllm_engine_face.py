@@ -198,7 +198,8 @@ async def test_kv_events_replay_from_zero_and_resume_from_a_sequence_number(stac
     call = stub(stack).SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
     first, second = await _batches(call, 2)
     call.cancel()
-    assert (first.sequence_number, second.sequence_number) == (0, 1)
+    origin = stack.runtime.local(stack.models.get(None).name).local.stream.first_seq
+    assert (first.sequence_number, second.sequence_number) == (origin, origin + 1)
     stored = first.events[0].stored
     assert first.events[0].event_id == 1 and first.dp_rank == 0
     assert [t for b in stored.blocks for t in b.token_ids] == ids[: len(ids) // 16 * 16]
@@ -206,33 +207,37 @@ async def test_kv_events_replay_from_zero_and_resume_from_a_sequence_number(stac
     assert stored.locality == common_pb2.KV_CACHE_LOCALITY_LOCAL
     assert not stored.HasField("parent_block_hash")
     resumed = stub(stack).SubscribeKvEvents(
-        common_pb2.SubscribeKvEventsRequest(start_sequence_number=1)
+        common_pb2.SubscribeKvEventsRequest(start_sequence_number=origin + 1)
     )
     (again,) = await _batches(resumed, 1)
     resumed.cancel()
-    assert again.sequence_number == 1 and again.events[0].stored.HasField("parent_block_hash")
+    assert again.sequence_number == origin + 1 and again.events[0].stored.HasField(
+        "parent_block_hash"
+    )
 
 
 async def test_a_sequence_number_no_longer_kept_is_out_of_range_and_zero_is_live():
     s = await start_stack(EngineConfig(kv_events_buffer_steps=1), vllm_engine_face=True)
     try:
-        for suffix in ("a", "b", "c"):  # batches 0, 1, 2; only 2 stays buffered
+        origin = s.runtime.local(s.models.get(None).name).local.stream.first_seq
+        for suffix in ("a", "b", "c"):  # three batches; only the last stays buffered
             await generate(s, ids_of(s, suffix + TEXT), stream=False, max_tokens=1)
-        for start in (1, 9):
+        last = origin + 2
+        for start in (origin + 1, origin + 9):
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 late = stub(s).SubscribeKvEvents(
                     common_pb2.SubscribeKvEventsRequest(start_sequence_number=start)
                 )
                 await _batches(late, 1)
             assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
-            assert "holds batches 2 to 2" in info.value.details()
-        # Batch 0 rolled out, so 0 is live only (what vLLM's relay serves for 0).
+            assert f"holds batches {last} to {last}" in info.value.details()
+        # The first batch rolled out, so 0 is live only (what vLLM's relay serves for 0).
         live = stub(s).SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
-        await asyncio.sleep(0.2)
+        await live.initial_metadata()  # subscribed
         await generate(s, ids_of(s, "d" + TEXT), stream=False, max_tokens=1)
         (batch,) = await _batches(live, 1)
         live.cancel()
-        assert batch.sequence_number == 3
+        assert batch.sequence_number == last + 1
     finally:
         await s.stop()
 

@@ -8,9 +8,9 @@ keeps its sequence number (the ZMQ sequence number of the same batch) and passes
 
 Where a stream starts, by ``start_sequence_number``:
 
-- 0 ("start from current state"): every buffered batch when the buffer still reaches back to
-  the stream's first batch, so the subscriber learns every block stored so far; live batches
-  only once it no longer does (what vLLM's relay always serves for 0);
+- 0 ("start from current state"): every buffered batch when the buffer still holds the
+  stream's first batch, so the subscriber learns every block stored so far; live batches only
+  once it no longer does (what vLLM's relay always serves for 0);
 - n > 0: from batch n when it is still buffered or is the next one; OUT_OF_RANGE naming the
   oldest kept otherwise (vLLM's relay keeps nothing and refuses every n > 0 so).
 
@@ -39,7 +39,7 @@ def start_of(stream: EventStream, start: int) -> int | None:
     """Where to subscribe ``stream`` for ``start_sequence_number`` ``start``; None is live."""
     oldest = stream.oldest_seq
     if start == 0:
-        return 0 if oldest == 0 else None
+        return oldest if oldest == stream.first_seq else None
     if oldest <= start <= stream.next_seq:
         return start
     raise OutOfRange(

@@ -1,0 +1,146 @@
+"""gRPC against HTTP on the same server: Tokenize and Generate, one C load generator for both.
+
+One ``tokenkeys serve`` (the embedded model, the simulated engine, default settings) answers
+both faces. Per prompt size (63 and 1,023 tokens) and connection count (1 and 16), h2load
+(bench/h2load_run.py) drives HTTP/1.1 ``/tokenize`` and gRPC ``OpenEngineTokenizer.Tokenize``
+with the same text, then HTTP ``/v1/completions`` and gRPC ``Inference.Generate`` with the same
+prompt and ``max_tokens`` 1 (one streamed token and the usage). The two faces of a pair take
+turns, ``ROUNDS`` times; each cell is the median round. Before each pair one real client call
+per face checks the answer (same count, a finished generation). Reference: the same server's
+HTTP rate in the same run; the ratio is gRPC over HTTP.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import grpc
+import h2load_run
+import httpx
+import orjson
+from bench_http import text_of
+from bench_workers import _serve, _stop
+
+from tokenkeys._gen.openengine.v1 import (
+    generation_pb2,
+    openengine_pb2_grpc,
+    tokenizer_pb2,
+    tokenizer_pb2_grpc,
+)
+from tokenkeys.limits import Limits
+from tokenkeys.server.runtime.loading import ModelSource, load_models
+from tokenkeys.tokenizer import TokenizerOptions
+
+SIZES = (64, 1024)
+CONCURRENCY = (1, 16)
+ROUNDS = 3
+
+
+def _bodies(text: str, model: str) -> dict[str, tuple[str, bytes]]:
+    """(path, body) per face and call."""
+    tokenize = tokenizer_pb2.TokenizeRequest(texts=[text])
+    generate = generation_pb2.GenerateRequest(
+        model=model, prompt=text, stopping=generation_pb2.StoppingOptions(max_tokens=1)
+    )
+    return {
+        "http tokenize": ("/tokenize", orjson.dumps({"model": model, "prompt": text})),
+        "grpc tokenize": (
+            "/openengine.v1.OpenEngineTokenizer/Tokenize",
+            h2load_run.grpc_frame(tokenize.SerializeToString()),
+        ),
+        "http generate": (
+            "/v1/completions",
+            orjson.dumps({"model": model, "prompt": text, "max_tokens": 1}),
+        ),
+        "grpc generate": (
+            "/openengine.v1.Inference/Generate",
+            h2load_run.grpc_frame(generate.SerializeToString()),
+        ),
+    }
+
+
+def _check(grpc_target: str, http: str, text: str, model: str, tokens: int) -> None:
+    """One real call per face: the counts agree and a generation finishes."""
+    with grpc.insecure_channel(grpc_target) as channel:
+        answer = tokenizer_pb2_grpc.OpenEngineTokenizerStub(channel).Tokenize(
+            tokenizer_pb2.TokenizeRequest(texts=[text]), timeout=30
+        )
+        assert answer.results[0].count == tokens, answer
+        stream = openengine_pb2_grpc.InferenceStub(channel).Generate(
+            generation_pb2.GenerateRequest(
+                model=model, prompt=text, stopping=generation_pb2.StoppingOptions(max_tokens=1)
+            ),
+            timeout=30,
+        )
+        assert list(stream)[-1].WhichOneof("event") == "finished"
+    body = {"model": model, "prompt": text}
+    assert httpx.post(f"http://{http}/tokenize", json=body, timeout=30).json()["count"] == tokens
+    done = httpx.post(f"http://{http}/v1/completions", json={**body, "max_tokens": 1}, timeout=30)
+    assert done.json()["usage"]["prompt_tokens"] == tokens
+
+
+def _cell(rounds: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds)
+
+
+def run(quick: bool) -> str:
+    """Measure every row; return the Markdown section."""
+    title = "## gRPC against HTTP on one server (bench_grpc_speed)"
+    if not h2load_run.available():
+        return f"{title}\n\nNot run: h2load is not installed (`apt-get install nghttp2-client`).\n"
+    model = load_models([ModelSource.default()], TokenizerOptions(), Limits()).get(None)
+    seconds, rounds = (2, 1) if quick else (5, ROUNDS)
+    proc, grpc_target, http = _serve()
+    lines = [
+        title,
+        "",
+        f"`tokenkeys serve` (the embedded {model.name}, simulated engine, defaults); h2load, one "
+        f"thread, one request in flight per connection, {seconds} s per cell after a 1 s "
+        f"warm-up, median of {rounds} rounds in which the two faces take turns. Generate: "
+        "`max_tokens` 1. Cells: requests/s and p99; ratio = gRPC / HTTP, same row.",
+        "",
+        "| prompt tokens | connections | HTTP /tokenize | gRPC Tokenize | ratio | "
+        "HTTP /v1/completions | gRPC Generate | ratio |",
+        "|---:|---:|---|---|---:|---|---|---:|",
+    ]
+    try:
+        for size in SIZES:
+            text = text_of(model.preprocessor, size)
+            tokens = model.preprocessor.tokenize_prompts([text])[0].count
+            _check(grpc_target, http, text, model.name, tokens)
+            bodies = _bodies(text, model.name)
+            for concurrency in CONCURRENCY:
+                cells = {}
+                for pair in (
+                    ("http tokenize", "grpc tokenize"),
+                    ("http generate", "grpc generate"),
+                ):
+                    measured: dict[str, list] = {name: [] for name in pair}
+                    for _ in range(rounds):
+                        for name in pair:
+                            path, body = bodies[name]
+                            host = grpc_target if name.startswith("grpc") else http
+                            measured[name].append(
+                                h2load_run.row(
+                                    f"http://{host}{path}",
+                                    body,
+                                    concurrency,
+                                    seconds,
+                                    grpc=name.startswith("grpc"),
+                                )
+                            )
+                    cells.update({name: _cell(m) for name, m in measured.items()})
+                row = f"| {tokens} | {concurrency} |"
+                for ref, ours in (
+                    ("http tokenize", "grpc tokenize"),
+                    ("http generate", "grpc generate"),
+                ):
+                    (rh, ph), (rg, pg) = cells[ref], cells[ours]
+                    row += (
+                        f" {rh:,.0f}, p99 {1000 * ph:.1f} ms | {rg:,.0f}, p99 {1000 * pg:.1f} ms "
+                        f"| **{rg / rh:.2f}** |"
+                    )
+                lines.append(row)
+    finally:
+        _stop(proc)
+    return "\n".join(lines) + "\n"
