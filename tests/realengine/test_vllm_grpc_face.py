@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from google.protobuf.json_format import MessageToDict
 
 from cached_venv import VenvUnavailable
 from served_pair import TokenkeysServe, sidecar_args
@@ -149,8 +150,11 @@ def test_the_tokenizer_bundle_holds_the_same_tokenizer_files(stubs):
     theirs, ours = archives
     for name in ours.namelist():
         assert ours.read(name) == theirs.read(name), name
-    # vLLM zips the model folder, config.json with it; the face serves the tokenizer's files.
-    assert set(theirs.namelist()) - set(ours.namelist()) <= {"config.json"}
+    # vLLM zips the model folder, its configs with it; the face serves the tokenizer folder.
+    assert set(theirs.namelist()) - set(ours.namelist()) <= {
+        "config.json",
+        "generation_config.json",
+    }
 
 
 def first_stored(call) -> list[common_pb2.KvCacheEvent]:
@@ -174,10 +178,23 @@ def test_kv_events_of_the_same_prompt_are_the_same(stubs):
     theirs, ours = (first_stored(call) for call in calls)
     for call in calls:
         call.cancel()
-    strip = [[_without_event_id(e) for e in events] for events in (theirs, ours)]
-    assert strip[1] == strip[0]
+    strip = [[MessageToDict(_without_event_id(e)) for e in events] for events in (theirs, ours)]
+    assert strip[1] == strip[0], [_brief(s) for s in strip]
     blocks = [b for e in ours for b in e.stored.blocks]
     assert [t for b in blocks for t in b.token_ids] == ids[: len(ids) // BLOCK_SIZE * BLOCK_SIZE]
+
+
+def _brief(events: list[dict]) -> list[dict]:
+    """The events without their token ids (the diff a failure shows)."""
+    out = []
+    for event in events:
+        stored = dict(event["stored"])
+        stored["blocks"] = [
+            {k: v for k, v in b.items() if k != "tokenIds"} | {"tokens": len(b["tokenIds"])}
+            for b in stored["blocks"]
+        ]
+        out.append(stored)
+    return out
 
 
 def _without_event_id(event: common_pb2.KvCacheEvent) -> common_pb2.KvCacheEvent:
