@@ -59,6 +59,10 @@ def smg() -> Path:
     return executable
 
 
+#: Each engine's first sequence number, by gRPC target.
+ORIGINS: dict[str, int] = {}
+
+
 async def _engines(tmp_path: Path, count: int) -> list[EngineStack]:
     """``count`` engines serving a copy of the embedded tokenizer, the copy deleted after load."""
     stacks = []
@@ -66,7 +70,9 @@ async def _engines(tmp_path: Path, count: int) -> list[EngineStack]:
         folder = tmp_path / f"tokenizer-{index}"
         shutil.copytree(default_tokenizer_path(), folder)
         models = load_models([ModelSource(MODEL, folder)], TokenizerOptions(), Limits())
-        stacks.append(await start_stack(EngineConfig(), models=models, vllm_engine_face=True))
+        stack = await start_stack(EngineConfig(), models=models, vllm_engine_face=True)
+        ORIGINS[stack.target] = stack.local(MODEL).stream.next_seq
+        stacks.append(stack)
         shutil.rmtree(folder)  # the engine holds the bytes it loaded; smg must ask for them
     return stacks
 
@@ -85,7 +91,7 @@ def urls(stacks: list[EngineStack]) -> list[str]:
 
 async def wait_applied(router: SmgRouter, stack: EngineStack) -> None:
     """Until smg has applied every KV-event batch ``stack``'s engine published."""
-    published = stack.runtime.local(MODEL).stream.next_seq
+    published = stack.local(MODEL).stream.next_seq - ORIGINS[stack.target]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + WAIT_LIMIT_S
     while (

@@ -198,7 +198,7 @@ async def test_kv_events_replay_from_zero_and_resume_from_a_sequence_number(stac
     call = stub(stack).SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
     first, second = await _batches(call, 2)
     call.cancel()
-    origin = stack.runtime.local(stack.models.get(None).name).local.stream.first_seq
+    origin = stack.local().stream.first_seq
     assert (first.sequence_number, second.sequence_number) == (origin, origin + 1)
     stored = first.events[0].stored
     assert first.events[0].event_id == 1 and first.dp_rank == 0
@@ -216,28 +216,27 @@ async def test_kv_events_replay_from_zero_and_resume_from_a_sequence_number(stac
     )
 
 
-async def test_a_sequence_number_no_longer_kept_is_out_of_range_and_zero_is_live():
+async def test_a_sequence_number_no_longer_kept_is_out_of_range_and_zero_replays_what_is():
     s = await start_stack(EngineConfig(kv_events_buffer_steps=1), vllm_engine_face=True)
     try:
-        origin = s.runtime.local(s.models.get(None).name).local.stream.first_seq
+        origin = s.local().stream.next_seq
         for suffix in ("a", "b", "c"):  # three batches; only the last stays buffered
             await generate(s, ids_of(s, suffix + TEXT), stream=False, max_tokens=1)
         last = origin + 2
-        for start in (origin + 1, origin + 9):
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                late = stub(s).SubscribeKvEvents(
-                    common_pb2.SubscribeKvEventsRequest(start_sequence_number=start)
-                )
-                await _batches(late, 1)
-            assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
-            assert f"holds batches {last} to {last}" in info.value.details()
-        # The first batch rolled out, so 0 is live only (what vLLM's relay serves for 0).
-        live = stub(s).SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
-        await live.initial_metadata()  # subscribed
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            late = stub(s).SubscribeKvEvents(
+                common_pb2.SubscribeKvEventsRequest(start_sequence_number=origin + 1)
+            )
+            await _batches(late, 1)
+        assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
+        assert f"the oldest batch this stream holds is {last}" in info.value.details()
+        # 0: what is still buffered, then live batches.
+        call = stub(s).SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
+        (kept,) = await _batches(call, 1)
         await generate(s, ids_of(s, "d" + TEXT), stream=False, max_tokens=1)
-        (batch,) = await _batches(live, 1)
-        live.cancel()
-        assert batch.sequence_number == last + 1
+        (live,) = await _batches(call, 1)
+        call.cancel()
+        assert (kept.sequence_number, live.sequence_number) == (last, last + 1)
     finally:
         await s.stop()
 

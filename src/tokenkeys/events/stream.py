@@ -53,23 +53,12 @@ class EventStream:
         self._backlog = subscriber_backlog
         self._subs: set[_Subscription] = set()
         self._next_seq = publisher.next_seq if publisher is not None else 0
-        self._first_seq = self._next_seq
         self._closed = False
 
     @property
     def next_seq(self) -> int:
         """The sequence number the next batch gets."""
         return self._next_seq
-
-    @property
-    def first_seq(self) -> int:
-        """The sequence number of this stream's first batch (the one numbered first)."""
-        return self._first_seq
-
-    @property
-    def oldest_seq(self) -> int:
-        """The sequence number of the oldest batch still buffered (``next_seq`` when none is)."""
-        return self._buffer[0][0] if self._buffer else self._next_seq
 
     def source_info(self) -> EventSourceInfo | None:
         """What discovery advertises for the ZMQ side of this stream (None without ZMQ).

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from tokenkeys._gen.openengine.v1 import server_pb2
 from tokenkeys.errors import InvalidArgument, Unavailable, Unsupported
 from tokenkeys.server.grpc import status as grpc_status
 from tokenkeys.server.grpc.vllm_engine import generate, info
@@ -28,11 +29,7 @@ from tokenkeys.server.grpc.vllm_engine.stubs import (
     vllm_engine_pb2,
     vllm_engine_pb2_grpc,
 )
-from tokenkeys.server.grpc.vllm_engine.subscription import (
-    local_batches,
-    remote_batches,
-    smg_batches,
-)
+from tokenkeys.server.grpc.vllm_engine.subscription import smg_batches
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
@@ -56,9 +53,10 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
     def _model(self) -> ServedModel:
         return self._models.get(self._name)
 
-    def _block_size(self) -> int:
-        parts = self._runtime.parts(self._name)
-        return parts.local.block_size if parts.local is not None else 0
+    async def _block_size(self) -> int:
+        """The engine's KV block size, as the hosting's GetServerInfo states it (0: unknown)."""
+        served = await self._runtime.hosting.server_info(server_pb2.GetServerInfoRequest())
+        return served.capacity.kv_block_size
 
     @grpc_status.streaming
     async def Generate(
@@ -155,7 +153,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
                 field="dp_rank",
             )
         engine = self._runtime.engine_of(self._name)
-        return info.loads(await engine.load(), self._block_size())
+        return info.loads(await engine.load(), await self._block_size())
 
     @grpc_status.streaming
     async def GetTokenizer(
@@ -170,13 +168,9 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
     async def SubscribeKvEvents(
         self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        parts = self._runtime.parts(self._name)
-        start = request.start_sequence_number
-        if parts.local is not None:
-            batches = local_batches(parts.local.stream, start)
-        else:
-            assert parts.remote is not None
-            batches = remote_batches(parts.remote, start)
+        model = self._model()
+        self._runtime.parts(model.name)  # Unavailable while starting or stopping
+        batches = smg_batches(self._runtime.hosting, model, request.start_sequence_number)
         # smg counts the subscription as answered once the headers arrive (within 2 s), not at
         # the first batch, which may be long in coming: send them now, as vLLM's relay does.
         await context.send_initial_metadata(())

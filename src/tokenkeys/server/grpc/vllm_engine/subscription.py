@@ -1,84 +1,57 @@
 """``SubscribeKvEvents``: one served model's KV events from a sequence number on, in smg's form.
 
-Where the batches come from is the hosting's business: a hosted engine (simulated, or the vLLM a
-sidecar fronts) has this server's :class:`~tokenkeys.events.stream.EventStream`; a remote
-OpenEngine engine has its own ``Control.SubscribeKvEvents``, relayed here. Either way each batch
-keeps its sequence number (the ZMQ sequence number of the same batch) and passes one
+The batches come from the server's hosting (:meth:`~tokenkeys.server.runtime.hosting.Hosting.
+subscribe`, the same stream OpenEngine's ``Control.SubscribeKvEvents`` serves): this process's
+stream for an engine whose events it streams (simulated, or the vLLM a sidecar fronts), the
+remote engine's own for a forwarded one. Each keeps its sequence number (the ZMQ sequence
+number of the same batch) and passes one
 :class:`~tokenkeys.server.grpc.vllm_engine.events.SmgEventConverter`.
 
 Where a stream starts, by ``start_sequence_number``:
 
-- 0 ("start from current state"): every buffered batch when the buffer still holds the
-  stream's first batch, so the subscriber learns every block stored so far; live batches only
-  once it no longer does (what vLLM's relay always serves for 0);
-- n > 0: from batch n when it is still buffered or is the next one; OUT_OF_RANGE naming the
-  oldest kept otherwise (vLLM's relay keeps nothing and refuses every n > 0 so).
+- 0 ("start from current state"): every batch still buffered, then live ones, so the
+  subscriber learns the blocks stored so far (vLLM's relay keeps none and serves live only);
+- n > 0: from batch n while it is still buffered; OUT_OF_RANGE when the first batch the stream
+  has is later than n (vLLM's relay keeps nothing and refuses every n > 0 so).
 
 A subscriber that falls behind the stream's backlog gets DATA_LOSS, vLLM's relay's answer to a
 gap it cannot fill: smg then clears what it indexed for the worker and subscribes from 0.
-A stopping server ends the stream with UNAVAILABLE.
+A stopping server (or a remote engine ending its stream) ends it with that error's status.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import grpc
-
 from tokenkeys._gen.openengine.v1 import kv_pb2
-from tokenkeys.engine.remote import RemoteEngine
-from tokenkeys.errors import DataLoss, LimitExceeded, OutOfRange, Unavailable, from_grpc
-from tokenkeys.events.model import EventBatch
+from tokenkeys.engine.proto_errors import error_of
+from tokenkeys.errors import DataLoss, LimitExceeded, OutOfRange
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
-from tokenkeys.events.stream import EventStream
 from tokenkeys.server.grpc.vllm_engine.events import SmgEventConverter
 from tokenkeys.server.grpc.vllm_engine.stubs import common_pb2
-
-
-def start_of(stream: EventStream, start: int) -> int | None:
-    """Where to subscribe ``stream`` for ``start_sequence_number`` ``start``; None is live."""
-    oldest = stream.oldest_seq
-    if start == 0:
-        return oldest if oldest == stream.first_seq else None
-    if oldest <= start <= stream.next_seq:
-        return start
-    raise OutOfRange(
-        f"start_sequence_number {start} is not kept: this stream holds batches {oldest} to "
-        f"{stream.next_seq - 1} (the next is {stream.next_seq}); subscribe from 0",
-        field="start_sequence_number",
-    )
-
-
-async def local_batches(stream: EventStream, start: int) -> AsyncIterator[tuple[int, EventBatch]]:
-    """A hosted engine's batches from ``start`` (see the module doc)."""
-    try:
-        async for item in stream.subscribe(start_of(stream, start)):
-            yield item
-    except LimitExceeded as error:
-        raise DataLoss(error.message, field="start_sequence_number") from None
-    raise Unavailable("the server is stopping; subscribe again (to another instance)")
-
-
-async def remote_batches(remote: RemoteEngine, start: int) -> AsyncIterator[tuple[int, EventBatch]]:
-    """A remote OpenEngine engine's batches from ``start``, relayed."""
-    codec = ProtobufEventCodec()
-    request = kv_pb2.SubscribeKvEventsRequest(model=remote.model, start_sequence_number=start)
-    try:
-        async for message in remote.control.SubscribeKvEvents(request):
-            if message.HasField("error"):
-                raise Unavailable(
-                    f"the remote engine {remote.target} ended its KV events: "
-                    f"{message.error.message}; subscribe again"
-                )
-            yield codec.decode(message.batch)
-    except grpc.RpcError as error:
-        raise from_grpc(error) from None
+from tokenkeys.server.runtime.hosting import Hosting
+from tokenkeys.serving.models import ServedModel
 
 
 async def smg_batches(
-    batches: AsyncIterator[tuple[int, EventBatch]],
+    hosting: Hosting, model: ServedModel, start: int
 ) -> AsyncIterator[common_pb2.KvEventBatch]:
-    """``batches`` converted for one subscriber."""
-    converter = SmgEventConverter()
-    async for seq, batch in batches:
+    """``model``'s batches from ``start`` (see the module doc), converted for one subscriber."""
+    codec, converter = ProtobufEventCodec(), SmgEventConverter()
+    request = kv_pb2.SubscribeKvEventsRequest(model=model.name, start_sequence_number=start)
+    first = True
+    async for message in hosting.subscribe(model, request):
+        if message.HasField("error"):
+            error = error_of(message.error, "the KV-event stream")
+            if isinstance(error, LimitExceeded):  # the subscriber fell behind: batches lost
+                raise DataLoss(error.message, field="start_sequence_number")
+            raise error
+        seq, batch = codec.decode(message.batch)
+        if first and start and seq > start:
+            raise OutOfRange(
+                f"start_sequence_number {start} is no longer kept: the oldest batch this stream "
+                f"holds is {seq}; subscribe from 0",
+                field="start_sequence_number",
+            )
+        first = False
         yield converter.convert(seq, batch)
