@@ -22,8 +22,8 @@ import pytest
 from engine_stack import EngineStack, start_stack
 from smg_gateway import SmgRouter, chat, smg_executable, smg_router
 
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.limits import Limits
-from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path
 

@@ -19,10 +19,10 @@ import grpc
 import pytest
 from engine_stack import start_stack
 
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
-from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
@@ -192,13 +192,13 @@ async def _batches(call, count: int) -> list[common_pb2.KvEventBatch]:
 
 
 async def test_kv_events_replay_from_zero_and_resume_from_a_sequence_number(stack):
+    origin = stack.local().stream.next_seq  # the stream's first number: nothing published yet
     ids = ids_of(stack)
     await generate(stack, ids, stream=False, max_tokens=2)
     await generate(stack, ids_of(stack, TEXT + " and more text to store"), stream=False)
     call = stub(stack).SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
     first, second = await _batches(call, 2)
     call.cancel()
-    origin = stack.local().stream.first_seq
     assert (first.sequence_number, second.sequence_number) == (origin, origin + 1)
     stored = first.events[0].stored
     assert first.events[0].event_id == 1 and first.dp_rank == 0

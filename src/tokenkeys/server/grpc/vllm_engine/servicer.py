@@ -141,7 +141,8 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
     ) -> vllm_engine_pb2.GetServerInfoResponse:
         await self._runtime.ensure_up()
         uptime = time.time() - self._started
-        return info.server_info(self._block_size(), self._last_receive, uptime, len(self._running))
+        block_size = await self._block_size()
+        return info.server_info(block_size, self._last_receive, uptime, len(self._running))
 
     @grpc_status.unary
     async def GetLoads(
@@ -174,7 +175,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
         # smg counts the subscription as answered once the headers arrive (within 2 s), not at
         # the first batch, which may be long in coming: send them now, as vLLM's relay does.
         await context.send_initial_metadata(())
-        async for batch in smg_batches(batches):
+        async for batch in batches:
             yield batch
 
     @grpc_status.unary
