@@ -13,6 +13,9 @@ import asyncio
 import dataclasses
 import hashlib
 import io
+import os
+import subprocess
+import sys
 import zipfile
 
 import grpc
@@ -27,6 +30,7 @@ from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
 from smg_stubs import require_smg_stubs
+from support import REPO
 
 require_smg_stubs()
 
@@ -259,3 +263,23 @@ async def test_a_server_of_several_models_refuses_the_face():
     )
     with pytest.raises(ConfigError, match="serves one model"):
         await start_stack(EngineConfig(), models=models, vllm_engine_face=True)
+
+
+def test_without_the_stubs_the_face_refuses_naming_the_build_step():
+    # A fresh interpreter in which tokenkeys._gen_smg cannot be imported (None in sys.modules).
+    code = (
+        "import sys; sys.modules['tokenkeys._gen_smg'] = None\n"
+        "from tokenkeys.errors import ConfigError\n"
+        "try:\n"
+        "    import tokenkeys.server.grpc.vllm_engine.stubs\n"
+        "except ConfigError as error:\n"
+        "    print(error.message)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
+    assert "scripts/gen_smg_proto.py" in done.stdout and "smg-grpc-proto" in done.stdout
