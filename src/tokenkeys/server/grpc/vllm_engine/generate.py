@@ -24,11 +24,9 @@ from dataclasses import dataclass
 from tokenkeys.engine.protocol import GenerateOutput, GenerationParams
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.frontend.generation import eos_ids
+from tokenkeys.server.grpc.generate_inputs import DEFAULT_MAX_TOKENS
 from tokenkeys.server.grpc.vllm_engine.stubs import vllm_engine_pb2 as pb
 from tokenkeys.serving.models import ServedModel
-
-#: max_tokens when the request leaves it unset (the completions default of the OpenEngine path).
-DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
