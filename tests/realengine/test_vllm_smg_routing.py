@@ -7,15 +7,20 @@ gRPC vLLM workers, tokenizes with the tokenizer from their ``GetTokenizer``, and
 (conversations sharing a few long system prompts, turns in a seeded random order) goes through
 smg's ``cache_aware`` and through its ``round_robin``, each on freshly reset prefix caches; the
 hits are vLLM's own ``cached_tokens``. cache_aware must serve at least 1.5 times as many prompt
-tokens from cache as round robin. Each round waits until smg has applied every batch the
-sidecars relayed (``smg_kv_event_batches_total``), as a user thinks for seconds and events take
-milliseconds; nothing is timed.
+tokens from cache as round robin.
+
+The workload is the one a router exists for: every conversation opens with a document of its
+own and each turn adds a long question, so a turn's cached prefix is its conversation's last
+turn, held by one engine. An odd number of conversations sent in a fixed order makes round robin
+alternate each conversation between the engines (it finds only the turn before last there);
+cache_aware follows the events to the engine that holds the last turn. Each request waits until
+smg has applied every batch the sidecars relayed (``smg_kv_event_batches_total``), as a user
+thinks for seconds and events take milliseconds; nothing is timed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Iterator
 
 import httpx
@@ -30,19 +35,24 @@ require_smg_stubs()
 
 pytestmark = pytest.mark.realengine
 
-SYSTEMS = 4
-CONVERSATIONS = 8
+CONVERSATIONS = 5
 TURNS = 4
 WAIT_LIMIT_S = 120.0  # a guard against a wedged gateway, never a criterion
 
 
-def system_prompt(n: int, run: int) -> str:
-    rules = " ".join(
-        f"Rule {r}: for topic {n} answer in at most {r + 2} sentences and cite the section."
-        for r in range(10)
-    )
+def document(n: int, run: int) -> str:
     # Each run opens with its own number: no run finds the other's prompts in the caches.
-    return f"Run {run}. You are assistant {n} of the help desk. {rules}"
+    facts = " ".join(
+        f"Fact {f} of file {n}: item {n * 31 + f} weighs {f + 2} kg." for f in range(8)
+    )
+    return f"Run {run}. Conversation {n} is about this file. {facts}"
+
+
+def question(n: int, turn: int) -> str:
+    details = " ".join(
+        f"Detail {d}: compare item {d} with item {d + turn} of file {n}." for d in range(12)
+    )
+    return f"Turn {turn}. {details} Which is heavier?"
 
 
 @pytest.fixture(scope="module")
@@ -94,19 +104,13 @@ async def play(
 ) -> tuple[int, int]:
     """The workload through smg with ``policy``: (prompt tokens, cached tokens) summed."""
     workers = [f"grpc://{front.target}" for front in fronts]
-    rng = random.Random(5)
-    history = {
-        c: [{"role": "system", "content": system_prompt(c % SYSTEMS, run)}]
-        for c in range(CONVERSATIONS)
-    }
+    history = {c: [{"role": "system", "content": document(c, run)}] for c in range(CONVERSATIONS)}
     prompt = cached = 0
     async with smg_router(smg, policy, workers) as router:
         await settle(router, fronts)
         for turn in range(TURNS):
-            order = list(range(CONVERSATIONS))
-            rng.shuffle(order)
-            for c in order:
-                messages = history[c] + [{"role": "user", "content": f"Question {turn} of {c}?"}]
+            for c in range(CONVERSATIONS):
+                messages = history[c] + [{"role": "user", "content": question(c, turn)}]
                 p, k, reply = await chat(client, router.base, MODEL_NAME, messages, 8)
                 prompt, cached = prompt + p, cached + k
                 history[c] = messages + [{"role": "assistant", "content": reply}]
