@@ -22,7 +22,7 @@ import grpc
 import pytest
 from engine_stack import start_stack
 
-from tokenkeys.engine.config import EngineConfig
+from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
@@ -124,7 +124,9 @@ async def test_text_input_goes_through_the_models_preprocessor(stack):
 
 async def test_abort_ends_a_running_request_with_finish_reason_abort():
     # Decoding really waits 50 ms a token here, so the request is still running when aborted.
-    slow = EngineConfig(latency=LatencyModel(decode_s_per_token=0.05, sleep=True))
+    slow = EngineConfig(
+        engine=SimulatedConfig(latency=LatencyModel(decode_s_per_token=0.05, sleep=True))
+    )
     s = await start_stack(slow, vllm_engine_face=True)
     try:
         request = pb.GenerateRequest(
