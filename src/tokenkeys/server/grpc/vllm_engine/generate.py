@@ -1,13 +1,14 @@
 """A ``VllmEngine.Generate`` request read for the served model, and its answers built.
 
-Reading follows smg-grpc-servicer 0.14.1's ``_sampling_params_from_proto`` (what vLLM 0.32's
-``--grpc`` applies): ``max_tokens`` unset is the engine's default, ``stop_token_ids`` and the
-EOS ids stop generation unless ``ignore_eos``, ``seed`` is kept. Text input goes through the
-model's Preprocessor (the one path; vLLM tokenizes a text prompt with special tokens, as our
-completions path does). What the Engine Protocol cannot carry exactly is refused with
-UNIMPLEMENTED naming the field: several outputs (``n``), logprobs, structured outputs, stop
-strings, ``min_tokens``, logit bias, prompt truncation, multimodal inputs and media, KV transfer
-(disaggregated prefill/decode). The distribution knobs (temperature, top-p, ...) shape no count.
+Reading follows smg-grpc-servicer 0.14.1's ``_sampling_params_from_proto`` (what vLLM
+0.32's ``--grpc`` applies): ``max_tokens`` unset is the engine's default, ``stop_token_ids``
+and the EOS ids stop generation unless ``ignore_eos``, ``seed`` and the distribution knobs are
+kept (they reach a real vLLM; the simulated engine draws the same tokens whatever they are).
+Text input goes through the model's Preprocessor (the one path; vLLM tokenizes a text prompt
+with special tokens, as our completions path does). What the Engine Protocol cannot carry
+exactly is refused with UNIMPLEMENTED naming the field: several outputs (``n``), logprobs,
+structured outputs, stop strings, ``min_tokens``, logit bias, prompt truncation, multimodal
+inputs and media, KV transfer (disaggregated prefill/decode).
 
 Answers follow the servicer's ``_chunk_response`` / ``_complete_response``: streamed, one chunk
 per step with the step's tokens (``completion_tokens`` is the step's count, smg adds them up)
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 from tokenkeys.engine.protocol import GenerateOutput, GenerationParams
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.frontend.generation import eos_ids
-from tokenkeys.server.grpc.generate_inputs import DEFAULT_MAX_TOKENS
 from tokenkeys.server.grpc.vllm_engine.stubs import vllm_engine_pb2 as pb
 from tokenkeys.serving.models import ServedModel
 
@@ -110,9 +110,18 @@ def read_request(request: pb.GenerateRequest, model: ServedModel) -> VllmGenerat
     eos = () if sp.ignore_eos else eos_ids(model)
     stop = own + tuple(i for i in eos if i not in own)
     params = GenerationParams(
-        max_tokens=sp.max_tokens if sp.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
+        max_tokens=sp.max_tokens if sp.HasField("max_tokens") else None,
         seed=sp.seed if sp.HasField("seed") else None,
         stop_token_ids=stop,
+        # The distribution knobs as the servicer builds vLLM's SamplingParams from them: an
+        # unset temperature is 1.0, a zero top_p or repetition penalty is 1.0 (proto3 default).
+        temperature=sp.temperature if sp.HasField("temperature") else 1.0,
+        top_p=sp.top_p if sp.top_p != 0.0 else 1.0,
+        top_k=sp.top_k,
+        min_p=sp.min_p,
+        frequency_penalty=sp.frequency_penalty,
+        presence_penalty=sp.presence_penalty,
+        repetition_penalty=sp.repetition_penalty if sp.repetition_penalty != 0.0 else 1.0,
     )
     return VllmGenerateInputs(
         request_id=request.request_id or uuid.uuid4().hex,
