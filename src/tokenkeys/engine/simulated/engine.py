@@ -17,8 +17,10 @@ Step and event timing follow vLLM 0.33's v1 scheduler (`vllm/v1/core/sched/sched
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from array import array
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -159,18 +161,14 @@ class SimulatedEngine:
         self._flush()
         return done
 
-    def _check(self, prompt: Sequence[int], params: GenerationParams) -> GenerationParams:
-        """Refuse a bad request; return its parameters with max_tokens fitted to the context."""
+    def _check(self, prompt: list[int], params: GenerationParams) -> tuple[GenerationParams, array]:
+        """Refuse a bad request; its parameters with max_tokens fitted to the context, and the
+        prompt as ``array('I')`` (what the key function and the sampler read)."""
         if len(prompt) == 0:
             raise InvalidArgument(
                 "prompt_token_ids is empty; give at least one token", field="prompt_token_ids"
             )
-        for i, t in enumerate(prompt):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < _U32:
-                raise InvalidArgument(
-                    f"prompt_token_ids[{i}] is {t!r}; token ids are integers in [0, 2**32)",
-                    field="prompt_token_ids",
-                )
+        ids = _check_ids(prompt)
         if isinstance(params.max_tokens, bool) or not isinstance(params.max_tokens, int):
             raise InvalidArgument(
                 f"max_tokens is {params.max_tokens!r}; it must be an integer >= 1",
@@ -178,7 +176,8 @@ class SimulatedEngine:
             )
         # vLLM 0.32's context rule, the one the HTTP frontend applies (one copy, one wording).
         check_requested(params.max_tokens, "max_tokens", self.max_model_len)
-        return replace(params, max_tokens=fit(len(prompt), params.max_tokens, self.max_model_len))
+        fitted = fit(len(prompt), params.max_tokens, self.max_model_len)
+        return replace(params, max_tokens=fitted), ids
 
     async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:
         """Wait until the request's blocks fit; touch its prefix hits and reserve the rest."""
@@ -264,9 +263,9 @@ class SimulatedEngine:
         """
         params = params or GenerationParams()
         prompt = list(prompt_token_ids)
-        params = self._check(prompt, params)
+        params, ids = self._check(prompt, params)
         run = _Running(request_id or uuid.uuid4().hex, list(prompt), context, lora_name, lora_id)
-        keys = list(self.key_fn(prompt, context))
+        keys = list(self.key_fn(ids, context))
         # KV is computed for every token but the last sampled one.
         need = -(-(len(prompt) + params.max_tokens - 1) // self.block_size)
         hits = await self._admit(keys, len(prompt), need)
@@ -274,7 +273,7 @@ class SimulatedEngine:
         try:
             ttft = await self._prefill(run, keys, len(hits))
             total = ttft
-            rng = self.sampler.rng(prompt, params.seed)
+            rng = self.sampler.rng(ids, params.seed)
             while True:
                 token = self.sampler.next_token(rng)
                 run.tokens.append(token)
@@ -345,6 +344,24 @@ class _Running:
     @property
     def lora(self) -> tuple[str | None, int | None]:
         return self.lora_name, self.lora_id
+
+
+def _check_ids(prompt: list[int]) -> array:
+    """The prompt as ``array('I')``, or InvalidArgument naming the first bad id.
+
+    The common case runs at C speed (one type per id, then the array's own range check); only
+    a prompt that fails it is walked in Python, for the error's index.
+    """
+    if set(map(type, prompt)) <= {int}:
+        with contextlib.suppress(OverflowError):
+            return array("I", prompt)
+    for i, t in enumerate(prompt):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < _U32:
+            raise InvalidArgument(
+                f"prompt_token_ids[{i}] is {t!r}; token ids are integers in [0, 2**32)",
+                field="prompt_token_ids",
+            )
+    return array("I", prompt)  # int subclasses other than bool, all in range
 
 
 def _finish_reason(token: int, generated: int, params: GenerationParams) -> str | None:
