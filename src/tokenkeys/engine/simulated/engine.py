@@ -191,7 +191,7 @@ class SimulatedEngine:
         async with self._space:
             while True:
                 hits = self.cache.match_prefix(keys[: (prompt_len - 1) // bs])
-                taken_from_free = sum(1 for b in hits if self.cache.is_free(b))
+                taken_from_free = self.cache.count_free(hits)
                 fresh = need - len(hits)
                 if self.cache.num_free_blocks - taken_from_free - self._reserved >= fresh:
                     self.cache.touch(hits)
