@@ -83,7 +83,7 @@ def test_the_key_context_is_completed_as_the_engine_completes_it(tokenizer):
         "vllm/sha256_cbor@0.31",
         None,
         groups=[
-            {"kind": "sliding_window", "block_size": 16},
+            {"kind": "sliding_window", "block_size": 16, "sliding_window": 64},
             {"kind": "full_attention", "block_size": 32},
         ],
     )
