@@ -4,7 +4,8 @@ Transport-free: it reads pools (``pool.Pool``, kept current by the registry) and
 index, and never sends a request itself (``routed_engine`` forwards). Policies:
 
 - ``precise``: the pool's keys for the prompt (local or remote, as the pool decided) -> the
-  index's consecutive runs per ready worker -> :func:`~tokenkeys.router.policy.scorer.score_workers`
+  index's consecutive runs per ready worker, cut for a hybrid model to what the engine resumes
+  (``index.hybrid``) -> :func:`~tokenkeys.router.policy.scorer.score_workers`
   (longest cached prefix, tier-weighted, normalized) -> :func:`~tokenkeys.router.policy.cost.
   cost_workers` (blocks to prefill against the load there, blocks beyond its KV capacity and
   recent cache growth, weighted by :class:`~tokenkeys.router.policy.cost.CostWeights`) -> the
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
 from tokenkeys.keys import KeyContext
+from tokenkeys.router.index.hybrid import resumable_matches
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.policy.cost import Candidate, CostWeights, GrowthLedger, choose, cost_workers
@@ -208,7 +210,11 @@ class Router:
             keys, reason = [], "keys_unavailable"
         ids = {pool.index_id(a): a for a in load}
         try:
-            found = await self.index.lookup(keys, ids) if keys else {}
+            found = (
+                await resumable_matches(self.index, keys, len(request.token_ids), pool.layout, ids)
+                if keys
+                else {}
+            )
         except TokenkeysError as exc:
             if not isinstance(exc, Unavailable):
                 raise
