@@ -15,10 +15,10 @@ import random
 
 from prometheus_client import CollectorRegistry
 
-from tokenkeys.engine.event_extra_keys import VllmEventExtraKeys
+from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
+from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.events.model import BlockRemoved, BlockStored, EventBatch
 from tokenkeys.keys import Adapter, KeyContext, block_keys, make_spec
-from tokenkeys.server.runtime.key_check import KeyCheck, keys_checked
 
 BS = 16
 SPEC = make_spec("vllm/sha256_cbor@0.31", BS)
@@ -209,7 +209,7 @@ def test_a_wrong_root_seed_is_flagged_on_the_first_prompt_of_two_blocks(caplog) 
     check, registry = _check()
     engine_spec = make_spec("vllm/sha256_cbor@0.31", BS, root_seed="0")  # PYTHONHASHSEED=0
     prompt = _tokens(70, 2 * BS)
-    with caplog.at_level(logging.ERROR, logger="tokenkeys.server.runtime.key_check"):
+    with caplog.at_level(logging.ERROR, logger="tokenkeys.engine.vllm.key_check"):
         check.expect(prompt, None)
         check.observe(_stored(prompt, spec=engine_spec))
         second = _tokens(71, 3 * BS)

@@ -8,7 +8,7 @@ events carry, or tokenize differently from the engine, and every score would be 
 
 The pool also pins which KV-cache group is indexed: the spec's first prefix-reusable group
 (full attention), whose block size is the routing block. That is the group the simulated engine
-keeps (``tokenkeys.server.runtime.local``) and the one llm-d indexes
+keeps (``tokenkeys.engine.simulated.local``) and the one llm-d indexes
 (``blockStoredEventDigestible``, llm-d-router ``pkg/kvevents/pool.go``). A hybrid model's
 sliding-window groups are indexed beside it and bound the hit as vLLM's coordinator does
 (``router.index.hybrid``); a group kind or block size that rule does not cover refuses the
@@ -169,7 +169,7 @@ class Pool:
         self.chat_reproducible = tokenizer.options.chat_template_sha256 is None
         self.layout = routing_layout(self.spec)
         self.group_idx, self.block_size = self.layout.routing_group, self.layout.block_size
-        # The context the engine hashes a request with (tokenkeys.server.runtime.local.resolve):
+        # The context the engine hashes a request with (tokenkeys.engine.simulated.local.resolve):
         # the model name where the profile keys it, the group when it spans several hash units.
         self._needs_model = "model" in self.spec.required_context
         self._group = self.group_idx if self.block_size != self.spec.hash_unit else None

@@ -26,7 +26,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from tokenkeys.engine.event_extra_keys import VllmEventExtraKeys
+from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.events.model import BlockStored, EventBatch
 from tokenkeys.keys import BlockKey, CacheKeySpec, KeyContext, block_keys
 
