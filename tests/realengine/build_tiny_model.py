@@ -1,10 +1,12 @@
 """Build a tiny random-weight Llama (and a LoRA adapter for it), or a tiny hybrid Gemma 3; run
 by the ENGINE's Python.
 
-Usage: ``python build_tiny_model.py TOKENIZER_FOLDER MODEL_OUT [LORA_OUT]``, or
+Usage: ``python build_tiny_model.py TOKENIZER_FOLDER MODEL_OUT [LORA_OUT [HYBRID_OUT]]``, or
 ``python build_tiny_model.py --hybrid WINDOW LAYERS TOKENIZER_FOLDER MODEL_OUT`` for a Gemma 3
 text model whose layers follow LAYERS (``s`` a sliding-window layer of WINDOW tokens, ``f`` a
 full-attention one, e.g. ``sfsf``): vLLM keeps one KV-cache group per attention kind.
+HYBRID_OUT gets the hybrid the real-engine tests serve (:data:`HYBRID`), built in the same
+process (importing torch is most of the cost).
 
 Nothing is downloaded: the tokenizer files are copied byte for byte from the given folder (the
 embedded SmolLM2 tokenizer), so vLLM serves the very files tokenkeys fingerprints. The weights are
@@ -23,6 +25,9 @@ from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 MAX_POSITIONS = 4096
+#: The hybrid the tests serve: 4 layers alternating a 64-token window and full attention (vLLM
+#: 0.32 keeps group 0 sliding window, group 1 full attention, both of 32-token blocks).
+HYBRID = (64, "sfsf")
 
 
 def build_model(tokenizer_folder: Path, out: Path) -> None:
@@ -104,6 +109,8 @@ def main(argv: list[str]) -> None:
     build_model(tokenizer_folder, model_out)
     if len(argv) > 2:
         build_lora(model_out, Path(argv[2]))
+    if len(argv) > 3:
+        build_hybrid(tokenizer_folder, Path(argv[3]), *HYBRID)
 
 
 if __name__ == "__main__":

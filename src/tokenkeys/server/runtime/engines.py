@@ -25,8 +25,9 @@ from prometheus_client import CollectorRegistry
 
 from tokenkeys.engine.remote import RemoteEngine
 from tokenkeys.engine.simulated.local import LocalEngine, deployment_spec
-from tokenkeys.engine.vllm.checks import wire_version_of
+from tokenkeys.engine.vllm.checks import check_vllm, wire_version_of
 from tokenkeys.engine.vllm.client import VllmHttpClient
+from tokenkeys.engine.vllm.groups import learn_groups, probe_prompt, respec
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.engine.vllm.sidecar import VllmSidecarEngine
 from tokenkeys.errors import FailedPrecondition, NotFound, Unavailable
@@ -38,6 +39,7 @@ from tokenkeys.events.zmq_endpoint import routable_endpoint
 from tokenkeys.events.zmq_publisher import ZmqEventPublisher
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.keys.proto import spec_ref
+from tokenkeys.keys.service import CacheKeyService
 from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
@@ -145,6 +147,8 @@ class EngineRuntime:
             return ModelEngine(model.name, remote=RemoteEngine(target, model.name, self._channel))
         config = self.config
         spec = self.spec_of(model)
+        if config.vllm is not None:
+            spec = await self._vllm_spec(model, spec)
         publisher = None
         if config.kv_events:
             pub_port, replay_port = config.ports(index)
@@ -193,6 +197,35 @@ class EngineRuntime:
                 await publisher.close()
             raise
         return parts
+
+    async def _vllm_spec(self, model: ServedModel, spec: CacheKeySpec) -> CacheKeySpec:
+        """``spec`` with the KV-cache groups of the vLLM in front of which this server runs,
+        learned from its events (``engine.vllm.groups``); the model serves that spec."""
+        vllm = self.config.vllm
+        assert vllm is not None
+        client = VllmHttpClient(vllm.url)
+        try:
+            await check_vllm(client, model, spec, self.config.max_model_len)
+            prompt = probe_prompt(model.tokenizer.vocab_size, spec.hash_unit)
+            groups = await learn_groups(
+                client, vllm, model.name, prompt, spec.hash_unit, self.config.wire_version
+            )
+        finally:
+            await client.close()
+        if groups is None or groups == spec.groups:
+            return spec
+        learned = respec(spec, groups)
+        if model.cache_keys is not None:
+            service = model.cache_keys
+            self.models.replace(
+                dataclasses.replace(
+                    model,
+                    cache_keys=CacheKeyService(
+                        learned, service.limits, tokenizer_fingerprint=service.tokenizer_fingerprint
+                    ),
+                )
+            )
+        return learned
 
     def describe(self) -> list[str]:
         """One line per model for the server log: engine, spec and event endpoints."""
