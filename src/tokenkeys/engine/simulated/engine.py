@@ -34,6 +34,7 @@ from tokenkeys.engine.protocol import (
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.simulated.paged_cache import Block, BlockKeyLike, PagedPrefixCache
 from tokenkeys.engine.simulated.sampler import TokenSampler
+from tokenkeys.engine.simulated.window_group import WindowGroup, resumable
 from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import MEDIUM_GPU, EventBatch
 from tokenkeys.keys import Adapter
@@ -95,6 +96,7 @@ class Engine:
         group_idx: int = 0,
         medium: str = MEDIUM_GPU,
         kv_cache_spec_kind: str = "full_attention",
+        windows: Sequence[tuple[int, int]] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
         if max_model_len is not None and max_model_len < 1:
@@ -106,6 +108,8 @@ class Engine:
             medium=medium,
             kv_cache_spec_kind=kv_cache_spec_kind,
         )
+        #: Sliding-window groups, by (group index, window): a hybrid model (``window_group``).
+        self.windows = [WindowGroup(i, w, block_size, num_blocks, medium) for i, w in windows]
         self.block_size = block_size
         self.key_fn = key_fn
         self.event_sink = event_sink
@@ -148,7 +152,9 @@ class Engine:
         return self.cache.num_blocks - self.cache.num_free_blocks + self._reserved
 
     def _flush(self) -> None:
-        events = self.cache.take_events()
+        # vLLM's batches list the groups in index order; window groups come first in Gemma's.
+        events = [e for w in self.windows for e in w.cache.take_events()]
+        events += self.cache.take_events()
         if events and self.event_sink is not None:
             self.stats.event_batches += 1
             self.event_sink(EventBatch(self.clock(), tuple(events)))
@@ -156,6 +162,9 @@ class Engine:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block and emit AllBlocksCleared; False while requests run."""
         done = self.cache.reset()
+        if done:
+            for window in self.windows:
+                window.cache.reset()
         self._flush()
         return done
 
@@ -180,7 +189,9 @@ class Engine:
         check_requested(params.max_tokens, "max_tokens", self.max_model_len)
         return replace(params, max_tokens=fit(len(prompt), params.max_tokens, self.max_model_len))
 
-    async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:
+    async def _admit(
+        self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int
+    ) -> tuple[list[Block], list[list[Block]]]:
         """Wait until the request's blocks fit; touch its prefix hits and reserve the rest."""
         bs = self.block_size
         if need > self.cache.num_blocks:
@@ -192,20 +203,26 @@ class Engine:
         async with self._space:
             while True:
                 hits = self.cache.match_prefix(keys[: (prompt_len - 1) // bs])
+                hits, held = resumable(self.windows, keys, hits)
                 taken_from_free = sum(1 for b in hits if self.cache.is_free(b))
                 fresh = need - len(hits)
                 if self.cache.num_free_blocks - taken_from_free - self._reserved >= fresh:
                     self.cache.touch(hits)
+                    for window, blocks in zip(self.windows, held, strict=True):
+                        window.cache.touch(blocks)
                     self._reserved += fresh
                     self.stats.running += 1
-                    return hits
+                    return hits, held
                 self.stats.waiting += 1
                 try:
                     await self._space.wait()
                 finally:
                     self.stats.waiting -= 1
 
-    async def _release(self, blocks: list[Block], unused_reservation: int) -> None:
+    async def _release(self, run: _Request) -> None:
+        blocks, unused_reservation = run.blocks, run.reserved
+        for window, held in zip(self.windows, run.window_blocks, strict=True):
+            window.cache.free(list(reversed(held)))
         self.cache.free(list(reversed(blocks)))
         self._reserved -= unused_reservation
         self.stats.running -= 1
@@ -230,21 +247,23 @@ class Engine:
         """Cache blocks ``first..stop-1`` of the request (one BlockStored)."""
         if stop <= first:
             return
-        bs = self.block_size
-        extra = None
-        if self.event_extra_keys is not None:
-            extra = [
-                self.event_extra_keys(context, i * bs, (i + 1) * bs) for i in range(first, stop)
-            ]
+        extra = self._extra(context, first, stop)
         self.cache.cache_blocks(
             blocks[first:stop],
             keys[first:stop],
-            tokens[first * bs : stop * bs],
+            tokens[first * self.block_size : stop * self.block_size],
             keys[first - 1] if first > 0 else None,
             lora_id=lora_id,
             lora_name=lora_name,
             extra_keys=extra,
         )
+
+    def _extra(self, context: Any, first: int, stop: int) -> list | None:
+        """The event extra keys of blocks ``first..stop-1`` (None without an extra-key rule)."""
+        if self.event_extra_keys is None:
+            return None
+        bs = self.block_size
+        return [self.event_extra_keys(context, i * bs, (i + 1) * bs) for i in range(first, stop)]
 
     async def generate(
         self,
@@ -269,7 +288,7 @@ class Engine:
         keys = list(self.key_fn(prompt, context))
         # KV is computed for every token but the last sampled one.
         need = -(-(len(prompt) + params.max_tokens - 1) // self.block_size)
-        hits = await self._admit(keys, len(prompt), need)
+        hits, run.window_blocks = await self._admit(keys, len(prompt), need)
         run.blocks, run.reserved = list(hits), need - len(hits)
         try:
             ttft = await self._prefill(run, keys, len(hits))
@@ -289,7 +308,7 @@ class Engine:
             timing = SimulatedTiming(ttft, total)
             yield GenerateOutput(run.request_id, (token,), True, finish_reason, usage, timing)
         finally:
-            await self._release(run.blocks, run.reserved)
+            await self._release(run)
 
     async def _prefill(self, run: _Request, keys: list[BlockKeyLike], hits: int) -> float:
         """Allocate the prompt's uncached blocks, cache its full ones, wait the TTFT."""
@@ -299,6 +318,18 @@ class Engine:
         run.blocks += self._allocate(fresh)
         run.reserved -= fresh
         self._store(run.blocks, keys, run.tokens, hits, prompt_len // bs, run.context, *run.lora)
+        for n, window in enumerate(self.windows):
+            extra = self._extra(run.context, hits, prompt_len // bs)
+            run.window_blocks[n] += window.store(
+                keys,
+                run.tokens,
+                hits,
+                prompt_len // bs,
+                prompt_len,
+                extra,
+                run.lora_id,
+                run.lora_name,
+            )
         self._flush()
         ttft = self.latency.time_to_first_token(prompt_len - hits * bs)
         if self.latency.sleep:
@@ -341,6 +372,7 @@ class _Request:
     outputs: list[int] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     reserved: int = 0
+    window_blocks: list[list[Block]] = field(default_factory=list)
 
     @property
     def lora(self) -> tuple[str | None, int | None]:
