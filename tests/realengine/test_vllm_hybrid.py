@@ -143,10 +143,11 @@ def test_key_check_is_exact_for_every_group_while_vllm_evicts(vllm, sidecar, eng
     try:
         before = keys_checked(sidecar.url)
         rng = random.Random(2)
-        prefixes = [prompt_of(rng, 12 * BLOCK_SIZE) for _ in range(5)]
+        # 8 prefixes of 16 blocks, 3 turns of 6 new blocks each: more blocks than the cache.
+        prefixes = [prompt_of(rng, 16 * BLOCK_SIZE) for _ in range(8)]
         for turn in range(3):
             for prefix in prefixes:
-                complete(sidecar.url, prefix + prompt_of(rng, 4 * BLOCK_SIZE + 5 * turn + 3))
+                complete(sidecar.url, prefix + prompt_of(rng, 6 * BLOCK_SIZE + 5 * turn + 3))
         after = wait_for(
             lambda: (c := keys_checked(sidecar.url))["match"] > before["match"] + 100 and c,
             "the workload's blocks checked",
