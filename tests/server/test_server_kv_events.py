@@ -19,12 +19,12 @@ from engine_stack import GrpcEvents, start_stack, zmq_batches_until
 
 from tokenkeys._gen.openengine.v1 import error_pb2, kv_pb2
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_publisher import END_SEQ
 from tokenkeys.keys import block_keys
-from tokenkeys.server.runtime.config import EngineConfig
 
 CODEC = ProtobufEventCodec()
 
@@ -156,7 +156,7 @@ async def test_zmq_replay_returns_exactly_the_batches_from_the_requested_sequenc
     try:
         for i in range(5):
             await run(stack, prompt(50 + i, 2))
-        info = stack.runtime.local(stack.models.names[0]).zmq_source()
+        info = stack.runtime.parts(stack.models.names[0]).zmq_source()
         replayed = await _zmq_replay(info.replay_endpoint, 2)
         assert [s for _, s, _ in replayed] == [2, 3, 4]
         assert {t for t, _, _ in replayed} == {info.topic.encode()}

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from tokenkeys.engine.simulated.latency import LatencyModel
-from tokenkeys.errors import ConfigError
-from tokenkeys.server.runtime.config import (
+from tokenkeys.engine.config import (
     DEFAULT_TOPIC,
     EngineConfig,
     LoraModule,
     VllmEngineConfig,
     new_instance_id,
 )
+from tokenkeys.engine.simulated.latency import LatencyModel
+from tokenkeys.errors import ConfigError
 
 _US = 1e-6
 

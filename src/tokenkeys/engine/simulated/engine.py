@@ -34,7 +34,7 @@ from tokenkeys.engine.protocol import (
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.simulated.paged_cache import Block, BlockKeyLike, PagedPrefixCache
 from tokenkeys.engine.simulated.sampler import TokenSampler
-from tokenkeys.engine.simulated.window_group import WindowGroup, resumable
+from tokenkeys.engine.simulated.window_group import SimulatedWindow, resumable
 from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import MEDIUM_GPU, EventBatch
 from tokenkeys.keys import Adapter
@@ -74,7 +74,7 @@ class EngineStats:
     waiting: int = 0
 
 
-class Engine:
+class SimulatedEngine:
     """Simulated LLM engine with a paged prefix cache, deterministic tokens and KV events.
 
     ``key_fn`` computes block keys (the engine never hashes itself); ``block_size`` must be the
@@ -109,7 +109,7 @@ class Engine:
             kv_cache_spec_kind=kv_cache_spec_kind,
         )
         #: Sliding-window groups, by (group index, window): a hybrid model (``window_group``).
-        self.windows = [WindowGroup(i, w, block_size, num_blocks, medium) for i, w in windows]
+        self.windows = [SimulatedWindow(i, w, block_size, num_blocks, medium) for i, w in windows]
         self.block_size = block_size
         self.key_fn = key_fn
         self.event_sink = event_sink
@@ -219,7 +219,7 @@ class Engine:
                 finally:
                     self.stats.waiting -= 1
 
-    async def _release(self, run: _Request) -> None:
+    async def _release(self, run: _Running) -> None:
         blocks, unused_reservation = run.blocks, run.reserved
         for window, held in zip(self.windows, run.window_blocks, strict=True):
             window.cache.free(list(reversed(held)))
@@ -284,7 +284,7 @@ class Engine:
         params = params or GenerationParams()
         prompt = list(prompt_token_ids)
         params = self._check(prompt, params)
-        run = _Request(request_id or uuid.uuid4().hex, list(prompt), context, lora_name, lora_id)
+        run = _Running(request_id or uuid.uuid4().hex, list(prompt), context, lora_name, lora_id)
         keys = list(self.key_fn(prompt, context))
         # KV is computed for every token but the last sampled one.
         need = -(-(len(prompt) + params.max_tokens - 1) // self.block_size)
@@ -310,7 +310,7 @@ class Engine:
         finally:
             await self._release(run)
 
-    async def _prefill(self, run: _Request, keys: list[BlockKeyLike], hits: int) -> float:
+    async def _prefill(self, run: _Running, keys: list[BlockKeyLike], hits: int) -> float:
         """Allocate the prompt's uncached blocks, cache its full ones, wait the TTFT."""
         bs = self.block_size
         prompt_len = len(run.tokens)
@@ -336,7 +336,7 @@ class Engine:
             await asyncio.sleep(ttft)
         return ttft
 
-    async def _decode(self, run: _Request) -> float:
+    async def _decode(self, run: _Running) -> float:
         """Feed the last sampled token (position ``len(tokens) - 1``); the step's time."""
         bs = self.block_size
         computed = len(run.tokens)
@@ -361,7 +361,7 @@ class Engine:
 
 
 @dataclass
-class _Request:
+class _Running:
     """One request while it runs: its tokens so far, its KV blocks and what is still reserved."""
 
     request_id: str

@@ -27,7 +27,7 @@ from typing import Any
 from tokenkeys.engine.simulated.paged_cache import Block, BlockKeyLike, PagedPrefixCache
 
 
-class WindowGroup:
+class SimulatedWindow:
     """One sliding-window group: its blocks, and the hit vLLM's sliding-window manager finds."""
 
     def __init__(
@@ -92,7 +92,7 @@ class WindowGroup:
 
 
 def resumable(
-    windows: Sequence[WindowGroup], keys: Sequence[BlockKeyLike], hits: list[Block]
+    windows: Sequence[SimulatedWindow], keys: Sequence[BlockKeyLike], hits: list[Block]
 ) -> tuple[list[Block], list[list[Block]]]:
     """The full-attention ``hits`` every group resumes (vLLM's hybrid fixed point), and the
     blocks each window group resumes from."""

@@ -28,6 +28,9 @@ import logging
 import random
 import time
 
+from tokenkeys.engine.config import VllmEngineConfig
+from tokenkeys.engine.hosting import EngineInputs
+from tokenkeys.engine.vllm.checks import check_vllm
 from tokenkeys.engine.vllm.client import VllmHttpClient
 from tokenkeys.errors import ConfigError, TokenkeysError
 from tokenkeys.events.model import BlockStored
@@ -35,7 +38,6 @@ from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.keys import CacheKeySpec, KeyGroup, make_spec
 from tokenkeys.keys.spec import FULL_ATTENTION, SLIDING_WINDOW
-from tokenkeys.server.runtime.config import VllmEngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -169,3 +171,23 @@ async def learn_groups(
 def _describe(group: KeyGroup) -> str:
     window = f" of {group.sliding_window} tokens" if group.sliding_window else ""
     return f"{group.index} {group.kind}{window} ({group.block_size}-token blocks)"
+
+
+async def learned_spec(inputs: EngineInputs) -> CacheKeySpec:
+    """The spec of one served model with the groups of the vLLM in front of which it runs
+    (``EngineKind.spec`` of the vLLM kind): vLLM checked first, then probed."""
+    config, spec = inputs.config, inputs.spec
+    vllm = config.vllm
+    assert vllm is not None
+    client = VllmHttpClient(vllm.url)
+    try:
+        await check_vllm(client, inputs.name, inputs.tokenizer, spec, config.max_model_len)
+        prompt = probe_prompt(inputs.tokenizer.vocab_size, spec.hash_unit)
+        groups = await learn_groups(
+            client, vllm, inputs.name, prompt, spec.hash_unit, config.wire_version
+        )
+    finally:
+        await client.close()
+    if groups is None or groups == spec.groups:
+        return spec
+    return respec(spec, groups)
