@@ -165,6 +165,7 @@ def test_key_check_is_exact_for_every_group_while_vllm_evicts(vllm, sidecar, eng
                         held[event.group_idx].discard(h)
                         if event.group_idx == WINDOW and h in held[FULL]:
                             evicted_alone += 1
+        print(f"hybrid key check: {after}, window blocks evicted alone: {evicted_alone}")
         assert evicted_alone > 0
         # Relayed with their group fields, in vLLM's layout.
         relayed.wait_until(
@@ -249,4 +250,5 @@ def test_the_router_expects_what_vllm_resumes_and_beats_round_robin(sidecars, tm
     rr_args = (*workers, "--policy", "round_robin", "--poll-interval", "1")
     with RouteProcess(*rr_args, cache=str(tmp_path / "b")) as router:
         round_robin, _ = run_workload(router.url, 4, wait=False)
+    print(f"hybrid routing: cached {precise} precise vs {round_robin} round robin; {pairs}")
     assert precise >= 1.3 * round_robin, (precise, round_robin)
