@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from router.test_router_cli import RouteProcess
+from route_process import RouteProcess
 from test_vllm_sidecar import keys_checked, wait_for
 
 from tokenkeys._gen.openengine.v1 import model_pb2, openengine_pb2_grpc

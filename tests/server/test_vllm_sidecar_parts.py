@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
+from tokenkeys.engine.config import VllmEngineConfig
 from tokenkeys.errors import ConfigError
 
 
@@ -29,14 +30,15 @@ def test_vllm_engine_options() -> None:
             "kv",
         )  # fmt: skip
     )
-    assert config.remote_engine is None and config.vllm is not None
-    assert config.vllm.url == "http://10.0.0.7:8000"
-    assert (config.vllm.kv_events, config.vllm.kv_replay, config.vllm.kv_topic) == (
+    vllm = config.engine
+    assert config.kind == "vllm" and isinstance(vllm, VllmEngineConfig)
+    assert vllm.url == "http://10.0.0.7:8000"
+    assert (vllm.kv_events, vllm.kv_replay, vllm.kv_topic) == (
         "tcp://10.0.0.7:5557",
         "tcp://10.0.0.7:5558",
         "kv",
     )
-    assert engine_config_from(_serve_args("--engine", "10.0.0.7:50051")).vllm is None
+    assert engine_config_from(_serve_args("--engine", "10.0.0.7:50051")).kind == "remote"
 
 
 @pytest.mark.parametrize(
@@ -47,7 +49,7 @@ def test_vllm_engine_options() -> None:
         (
             ["--engine", "vllm+ftp://h:1", "--engine-kv-events", "tcp://h:2"],
             "engine",
-            "vllm+http://HOST:PORT",
+            "--engine 'ftp://h:1' is not http://HOST:PORT",
         ),
         (
             ["--engine", "vllm+http://h:1", "--engine-kv-events", "tcp://*:2"],

@@ -46,7 +46,7 @@ class HttpMetrics:
         self.generation_tokens = Counter(
             "tokenkeys_generation_tokens", "Tokens generated", ["model"], registry=r
         )
-        # With --workers N every worker process keeps its own counters and a scrape reaches
+        # With --processes N every process keeps its own counters and a scrape reaches
         # whichever worker takes the connection; the pid says whose counters these are.
         Gauge(
             "tokenkeys_process", "The process that answered this scrape", ["pid"], registry=r

@@ -1,7 +1,7 @@
 """One supervised run for every serving command: ``serve`` and ``route`` alike.
 
 A command hands :func:`run_served` a :data:`Start` (build and start its server from the parsed
-options, and describe it) and the options holding ports to share. With ``--workers 1`` the
+options, and describe it) and the options holding ports to share. With ``--processes 1`` the
 server runs in this process; with more, the :class:`~tokenkeys.process.supervisor.Supervisor`
 runs that many workers, each one the same :func:`serve_until_signal`.
 
@@ -110,13 +110,13 @@ def run_served(
     *,
     check: Callable[[argparse.Namespace], object],
 ) -> int:
-    """Run a serving command: in this process with ``--workers 1``, else supervised workers.
+    """Run a serving command: in this process with ``--processes 1``, else supervised workers.
 
     ``check`` validates the options once, before any worker starts (a bad option fails once);
     ``ports`` names the ``args`` attributes of the ports the workers share, with their option.
     """
     _configure_logging()
-    if args.workers == 1:
+    if args.processes == 1:
         exit_stopped(asyncio.run(serve_until_signal(start, args)))  # no teardown to wait for
     check(args)
-    return Supervisor(functools.partial(_worker, start), args, args.workers, ports).run()
+    return Supervisor(functools.partial(_worker, start), args, args.processes, ports).run()

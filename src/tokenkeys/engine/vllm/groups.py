@@ -177,8 +177,8 @@ async def learned_spec(inputs: EngineInputs) -> CacheKeySpec:
     """The spec of one served model with the groups of the vLLM in front of which it runs
     (``EngineKind.spec`` of the vLLM kind): vLLM checked first, then probed."""
     config, spec = inputs.config, inputs.spec
-    vllm = config.vllm
-    assert vllm is not None
+    vllm = config.engine
+    assert isinstance(vllm, VllmEngineConfig)
     client = VllmHttpClient(vllm.url)
     try:
         await check_vllm(client, inputs.name, inputs.tokenizer, spec, config.max_model_len)

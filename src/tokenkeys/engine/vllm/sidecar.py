@@ -259,8 +259,9 @@ async def prepare(config: EngineConfig) -> EngineConfig:
     """Unless ``kv_events_vllm_version`` names one, the event layout is that of the release
     vLLM reports (or the start is refused): the relay decodes vLLM's events with it and the
     sidecar publishes them in it again."""
-    vllm = config.vllm
-    if vllm is None or config.kv_events_vllm_version is not None:
+    vllm = config.engine
+    assert isinstance(vllm, VllmEngineConfig)
+    if config.kv_events_vllm_version is not None:
         return config
     client = VllmHttpClient(vllm.url)
     try:
@@ -274,13 +275,13 @@ async def prepare(config: EngineConfig) -> EngineConfig:
 def build(inputs: EngineInputs) -> VllmSidecarEngine:
     """The sidecar of one served model, relaying vLLM's events onto ``inputs.stream``."""
     config = inputs.config
-    assert inputs.stream is not None and config.vllm is not None
+    assert inputs.stream is not None and isinstance(config.engine, VllmEngineConfig)
     return VllmSidecarEngine(
         inputs.name,
         inputs.tokenizer,
         inputs.spec,
         inputs.stream,
-        config.vllm,
+        config.engine,
         KeyCheck(inputs.spec, inputs.name, inputs.metrics),
         max_model_len=config.max_model_len,
         wire_version=config.wire_version,

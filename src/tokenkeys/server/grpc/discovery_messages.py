@@ -111,7 +111,7 @@ def model_info(
         served_model_aliases=list(model.aliases),
         supports_text_input=True,
         supports_token_ids_input=True,
-        supports_lora=bool(config.lora_modules),
+        supports_lora=bool(engine.adapters),
         supports_multimodal=False,
         tokenizer=tokenizer_advertisement(model, engine),
     )
