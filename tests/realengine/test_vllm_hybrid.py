@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import grpc
 import httpx
 import pytest
-from router.test_router_cli import RouteProcess
+from route_process import RouteProcess
 from test_vllm_sidecar import keys_checked, wait_for
 
 from tokenkeys._gen.openengine.v1 import (
