@@ -166,7 +166,9 @@ class Cluster:
             await asyncio.sleep(0.02)
             now = loop.time()
             for stack, follower in lagging:
-                seen, since = progress.get(id(follower), (None, now))
+                # (A follower that has delivered nothing yet, last_seq None, is timed from
+                # when it was first seen lagging too.)
+                seen, since = progress.setdefault(id(follower), (follower.last_seq, now))
                 if seen != follower.last_seq:
                     progress[id(follower)] = (follower.last_seq, now)
                 elif now - since > 0.2:

@@ -39,6 +39,29 @@ def test_vllm_engine_options() -> None:
         "kv",
     )
     assert engine_config_from(_serve_args("--engine", "10.0.0.7:50051")).kind == "remote"
+    assert (vllm.wait_s, vllm.probe) == (600.0, True)
+    waiting = engine_config_from(
+        _serve_args(
+            "--engine",
+            "vllm+http://h:1",
+            "--engine-kv-events",
+            "tcp://h:2",
+            "--engine-wait",
+            "30",
+            "--no-engine-probe",
+        )  # fmt: skip
+    ).engine
+    assert isinstance(waiting, VllmEngineConfig)
+    assert (waiting.wait_s, waiting.probe) == (30.0, False)
+
+
+def test_the_simulated_engines_default_max_tokens_is_an_option() -> None:
+    assert engine_config_from(_serve_args()).engine.default_max_tokens == 16
+    chosen = engine_config_from(_serve_args("--default-max-tokens", "64"))
+    assert chosen.engine.default_max_tokens == 64
+    with pytest.raises(ConfigError) as caught:
+        engine_config_from(_serve_args("--default-max-tokens", "0"))
+    assert caught.value.field == "default-max-tokens"
 
 
 @pytest.mark.parametrize(
@@ -55,6 +78,11 @@ def test_vllm_engine_options() -> None:
             ["--engine", "vllm+http://h:1", "--engine-kv-events", "tcp://*:2"],
             "engine-kv-events",
             "tcp://HOST:PORT",
+        ),
+        (
+            ["--engine", "vllm+http://h:1", "--engine-kv-events", "tcp://h:2", "--engine-wait=-1"],
+            "engine-wait",
+            ">= 0",
         ),
     ],
 )

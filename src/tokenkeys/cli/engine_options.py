@@ -27,6 +27,7 @@ _FLAGS = {
     "url": "--engine",
     "kv_events": "--engine-kv-events",
     "kv_replay": "--engine-kv-replay",
+    "wait_s": "--engine-wait",
 }
 
 
@@ -82,7 +83,30 @@ def _add_engine_group(g: argparse._ArgumentGroup) -> None:
         default="",
         help="with --engine vllm+http://...: vLLM's KV-event topic (default: every topic)",
     )
+    g.add_argument(
+        "--engine-wait",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="with --engine vllm+http://...: how long to wait at start for vLLM to answer "
+        "/health (default 600; 0 fails at once)",
+    )
+    g.add_argument(
+        "--no-engine-probe",
+        dest="engine_probe",
+        action="store_false",
+        help="with --engine vllm+http://...: skip the start probe (one fresh block through "
+        "vLLM whose stored hash must be tokenkeys' key, which catches a wrong --root-seed)",
+    )
     g.add_argument("--num-kv-blocks", type=int, default=4096, help="KV-cache capacity in blocks")
+    g.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=16,
+        metavar="N",
+        help="simulated engine: max_tokens of a request that sets none (default 16; a real "
+        "vLLM applies its own default)",
+    )
     g.add_argument(
         "--max-model-len",
         type=int,
@@ -204,6 +228,8 @@ def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
         args.engine_kv_events,
         args.engine_kv_replay,
         args.engine_kv_topic,
+        args.engine_wait,
+        args.engine_probe,
     )
 
 
@@ -225,6 +251,7 @@ def kind_config_from(args: argparse.Namespace) -> KindConfig:
         lora_modules=tuple(
             LoraModule.parse(text, i + 1) for i, text in enumerate(args.lora_modules)
         ),
+        default_max_tokens=args.default_max_tokens,
     )
 
 

@@ -64,7 +64,9 @@ class VllmEngineConfig:
 
     ``kv_events`` is vLLM's ZMQ publisher (``--engine-kv-events tcp://HOST:PORT``, the endpoint
     of vLLM's ``--kv-events-config``), ``kv_replay`` its replay endpoint and ``kv_topic`` its
-    topic ("" subscribes to every topic).
+    topic ("" subscribes to every topic). ``wait_s`` bounds how long the sidecar waits at start
+    for vLLM to answer (``--engine-wait``; vLLM loads its model before it serves). ``probe``:
+    the start probe of one fresh block (``--no-engine-probe`` skips it).
     """
 
     KIND: ClassVar[str] = "vllm"
@@ -75,12 +77,18 @@ class VllmEngineConfig:
     kv_events: str
     kv_replay: str | None = None
     kv_topic: str = ""
+    wait_s: float = 600.0
+    probe: bool = True
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"https?://[^\s/]+(:\d{1,5})?/?", self.url):
             raise ConfigError(
                 f"url {self.url!r} is not http://HOST:PORT (or https://)",
                 field="url",
+            )
+        if not isinstance(self.wait_s, int | float) or self.wait_s < 0:
+            raise ConfigError(
+                f"wait_s must be a number of seconds >= 0, got {self.wait_s!r}", field="wait_s"
             )
         for name, value in (("kv_events", self.kv_events), ("kv_replay", self.kv_replay)):
             if value is not None and not re.fullmatch(r"tcp://[^\s*]+:\d{1,5}", value):
@@ -93,7 +101,9 @@ class VllmEngineConfig:
 
 @dataclass(frozen=True)
 class SimulatedConfig:
-    """The simulated engine: KV capacity, simulated latency, output seed, LoRA adapters."""
+    """The simulated engine: KV capacity, simulated latency, output seed, LoRA adapters, and
+    ``default_max_tokens``, the output budget of a request that sets none (a real engine
+    applies its own default)."""
 
     KIND: ClassVar[str] = "simulated"
 
@@ -101,12 +111,18 @@ class SimulatedConfig:
     latency: LatencyModel = field(default_factory=LatencyModel)
     seed: int = 0
     lora_modules: tuple[LoraModule, ...] = ()
+    default_max_tokens: int = 16
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1:
             raise ConfigError(
                 f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}",
                 field="num_kv_blocks",
+            )
+        if not isinstance(self.default_max_tokens, int) or self.default_max_tokens < 1:
+            raise ConfigError(
+                f"default_max_tokens must be an integer >= 1, got {self.default_max_tokens!r}",
+                field="default_max_tokens",
             )
         names = [m.name for m in self.lora_modules]
         if len(set(names)) != len(names):

@@ -109,6 +109,7 @@ async def start_http_server(
         http=bounded_protocol(connections),
         timeout_keep_alive=connections.http_idle_timeout,  # type: ignore[arg-type]
         log_level=log_level,
+        log_config=None,  # uvicorn's loggers propagate to the process' one format
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=5,

@@ -18,13 +18,12 @@ import functools
 import logging
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NoReturn, Protocol
 
 from tokenkeys.process.supervisor import Supervisor, WorkerLink, announce
 from tokenkeys.serving.lifecycle import Lifecycle, exit_stopped
-from tokenkeys.terminal import escape_log_records
+from tokenkeys.terminal import configure_logging
 
 #: After the drain, what the servers still give the calls that outlived the deadline.
 STOP_GRACE = 1.0
@@ -91,8 +90,7 @@ async def serve_until_signal(
 
 
 def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
+    configure_logging()  # one timestamped format, every line escaped
     # One line per request forwarded over HTTP (to a vLLM) would drown the log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 

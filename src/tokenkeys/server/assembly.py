@@ -34,6 +34,7 @@ from tokenkeys.limits import Limits
 from tokenkeys.server.grpc.engine_services import engine_service_adders
 from tokenkeys.server.grpc.server import ServiceAdder, start_grpc_server
 from tokenkeys.server.grpc.tokenizer import TokenizerService
+from tokenkeys.server.http_snapshot import add_snapshot_route
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.guards import build_guards
 from tokenkeys.serving.lifecycle import Lifecycle
@@ -146,6 +147,7 @@ class EngineServer:
         self.app = create_app(self.models, self.config.http_config(), lifecycle=self.lifecycle)
         if self.runtime is not None:
             self.app.state.tokenkeys.metrics.include(self.runtime.metrics)
+            add_snapshot_route(self.app, self.models, self.runtime)
         return await serve_app(self.app, self.config, port)
 
     def begin_drain(self) -> None:

@@ -91,6 +91,7 @@ class LocalEngine:
             latency=config.latency,
             output_vocab=output_vocab(tokenizer),
             max_model_len=max_model_len or tokenizer.specials.model_max_length,
+            default_max_tokens=config.default_max_tokens,
             event_extra_keys=VllmEventExtraKeys(spec.hash_unit),
             group_idx=group.index,
             kv_cache_spec_kind=group.kind,

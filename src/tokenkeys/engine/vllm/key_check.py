@@ -87,6 +87,8 @@ class KeyCheck:
         self._placed: _Lru = _Lru(limit)
         self.verified = True
         self.first_mismatch: str | None = None
+        #: Blocks placed and counted so far (either way).
+        self.counted = 0
         #: ``tokenkeys_engine_keys_checked_total{model, result}`` (see :func:`keys_checked`).
         self.checked = checked
 
@@ -144,6 +146,7 @@ class KeyCheck:
             if expected is None:
                 return  # generated tokens, or a prompt no longer remembered
             first = at == 0 and event.parent_block_hash is None
+            self.counted += 1
             if _same(published, expected):
                 self.checked.labels(self.model, "match").inc()
             elif offset and (not whole or any(_same(published, k) for k in walk)):
