@@ -58,7 +58,7 @@ from pathlib import Path
 import httpx
 from redis_local import LocalRedis
 from routing_smg import POLICIES as SMG_POLICIES
-from routing_smg import chat, smg_executable, smg_router
+from routing_smg import SmgRouter, chat, quiet, smg_executable, smg_router
 from routing_vllm import vllm_section
 from timing import pct
 
@@ -133,6 +133,7 @@ def _serve_args(w: Workload, port: str, http_port: str) -> list[str]:
     args = [
         sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", port,
         "--http-port", http_port, "--num-kv-blocks", str(w.num_blocks),
+        "--vllm-engine-face",  # smg's gRPC rows route to it; the other rows never call it
     ]  # fmt: skip
     return args + (["--simulate-latency"] if w.concurrent else [])
 
@@ -340,35 +341,52 @@ async def _settle(services: list[RoutingService]) -> None:
         await _quiet(service)
 
 
-async def _run_smg(executable: Path, policy: str, w: Workload) -> dict:
-    """An smg policy: one ``smg launch`` over the engines' HTTP frontends (routing_smg)."""
+async def _run_smg(executable: Path, policy: str, w: Workload, grpc: bool) -> dict:
+    """An smg policy: one ``smg launch`` over the engines' HTTP frontends, or (``grpc``) over
+    their VllmEngine faces, its ``cache_aware`` then fed by their KV events (routing_smg)."""
     engines = await _start_engines(w)
     before_restart: Counter[str] = Counter()
+    workers = [f"grpc://{e.address}" if grpc else e.http for e in engines]
     try:
         async with (
-            smg_router(executable, policy, [e.http for e in engines]) as base,
+            smg_router(executable, policy, workers) as router,
             httpx.AsyncClient(timeout=120) as client,
         ):
 
             async def send(messages: list[dict]) -> tuple[int, int, str, str | None]:
-                prompt, cached, reply = await chat(client, base, MODEL, messages, MAX_TOKENS)
+                prompt, cached, reply = await chat(client, router.base, MODEL, messages, MAX_TOKENS)
                 return prompt, cached, reply, None
 
             async def restart() -> None:
-                before_restart.update(await _chat_requests(client, engines[:1]))
+                if not grpc:  # smg counts what it routes per worker; an engine counts its own
+                    before_restart.update(await _chat_requests(client, engines[:1]))
                 await asyncio.to_thread(engines[0].restart, w)
 
-            result = await _drive(w, send, restart, settle=_no_settle)
-            served = await _chat_requests(client, engines)
-            served.update(before_restart)
+            async def settle() -> None:
+                if grpc:
+                    await quiet(router)
+
+            result = await _drive(w, send, restart, settle=settle)
+            if grpc:
+                served = await _routed(router, engines)
+            else:
+                served = await _chat_requests(client, engines)
+                served.update(before_restart)
             return _finish(result, served)
     finally:
         for engine in engines:
             engine.stop()
 
 
-async def _no_settle() -> None:
-    """smg learns from what it sends; there are no engine events to wait for."""
+async def _routed(router: SmgRouter, engines: list[Engine]) -> Counter[str]:
+    """Requests smg sent each gRPC worker (``smg_worker_requests_total``)."""
+    served: Counter[str] = Counter()
+    for engine in engines:
+        worker = f"grpc://{engine.address}"
+        served[engine.address] = int(
+            await router.counter("smg_worker_requests_total", worker=worker)
+        )
+    return served
 
 
 async def _chat_requests(client: httpx.AsyncClient, engines: list[Engine]) -> Counter[str]:
@@ -435,7 +453,10 @@ async def _run_async(quick: bool) -> str:
                     row = await _run_policy(policy, cost, w, cache, replicas, url)
                     results[w.name][name] = row
                 for policy in SMG_POLICIES if smg is not None else ():
-                    results[w.name][f"smg {policy}"] = await _run_smg(smg, policy, w)
+                    results[w.name][f"smg {policy}"] = await _run_smg(smg, policy, w, grpc=False)
+                    results[w.name][f"smg {policy}, gRPC"] = await _run_smg(
+                        smg, policy, w, grpc=True
+                    )
     finally:
         shared.close()
     for w in _workloads(quick):
@@ -473,6 +494,12 @@ async def _run_async(quick: bool) -> str:
                 f"Cache hit ratio of precise routing (default weights) against smg's best "
                 f"policy here ({best}): **{one:.2f}x** with one router, as smg runs."
             )
+            if "smg cache_aware, gRPC" in res:
+                events = res["smg cache_aware, gRPC"]["hit"]
+                lines.append(
+                    "Against smg's cache_aware fed by the engines' KV events (gRPC): "
+                    f"**{res['precise']['hit'] / events:.2f}x**."
+                )
             lines.append("")
         rows = [n for n in ("precise, 2 replicas", "precise, 4 replicas") if n in res]
         if rows:
@@ -532,7 +559,14 @@ def _smg_note(where: str, ran: bool) -> str:
         "smg's `cache_aware` turns to the least loaded worker only when the busiest has 64 "
         "more requests in flight than the idlest and 1.5 times as many (its defaults), which "
         "32 concurrent requests never reach: here it routes by cache affinity alone, and "
-        "nothing stops it from sending an engine more than its KV cache holds."
+        "nothing stops it from sending an engine more than its KV cache holds. "
+        "The `, gRPC` rows run the same policy with `--worker-urls grpc://127.0.0.1:<port>` "
+        "against the engines' VllmEngine face (`serve --vllm-engine-face`): smg registers them "
+        "as vLLM workers, tokenizes itself with their tokenizer and sends token ids, and its "
+        "`cache_aware` indexes the engines' KV events (`SubscribeKvEvents`; each round settles "
+        "until smg's `smg_kv_event_batches_total` stops moving, as the tokenkeys routers "
+        "settle on the same events); a restarted engine clears its entries there. The busiest "
+        "share of these rows is from smg's `smg_worker_requests_total`."
     )
 
 

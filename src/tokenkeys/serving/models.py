@@ -115,3 +115,15 @@ def attach_cache_keys(models: ModelRegistry, spec: CacheKeySpec | None, limits: 
     for model in models:
         service = CacheKeyService(spec, limits, tokenizer_fingerprint=model.tokenizer.fingerprint)
         models.replace(dataclasses.replace(model, cache_keys=service))
+
+
+def with_spec(model: ServedModel, spec: CacheKeySpec) -> ServedModel:
+    """``model`` serving ``spec`` (its cache-key service rebuilt with the same limits); for a
+    spec completed from the engine at start (the groups a vLLM keeps)."""
+    service = model.cache_keys
+    if service is None:
+        return model
+    rebuilt = CacheKeyService(
+        spec, service.limits, tokenizer_fingerprint=service.tokenizer_fingerprint
+    )
+    return dataclasses.replace(model, cache_keys=rebuilt)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from array import array
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -33,7 +34,9 @@ from tokenkeys.engine.protocol import (
 )
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.simulated.paged_cache import Block, BlockKeyLike, PagedPrefixCache
+from tokenkeys.engine.simulated.prompt_ids import checked_ids
 from tokenkeys.engine.simulated.sampler import TokenSampler
+from tokenkeys.engine.simulated.window_group import SimulatedWindow, resumable
 from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import MEDIUM_GPU, EventBatch
 from tokenkeys.keys import Adapter
@@ -55,8 +58,6 @@ class BlockKeyFn(Protocol):
 EventExtraKeysFn = Callable[[Any, int, int], "tuple[Any, ...] | None"]
 #: Receives each step's events; :class:`tokenkeys.events.stream.EventStream` is one.
 EventSink = Callable[[EventBatch], object]
-
-_U32 = 1 << 32
 
 
 @dataclass
@@ -97,6 +98,7 @@ class SimulatedEngine:
         group_idx: int = 0,
         medium: str = MEDIUM_GPU,
         kv_cache_spec_kind: str = "full_attention",
+        windows: Sequence[tuple[int, int]] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
         if max_model_len is not None and max_model_len < 1:
@@ -108,6 +110,8 @@ class SimulatedEngine:
             medium=medium,
             kv_cache_spec_kind=kv_cache_spec_kind,
         )
+        #: Sliding-window groups, by (group index, window): a hybrid model (``window_group``).
+        self.windows = [SimulatedWindow(i, w, block_size, num_blocks, medium) for i, w in windows]
         self.block_size = block_size
         self.key_fn = key_fn
         self.event_sink = event_sink
@@ -151,7 +155,9 @@ class SimulatedEngine:
         return self.cache.num_blocks - self.cache.num_free_blocks + self._reserved
 
     def _flush(self) -> None:
-        events = self.cache.take_events()
+        # vLLM's batches list the groups in index order; window groups come first in Gemma's.
+        events = [e for w in self.windows for e in w.cache.take_events()]
+        events += self.cache.take_events()
         if events and self.event_sink is not None:
             self.stats.event_batches += 1
             self.event_sink(EventBatch(self.clock(), tuple(events)))
@@ -159,21 +165,20 @@ class SimulatedEngine:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block and emit AllBlocksCleared; False while requests run."""
         done = self.cache.reset()
+        if done:
+            for window in self.windows:
+                window.cache.reset()
         self._flush()
         return done
 
-    def _check(self, prompt: Sequence[int], params: GenerationParams) -> GenerationParams:
-        """Refuse a bad request; return its parameters with max_tokens fitted to the context."""
+    def _check(self, prompt: list[int], params: GenerationParams) -> tuple[GenerationParams, array]:
+        """Refuse a bad request; its parameters with max_tokens fitted to the context, and the
+        prompt as ``array('I')`` (what the key function and the sampler read)."""
         if len(prompt) == 0:
             raise InvalidArgument(
                 "prompt_token_ids is empty; give at least one token", field="prompt_token_ids"
             )
-        for i, t in enumerate(prompt):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < _U32:
-                raise InvalidArgument(
-                    f"prompt_token_ids[{i}] is {t!r}; token ids are integers in [0, 2**32)",
-                    field="prompt_token_ids",
-                )
+        ids = checked_ids(prompt)
         if params.max_tokens is None:
             # The engine's default is no request's: only fitted to the context, never refused.
             params = replace(params, max_tokens=self.default_max_tokens)
@@ -185,9 +190,12 @@ class SimulatedEngine:
         else:
             # vLLM 0.32's context rule, the one the HTTP frontend applies (one copy, one wording).
             check_requested(params.max_tokens, "max_tokens", self.max_model_len)
-        return replace(params, max_tokens=fit(len(prompt), params.max_tokens, self.max_model_len))
+        fitted = fit(len(prompt), params.max_tokens, self.max_model_len)
+        return replace(params, max_tokens=fitted), ids
 
-    async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:
+    async def _admit(
+        self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int
+    ) -> tuple[list[Block], list[list[Block]]]:
         """Wait until the request's blocks fit; touch its prefix hits and reserve the rest."""
         bs = self.block_size
         if need > self.cache.num_blocks:
@@ -199,20 +207,26 @@ class SimulatedEngine:
         async with self._space:
             while True:
                 hits = self.cache.match_prefix(keys[: (prompt_len - 1) // bs])
-                taken_from_free = sum(1 for b in hits if self.cache.is_free(b))
+                hits, held = resumable(self.windows, keys, hits)
+                taken_from_free = self.cache.count_free(hits)
                 fresh = need - len(hits)
                 if self.cache.num_free_blocks - taken_from_free - self._reserved >= fresh:
                     self.cache.touch(hits)
+                    for window, blocks in zip(self.windows, held, strict=True):
+                        window.cache.touch(blocks)
                     self._reserved += fresh
                     self.stats.running += 1
-                    return hits
+                    return hits, held
                 self.stats.waiting += 1
                 try:
                     await self._space.wait()
                 finally:
                     self.stats.waiting -= 1
 
-    async def _release(self, blocks: list[Block], unused_reservation: int) -> None:
+    async def _release(self, run: _Running) -> None:
+        blocks, unused_reservation = run.blocks, run.reserved
+        for window, held in zip(self.windows, run.window_blocks, strict=True):
+            window.cache.free(list(reversed(held)))
         self.cache.free(list(reversed(blocks)))
         self._reserved -= unused_reservation
         self.stats.running -= 1
@@ -237,21 +251,23 @@ class SimulatedEngine:
         """Cache blocks ``first..stop-1`` of the request (one BlockStored)."""
         if stop <= first:
             return
-        bs = self.block_size
-        extra = None
-        if self.event_extra_keys is not None:
-            extra = [
-                self.event_extra_keys(context, i * bs, (i + 1) * bs) for i in range(first, stop)
-            ]
+        extra = self._extra(context, first, stop)
         self.cache.cache_blocks(
             blocks[first:stop],
             keys[first:stop],
-            tokens[first * bs : stop * bs],
+            tokens[first * self.block_size : stop * self.block_size],
             keys[first - 1] if first > 0 else None,
             lora_id=lora_id,
             lora_name=lora_name,
             extra_keys=extra,
         )
+
+    def _extra(self, context: Any, first: int, stop: int) -> list | None:
+        """The event extra keys of blocks ``first..stop-1`` (None without an extra-key rule)."""
+        if self.event_extra_keys is None:
+            return None
+        bs = self.block_size
+        return [self.event_extra_keys(context, i * bs, (i + 1) * bs) for i in range(first, stop)]
 
     async def generate(
         self,
@@ -271,17 +287,17 @@ class SimulatedEngine:
         """
         params = params or GenerationParams()
         prompt = list(prompt_token_ids)
-        params = self._check(prompt, params)
+        params, ids = self._check(prompt, params)
         run = _Running(request_id or uuid.uuid4().hex, list(prompt), context, lora_name, lora_id)
-        keys = list(self.key_fn(prompt, context))
+        keys = list(self.key_fn(ids, context))
         # KV is computed for every token but the last sampled one.
         need = -(-(len(prompt) + params.max_tokens - 1) // self.block_size)
-        hits = await self._admit(keys, len(prompt), need)
+        hits, run.window_blocks = await self._admit(keys, len(prompt), need)
         run.blocks, run.reserved = list(hits), need - len(hits)
         try:
             ttft = await self._prefill(run, keys, len(hits))
             total = ttft
-            rng = self.sampler.rng(prompt, params.seed)
+            rng = self.sampler.rng(ids, params.seed)
             while True:
                 token = self.sampler.next_token(rng)
                 run.tokens.append(token)
@@ -296,7 +312,7 @@ class SimulatedEngine:
             timing = SimulatedTiming(ttft, total)
             yield GenerateOutput(run.request_id, (token,), True, finish_reason, usage, timing)
         finally:
-            await self._release(run.blocks, run.reserved)
+            await self._release(run)
 
     async def _prefill(self, run: _Running, keys: list[BlockKeyLike], hits: int) -> float:
         """Allocate the prompt's uncached blocks, cache its full ones, wait the TTFT."""
@@ -306,6 +322,18 @@ class SimulatedEngine:
         run.blocks += self._allocate(fresh)
         run.reserved -= fresh
         self._store(run.blocks, keys, run.tokens, hits, prompt_len // bs, run.context, *run.lora)
+        for n, window in enumerate(self.windows):
+            extra = self._extra(run.context, hits, prompt_len // bs)
+            run.window_blocks[n] += window.store(
+                keys,
+                run.tokens,
+                hits,
+                prompt_len // bs,
+                prompt_len,
+                extra,
+                run.lora_id,
+                run.lora_name,
+            )
         self._flush()
         ttft = self.latency.time_to_first_token(prompt_len - hits * bs)
         if self.latency.sleep:
@@ -348,6 +376,7 @@ class _Running:
     outputs: list[int] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     reserved: int = 0
+    window_blocks: list[list[Block]] = field(default_factory=list)
 
     @property
     def lora(self) -> tuple[str | None, int | None]:

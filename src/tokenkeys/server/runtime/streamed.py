@@ -29,7 +29,7 @@ from tokenkeys.events.vllm_codec import VllmMsgpackCodec, layout_for
 from tokenkeys.events.zmq_publisher import ZmqEventPublisher
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.grpc import discovery_messages as messages
-from tokenkeys.serving.models import ServedModel
+from tokenkeys.serving.models import ServedModel, with_spec
 
 if TYPE_CHECKING:
     from tokenkeys.server.runtime.engines import EngineRuntime
@@ -91,6 +91,10 @@ class StreamedHosting:
     async def _start_model(self, index: int, model: ServedModel, bind_host: str) -> StreamedParts:
         runtime, config = self.runtime, self.runtime.config
         spec = runtime.spec_of(model)
+        learned = await runtime.kind.spec(EngineInputs(model.name, model.tokenizer, spec, config))
+        if learned != spec:
+            spec = learned
+            runtime.models.replace(with_spec(model, spec))
         publisher = self._publisher(index, model.name, bind_host)
         if publisher is not None:
             self._publishers.append(publisher)
