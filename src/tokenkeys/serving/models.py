@@ -96,6 +96,7 @@ class ModelRegistry:
                 f"model {name!r} is not served here; served models: {', '.join(served)}",
                 field="model",
                 served=served,
+                name=name,
             )
         return found
 
