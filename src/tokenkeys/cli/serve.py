@@ -28,9 +28,10 @@ from tokenkeys.cli.common import (
     local_models,
 )
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
-from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
+from tokenkeys.cli.engine_options import add_engine_options, engine_config_from, tokenizer_only
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
+from tokenkeys.engine.tokenizer_only import attach_tokenizer_only
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.preprocess.offload import (
@@ -83,8 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         metavar="N",
         help="serve from N processes sharing the gRPC and HTTP ports (SO_REUSEPORT), one per "
-        "core; needs --engine HOST:PORT (the simulated engine's prefix cache and KV events "
-        "live in one process); default 1",
+        "core; needs --engine HOST:PORT or --engine none (the simulated engine's prefix cache "
+        "and KV events live in one process); default 1",
     )
     p.add_argument(
         "--encode-threads",
@@ -111,7 +112,8 @@ def check_workers(args: argparse.Namespace) -> None:
     check_worker_count(workers)
     if workers > 1 and args.engine is None:
         raise ConfigError(
-            f"--workers {workers} needs --engine HOST:PORT: the simulated engine keeps its "
+            f"--workers {workers} needs --engine HOST:PORT or --engine none: the simulated "
+            "engine keeps its "
             "prefix cache and KV events in its process, so N processes would be N engines "
             "behind one address. Run it as its own `tokenkeys serve` and forward to it, or "
             "serve with --workers 1",
@@ -137,8 +139,8 @@ def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> Serve
     tokens = server_tokens(args)
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.
     spec = build_spec(key_spec_options(args))
-    engine = engine_config_from(args)
-    if spec is None and engine.remote_engine is None:
+    engine = None if tokenizer_only(args) else engine_config_from(args)
+    if spec is None and engine is not None and engine.remote_engine is None:
         # The simulated engine keys its prefix cache and events with a spec; serving none while
         # it publishes hashes of another would advertise hashes no router can reproduce.
         raise ConfigError(
@@ -178,8 +180,10 @@ def _description(server: EngineServer) -> list[str]:
         )
     else:
         lines.append("cache keys: no spec served (--cache-key-profile none)")
-    assert server.runtime is not None
-    lines += server.runtime.describe()
+    if server.runtime is not None:
+        lines += server.runtime.describe()
+    else:
+        lines.append("engine: none (tokenizer-only: render, tokenize, cache keys; no generation)")
     if config.tls is not None:
         mutual = ", client certificates required" if config.tls.mutual else ""
         lines.append(f"TLS on gRPC and HTTP{mutual}")
@@ -232,6 +236,8 @@ async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> in
     config = serve_config(args, reuse_port=link is not None)
     set_encode_threads(args.encode_threads or encode_threads_for(args.workers))
     models = local_models(args, config.limits, chat_options(args))
+    if config.engine is None:
+        attach_tokenizer_only(models, args.max_model_len)
     server = await EngineServer(models, config).start()
     announce(_description(server), link)
     await _until_drained(server, args.shutdown_timeout, link)
