@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,12 +27,12 @@ from prometheus_client import CollectorRegistry
 from tokenkeys.client.engine import RemoteEngine
 from tokenkeys.client.vllm_http import VllmHttpClient
 from tokenkeys.errors import FailedPrecondition, NotFound, Unavailable
-from tokenkeys.events.model import EventSourceInfo, SpecRef
+from tokenkeys.events.model import AllBlocksCleared, EventBatch, EventSourceInfo, SpecRef
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec, int_encoding_of
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec, layout_for
 from tokenkeys.events.zmq_endpoint import routable_endpoint
-from tokenkeys.events.zmq_publisher import ZmqEventPublisher
+from tokenkeys.events.zmq_publisher import ZmqEventPublisher, restart_safe_first_seq
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.runtime.config import EngineConfig
@@ -145,6 +146,8 @@ class EngineRuntime:
             return ModelEngine(model.name, remote=RemoteEngine(target, model.name, self._channel))
         config = self.config
         spec = self.spec_of(model)
+        # Never back across restarts, so no consumer drops this run's batches as stale.
+        first_seq = restart_safe_first_seq()
         publisher = None
         if config.kv_events:
             pub_port, replay_port = config.ports(index)
@@ -157,6 +160,7 @@ class EngineRuntime:
                 hwm=config.kv_events_hwm,
                 advertise_host=config.advertise_host,
                 replay_topic=layout_for(config.wire_version).replay_topic,
+                first_seq=first_seq,
             )
         parts = ModelEngine(model.name, publisher=publisher)
         try:
@@ -168,7 +172,11 @@ class EngineRuntime:
                 codec=VllmMsgpackCodec(config.wire_version),
                 buffer_steps=config.kv_events_buffer_steps,
                 subscriber_backlog=config.kv_events_subscriber_backlog,
+                first_seq=first_seq,
             )
+            # A run's first batch clears what any consumer kept of an earlier run of this
+            # engine (its prefix cache is empty now, or, behind a restarted sidecar, replayed).
+            stream.emit(EventBatch(time.time(), (AllBlocksCleared(),)))
             if config.vllm is not None:
                 sidecar = VllmSidecarEngine(
                     model,
