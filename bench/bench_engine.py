@@ -29,7 +29,7 @@ from timing import pct, us
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys._gen.openengine.v1 import kv_pb2, openengine_pb2_grpc
-from tokenkeys.engine.core import GenerationParams
+from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.limits import Limits

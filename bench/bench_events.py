@@ -24,7 +24,8 @@ import zmq
 import zmq.asyncio
 from timing import fastest, load_note, pct, us
 
-from tokenkeys.engine.core import Engine, GenerationParams
+from tokenkeys.engine.protocol import GenerationParams
+from tokenkeys.engine.simulated.engine import Engine
 from tokenkeys.events.model import BlockRemoved, BlockStored, EventBatch, SpecRef
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec

@@ -57,7 +57,7 @@ from routing_smg import POLICIES as SMG_POLICIES
 from routing_smg import chat, smg_executable, smg_router
 from timing import pct
 
-from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.routed_engine import RouteNote, current_note

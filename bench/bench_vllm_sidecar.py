@@ -6,7 +6,7 @@ Requests alternate between the sidecar and vLLM itself, each with a prompt of it
 miss on both paths, same length), so both see the same machine noise. The reference is the
 direct call; the sidecar's overhead is the difference of percentiles and their ratio.
 
-The key check (:class:`tokenkeys.server.runtime.key_check.KeyCheck`) is timed in process:
+The key check (:class:`tokenkeys.engine.vllm.key_check.KeyCheck`) is timed in process:
 ``expect`` (the prompt's keys) plus ``observe`` of the matching BlockStored batch, per request.
 """
 
@@ -83,9 +83,9 @@ def _key_check_times(quick: bool) -> list[tuple[int, list[float]]]:
     from prometheus_client import CollectorRegistry
     from timing import sample
 
+    from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
     from tokenkeys.events.model import BlockStored, EventBatch
     from tokenkeys.keys import block_keys, make_spec
-    from tokenkeys.server.runtime.key_check import KeyCheck, keys_checked
 
     spec = make_spec("vllm/sha256_cbor@0.31", 32)
     check = KeyCheck(spec, "bench", keys_checked(CollectorRegistry()))

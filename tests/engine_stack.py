@@ -16,6 +16,7 @@ from tokenkeys._gen.openengine.v1 import (
     kv_pb2,
     openengine_pb2_grpc,
 )
+from tokenkeys.engine.simulated.local import LocalEngine
 from tokenkeys.events.model import EventBatch
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
@@ -25,7 +26,6 @@ from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.server.runtime.loading import ModelSource, load_models
-from tokenkeys.server.runtime.local import LocalEngine
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 from tokenkeys.tokenizer import TokenizerOptions
 

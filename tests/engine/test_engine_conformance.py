@@ -21,10 +21,9 @@ import pytest
 from engine_stack import start_stack
 from router.routing_support import engine_config, engine_models, start_cluster
 
-from tokenkeys.client.engine import RemoteEngine
-from tokenkeys.engine.core import GenerateOutput, GenerationParams
-from tokenkeys.engine.latency import LatencyModel
-from tokenkeys.engine.protocol import Engine, EngineLoad
+from tokenkeys.engine.protocol import Engine, EngineLoad, GenerateOutput, GenerationParams
+from tokenkeys.engine.remote import RemoteEngine
+from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys import Adapter, make_spec
 from tokenkeys.limits import Limits

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from tokenkeys.engine.core import Engine, GenerationParams
-from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.engine.protocol import GenerationParams
+from tokenkeys.engine.simulated.engine import Engine
+from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError, ContextLengthExceeded, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 

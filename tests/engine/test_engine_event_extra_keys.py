@@ -10,7 +10,7 @@ import hashlib
 
 import pytest
 
-from tokenkeys.engine.event_extra_keys import VllmEventExtraKeys
+from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.errors import Unsupported
 from tokenkeys.keys import Adapter, KeyContext, MMItem, get_profile, make_spec
 

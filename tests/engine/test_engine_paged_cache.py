@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenkeys.engine.paged_cache import PagedPrefixCache
+from tokenkeys.engine.simulated.paged_cache import PagedPrefixCache
 from tokenkeys.errors import ConfigError, FailedPrecondition
 from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, BlockStored
 

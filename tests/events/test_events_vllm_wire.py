@@ -17,7 +17,8 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from tokenkeys.engine.core import Engine, GenerationParams
+from tokenkeys.engine.protocol import GenerationParams
+from tokenkeys.engine.simulated.engine import Engine
 from tokenkeys.events.model import (
     AllBlocksCleared,
     BlockRemoved,

@@ -8,8 +8,8 @@ import threading
 
 import httpx
 
-from tokenkeys.engine.core import Engine
-from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.engine.simulated.engine import Engine
+from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.frontend import HttpConfig
 from tokenkeys.keys import block_keys, make_spec
 from tokenkeys.limits import Limits

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tokenkeys.engine.event_extra_keys import VllmEventExtraKeys
+from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.events.model import BlockStored
 from tokenkeys.keys import Adapter, CacheKeySpec, KeyContext, block_keys, make_spec
 

@@ -14,9 +14,9 @@ import pytest
 from engine_stack import GrpcEvents, start_stack
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
-from tokenkeys.engine.core import GenerationParams
-from tokenkeys.engine.latency import LatencyModel
 from tokenkeys.engine.proto import TTFT_METADATA
+from tokenkeys.engine.protocol import GenerationParams
+from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.keys import KeyContext
 from tokenkeys.server.runtime.config import EngineConfig, LoraModule

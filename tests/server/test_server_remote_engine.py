@@ -18,9 +18,9 @@ from tokenkeys._gen.openengine.v1 import (
     openengine_pb2_grpc,
     server_pb2,
 )
-from tokenkeys.client.engine import RemoteEngine
-from tokenkeys.engine.core import GenerationParams
 from tokenkeys.engine.proto import TTFT_METADATA
+from tokenkeys.engine.protocol import GenerationParams
+from tokenkeys.engine.remote import RemoteEngine
 from tokenkeys.errors import Unavailable
 from tokenkeys.events.model import BlockStored
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec

@@ -15,10 +15,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
+from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.errors import ConfigError
 from tokenkeys.events.model import BlockStored, EventBatch
 from tokenkeys.keys import block_keys, make_spec
-from tokenkeys.server.runtime.key_check import KeyCheck, keys_checked
 
 BS = 32
 SPEC = make_spec("vllm/sha256_cbor@0.31", BS)
@@ -72,7 +72,7 @@ def test_a_wrong_root_is_counted_logged_once_and_unverified(caplog) -> None:
     check, registry = _check()
     engine_spec = make_spec("vllm/sha256_cbor@0.31", BS, root_seed="0")  # PYTHONHASHSEED=0
     prompts = [_prompt(4, 3 * BS), _prompt(5, 2 * BS)]
-    with caplog.at_level(logging.ERROR, logger="tokenkeys.server.runtime.key_check"):
+    with caplog.at_level(logging.ERROR, logger="tokenkeys.engine.vllm.key_check"):
         for prompt in prompts:
             check.expect(prompt, None)
             check.observe(_stored(prompt, spec=engine_spec))

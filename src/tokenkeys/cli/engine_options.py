@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.tokenizer_only import KIND as TOKENIZER_ONLY
 from tokenkeys.errors import ConfigError
 from tokenkeys.server.runtime.config import (

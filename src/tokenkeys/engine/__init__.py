@@ -1,8 +1,9 @@
-"""Engines: the one interface every engine kind offers, and the simulated engine.
+"""Engines: the one interface every engine kind offers, and every kind behind it.
 
-Modules: ``protocol`` (the :class:`Engine` Protocol and :class:`EngineLoad`), ``core`` (the
-simulated engine, GenerationParams, GenerateOutput), ``paged_cache`` (PagedPrefixCache),
-``usage`` (Usage, SimulatedTiming), ``latency`` (LatencyModel), ``sampler`` (deterministic
-output tokens), ``proto`` / ``proto_errors`` (OpenEngine ``Generate`` messages and in-band
-errors).
+Modules: ``protocol`` (the :class:`~tokenkeys.engine.protocol.Engine` Protocol and the values
+every kind shares: GenerationParams, GenerateOutput, EngineLoad, Usage, SimulatedTiming),
+``context_window`` (the context-length rule), ``proto`` / ``proto_errors`` (OpenEngine
+``Generate`` messages and in-band errors). Kinds: ``simulated/`` (the simulated engine),
+``remote`` (an OpenEngine engine over gRPC), ``vllm/`` (a real vLLM behind the sidecar),
+``tokenizer_only`` (kind ``none``: render and tokenize, generation refused).
 """

@@ -1,7 +1,7 @@
 """Conversions between OpenEngine ``Inference.Generate`` messages and the engine's values.
 
 Both directions of the engine's side: the request a frontend forwards to a remote engine and
-the outputs it reads back (:class:`~tokenkeys.client.engine.RemoteEngine`), and the responses a
+the outputs it reads back (:class:`~tokenkeys.engine.remote.RemoteEngine`), and the responses a
 server streams (``server/grpc/inference.py``). Validating an incoming request for a served
 model is the server's (``server/grpc/generate_inputs.py``).
 """
@@ -9,8 +9,7 @@ model is the server's (``server/grpc/generate_inputs.py``).
 from __future__ import annotations
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
-from tokenkeys.engine.core import GenerateOutput, GenerationParams
-from tokenkeys.engine.usage import SimulatedTiming, Usage
+from tokenkeys.engine.protocol import GenerateOutput, GenerationParams, SimulatedTiming, Usage
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys import KeyContext
 

@@ -1,10 +1,10 @@
 """The one interface every engine kind offers the serving layers: :class:`Engine`.
 
 A served model generates through an :class:`Engine`: the simulated one of ``tokenkeys serve``
-(:class:`~tokenkeys.server.runtime.local.LocalEngine`), an OpenEngine engine reached over gRPC
-(:class:`~tokenkeys.client.engine.RemoteEngine`), the worker a router picks
+(:class:`~tokenkeys.engine.simulated.local.LocalEngine`), an OpenEngine engine reached over gRPC
+(:class:`~tokenkeys.engine.remote.RemoteEngine`), the worker a router picks
 (:class:`~tokenkeys.router.routed_engine.RoutedEngine`) or a real vLLM behind the sidecar
-(:class:`~tokenkeys.server.runtime.vllm_sidecar.VllmSidecarEngine`). The gRPC ``Inference``
+(:class:`~tokenkeys.engine.vllm.sidecar.VllmSidecarEngine`). The gRPC ``Inference``
 servicer and the HTTP routes call nothing else, so a new engine kind is one class that
 satisfies this Protocol (and one entry in the conformance suite,
 ``tests/engine/test_engine_conformance.py``).
@@ -16,9 +16,55 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # the simulated engine (engine.core) satisfies this Protocol and imports it
-    from tokenkeys.engine.core import GenerateOutput, GenerationParams
+if TYPE_CHECKING:
     from tokenkeys.keys import Adapter, KeyContext
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token accounting of one request, as OpenAI ``usage`` reports it.
+
+    ``cached_prompt_tokens`` is the part of the prompt served from the prefix cache
+    (``usage.prompt_tokens_details.cached_tokens``); always a whole number of blocks.
+    """
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class SimulatedTiming:
+    """Latency the simulated engine attributes to a request (seconds, not wall time)."""
+
+    ttft_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling parameters of one request, as every engine kind receives them."""
+
+    max_tokens: int = 16
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    """One streamed step of a request: its new token, and on the last one usage and timing."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    timing: SimulatedTiming | None = None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from tokenkeys.engine.protocol import EngineLoad
 from tokenkeys.errors import Unsupported
 
 if TYPE_CHECKING:
-    from tokenkeys.engine.core import GenerateOutput, GenerationParams
+    from tokenkeys.engine.protocol import GenerateOutput, GenerationParams
     from tokenkeys.keys import Adapter, KeyContext
     from tokenkeys.serving.models import ModelRegistry
 

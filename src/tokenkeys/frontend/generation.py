@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenkeys.engine.context_window import fit
-from tokenkeys.engine.core import GenerateOutput, GenerationParams
-from tokenkeys.engine.usage import Usage
+from tokenkeys.engine.protocol import GenerateOutput, GenerationParams, Usage
 from tokenkeys.errors import TokenkeysError
 from tokenkeys.keys import KeyContext
 from tokenkeys.serving.models import ServedModel

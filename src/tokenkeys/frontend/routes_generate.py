@@ -18,8 +18,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from tokenkeys.engine.core import GenerateOutput
-from tokenkeys.engine.usage import Usage
+from tokenkeys.engine.protocol import GenerateOutput, Usage
 from tokenkeys.errors import TokenkeysError, Unsupported
 from tokenkeys.frontend import sampling
 from tokenkeys.frontend.body import json_response

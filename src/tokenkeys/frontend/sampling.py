@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenkeys.engine.context_window import check_requested
-from tokenkeys.engine.core import GenerationParams
+from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.errors import InvalidArgument, vllm_invalid
 
 

@@ -4,7 +4,7 @@
 frontend (``tokenkeys.frontend``) serves a pool through it unchanged: the frontend tokenizes
 once with the pool's Preprocessor, this engine asks the
 :class:`~tokenkeys.router.policy.router.Router` for a worker and forwards the ids over
-``Inference.Generate`` (:class:`~tokenkeys.client.engine.RemoteEngine`); usage, cached tokens
+``Inference.Generate`` (:class:`~tokenkeys.engine.remote.RemoteEngine`); usage, cached tokens
 included, comes back from the worker as it reported it.
 
 A worker that fails before its first token (unreachable, stopped) is reported to the registry
@@ -20,8 +20,7 @@ import contextvars
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from tokenkeys.engine.core import GenerateOutput, GenerationParams
-from tokenkeys.engine.protocol import EngineLoad
+from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest

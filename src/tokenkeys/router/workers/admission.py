@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from tokenkeys.client.engine import RemoteEngine
+from tokenkeys.engine.remote import RemoteEngine
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.ingest.ingestor import EventIngestor, IngestMetrics

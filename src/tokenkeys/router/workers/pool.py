@@ -8,7 +8,7 @@ events carry, or tokenize differently from the engine, and every score would be 
 
 The pool also pins which KV-cache group is indexed: the spec's first prefix-reusable group
 (full attention), whose block size is the routing block. That is the group the simulated engine
-keeps (``tokenkeys.server.runtime.local``) and the one llm-d indexes
+keeps (``tokenkeys.engine.simulated.local``) and the one llm-d indexes
 (``blockStoredEventDigestible``, llm-d-router ``pkg/kvevents/pool.go``).
 """
 
@@ -142,7 +142,7 @@ class Pool:
         self.transport = transport
         self.chat_reproducible = tokenizer.options.chat_template_sha256 is None
         self.group_idx, self.block_size = routing_group(self.spec)
-        # The context the engine hashes a request with (tokenkeys.server.runtime.local.resolve):
+        # The context the engine hashes a request with (tokenkeys.engine.simulated.local.resolve):
         # the model name where the profile keys it, the group when it spans several hash units.
         self._needs_model = "model" in self.spec.required_context
         self._group = self.group_idx if self.block_size != self.spec.hash_unit else None

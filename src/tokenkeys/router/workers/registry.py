@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
 from tokenkeys.access.channel import PLAIN, ChannelSecurity
-from tokenkeys.client.engine import RemoteEngine
+from tokenkeys.engine.remote import RemoteEngine
 from tokenkeys.errors import Unavailable
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.ingest.backoff import BackoffSettings

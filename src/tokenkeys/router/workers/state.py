@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
-from tokenkeys.client.engine import RemoteEngine
+from tokenkeys.engine.remote import RemoteEngine
 from tokenkeys.router.ingest.consumer import ZmqEventConsumer
 from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.metrics import RouterMetrics

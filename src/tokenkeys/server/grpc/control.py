@@ -26,8 +26,8 @@ from tokenkeys._gen.openengine.v1 import (
     openengine_pb2_grpc,
     server_pb2,
 )
-from tokenkeys.client.engine import RemoteEngine
 from tokenkeys.engine.proto_errors import draining, engine_error
+from tokenkeys.engine.remote import RemoteEngine
 from tokenkeys.errors import InvalidArgument, LimitExceeded, Unsupported, from_grpc
 from tokenkeys.server.grpc import status as grpc_status
 from tokenkeys.server.grpc.discovery_messages import (

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
-from tokenkeys.engine.core import GenerationParams
+from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys import KeyContext
 from tokenkeys.serving.models import ServedModel

@@ -12,7 +12,7 @@ import string
 import uuid
 from dataclasses import dataclass, field
 
-from tokenkeys.engine.latency import LatencyModel
+from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError, TokenkeysError
 from tokenkeys.events.vllm_codec import DEFAULT_VERSION, layout_for
 

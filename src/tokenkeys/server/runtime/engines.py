@@ -24,8 +24,12 @@ from dataclasses import dataclass
 import grpc
 from prometheus_client import CollectorRegistry
 
-from tokenkeys.client.engine import RemoteEngine
-from tokenkeys.client.vllm_http import VllmHttpClient
+from tokenkeys.engine.remote import RemoteEngine
+from tokenkeys.engine.simulated.local import LocalEngine, deployment_spec
+from tokenkeys.engine.vllm.checks import wire_version_of
+from tokenkeys.engine.vllm.client import VllmHttpClient
+from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
+from tokenkeys.engine.vllm.sidecar import VllmSidecarEngine
 from tokenkeys.errors import FailedPrecondition, NotFound, Unavailable
 from tokenkeys.events.model import AllBlocksCleared, EventBatch, EventSourceInfo, SpecRef
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec, int_encoding_of
@@ -36,10 +40,6 @@ from tokenkeys.events.zmq_publisher import ZmqEventPublisher, restart_safe_first
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.runtime.config import EngineConfig
-from tokenkeys.server.runtime.key_check import KeyCheck, keys_checked
-from tokenkeys.server.runtime.local import LocalEngine, deployment_spec
-from tokenkeys.server.runtime.vllm_checks import wire_version_of
-from tokenkeys.server.runtime.vllm_sidecar import VllmSidecarEngine
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 The frontend tokenizes once, with the model's own Preprocessor, and sends token ids to the
 engine's ``Inference.Generate``; :class:`RemoteEngine` then yields the same
-:class:`~tokenkeys.engine.core.GenerateOutput` values as the simulated engine, so every caller
+:class:`~tokenkeys.engine.protocol.GenerateOutput` values as the simulated engine, so every caller
 (gRPC Generate, the HTTP routes) is indifferent to where generation runs. Control calls that
 describe the engine (server info, load, KV-event sources and streams) are forwarded through
 :attr:`RemoteEngine.control`.
@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc, server_pb2
-from tokenkeys.engine.core import GenerateOutput, GenerationParams
 from tokenkeys.engine.proto import (
     finish_of,
     generate_request,
@@ -23,7 +22,7 @@ from tokenkeys.engine.proto import (
     usage_of,
 )
 from tokenkeys.engine.proto_errors import error_of
-from tokenkeys.engine.protocol import EngineLoad
+from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
 from tokenkeys.errors import TokenkeysError, Unavailable, from_grpc
 from tokenkeys.keys import Adapter, KeyContext
 

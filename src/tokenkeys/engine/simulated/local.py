@@ -2,7 +2,7 @@
 
 :class:`LocalEngine` is a served model's ``engine`` (an
 :class:`~tokenkeys.engine.protocol.Engine`) when generation is simulated: the
-:class:`~tokenkeys.engine.core.Engine` bound to the model's cache-key spec, its
+:class:`~tokenkeys.engine.simulated.engine.Engine` bound to the model's cache-key spec, its
 :class:`~tokenkeys.events.stream.EventStream`, and the per-request resolution every caller
 (gRPC ``Inference.Generate``, the HTTP routes) needs: the adapter's registered path and id, the
 server's default seed, the model name where the profile keys it, the KV-cache group.
@@ -15,9 +15,9 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from functools import lru_cache
 
-from tokenkeys.engine.core import Engine, GenerateOutput, GenerationParams
-from tokenkeys.engine.event_extra_keys import VllmEventExtraKeys
-from tokenkeys.engine.protocol import EngineLoad
+from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
+from tokenkeys.engine.simulated.engine import Engine
+from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, NotFound
 from tokenkeys.events.model import SpecRef
 from tokenkeys.events.stream import EventStream

@@ -24,11 +24,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tokenkeys.engine.context_window import check_requested, fit
-from tokenkeys.engine.latency import LatencyModel
-from tokenkeys.engine.paged_cache import Block, BlockKeyLike, PagedPrefixCache
-from tokenkeys.engine.protocol import EngineLoad
-from tokenkeys.engine.sampler import TokenSampler
-from tokenkeys.engine.usage import SimulatedTiming, Usage
+from tokenkeys.engine.protocol import (
+    EngineLoad,
+    GenerateOutput,
+    GenerationParams,
+    SimulatedTiming,
+    Usage,
+)
+from tokenkeys.engine.simulated.latency import LatencyModel
+from tokenkeys.engine.simulated.paged_cache import Block, BlockKeyLike, PagedPrefixCache
+from tokenkeys.engine.simulated.sampler import TokenSampler
 from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import MEDIUM_GPU, EventBatch
 from tokenkeys.keys import Adapter
@@ -52,27 +57,6 @@ EventExtraKeysFn = Callable[[Any, int, int], "tuple[Any, ...] | None"]
 EventSink = Callable[[EventBatch], object]
 
 _U32 = 1 << 32
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """Sampling parameters the simulated engine honours."""
-
-    max_tokens: int = 16
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class GenerateOutput:
-    """One streamed step of a request: its new token, and on the last one usage and timing."""
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    finished: bool = False
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    timing: SimulatedTiming | None = None
 
 
 @dataclass

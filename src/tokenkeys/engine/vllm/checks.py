@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenkeys.client.vllm_http import VllmHttpClient, VllmModel
+from tokenkeys.engine.vllm.client import VllmHttpClient, VllmModel
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, Unsupported
 from tokenkeys.events.vllm_layout import wire_release_of
 from tokenkeys.keys import Adapter, CacheKeySpec

@@ -5,7 +5,7 @@ tokenizes once with the model's own Preprocessor (whose backend the start probe 
 vLLM's); generation is forwarded to vLLM's ``/v1/completions`` as token ids, and usage
 (``cached_tokens`` included) is vLLM's own. Beside generation it runs one task, the relay: vLLM's
 KV events from its ZMQ publisher (subscriber with replay, tokenkeys' codec) are checked against
-the expected keys (:class:`~tokenkeys.server.runtime.key_check.KeyCheck`) and re-emitted on the
+the expected keys (:class:`~tokenkeys.engine.vllm.key_check.KeyCheck`) and re-emitted on the
 model's :class:`~tokenkeys.events.stream.EventStream`, which stamps the spec and numbers them for
 the sidecar's own ZMQ publisher and ``SubscribeKvEvents``. Load comes from vLLM's ``/metrics``;
 a vLLM that does not answer makes ``load`` raise Unavailable (the sidecar reports itself down).
@@ -22,10 +22,10 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from tokenkeys.client.vllm_http import VllmHttpClient
-from tokenkeys.engine.core import GenerateOutput, GenerationParams
-from tokenkeys.engine.protocol import EngineLoad
-from tokenkeys.engine.usage import Usage
+from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams, Usage
+from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm
+from tokenkeys.engine.vllm.client import VllmHttpClient
+from tokenkeys.engine.vllm.key_check import KeyCheck
 from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
 from tokenkeys.events.model import AllBlocksCleared, EventBatch
 from tokenkeys.events.stream import EventStream
@@ -33,8 +33,6 @@ from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.keys import Adapter, CacheKeySpec, KeyContext
 from tokenkeys.server.runtime.config import VllmEngineConfig
-from tokenkeys.server.runtime.key_check import KeyCheck
-from tokenkeys.server.runtime.vllm_checks import VllmFacts, check_vllm
 from tokenkeys.serving.models import ServedModel
 
 log = logging.getLogger(__name__)
