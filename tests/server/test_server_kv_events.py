@@ -243,3 +243,26 @@ async def test_without_zmq_the_grpc_stream_still_serves_events():
         assert [s.transport for s in sources.sources] == ["grpc"]
     finally:
         await stack.stop()
+
+
+async def test_a_restarted_engine_numbers_above_its_last_run_and_opens_with_a_clear():
+    """Restart-safe sequence numbers: a consumer that drops a regressing sequence (Dynamo's
+    indexer) or ends on one (smg's relay) keeps the new run's batches, and the run's first
+    batch clears what the last run stored."""
+    first = await start_stack()
+    try:
+        for i in range(3):
+            await run(first, prompt(70 + i, 2))
+        last = first.local().stream.next_seq - 1
+    finally:
+        await first.stop()
+    again = await start_stack()
+    try:
+        stream = again.local().stream
+        assert stream.first_seq > last
+        ((seq, opening),) = await grpc_events(again)
+        assert seq == stream.first_seq and opening.events == (AllBlocksCleared(),)
+        (zmq_seq, zmq_opening), *_ = await zmq_batches_until(again, seq)
+        assert (zmq_seq, zmq_opening.events) == (seq, (AllBlocksCleared(),))
+    finally:
+        await again.stop()
