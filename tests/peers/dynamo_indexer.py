@@ -65,17 +65,23 @@ class DynamoIndexer:
             time.sleep(0.2)
         raise RuntimeError(f"dynamo.indexer not up after {timeout:.0f} s: {self.log()}")
 
-    def query(self, token_ids: list[int], lora_name: str | None = None) -> dict[str, Any]:
+    def query(
+        self, token_ids: list[int], lora_name: str | None = None, cache_salt: str | None = None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"token_ids": token_ids, "model_name": self.model}
         if lora_name is not None:
             body["lora_name"] = lora_name
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
         answer = self._client.post("/query", json=body)
         assert answer.status_code == 200, answer.text
         return answer.json()
 
-    def matched_tokens(self, token_ids: list[int], lora_name: str | None = None) -> dict[int, int]:
+    def matched_tokens(
+        self, token_ids: list[int], lora_name: str | None = None, cache_salt: str | None = None
+    ) -> dict[int, int]:
         """Worker id -> the tokens of its longest cached prefix (workers holding none left out)."""
-        instances = self.query(token_ids, lora_name).get("instances") or {}
+        instances = self.query(token_ids, lora_name, cache_salt).get("instances") or {}
         out = {}
         for wid, info in instances.items():
             matched = info["longest_matched"] if isinstance(info, dict) else info

@@ -4,7 +4,8 @@ Two simulated tokenkeys engines publish vLLM-wire KV events over ZMQ; a real ``d
 (ai-dynamo-runtime 1.6.1, its own virtualenv) and tokenkeys' router both index them. For every
 query, each worker's matched prefix in blocks must be equal in Dynamo, in tokenkeys' router and
 in the engine itself: after stores, after eviction (a small cache), with LoRA adapters (Dynamo
-seeds its hash with the adapter name), and across an engine restart on the same endpoints, after
+seeds its hash with the adapter name; a ``cache_salt`` it does not read from the events, which
+is pinned here as its behaviour), and across an engine restart on the same endpoints, after
 which Dynamo must hold none of the old run's blocks and index the new run's (issue 22: a
 sequence going back to 0 made it drop them; restart-safe sequence numbers and the run's opening
 AllBlocksCleared are the remedy).
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tokenkeys.keys import Adapter, KeyContext, block_keys
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.server.runtime.config import LoraModule
 
@@ -113,6 +115,51 @@ async def test_dynamo_indexer_holds_nothing_stale_after_an_engine_restart(
         for ids in before + after:  # old blocks gone everywhere, new ones indexed everywhere
             await _agree(cluster, dynamo, ids)
         assert all(engine_run(cluster, ids, 0) > 0 for ids in after)
+    finally:
+        dynamo.close()
+        await cluster.close()
+
+
+def _held(cluster: Cluster, ids: list[int], i: int, context: KeyContext) -> int:
+    """The blocks engine ``i`` holds of ``ids`` under a key context (adapter, salt)."""
+    local = cluster.stacks[i].local()
+    return len(local.engine.cache.match_prefix(block_keys(ids, local.spec, context)))
+
+
+async def test_dynamo_indexer_keeps_adapters_apart_and_reads_no_salt(
+    dynamo_python: Path, settings: PoolSettings
+) -> None:
+    configs = [engine_config(lora_modules=(ADAPTER,)) for _ in range(2)]
+    cluster = await start_cluster(2, settings=settings, configs=configs)
+    dynamo = _indexer(dynamo_python, cluster)
+    try:
+        ids = prompt_ids(cluster, "Shared question. " + SYSTEM)
+        adapter = KeyContext(adapter=Adapter(ADAPTER.name, ADAPTER.path))
+        salted = KeyContext(cache_salt="tenant-7")
+        await cluster.stacks[0].generate(
+            token_ids={"ids": ids}, stopping={"max_tokens": 1}, lora_name=ADAPTER.name
+        )
+        await cluster.stacks[1].generate(
+            token_ids={"ids": ids}, stopping={"max_tokens": 1}, kv={"cache_salt": "tenant-7"}
+        )
+        await cluster.settle()
+        blocks = len(ids) // BLOCK
+        assert _held(cluster, ids, 0, adapter) == blocks == _held(cluster, ids, 1, salted)
+
+        def answers(**kw: str) -> dict[int, int]:
+            return {w: t // BLOCK for w, t in dynamo.matched_tokens(ids, **kw).items()}
+
+        # An adapter's blocks match only a query naming it (Dynamo seeds its hash with it).
+        _wait(lambda: answers(lora_name=ADAPTER.name) == {1: blocks}, "the adapter's blocks")
+        assert _held(cluster, ids, 0, KeyContext()) == 0
+        # Dynamo 1.6.1 reads no salt from vLLM's events (its salt is per registration,
+        # ``additional_salt``): it indexes the salted blocks as plain ones, so a plain query
+        # matches them and a salted query does not. docs/integrations.md warns of it; the
+        # engines keep them apart.
+        _wait(lambda: answers() == {2: blocks}, "the salted blocks, as Dynamo indexes them")
+        assert answers(cache_salt="tenant-7") == {}
+        assert _held(cluster, ids, 1, KeyContext()) == 0
+        assert answers(lora_name=ADAPTER.name) == {1: blocks}
     finally:
         dynamo.close()
         await cluster.close()
