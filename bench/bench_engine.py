@@ -29,12 +29,12 @@ from timing import pct, us
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys._gen.openengine.v1 import kv_pb2, openengine_pb2_grpc
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.limits import Limits
 from tokenkeys.server.assembly import EngineServer, ServeConfig
-from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
@@ -216,7 +216,7 @@ async def _reference(n_throughput: int, n_latency: int) -> dict[str, object]:
     server = await EngineServer(models, ServeConfig(engine=config)).start()
     assert server.runtime is not None
     engine = models.get(None).engine
-    parts = server.runtime.local(models.names[0])
+    parts = server.runtime.parts(models.names[0])
     info = parts.zmq_source()
     events = _Events()
     counter = iter(range(10**9))
@@ -233,7 +233,7 @@ async def _reference(n_throughput: int, n_latency: int) -> dict[str, object]:
         sub = await _subscribe_zmq(info.endpoint, info.replay_endpoint, info.topic, warm)
         events.start_zmq(sub)
         await asyncio.sleep(0.2)
-        first = parts.local.stream.next_seq
+        first = parts.engine.stream.next_seq
         base = events.events["zmq"]
         start = time.perf_counter()
         queue = iter(range(n_throughput))
@@ -247,7 +247,7 @@ async def _reference(n_throughput: int, n_latency: int) -> dict[str, object]:
         rate = (events.events["zmq"] - base) / (done - start)
         lat = []
         for i in range(n_latency):
-            seq = parts.local.stream.next_seq
+            seq = parts.engine.stream.next_seq
             t0 = time.perf_counter()
             await request(n_throughput + i)
             lat.append(await events.wait_for("zmq", seq) - t0)

@@ -25,7 +25,7 @@ import zmq.asyncio
 from timing import fastest, load_note, pct, us
 
 from tokenkeys.engine.protocol import GenerationParams
-from tokenkeys.engine.simulated.engine import Engine
+from tokenkeys.engine.simulated.engine import SimulatedEngine
 from tokenkeys.events.model import BlockRemoved, BlockStored, EventBatch, SpecRef
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
@@ -241,7 +241,7 @@ async def _engine_latency(n: int) -> list[float]:
     """From calling Engine.generate to the request's first event batch on a subscriber."""
     async with ZmqEventPublisher() as pub:
         stream = EventStream(SPEC, publisher=pub)
-        engine = Engine(
+        engine = SimulatedEngine(
             key_fn=_standin_keys, block_size=BLOCK_SIZE, num_blocks=4096, event_sink=stream
         )
         sub = ZmqEventSubscriber(pub.endpoint)

@@ -185,7 +185,7 @@ def run(quick: bool) -> str:
             "At 2,000 req/s the encodes alone keep 1.4 of the 2 cores busy, and wrk needs its "
             "share of the same cores, so the last step to twice vLLM's rate was making the "
             "encode itself cheaper: glibc's larger per-thread malloc cache, which `tokenkeys "
-            "serve` starts with (`tokenkeys.serving.allocator`; 8-11 % more at this row).",
+            "serve` starts with (`tokenkeys.process.allocator`; 8-11 % more at this row).",
             "",
         ]
     )

@@ -16,6 +16,7 @@ from tokenkeys._gen.openengine.v1 import (
     kv_pb2,
     openengine_pb2_grpc,
 )
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.engine.simulated.local import LocalEngine
 from tokenkeys.events.model import EventBatch
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
@@ -23,7 +24,6 @@ from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.limits import Limits
 from tokenkeys.server.assembly import EngineServer, ServeConfig
-from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.serving.models import ModelRegistry, ServedModel
@@ -150,7 +150,7 @@ async def zmq_batches_until(
 ) -> list[tuple[int, EventBatch]]:
     """Every batch of the run up to last_seq over ZMQ: a SUB from seq 0, repaired by replay (no
     slow joiner)."""
-    parts = stack.runtime.local(stack.models.get(model).name)
+    parts = stack.runtime.parts(stack.models.get(model).name)
     info = parts.zmq_source()
     assert info is not None
     codec = VllmMsgpackCodec()
@@ -158,7 +158,7 @@ async def zmq_batches_until(
         info.endpoint, replay_endpoint=info.replay_endpoint, topic=info.topic, start_seq=0
     )
     await sub.start()
-    stream = parts.local.stream
+    stream = parts.engine.stream
     out: list[tuple[int, EventBatch]] = []
     seen = -1
     loop = asyncio.get_running_loop()

@@ -22,7 +22,23 @@ FORBIDDEN = [
     ("server", "router"),
     ("frontend", "server"),
     ("frontend", "router"),
+    # Every engine kind lives in engine/ and is built from what it needs, never from the
+    # serving layers (a ServedModel) nor from a face of a server.
+    *[("engine", room) for room in ("server", "router", "frontend", "serving", "cli", "process")],
+    # The process room runs servers; it does not know which.
+    *[("process", room) for room in ("server", "router", "frontend", "cli")],
+    ("client", "server"),
 ]
+
+#: Modules of engine kinds (``engine.registry.KINDS`` names them): only engine/ imports them,
+#: and the router, whose workers are remote engines.
+KIND_MODULES = ("tokenkeys.engine.simulated", "tokenkeys.engine.remote", "tokenkeys.engine.vllm")
+KIND_IMPORTERS = {"engine", "router"}
+#: (module, kind module) allowed anyway: the simulated kind's latency is part of its settings.
+KIND_EXCEPTIONS = {
+    ("cli/engine_options.py", "tokenkeys.engine.simulated.latency"),
+    ("engine/config.py", "tokenkeys.engine.simulated.latency"),
+}
 
 #: Longest module, in lines, outside generated code: split by concept before this.
 MAX_LINES = 400
@@ -85,3 +101,82 @@ def test_modules_stay_small() -> None:
         > LONGER.get(path.relative_to(SRC).as_posix(), MAX_LINES)
     ]
     assert not long, "split these modules by concept:\n" + "\n".join(long)
+
+
+def _is_kind(module: str) -> bool:
+    return any(module == k or module.startswith(k + ".") for k in KIND_MODULES)
+
+
+def _excepted(path: Path, module: str) -> bool:
+    where = path.relative_to(SRC).as_posix()
+    return any(where == w and module.startswith(m) for w, m in KIND_EXCEPTIONS)
+
+
+def test_engine_kinds_are_imported_by_engine_only() -> None:
+    # The server hosts every kind through engine.registry and engine.hosting: importing a kind
+    # would be the first step of branching on it.
+    broken = [
+        f"{path.relative_to(SRC)} imports {module}"
+        for path in _modules()
+        if _room(path) not in KIND_IMPORTERS
+        for module in sorted(_imported(path))
+        if _is_kind(module) and not _excepted(path, module)
+    ]
+    assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("module", ["protocol.py", "hosting.py", "registry.py", "config.py"])
+def test_the_engine_interface_imports_no_kind(module: str) -> None:
+    # engine/protocol.py holds what every kind shares; a kind importing it must not be
+    # imported back (the circle engine/core.py once made). The registry names kinds as text.
+    found = {
+        m
+        for m in _imported(SRC / "engine" / module)
+        if _is_kind(m) and not _excepted(SRC / "engine" / module, m)
+    }
+    assert not found, f"engine/{module} imports {sorted(found)}"
+
+
+def _kind_classes() -> set[str]:
+    """Classes defined in the modules of engine kinds and the router's routed engine."""
+    names = set()
+    roots = [SRC / "engine" / "simulated", SRC / "engine" / "vllm"]
+    files = [p for root in roots for p in root.rglob("*.py")]
+    files += [SRC / "engine" / "remote.py", SRC / "router" / "routed_engine.py"]
+    for path in files:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names.update(n.name for n in tree.body if isinstance(n, ast.ClassDef))
+    return names
+
+
+def test_no_isinstance_on_engine_kinds_outside_engine() -> None:
+    kinds = _kind_classes()
+    assert {"LocalEngine", "RemoteEngine", "VllmSidecarEngine", "RoutedEngine"} <= kinds
+    broken = []
+    for path in _modules():
+        if _room(path) == "engine":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("isinstance", "issubclass")
+                and len(node.args) == 2
+            ):
+                continue
+            named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+            named |= {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+            if named & kinds:
+                broken.append(f"{path.relative_to(SRC)}:{node.lineno} {sorted(named & kinds)}")
+    assert not broken, "host through engine.hosting instead:\n" + "\n".join(broken)
+
+
+def test_no_class_name_is_defined_twice() -> None:
+    # One word per concept: two classes of one name (two Engines once) read as one.
+    where: dict[str, list[str]] = {}
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{path.relative_to(SRC)}:{node.lineno}")
+    twice = {name: places for name, places in where.items() if len(places) > 1}
+    assert not twice, "\n".join(f"{name}: {', '.join(p)}" for name, p in sorted(twice.items()))

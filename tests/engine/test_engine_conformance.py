@@ -21,6 +21,8 @@ import pytest
 from engine_stack import start_stack
 from router.routing_support import engine_config, engine_models, start_cluster
 
+from tokenkeys.engine import registry as engine_registry
+from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
 from tokenkeys.engine.protocol import Engine, EngineLoad, GenerateOutput, GenerationParams
 from tokenkeys.engine.remote import RemoteEngine
 from tokenkeys.engine.simulated.latency import LatencyModel
@@ -28,7 +30,6 @@ from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys import Adapter, make_spec
 from tokenkeys.limits import Limits
 from tokenkeys.router.workers.pool_setup import PoolSettings
-from tokenkeys.server.runtime.config import EngineConfig, VllmEngineConfig
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
@@ -122,11 +123,16 @@ async def vllm_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
 
 
 KINDS: dict[str, Callable[[pytest.FixtureRequest], contextlib.AbstractAsyncContextManager]] = {
-    "local": local_engine,
+    "simulated": local_engine,
     "remote": remote_engine,
     "routed": routed_engine,
     "vllm": vllm_engine,
 }
+
+
+def test_every_registered_kind_is_in_the_suite() -> None:
+    # A kind added to the registry without a case here would go unchecked.
+    assert set(engine_registry.KINDS) <= set(KINDS)
 
 
 @pytest.fixture(

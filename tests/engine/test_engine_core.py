@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from tokenkeys.engine.protocol import GenerationParams
-from tokenkeys.engine.simulated.engine import Engine
+from tokenkeys.engine.simulated.engine import SimulatedEngine
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError, ContextLengthExceeded, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
@@ -47,7 +47,7 @@ def standin_block_keys(tokens, context=None, block_size=BS):
 
 def make_engine(num_blocks=64, **kw):
     batches: list[EventBatch] = []
-    engine = Engine(
+    engine = SimulatedEngine(
         key_fn=standin_block_keys,
         block_size=BS,
         num_blocks=num_blocks,

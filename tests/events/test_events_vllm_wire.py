@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 
 from tokenkeys.engine.protocol import GenerationParams
-from tokenkeys.engine.simulated.engine import Engine
+from tokenkeys.engine.simulated.engine import SimulatedEngine
 from tokenkeys.events.model import (
     AllBlocksCleared,
     BlockRemoved,
@@ -140,7 +140,9 @@ async def test_documented_subscriber_decodes_every_engine_event():
     )
     await publisher.start()
     stream = EventStream(SPEC, publisher=publisher, data_parallel_rank=0)
-    engine = Engine(key_fn=standin_block_keys, block_size=BS, num_blocks=6, event_sink=stream)
+    engine = SimulatedEngine(
+        key_fn=standin_block_keys, block_size=BS, num_blocks=6, event_sink=stream
+    )
     sub = DocumentedSubscriber(publisher.endpoint, publisher.replay_endpoint, "kv@")
     try:
         # Slow joiner: empty probe batches until the subscription is live.

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from tokenkeys.engine.simulated.engine import Engine
+from tokenkeys.engine.simulated.engine import SimulatedEngine
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.frontend import HttpConfig
 from tokenkeys.keys import block_keys, make_spec
@@ -36,7 +36,7 @@ def attach_engines(
     """
     spec = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE)
     for model in models:
-        engine = Engine(
+        engine = SimulatedEngine(
             key_fn=lambda tokens, ctx: block_keys(tokens, spec, ctx),
             block_size=BLOCK_SIZE,
             num_blocks=num_blocks,

@@ -8,7 +8,7 @@ import threading
 
 import httpx
 
-from tokenkeys.engine.simulated.engine import Engine
+from tokenkeys.engine.simulated.engine import SimulatedEngine
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.frontend import HttpConfig
 from tokenkeys.keys import block_keys, make_spec
@@ -58,7 +58,7 @@ def _slow_models(limits: Limits):
     models = registry(limits=limits, engines=False)
     spec = make_spec("vllm/sha256_cbor@0.31", 16)
     for model in models:
-        engine = Engine(
+        engine = SimulatedEngine(
             key_fn=lambda tokens, ctx: block_keys(tokens, spec, ctx),
             block_size=16,
             num_blocks=1024,

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tokenkeys.engine.tokenizer_only import TokenizerOnlyEngine, attach_tokenizer_only
+from tokenkeys.engine.tokenizer_only import TokenizerOnlyEngine
+from tokenkeys.serving.models import attach_tokenizer_only
 
 from http_support import HttpServerThread, registry
 

@@ -17,13 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tokenkeys.keys import Adapter, KeyContext, block_keys
-from tokenkeys.router.workers.pool_setup import PoolSettings
-from tokenkeys.server.runtime.config import LoraModule
-
 from dynamo_indexer import DynamoIndexer
-from routing_support import (
+from router.routing_support import (
     Cluster,
     engine_config,
     engine_run,
@@ -31,6 +26,10 @@ from routing_support import (
     prompt_ids,
     start_cluster,
 )
+
+from tokenkeys.engine.config import LoraModule
+from tokenkeys.keys import Adapter, KeyContext, block_keys
+from tokenkeys.router.workers.pool_setup import PoolSettings
 
 pytestmark = pytest.mark.peers
 
@@ -55,7 +54,7 @@ def _indexer(python: Path, cluster: Cluster) -> DynamoIndexer:
     indexer = DynamoIndexer(python, BLOCK, cluster.stacks[0].models.names[0])
     indexer.wait_ready()
     for i, stack in enumerate(cluster.stacks):
-        source = stack.runtime.local(stack.models.names[0]).zmq_source()
+        source = stack.runtime.parts(stack.models.names[0]).zmq_source()
         indexer.register(i + 1, source.endpoint, source.replay_endpoint)
     return indexer
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from engine_stack import EngineStack, default_models, start_stack
 from ports import free_port
 
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.events.model import EventBatch
 from tokenkeys.keys import CacheKeySpec, make_spec
 from tokenkeys.keys.deployment import DEFAULT_PROFILE
@@ -27,7 +28,6 @@ from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.router.workers.registry import WorkerRegistry
-from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.serving.models import ModelRegistry, ServedModel, attach_cache_keys
 
 SYSTEM = (

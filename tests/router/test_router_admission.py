@@ -78,7 +78,7 @@ async def test_events_of_a_foreign_spec_are_ignored_counted_and_recheck_the_work
     try:
         pool = next(iter(cluster.registry.pools.values()))
         stack = cluster.stacks[0]
-        parts = stack.runtime.local(stack.models.get(None).name)
+        parts = stack.runtime.parts(stack.models.get(None).name)
         own = prompt_ids(cluster, "Own spec. " + SYSTEM)
         await stack.generate(token_ids={"ids": own}, stopping={"max_tokens": 1})
         await cluster.settle()
@@ -104,7 +104,7 @@ async def test_events_of_a_foreign_spec_are_ignored_counted_and_recheck_the_work
 
         # Now the engine is re-keyed for real (its advertisement says so): the recheck that
         # foreign events trigger refuses it and clears its entries.
-        parts.local.spec = make_spec("vllm/sha256_cbor@0.31", 16, root_seed="42")
+        parts.engine.spec = make_spec("vllm/sha256_cbor@0.31", 16, root_seed="42")
         await asyncio.sleep(0.15)  # past the recheck throttle (foreign_interval=0.1 here)
         await stack.generate(
             token_ids={"ids": prompt_ids(cluster, "x " * 64)}, stopping={"max_tokens": 1}

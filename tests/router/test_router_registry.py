@@ -79,7 +79,7 @@ async def test_dropped_events_are_replayed_and_the_index_matches_the_engine(sett
     try:
         await cluster.settle()
         stack = cluster.stacks[0]
-        parts = stack.runtime.local(stack.models.get(None).name)
+        parts = stack.runtime.parts(stack.models.get(None).name)
         prompts = [prompt_ids(cluster, f"Prompt {i}. " + SYSTEM) for i in range(3)]
         # The engine publishes the first two batches, but they never reach the router (ZMQ:
         # lost on the wire; gRPC: the subscription breaks and resumes past them).
@@ -130,7 +130,7 @@ async def test_events_lost_for_good_clear_the_worker_and_never_over_report(setti
     try:
         await cluster.settle()
         stack = cluster.stacks[0]
-        publisher = stack.runtime.local(stack.models.get(None).name).publisher
+        publisher = stack.runtime.parts(stack.models.get(None).name).publisher
         early = prompt_ids(cluster, "Early prompt. " + SYSTEM)
         await stack.generate(token_ids={"ids": early}, stopping={"max_tokens": 1})
         await cluster.settle()

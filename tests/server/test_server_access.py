@@ -20,8 +20,8 @@ from tokenkeys.access import BearerTokens, ChannelSecurity, ClientTls, ServerTls
 from tokenkeys.artifacts import PullSettings, fetch
 from tokenkeys.cli import build_parser
 from tokenkeys.client import TokenizerClient
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.errors import ConfigError, TokenkeysError, Unauthenticated
-from tokenkeys.server.runtime.config import EngineConfig
 
 from support import run_cli
 
@@ -63,7 +63,7 @@ async def test_kv_event_sockets_bind_the_serve_host() -> None:
     assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
     stack = await start_stack(EngineConfig())  # the host serve passes: 127.0.0.1 by default
     try:
-        info = stack.runtime.local(stack.models.names[0]).zmq_source()
+        info = stack.runtime.parts(stack.models.names[0]).zmq_source()
         assert info.endpoint.startswith("tcp://127.0.0.1:")
         assert info.replay_endpoint.startswith("tcp://127.0.0.1:")
     finally:

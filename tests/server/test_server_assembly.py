@@ -10,12 +10,12 @@ import pytest
 from engine_stack import default_models
 
 from tokenkeys._gen.openengine.v1 import kv_pb2, openengine_pb2_grpc
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.simulated.local import LocalEngine
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys import make_spec
 from tokenkeys.server.assembly import EngineServer, ServeConfig
-from tokenkeys.server.runtime.config import EngineConfig
 
 SPEC = make_spec("vllm/sha256_cbor@0.31", 16)
 

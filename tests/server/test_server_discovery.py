@@ -17,11 +17,11 @@ from engine_stack import start_stack
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys._gen.openengine.v1 import kv_pb2, lifecycle_pb2, model_pb2, server_pb2
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as tpb
+from tokenkeys.engine.config import EngineConfig, LoraModule
 from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.events.zmq_endpoint import is_wildcard
 from tokenkeys.keys import make_spec
 from tokenkeys.server.grpc.discovery_messages import endpoint_of
-from tokenkeys.server.runtime.config import EngineConfig, LoraModule
 from tokenkeys.server.runtime.engines import EngineRuntime
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from tokenkeys.cli import build_parser
 from tokenkeys.cli.engine_options import engine_config_from
+from tokenkeys.engine.config import EngineConfig, LoraModule
 from tokenkeys.errors import ConfigError
-from tokenkeys.server.runtime.config import EngineConfig, LoraModule
 
 
 def test_defaults():

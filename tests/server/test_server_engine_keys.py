@@ -13,10 +13,10 @@ import pytest
 from engine_stack import GrpcEvents, start_stack, zmq_batches_until
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
+from tokenkeys.engine.config import EngineConfig, LoraModule
 from tokenkeys.events.model import BlockStored
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.keys import Adapter, KeyContext, block_keys, make_spec
-from tokenkeys.server.runtime.config import EngineConfig, LoraModule
 
 PROMPT = [(i * 37 + 11) % 40_000 + 100 for i in range(70)]  # 4 full blocks of 16 + 6 tokens
 LORA = LoraModule("sql-lora", "/adapters/sql-lora", 1)

@@ -14,12 +14,12 @@ import pytest
 from engine_stack import GrpcEvents, start_stack
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
+from tokenkeys.engine.config import EngineConfig, LoraModule
 from tokenkeys.engine.proto import TTFT_METADATA
 from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.keys import KeyContext
-from tokenkeys.server.runtime.config import EngineConfig, LoraModule
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 8
 

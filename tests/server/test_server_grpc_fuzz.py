@@ -26,9 +26,9 @@ from tokenkeys._gen.openengine.v1 import (
     openengine_pb2_grpc,
     tokenizer_pb2,
 )
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.keys.deployment import KeySpecOptions, build_spec
 from tokenkeys.limits import Limits
-from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.serving.models import attach_cache_keys
 
 ALLOWED = {

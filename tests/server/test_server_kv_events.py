@@ -19,12 +19,12 @@ from engine_stack import GrpcEvents, start_stack, zmq_batches_until
 
 from tokenkeys._gen.openengine.v1 import error_pb2, kv_pb2
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_publisher import END_SEQ
 from tokenkeys.keys import block_keys
-from tokenkeys.server.runtime.config import EngineConfig
 
 CODEC = ProtobufEventCodec()
 
@@ -162,7 +162,7 @@ async def test_zmq_replay_returns_exactly_the_batches_from_the_requested_sequenc
     try:
         for i in range(5):
             await run(stack, prompt(50 + i, 2))
-        info = stack.runtime.local(stack.models.names[0]).zmq_source()
+        info = stack.runtime.parts(stack.models.names[0]).zmq_source()
         f = stack.local().stream.first_seq  # then 5 batches: f + 1 .. f + 5
         replayed = await _zmq_replay(info.replay_endpoint, f + 3)
         assert [s for _, s, _ in replayed] == [f + 3, f + 4, f + 5]

@@ -13,11 +13,11 @@ from engine_stack import start_stack
 from tokenkeys._gen.openengine.v1 import generation_pb2, lifecycle_pb2
 from tokenkeys.artifacts import ArtifactLimits, PullSettings, fetch
 from tokenkeys.client import TokenizerClient
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError, LimitExceeded
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
-from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.template.render import RenderLimits
 from tokenkeys.tokenizer import TokenizerOptions

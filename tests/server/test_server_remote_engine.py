@@ -18,6 +18,7 @@ from tokenkeys._gen.openengine.v1 import (
     openengine_pb2_grpc,
     server_pb2,
 )
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.engine.proto import TTFT_METADATA
 from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.engine.remote import RemoteEngine
@@ -26,7 +27,6 @@ from tokenkeys.events.model import BlockStored
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.keys import KeyContext
 from tokenkeys.limits import Limits
-from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 

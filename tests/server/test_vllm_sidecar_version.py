@@ -18,8 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from engine_stack import start_stack
 
+from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
 from tokenkeys.errors import ConfigError, TokenkeysError
-from tokenkeys.server.runtime.config import EngineConfig, VllmEngineConfig
 
 from support import run_cli
 

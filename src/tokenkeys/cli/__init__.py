@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from tokenkeys.cli import keys, pull, route, serve, tokens
 from tokenkeys.errors import TokenkeysError
-from tokenkeys.serving.allocator import restart_tuned
+from tokenkeys.process.allocator import restart_tuned
 from tokenkeys.terminal import printable
 
 # Each module exposes register(subparsers); a subcommand's parser sets ``func(args) -> int``.
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is None and args.command == "serve":
-        restart_tuned()  # the serving process's allocator (tokenkeys.serving.allocator)
+        restart_tuned()  # the serving process's allocator (tokenkeys.process.allocator)
     try:
         return int(args.func(args) or 0)
     except TokenkeysError as error:

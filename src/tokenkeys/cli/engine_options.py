@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from tokenkeys.engine.simulated.latency import LatencyModel
-from tokenkeys.engine.tokenizer_only import KIND as TOKENIZER_ONLY
-from tokenkeys.errors import ConfigError
-from tokenkeys.server.runtime.config import (
+from tokenkeys.engine.config import (
     DEFAULT_TOPIC,
     EngineConfig,
     LoraModule,
     VllmEngineConfig,
     new_instance_id,
 )
+from tokenkeys.engine.simulated.latency import LatencyModel
+from tokenkeys.engine.tokenizer_only import NO_ENGINE
+from tokenkeys.errors import ConfigError
 
 _US = 1e-6
 
@@ -158,7 +158,7 @@ def tokenizer_only(args: argparse.Namespace) -> bool:
 
     LoRA adapters belong to an engine, so ``--lora-modules`` is refused with it.
     """
-    if args.engine != TOKENIZER_ONLY:
+    if args.engine != NO_ENGINE:
         return False
     if args.lora_modules:
         raise ConfigError(

@@ -1,6 +1,6 @@
 """``tokenkeys route``: an OpenAI-compatible HTTP router in front of OpenEngine workers.
 
-``--workers N`` routes from N processes sharing the HTTP port (:mod:`tokenkeys.serving.workers`).
+``--workers N`` routes from N processes sharing the HTTP port (:mod:`tokenkeys.process.supervisor`).
 Each is a whole router replica: it discovers the engines, follows their KV events into its own
 prefix index (or the shared Redis one) and counts its own requests in flight, as N router
 replicas behind a load balancer would.
@@ -9,12 +9,7 @@ replicas behind a load balancer would.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import os
-import signal
-import sys
-from typing import NoReturn
 
 from tokenkeys.cli.access_options import (
     add_client_access_options,
@@ -26,6 +21,8 @@ from tokenkeys.cli.access_options import (
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
+from tokenkeys.process.run import run_served
+from tokenkeys.process.supervisor import check_worker_count
 from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.index.memory import DEFAULT_CAPACITY
 from tokenkeys.router.policy.cost import CostWeights
@@ -33,9 +30,7 @@ from tokenkeys.router.policy.router import POLICIES
 from tokenkeys.router.service import INDEXES, RouterConfig
 from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool_setup import PoolSettings
-from tokenkeys.serving.lifecycle import exit_stopped
-from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
-from tokenkeys.terminal import escape_log_records, printable
+from tokenkeys.terminal import printable
 
 log = logging.getLogger("tokenkeys.route")
 
@@ -206,36 +201,11 @@ def _description(server: RouteServer) -> list[str]:
     return lines
 
 
-async def _route(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
-    server = await RouteServer(config_from(args, reuse_port=link is not None)).start()
-    announce(_description(server), link)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    # A worker hears SIGTERM only, from its supervisor, and stops as well when it is gone.
-    for sig in (signal.SIGTERM,) if link is not None else (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    if link is not None:
-        link.watch(stop.set)
-    await stop.wait()
-    if link is not None:
-        print(f"worker {link.index} (pid {os.getpid()}) draining", flush=True)
-    # Drain as tokenkeys serve does: new requests 503, /health draining, in-flight ones finish.
-    left = await server.drain(args.shutdown_timeout)
-    await server.stop(1.0 if left else 0.0)
-    return 0
-
-
-def route_worker(args: argparse.Namespace, link: WorkerLink) -> NoReturn:
-    """One worker process of ``route --workers N``; the process ends once it stopped."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
-    exit_stopped(asyncio.run(_route(args, link)))
+async def start_server(args: argparse.Namespace, reuse_port: bool) -> tuple[RouteServer, list[str]]:
+    """Build and start the router the options describe (a :data:`~tokenkeys.process.run.Start`)."""
+    server = await RouteServer(config_from(args, reuse_port=reuse_port)).start()
+    return server, _description(server)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
-    if args.workers == 1:
-        exit_stopped(asyncio.run(_route(args)))  # stopped cleanly: no teardown to wait for
-    config_from(args)  # a bad option fails once, before any worker starts
-    return Supervisor(route_worker, args, args.workers, [("http_port", "--http-port")]).run()
+    return run_served(start_server, args, [("http_port", "--http-port")], check=config_from)

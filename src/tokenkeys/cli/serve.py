@@ -5,7 +5,7 @@ UNAVAILABLE; health checks still answer, reporting draining), ends KV-event subs
 their terminal message, waits up to ``--shutdown-timeout`` seconds for the calls in flight
 (streams included) to finish, then stops and exits 0. A second signal stops at once.
 
-``--workers N`` serves from N processes sharing the ports (:mod:`tokenkeys.serving.workers`);
+``--workers N`` serves from N processes sharing the ports (:mod:`tokenkeys.process.supervisor`);
 generation must then be forwarded (``--engine``): a simulated engine per process would be N
 engines, each with its own prefix cache and KV events, behind one address.
 """
@@ -13,12 +13,7 @@ engines, each with its own prefix cache and KV events, behind one address.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import os
-import signal
-import sys
-from typing import NoReturn
 
 from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
 from tokenkeys.cli.common import (
@@ -31,25 +26,21 @@ from tokenkeys.cli.connection_options import add_connection_options, connection_
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from, tokenizer_only
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
-from tokenkeys.engine.tokenizer_only import attach_tokenizer_only
+from tokenkeys.engine.config import new_instance_id
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
-from tokenkeys.preprocess.offload import (
+from tokenkeys.process.encode_lanes import (
     MAX_DEFAULT_THREADS,
     MAX_ENCODE_THREADS,
     encode_threads_for,
     set_encode_threads,
 )
+from tokenkeys.process.run import run_served
+from tokenkeys.process.supervisor import check_worker_count
 from tokenkeys.server.assembly import EngineServer, ServeConfig
-from tokenkeys.server.runtime.config import new_instance_id
-from tokenkeys.serving.lifecycle import exit_stopped
-from tokenkeys.serving.workers import Supervisor, WorkerLink, announce, check_worker_count
-from tokenkeys.terminal import escape_log_records
+from tokenkeys.serving.models import attach_tokenizer_only
 
 log = logging.getLogger("tokenkeys.serve")
-
-#: After the drain, what the servers still give the calls that outlived the deadline.
-_STOP_GRACE = 1.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -196,71 +187,25 @@ def _description(server: EngineServer) -> list[str]:
     return lines
 
 
-async def _until_drained(
-    server: EngineServer, timeout: float, link: WorkerLink | None = None
-) -> None:
-    """Wait for SIGTERM/SIGINT, drain up to ``timeout`` s (a second signal cuts it short), stop.
-
-    A worker (``link``) hears SIGTERM only, from its supervisor, and drains as well when the
-    supervisor is gone.
-    """
-    signals = asyncio.Queue[int]()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM,) if link is not None else (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, signals.put_nowait, sig)
-    if link is not None:
-        link.watch(lambda: signals.put_nowait(signal.SIGTERM))
-    who = f"worker {link.index} (pid {os.getpid()}) " if link is not None else ""
-    received = await signals.get()
-    print(
-        f"{who}{signal.Signals(received).name}: draining {server.lifecycle.inflight} calls in "
-        f"flight, at most {timeout:g} s",
-        flush=True,
-    )
-    drain = asyncio.ensure_future(server.drain(timeout))
-    second = asyncio.ensure_future(signals.get())
-    await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
-    second.cancel()
-    left = drain.result() if drain.done() else server.lifecycle.inflight
-    drain.cancel()
-    if left:
-        print(
-            f"{who}stopping with {left} calls still in flight (deadline or second signal)",
-            flush=True,
-        )
-    await server.stop(_STOP_GRACE if left else 0.0)
-    print(f"{who}stopped", flush=True)
-
-
-async def _serve(args: argparse.Namespace, link: WorkerLink | None = None) -> int:
-    config = serve_config(args, reuse_port=link is not None)
+async def start_server(
+    args: argparse.Namespace, reuse_port: bool
+) -> tuple[EngineServer, list[str]]:
+    """Build and start the server the options describe (a :data:`~tokenkeys.process.run.Start`)."""
+    config = serve_config(args, reuse_port=reuse_port)
     set_encode_threads(args.encode_threads or encode_threads_for(args.workers))
     models = local_models(args, config.limits, chat_options(args))
     if config.engine is None:
         attach_tokenizer_only(models, args.max_model_len)
     server = await EngineServer(models, config).start()
-    announce(_description(server), link)
-    await _until_drained(server, args.shutdown_timeout, link)
-    return 0
+    return server, _description(server)
 
 
-def serve_worker(args: argparse.Namespace, link: WorkerLink) -> NoReturn:
-    """One worker process of ``serve --workers N``; the process ends once it stopped."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
-    exit_stopped(asyncio.run(_serve(args, link)))
-
-
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
-    # One line per request forwarded to a vLLM would drown the log (httpx logs at INFO).
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    if args.workers == 1:
-        exit_stopped(asyncio.run(_serve(args)))  # stopped cleanly: no teardown to wait for
-    # Checked here so a bad option fails once, before any worker starts.
+def _check_once(args: argparse.Namespace) -> None:
     serve_config(args)
     # Per-process defaults fixed once, so every worker serves the same identity.
     args.instance_id = args.instance_id or new_instance_id()
+
+
+def run(args: argparse.Namespace) -> int:
     ports = [("grpc_port", "--grpc-port"), ("http_port", "--http-port")]
-    return Supervisor(serve_worker, args, args.workers, ports).run()
+    return run_served(start_server, args, ports, check=_check_once)

@@ -18,7 +18,7 @@ is not an error in vLLM 0.32. The messages are vLLM's, so clients that match on 
 A context length is only known when the model's engine states one; otherwise the engine judges.
 
 This is the one copy of the rule: the HTTP frontend applies it before tokens are generated, and
-the simulated engine (:class:`tokenkeys.engine.simulated.engine.Engine`, behind gRPC
+the simulated engine (:class:`tokenkeys.engine.simulated.engine.SimulatedEngine`, behind gRPC
 ``Generate`` too) applies it to every request it runs, so both refuse with the same words and
 the same class, :class:`~tokenkeys.errors.ContextLengthExceeded` (400, INVALID_ARGUMENT).
 """

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc, server_pb2
+from tokenkeys.engine.hosting import EngineInputs
 from tokenkeys.engine.proto import (
     finish_of,
     generate_request,
@@ -23,6 +24,7 @@ from tokenkeys.engine.proto import (
 )
 from tokenkeys.engine.proto_errors import error_of
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
+from tokenkeys.engine.registry import EngineKind
 from tokenkeys.errors import TokenkeysError, Unavailable, from_grpc
 from tokenkeys.keys import Adapter, KeyContext
 
@@ -42,6 +44,16 @@ class RemoteEngine:
         self.owns_channel = owns_channel
         self.inference = openengine_pb2_grpc.InferenceStub(channel)
         self.control = openengine_pb2_grpc.ControlStub(channel)
+
+    async def start(self) -> None:
+        """Nothing to check first: the engine answers for itself (its Control is forwarded)."""
+
+    async def ensure_up(self) -> None:
+        """Up as far as this frontend knows; the engine's own Health is forwarded."""
+
+    def describe(self) -> str:
+        """The kind, for the server log."""
+        return f"remote OpenEngine engine at {self.target}"
 
     @property
     def max_model_len(self) -> int | None:
@@ -132,3 +144,14 @@ class RemoteEngine:
             f"remote engine {self.target} ended the Generate stream without GenerationFinished",
             field="engine",
         )
+
+
+def build(inputs: EngineInputs) -> RemoteEngine:
+    """The engine at ``inputs.config.remote_engine``, generating ``inputs.name``, on its own
+    channel (created here, inside the serving loop, and closed with the engine)."""
+    target = inputs.config.remote_engine
+    assert target is not None
+    return RemoteEngine(target, inputs.name, grpc.aio.insecure_channel(target), owns_channel=True)
+
+
+KIND = EngineKind("remote", "forwarded", build)

@@ -11,7 +11,6 @@ the reason (HTTP 501). The engine states the context length render budgets are c
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -21,10 +20,9 @@ from tokenkeys.errors import Unsupported
 if TYPE_CHECKING:
     from tokenkeys.engine.protocol import GenerateOutput, GenerationParams
     from tokenkeys.keys import Adapter, KeyContext
-    from tokenkeys.serving.models import ModelRegistry
 
-#: The value of ``--engine`` that selects this kind.
-KIND = "none"
+#: The value of ``--engine`` that serves no engine.
+NO_ENGINE = "none"
 
 
 class TokenizerOnlyEngine:
@@ -75,11 +73,3 @@ class TokenizerOnlyEngine:
 
     async def close(self) -> None:
         """Nothing to release."""
-
-
-def attach_tokenizer_only(models: ModelRegistry, max_model_len: int | None) -> None:
-    """Serve every model of ``models`` tokenizer-only, with ``max_model_len`` as its context
-    (None: the tokenizer's ``model_max_length``)."""
-    for model in models:
-        limit = max_model_len or model.tokenizer.specials.model_max_length
-        models.replace(dataclasses.replace(model, engine=TokenizerOnlyEngine(model.name, limit)))

@@ -62,7 +62,7 @@ class PromptTokensDetails(_Out):
     cached_tokens: int = Field(description="prompt tokens served from the prefix cache")
 
 
-class Usage(_Out):
+class UsageBody(_Out):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -87,7 +87,7 @@ class CompletionResponse(_Out):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = Field(None, description="in streams, only with include_usage")
+    usage: UsageBody | None = Field(None, description="in streams, only with include_usage")
 
 
 class ChatMessage(_Out):
@@ -112,7 +112,7 @@ class ChatCompletionResponse(_Out):
     created: int
     model: str
     choices: list[ChatChoice]
-    usage: Usage | None = None
+    usage: UsageBody | None = None
     prompt_token_ids: list[int] | None = Field(
         None, description="with return_token_ids (in streams, on the first chunk)"
     )

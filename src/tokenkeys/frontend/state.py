@@ -13,7 +13,7 @@ from tokenkeys.errors import NotFound, Unsupported
 from tokenkeys.frontend.config import HttpConfig
 from tokenkeys.frontend.metrics import HttpMetrics
 from tokenkeys.keys import Adapter
-from tokenkeys.preprocess.offload import offload
+from tokenkeys.process.encode_lanes import offload
 from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
@@ -41,7 +41,7 @@ async def preprocess(
     """Run a Preprocessor call inline for small bodies, on a worker thread for large ones.
 
     A megabyte of text on the loop would stall every other request; below ``inline_bytes`` the
-    thread hop costs more than it saves (:func:`tokenkeys.preprocess.offload.offload`).
+    thread hop costs more than it saves (:func:`tokenkeys.process.encode_lanes.offload`).
     """
     return await offload(body_size, state.config.inline_bytes, fn, *args, **kw)
 

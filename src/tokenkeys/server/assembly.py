@@ -26,13 +26,13 @@ from fastapi import FastAPI
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.access.tls import ServerTls
 from tokenkeys.access.token import BearerTokens
+from tokenkeys.engine.config import EngineConfig
 from tokenkeys.frontend import HttpConfig, HttpServer, create_app, start_http_server
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.limits import Limits
 from tokenkeys.server.grpc.engine_services import engine_service_adders
 from tokenkeys.server.grpc.server import ServiceAdder, start_grpc_server
 from tokenkeys.server.grpc.tokenizer import TokenizerService
-from tokenkeys.server.runtime.config import EngineConfig
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.guards import build_guards
 from tokenkeys.serving.lifecycle import Lifecycle
@@ -55,7 +55,7 @@ class ServeConfig:
     - ``http``: the frontend's settings (default: ``limits`` and the access settings below);
     - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces;
     - ``reuse_port``: bind both ports with SO_REUSEPORT (the workers of ``serve --workers N``
-      each build a whole server and share the ports; :mod:`tokenkeys.serving.workers`);
+      each build a whole server and share the ports; :mod:`tokenkeys.process.supervisor`);
     - ``connections``: connection caps and idle timeouts on both faces (default: the defaults).
     """
 

@@ -73,7 +73,7 @@ class EngineStats:
     waiting: int = 0
 
 
-class Engine:
+class SimulatedEngine:
     """Simulated LLM engine with a paged prefix cache, deterministic tokens and KV events.
 
     ``key_fn`` computes block keys (the engine never hashes itself); ``block_size`` must be the
@@ -265,7 +265,7 @@ class Engine:
         params = params or GenerationParams()
         prompt = list(prompt_token_ids)
         params = self._check(prompt, params)
-        run = _Request(request_id or uuid.uuid4().hex, list(prompt), context, lora_name, lora_id)
+        run = _Running(request_id or uuid.uuid4().hex, list(prompt), context, lora_name, lora_id)
         keys = list(self.key_fn(prompt, context))
         # KV is computed for every token but the last sampled one.
         need = -(-(len(prompt) + params.max_tokens - 1) // self.block_size)
@@ -291,7 +291,7 @@ class Engine:
         finally:
             await self._release(run.blocks, run.reserved)
 
-    async def _prefill(self, run: _Request, keys: list[BlockKeyLike], hits: int) -> float:
+    async def _prefill(self, run: _Running, keys: list[BlockKeyLike], hits: int) -> float:
         """Allocate the prompt's uncached blocks, cache its full ones, wait the TTFT."""
         bs = self.block_size
         prompt_len = len(run.tokens)
@@ -305,7 +305,7 @@ class Engine:
             await asyncio.sleep(ttft)
         return ttft
 
-    async def _decode(self, run: _Request) -> float:
+    async def _decode(self, run: _Running) -> float:
         """Feed the last sampled token (position ``len(tokens) - 1``); the step's time."""
         bs = self.block_size
         computed = len(run.tokens)
@@ -330,7 +330,7 @@ class Engine:
 
 
 @dataclass
-class _Request:
+class _Running:
     """One request while it runs: its tokens so far, its KV blocks and what is still reserved."""
 
     request_id: str

@@ -2,7 +2,7 @@
 
 :class:`LocalEngine` is a served model's ``engine`` (an
 :class:`~tokenkeys.engine.protocol.Engine`) when generation is simulated: the
-:class:`~tokenkeys.engine.simulated.engine.Engine` bound to the model's cache-key spec, its
+:class:`~tokenkeys.engine.simulated.engine.SimulatedEngine` bound to the model's cache-key spec, its
 :class:`~tokenkeys.events.stream.EventStream`, and the per-request resolution every caller
 (gRPC ``Inference.Generate``, the HTTP routes) needs: the adapter's registered path and id, the
 server's default seed, the model name where the profile keys it, the KV-cache group.
@@ -13,51 +13,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
-from functools import lru_cache
 
+from tokenkeys.engine.config import EngineConfig
+from tokenkeys.engine.hosting import EngineInputs
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
-from tokenkeys.engine.simulated.engine import Engine
+from tokenkeys.engine.registry import EngineKind
+from tokenkeys.engine.simulated.engine import SimulatedEngine
 from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, NotFound
 from tokenkeys.events.model import SpecRef
 from tokenkeys.events.stream import EventStream
 from tokenkeys.keys import Adapter, BlockKey, CacheKeySpec, KeyContext, block_keys
-from tokenkeys.keys.deployment import (  # noqa: F401 - re-exported defaults
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_PROFILE,
-    KeySpecOptions,
-    build_spec,
-)
-from tokenkeys.server.runtime.config import EngineConfig
-from tokenkeys.serving.models import ServedModel
+from tokenkeys.tokenizer import Tokenizer
 
 
-@lru_cache(maxsize=1)
-def _default_spec() -> CacheKeySpec:
-    # The spec used while the server has no cache-key configuration of its own: the defaults of
-    # ``tokenkeys serve --cache-key-profile`` (vLLM 0.31+ ``sha256_cbor``, the hash vLLM
-    # recommends for cross-process reuse, at vLLM's default block size 16, deterministic root).
-    spec = build_spec(KeySpecOptions())
-    assert spec is not None
-    return spec
-
-
-def deployment_spec(model: ServedModel) -> CacheKeySpec:
-    """The cache-key spec the engine of ``model`` keys its blocks with.
-
-    The server's cache-key configuration (``model.cache_keys``, which carries the deployment's
-    spec) when there is one, so that events, GetCacheKeySpec and ComputeCacheKeys
-    all follow one spec; otherwise :data:`DEFAULT_PROFILE` at :data:`DEFAULT_BLOCK_SIZE`.
-    """
-    if model.cache_keys is not None:
-        return model.cache_keys.spec
-    return _default_spec()
-
-
-def output_vocab(model: ServedModel) -> list[int]:
+def output_vocab(tokenizer: Tokenizer) -> list[int]:
     """Ids the simulated engine draws output from: the vocabulary without special tokens."""
-    special = {a.id for a in model.tokenizer.specials.added if a.special}
-    return [i for i in range(model.tokenizer.vocab_size) if i not in special]
+    special = {a.id for a in tokenizer.specials.added if a.special}
+    return [i for i in range(tokenizer.vocab_size) if i not in special]
 
 
 class LocalEngine:
@@ -71,12 +44,13 @@ class LocalEngine:
 
     def __init__(
         self,
-        model: ServedModel,
+        name: str,
+        tokenizer: Tokenizer,
         spec: CacheKeySpec,
         stream: EventStream,
         config: EngineConfig,
     ) -> None:
-        self.model_name = model.name
+        self.model_name = name
         self.spec = spec
         self.stream = stream
         self.config = config
@@ -84,18 +58,28 @@ class LocalEngine:
         # The engine simulates the first KV-cache group; its keys are the spec's keys at that
         # group's block size (vLLM >= 0.24 BlockHashListWithBlockSize), selected by group index.
         self._group = group.index if group.block_size != spec.hash_unit else None
-        self.engine = Engine(
+        self.engine = SimulatedEngine(
             key_fn=self._keys,
             block_size=group.block_size,
             num_blocks=config.num_kv_blocks,
             event_sink=stream,
             latency=config.latency,
-            output_vocab=output_vocab(model),
-            max_model_len=config.max_model_len or model.tokenizer.specials.model_max_length,
+            output_vocab=output_vocab(tokenizer),
+            max_model_len=config.max_model_len or tokenizer.specials.model_max_length,
             event_extra_keys=VllmEventExtraKeys(spec.hash_unit),
             group_idx=group.index,
             kv_cache_spec_kind=group.kind,
         )
+
+    async def start(self) -> None:
+        """Nothing to connect to: the simulated engine runs in this process."""
+
+    async def ensure_up(self) -> None:
+        """Always up while the process is."""
+
+    def describe(self) -> str:
+        """The kind, for the server log."""
+        return "simulated"
 
     @property
     def block_size(self) -> int:
@@ -207,3 +191,12 @@ class LocalEngine:
         async with contextlib.aclosing(outputs) as stream:
             async for output in stream:
                 yield output
+
+
+def build(inputs: EngineInputs) -> LocalEngine:
+    """The simulated engine of one served model (its events on ``inputs.stream``)."""
+    assert inputs.stream is not None, "a streamed kind is built with its stream"
+    return LocalEngine(inputs.name, inputs.tokenizer, inputs.spec, inputs.stream, inputs.config)
+
+
+KIND = EngineKind("simulated", "streamed", build)

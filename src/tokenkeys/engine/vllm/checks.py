@@ -25,7 +25,7 @@ from tokenkeys.engine.vllm.client import VllmHttpClient, VllmModel
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, Unsupported
 from tokenkeys.events.vllm_layout import wire_release_of
 from tokenkeys.keys import Adapter, CacheKeySpec
-from tokenkeys.serving.models import ServedModel
+from tokenkeys.tokenizer import Tokenizer
 
 #: Text the probe tokenizes: ASCII, digits, a Unicode numeral after a space (where tokenizer
 #: backends disagreed, issue 11), accents and a special token.
@@ -68,7 +68,8 @@ def _layout_unknown(client: VllmHttpClient, why: str) -> ConfigError:
 
 async def check_vllm(
     client: VllmHttpClient,
-    model: ServedModel,
+    name: str,
+    tokenizer: Tokenizer,
     spec: CacheKeySpec,
     max_model_len: int | None,
 ) -> VllmFacts:
@@ -83,13 +84,13 @@ async def check_vllm(
         )
     _check_cache_config(cache, spec)
     served = await client.models()
-    base = _served_model(served, model.name, client.base_url)
+    base = _served_model(served, name, client.base_url)
     if max_model_len is not None and base.max_model_len not in (None, max_model_len):
         raise ConfigError(
             f"--max-model-len is {max_model_len}, vLLM's max_model_len is {base.max_model_len}",
             field="max-model-len",
         )
-    await _probe_tokenize(client, model)
+    await _probe_tokenize(client, name, tokenizer)
     adapters = tuple(Adapter(m.name, m.root) for m in served if m.parent == base.name)
     return VllmFacts(
         base.max_model_len or max_model_len, int(cache.get("num_gpu_blocks") or 0), adapters
@@ -137,12 +138,12 @@ def _served_model(served: list[VllmModel], name: str, url: str) -> VllmModel:
     )
 
 
-async def _probe_tokenize(client: VllmHttpClient, model: ServedModel) -> None:
-    theirs = await client.tokenize(model.name, PROBE_TEXT)
-    ours = list(model.tokenizer.encode([PROBE_TEXT], add_special_tokens=True)[0].ids)
+async def _probe_tokenize(client: VllmHttpClient, name: str, tokenizer: Tokenizer) -> None:
+    theirs = await client.tokenize(name, PROBE_TEXT)
+    ours = list(tokenizer.encode([PROBE_TEXT], add_special_tokens=True)[0].ids)
     if ours != theirs:
         raise ConfigError(
-            f"/tokenize of a probe text differs: --backend {model.tokenizer.options.backend} "
+            f"/tokenize of a probe text differs: --backend {tokenizer.options.backend} "
             f"gives {ours}, vLLM gives {theirs}; choose the backend of vLLM's tokenizer library "
             "(e.g. --backend transformers5) and the same tokenizer folder",
             field="backend",

@@ -22,18 +22,20 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
+from tokenkeys.engine.hosting import EngineInputs
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams, Usage
-from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm
+from tokenkeys.engine.registry import EngineKind
+from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, wire_version_of
 from tokenkeys.engine.vllm.client import VllmHttpClient
-from tokenkeys.engine.vllm.key_check import KeyCheck
+from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
 from tokenkeys.events.model import AllBlocksCleared, EventBatch
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.keys import Adapter, CacheKeySpec, KeyContext
-from tokenkeys.server.runtime.config import VllmEngineConfig
-from tokenkeys.serving.models import ServedModel
+from tokenkeys.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,8 @@ class VllmSidecarEngine:
 
     def __init__(
         self,
-        model: ServedModel,
+        name: str,
+        tokenizer: Tokenizer,
         spec: CacheKeySpec,
         stream: EventStream,
         config: VllmEngineConfig,
@@ -56,8 +59,8 @@ class VllmSidecarEngine:
         max_model_len: int | None = None,
         wire_version: str,
     ) -> None:
-        self.model = model
-        self.model_name = model.name
+        self.model_name = name
+        self.tokenizer = tokenizer
         self.spec = spec
         self.stream = stream
         self.config = config
@@ -72,7 +75,9 @@ class VllmSidecarEngine:
 
     async def start(self) -> None:
         """Check vLLM (a conflict raises ConfigError naming the option), then start relaying."""
-        self._facts = await check_vllm(self.client, self.model, self.spec, self._max_model_len)
+        self._facts = await check_vllm(
+            self.client, self.model_name, self.tokenizer, self.spec, self._max_model_len
+        )
         self._subscriber = ZmqEventSubscriber(
             self.config.kv_events,
             replay_endpoint=self.config.kv_replay,
@@ -106,6 +111,10 @@ class VllmSidecarEngine:
     def keys_verified(self) -> bool:
         """False from the first stored block whose hash is not the key tokenkeys computed."""
         return self.check.verified
+
+    def describe(self) -> str:
+        """The kind, for the server log."""
+        return f"vLLM at {self.config.url}"
 
     async def ensure_up(self) -> None:
         """Raise Unavailable unless vLLM's ``/health`` answers (the sidecar is down with it)."""
@@ -243,3 +252,38 @@ def _usage_of(usage: dict[str, Any]) -> Usage:
         int(usage.get("completion_tokens") or 0),
         int(details.get("cached_tokens") or 0),
     )
+
+
+async def prepare(config: EngineConfig) -> EngineConfig:
+    """Unless ``kv_events_vllm_version`` names one, the event layout is that of the release
+    vLLM reports (or the start is refused): the relay decodes vLLM's events with it and the
+    sidecar publishes them in it again."""
+    vllm = config.vllm
+    if vllm is None or config.kv_events_vllm_version is not None:
+        return config
+    client = VllmHttpClient(vllm.url)
+    try:
+        version = await wire_version_of(client)
+    finally:
+        await client.close()
+    log.info("KV events in vLLM %s's layout, the release vLLM at %s reports", version, vllm.url)
+    return dataclasses.replace(config, kv_events_vllm_version=version)
+
+
+def build(inputs: EngineInputs) -> VllmSidecarEngine:
+    """The sidecar of one served model, relaying vLLM's events onto ``inputs.stream``."""
+    config = inputs.config
+    assert inputs.stream is not None and config.vllm is not None
+    return VllmSidecarEngine(
+        inputs.name,
+        inputs.tokenizer,
+        inputs.spec,
+        inputs.stream,
+        config.vllm,
+        KeyCheck(inputs.spec, inputs.name, inputs.metrics),
+        max_model_len=config.max_model_len,
+        wire_version=config.wire_version,
+    )
+
+
+KIND = EngineKind("vllm", "streamed", build, prepare, keys_checked)

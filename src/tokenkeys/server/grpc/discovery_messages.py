@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import tokenkeys
 from tokenkeys._gen.openengine.v1 import (
@@ -20,8 +22,14 @@ from tokenkeys._gen.openengine.v1 import (
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.grpc.tokenizer_info import supported_operations
-from tokenkeys.server.runtime.engines import EngineRuntime, ModelEngine
 from tokenkeys.serving.models import ServedModel
+
+if TYPE_CHECKING:  # the runtime's hostings build their answers here
+    from tokenkeys.engine.config import EngineConfig
+    from tokenkeys.engine.hosting import StreamedEngine
+    from tokenkeys.engine.protocol import Engine
+    from tokenkeys.server.runtime.engines import EngineRuntime
+    from tokenkeys.server.runtime.streamed import StreamedParts
 
 ENGINE_NAME = "tokenkeys-sim"
 #: The OpenEngine revision implemented and the immutable source it is taken from.
@@ -40,8 +48,8 @@ def endpoint_of(address: str, protocol: str) -> kv_pb2.KvEndpoint:
     return kv_pb2.KvEndpoint(host=match["host"], port=int(match["port"]), protocol=protocol)
 
 
-def server_info(runtime: EngineRuntime) -> server_pb2.ServerInfo:
-    """GetServerInfo of a server whose engines are simulated."""
+def server_info(runtime: EngineRuntime, engines: Sequence[StreamedEngine]) -> server_pb2.ServerInfo:
+    """GetServerInfo of a server whose ``engines`` (one per model) stream their events here."""
     info = server_pb2.ServerInfo(
         engine_name=ENGINE_NAME,
         engine_version=tokenkeys.__version__,
@@ -60,11 +68,10 @@ def server_info(runtime: EngineRuntime) -> server_pb2.ServerInfo:
         minimum_client_revision=SCHEMA_REVISION,
         schema_release=SCHEMA_RELEASE,
     )
-    engines = [runtime.local(name).local for name in runtime.models.names]
-    block_sizes = {e.block_size for e in engines if e is not None}
+    block_sizes = {e.block_size for e in engines}
     if len(block_sizes) == 1:
         info.capacity.kv_block_size = block_sizes.pop()
-    info.capacity.total_kv_blocks = sum(e.num_blocks for e in engines if e is not None)
+    info.capacity.total_kv_blocks = sum(e.num_blocks for e in engines)
     info.extra.update(
         {
             "kv_events_wire_format": "vllm-msgpack",
@@ -75,9 +82,12 @@ def server_info(runtime: EngineRuntime) -> server_pb2.ServerInfo:
 
 
 def tokenizer_advertisement(
-    model: ServedModel, runtime: EngineRuntime
+    model: ServedModel, engine: StreamedEngine | None = None
 ) -> model_pb2.TokenizerAdvertisement:
-    """ModelInfo.tokenizer: what a router needs to tokenize and compute keys on its own."""
+    """ModelInfo.tokenizer: what a router needs to tokenize and compute keys on its own.
+
+    ``engine``, when its events are streamed here, gives the key spec they follow.
+    """
     ad = model_pb2.TokenizerAdvertisement(
         fingerprint=model.tokenizer.fingerprint,
         operations=supported_operations(model),
@@ -85,15 +95,15 @@ def tokenizer_advertisement(
         artifacts_available=model.artifacts is not None,
         remote_key_computation=model.cache_keys is not None,
     )
-    if not runtime.remote:
-        local = runtime.local(model.name).local
-        assert local is not None
-        ad.key_spec.CopyFrom(spec_ref(local.spec))
-        ad.keys_unverified = not local.keys_verified
+    if engine is not None:
+        ad.key_spec.CopyFrom(spec_ref(engine.spec))
+        ad.keys_unverified = not engine.keys_verified
     return ad
 
 
-def model_info(model: ServedModel, runtime: EngineRuntime) -> model_pb2.ModelInfo:
+def model_info(
+    model: ServedModel, config: EngineConfig, engine: StreamedEngine
+) -> model_pb2.ModelInfo:
     """GetModelInfo: the model's limits and capabilities, and the tokenizer advertisement."""
     info = model_pb2.ModelInfo(
         model_id=model.name,
@@ -101,11 +111,11 @@ def model_info(model: ServedModel, runtime: EngineRuntime) -> model_pb2.ModelInf
         served_model_aliases=list(model.aliases),
         supports_text_input=True,
         supports_token_ids_input=True,
-        supports_lora=bool(runtime.config.lora_modules),
+        supports_lora=bool(config.lora_modules),
         supports_multimodal=False,
-        tokenizer=tokenizer_advertisement(model, runtime),
+        tokenizer=tokenizer_advertisement(model, engine),
     )
-    limit = runtime.config.max_model_len or model.tokenizer.specials.model_max_length
+    limit = config.max_model_len or model.tokenizer.specials.model_max_length
     if limit is not None:
         info.max_context_length = limit
     gen = info.generation
@@ -120,16 +130,16 @@ def model_info(model: ServedModel, runtime: EngineRuntime) -> model_pb2.ModelInf
     return info
 
 
-async def load_info(runtime: EngineRuntime) -> server_pb2.LoadInfo:
+async def load_info(instance_id: str, engines: Sequence[Engine]) -> server_pb2.LoadInfo:
     """GetLoad: running and waiting requests and KV blocks in use, over every model.
 
     ``used_kv_blocks`` counts the blocks running requests hold (``Engine.used_blocks``), never
     cached blocks that no request references: those are free to allocate, and a router that
     counted them as load would steer away from the workers whose caches serve it best.
     """
-    loads = [await runtime.engine_of(name).load() for name in runtime.models.names]
+    loads = [await engine.load() for engine in engines]
     return server_pb2.LoadInfo(
-        instance_id=runtime.instance_id,
+        instance_id=instance_id,
         timestamp_unix_nanos=time.time_ns(),
         running_requests=sum(load.running for load in loads),
         queued_requests=sum(load.waiting for load in loads),
@@ -161,10 +171,8 @@ def health(runtime: EngineRuntime, probe: bool) -> lifecycle_pb2.HealthResponse:
     return lifecycle_pb2.HealthResponse(state=state, checks=checks)
 
 
-def event_sources(parts: ModelEngine, runtime: EngineRuntime) -> list[kv_pb2.KvEventSource]:
+def event_sources(parts: StreamedParts, runtime: EngineRuntime) -> list[kv_pb2.KvEventSource]:
     """The ZMQ source (vLLM wire) and the gRPC source (SubscribeKvEvents) of one model."""
-    local = parts.local
-    assert local is not None and parts.protobuf is not None
     ref = parts.protobuf.key_spec
     config = runtime.config
     out = []
@@ -188,7 +196,7 @@ def event_sources(parts: ModelEngine, runtime: EngineRuntime) -> list[kv_pb2.KvE
             endpoint_addr=endpoint_of(runtime.grpc_address or "", "grpc"),
             # For the gRPC source the topic is the served model name, which
             # SubscribeKvEventsRequest.model selects.
-            topic=local.model_name,
+            topic=parts.engine.model_name,
             data_parallel_rank=0,
             encoding="protobuf",
             buffer_steps=config.kv_events_buffer_steps,

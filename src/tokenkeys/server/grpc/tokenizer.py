@@ -14,7 +14,7 @@ from tokenkeys._gen.openengine.v1 import cache_keys_pb2, tokenizer_pb2, tokenize
 from tokenkeys.artifacts.streamer import ArtifactStreamer
 from tokenkeys.errors import Unsupported
 from tokenkeys.keys.service import CacheKeyService
-from tokenkeys.preprocess.offload import offload
+from tokenkeys.process.encode_lanes import offload
 from tokenkeys.server.grpc import status as grpc_status
 from tokenkeys.server.grpc.tokenizer_info import tokenizer_info
 from tokenkeys.serving.models import ModelRegistry, ServedModel

@@ -100,7 +100,8 @@ class EngineConfig:
     ``kv_events`` False disables the ZMQ publisher only; the gRPC ``SubscribeKvEvents`` stream
     is always there. ``kv_events_format`` None is the form of ``kv_events_vllm_version``;
     ``kv_events_vllm_version`` None is 0.33 (0.23 for the array form), or, in front of a vLLM,
-    the release that vLLM reports (read at start, :func:`~.vllm_checks.wire_version_of`).
+    the release that vLLM reports (read at start,
+    :func:`~tokenkeys.engine.vllm.checks.wire_version_of`).
     ``remote_engine`` (``host:port``) forwards generation to an OpenEngine ``Inference``
     service instead of simulating it; ``vllm`` to a real vLLM (the sidecar).
     """
@@ -204,6 +205,14 @@ class EngineConfig:
                 field="kv-events-vllm-version",
             )
         return version
+
+    @property
+    def kind(self) -> str:
+        """The engine kind this configuration selects (a key of
+        :data:`tokenkeys.engine.registry.KINDS`)."""
+        if self.vllm is not None:
+            return "vllm"
+        return "remote" if self.remote_engine is not None else "simulated"
 
     def topic(self, address: str, model: str) -> str:
         """The ZMQ topic of ``model``'s stream."""

@@ -1,4 +1,4 @@
-"""``tokenkeys serve`` starts with glibc's larger per-thread cache (tokenkeys.serving.allocator):
+"""``tokenkeys serve`` starts with glibc's larger per-thread cache (tokenkeys.process.allocator):
 the rule on environments, and a real serve process's own environment after its re-exec."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from engine_stack import ServeProcess
 
-from tokenkeys.serving.allocator import TCACHE_COUNT, TCACHE_VALUE, tuned_environment
+from tokenkeys.process.allocator import TCACHE_COUNT, TCACHE_VALUE, tuned_environment
 
 SETTING = f"{TCACHE_COUNT}={TCACHE_VALUE}"
 

@@ -1,4 +1,4 @@
-"""Where Preprocessor calls run (tokenkeys.preprocess.offload): small ones inline on the event
+"""Where Preprocessor calls run (tokenkeys.process.encode_lanes): small ones inline on the event
 loop, large ones on the process's encode threads, in the order they came."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tokenkeys.preprocess import offload as off
+from tokenkeys.process import encode_lanes as off
 
 
 @pytest.mark.parametrize(

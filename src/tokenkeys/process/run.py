@@ -1,0 +1,122 @@
+"""One supervised run for every serving command: ``serve`` and ``route`` alike.
+
+A command hands :func:`run_served` a :data:`Start` (build and start its server from the parsed
+options, and describe it) and the options holding ports to share. With ``--workers 1`` the
+server runs in this process; with more, the :class:`~tokenkeys.process.supervisor.Supervisor`
+runs that many workers, each one the same :func:`serve_until_signal`.
+
+Shutdown is the same everywhere: the first SIGTERM/SIGINT (a worker hears SIGTERM only, from
+its supervisor, and the supervisor's going away) drains the server up to ``--shutdown-timeout``
+seconds, a second signal cuts the drain short, then the server stops and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn, Protocol
+
+from tokenkeys.process.supervisor import Supervisor, WorkerLink, announce
+from tokenkeys.serving.lifecycle import Lifecycle, exit_stopped
+from tokenkeys.terminal import escape_log_records
+
+#: After the drain, what the servers still give the calls that outlived the deadline.
+STOP_GRACE = 1.0
+
+
+class Served(Protocol):
+    """A started server a command runs until a signal (``EngineServer``, ``RouteServer``)."""
+
+    lifecycle: Lifecycle
+
+    async def drain(self, timeout: float) -> int:
+        """Refuse new calls, wait up to ``timeout`` s; the calls still in flight."""
+        ...
+
+    async def stop(self, grace: float = 0.0) -> None:
+        """Stop serving (``grace`` seconds for calls in flight) and release everything."""
+        ...
+
+
+#: ``(options, reuse_port) -> (started server, its description)``; ``reuse_port`` is set in a
+#: worker of several, which shares the ports. Must be a module-level function (workers are
+#: spawned, and get it by pickling).
+Start = Callable[[argparse.Namespace, bool], Awaitable[tuple[Served, list[str]]]]
+
+
+async def until_drained(server: Served, timeout: float, link: WorkerLink | None = None) -> None:
+    """Wait for a signal, drain up to ``timeout`` s (a second signal cuts it short), stop."""
+    signals = asyncio.Queue[int]()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM,) if link is not None else (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
+    if link is not None:
+        link.watch(lambda: signals.put_nowait(signal.SIGTERM))
+    who = f"worker {link.index} (pid {os.getpid()}) " if link is not None else ""
+    received = await signals.get()
+    print(
+        f"{who}{signal.Signals(received).name}: draining {server.lifecycle.inflight} calls in "
+        f"flight, at most {timeout:g} s",
+        flush=True,
+    )
+    drain = asyncio.ensure_future(server.drain(timeout))
+    second = asyncio.ensure_future(signals.get())
+    await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
+    second.cancel()
+    left = drain.result() if drain.done() else server.lifecycle.inflight
+    drain.cancel()
+    if left:
+        print(
+            f"{who}stopping with {left} calls still in flight (deadline or second signal)",
+            flush=True,
+        )
+    await server.stop(STOP_GRACE if left else 0.0)
+    print(f"{who}stopped", flush=True)
+
+
+async def serve_until_signal(
+    start: Start, args: argparse.Namespace, link: WorkerLink | None = None
+) -> int:
+    """Start the server, announce it (to the supervisor, in a worker), run until drained."""
+    server, lines = await start(args, link is not None)
+    announce(lines, link)
+    await until_drained(server, args.shutdown_timeout, link)
+    return 0
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    escape_log_records()  # log lines carry client- and server-supplied strings
+    # One line per request forwarded over HTTP (to a vLLM) would drown the log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def _worker(start: Start, args: argparse.Namespace, link: WorkerLink) -> NoReturn:
+    """One worker process; the process ends once its server stopped."""
+    _configure_logging()
+    exit_stopped(asyncio.run(serve_until_signal(start, args, link)))
+
+
+def run_served(
+    start: Start,
+    args: argparse.Namespace,
+    ports: Sequence[tuple[str, str]],
+    *,
+    check: Callable[[argparse.Namespace], object],
+) -> int:
+    """Run a serving command: in this process with ``--workers 1``, else supervised workers.
+
+    ``check`` validates the options once, before any worker starts (a bad option fails once);
+    ``ports`` names the ``args`` attributes of the ports the workers share, with their option.
+    """
+    _configure_logging()
+    if args.workers == 1:
+        exit_stopped(asyncio.run(serve_until_signal(start, args)))  # no teardown to wait for
+    check(args)
+    return Supervisor(functools.partial(_worker, start), args, args.workers, ports).run()
