@@ -48,8 +48,10 @@ def _row(address: str, body: bytes, concurrency: int, total: int) -> tuple[float
 
 
 def _answer(address: str, body: bytes) -> list[dict]:
-    answer = httpx.post(f"http://{address}{PATH}", content=body, timeout=60)
-    answer.raise_for_status()
+    headers = {"content-type": "application/json"}  # vLLM refuses any other media type
+    answer = httpx.post(f"http://{address}{PATH}", content=body, headers=headers, timeout=60)
+    if answer.status_code != 200:
+        raise RuntimeError(f"{address} answered {answer.status_code}: {answer.text[:500]}")
     return [{k: v for k, v in item.items() if k != "request_id"} for item in answer.json()]
 
 
