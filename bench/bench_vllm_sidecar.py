@@ -125,7 +125,8 @@ def run(quick: bool) -> str:
             f"Real vLLM 0.32.0 (CPU, tiny random-weight Llama, 32-token blocks), {len(direct)} "
             "sequential completions per path, alternating: 256 prompt tokens (a fresh prompt "
             "each, a cache miss on both paths), max_tokens=8, non-streamed. The sidecar "
-            "tokenizes nothing here (token-id prompts), forwards streamed, checks the keys.",
+            "tokenizes nothing here (token-id prompts), passes the request to vLLM whole, "
+            "checks the keys.",
             "",
             "| | direct to vLLM | through the sidecar | overhead | ratio |",
             "| --- | ---: | ---: | ---: | ---: |",

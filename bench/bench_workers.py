@@ -1,7 +1,7 @@
-"""Every core: /tokenize and gRPC Tokenize throughput of ``serve --workers N`` against N = 1.
+"""Every core: /tokenize and gRPC Tokenize throughput of ``serve --processes N`` against N = 1.
 
-Each server is ``tokenkeys serve --workers N --engine ENGINE`` in a subprocess (the engine is
-one simulated ``tokenkeys serve`` that the tokenize calls never reach; ``--workers`` needs one).
+Each server is ``tokenkeys serve --processes N --engine ENGINE`` in a subprocess (the engine is
+one simulated ``tokenkeys serve`` that the tokenize calls never reach; ``--processes`` needs one).
 HTTP load: bench_http's raw keep-alive load generator (prebuilt requests), one connection per
 unit of concurrency; the kernel spreads connections over the workers (SO_REUSEPORT), so with
 one connection only one worker works. gRPC load: one channel per unit of concurrency, each on
@@ -107,7 +107,7 @@ def run(quick: bool) -> str:
     results = {}
     try:
         for workers in WORKERS:
-            proc, target, address = _serve("--workers", str(workers), "--engine", engine_target)
+            proc, target, address = _serve("--processes", str(workers), "--engine", engine_target)
             try:
                 results[workers] = _measure(target, address, texts, total)
             finally:
@@ -127,9 +127,9 @@ def run(quick: bool) -> str:
                 )
     return "\n".join(
         [
-            "## Every core: `serve --workers N` (bench_workers)",
+            "## Every core: `serve --processes N` (bench_workers)",
             "",
-            f"`tokenkeys serve --workers N --engine ENGINE` in a subprocess, N = 1 (the "
+            f"`tokenkeys serve --processes N --engine ENGINE` in a subprocess, N = 1 (the "
             f"reference, same run) and N = {many}, default encode threads; HTTP rows: "
             + (
                 f"wrk for {total // 250} s (bench/wrk_load.py)"
@@ -149,7 +149,7 @@ def run(quick: bool) -> str:
             "",
             "Decision (issue 15, docs/operating.md *Every core*): N worker processes, each the "
             "whole server built by its builder, sharing the ports with SO_REUSEPORT under a "
-            "supervisor that restarts and drains them; `--workers` needs `--engine` because one "
+            "supervisor that restarts and drains them; `--processes` needs `--engine` because one "
             "engine's prefix cache and KV events cannot be split over processes. Inside each "
             "process, encodes above 2 KiB run on its encode threads (`tokenizers` releases the "
             "GIL; a request of several texts uses its rayon-parallel batch call), so one worker "

@@ -30,6 +30,10 @@ FORBIDDEN = [
     ("client", "server"),
 ]
 
+#: The router's rooms, lowest first: each imports only the rooms before it (data flows one way:
+#: the index, the events that feed it, the workers followed, the policies choosing among them).
+ROUTER_ROOMS = ["index", "ingest", "workers", "policy"]
+
 #: Modules of engine kinds (``engine.registry.KINDS`` names them): only engine/ imports them,
 #: and the router, whose workers are remote engines.
 KIND_MODULES = ("tokenkeys.engine.simulated", "tokenkeys.engine.remote", "tokenkeys.engine.vllm")
@@ -91,6 +95,41 @@ def test_rooms_import_one_way(importer: str, forbidden: str) -> None:
         if module.split(".")[1] == forbidden
     ]
     assert not broken, "\n".join(broken)
+
+
+def test_router_rooms_import_downwards() -> None:
+    broken = []
+    for path in _modules():
+        parts = path.relative_to(SRC).parts
+        if parts[0] != "router" or len(parts) < 3 or parts[1] not in ROUTER_ROOMS:
+            continue
+        allowed = ROUTER_ROOMS[: ROUTER_ROOMS.index(parts[1]) + 1]
+        broken += [
+            f"{path.relative_to(SRC)} imports {module}"
+            for module in sorted(_imported(path))
+            if module.split(".")[1] == "router"
+            and len(module.split(".")) > 2
+            and module.split(".")[2] in ROUTER_ROOMS
+            and module.split(".")[2] not in allowed
+        ]
+    assert not broken, "\n".join(broken)
+
+
+#: Folders of tests/ that are not a room of src/: data, the peers' code, the real-vLLM harness.
+NOT_ROOMS = {"data", "peers", "realengine", "__pycache__"}
+
+
+def test_tests_mirror_src() -> None:
+    # Each test folder is named after the src/ room (or sub-room) it tests.
+    tests = REPO / "tests"
+    unmatched = [
+        folder.relative_to(tests).as_posix()
+        for folder in sorted(tests.rglob("*"))
+        if folder.is_dir()
+        and not NOT_ROOMS & set(folder.relative_to(tests).parts)
+        and not (SRC / folder.relative_to(tests)).is_dir()
+    ]
+    assert not unmatched, f"test folders without a src/ room: {unmatched}"
 
 
 def test_modules_stay_small() -> None:

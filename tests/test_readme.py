@@ -26,10 +26,33 @@ def test_readme_python_example(tmp_path: Path, capsys) -> None:
     models = load_models([ModelSource.default()], TokenizerOptions(), limits)
     attach_cache_keys(models, build_spec(KeySpecOptions()), limits)
     with ServerThread(models) as server:
-        scope = {"TARGET": server.target, "CACHE": str(tmp_path / "cache")}
-        exec(compile(readme_python(), "README.md", "exec"), scope)
+        # The example is self-contained; only its two addresses become this test's.
+        source = readme_python()
+        for line in ('TARGET = "127.0.0.1:50051"', 'CACHE = "/tmp/tokenkeys-artifacts"'):
+            assert line in source, line
+        source = source.replace('"127.0.0.1:50051"', repr(server.target))
+        source = source.replace('"/tmp/tokenkeys-artifacts"', repr(str(tmp_path / "cache")))
+        exec(compile(source, "README.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("local ")
     count, digest, event_key = out[1].split()
     assert int(count) > 0 and len(digest) == 64
     assert int(event_key) == int.from_bytes(bytes.fromhex(digest)[-8:], "big")
+
+
+def test_readme_map_names_every_room_and_only_what_exists() -> None:
+    # A room is a package of src/tokenkeys; its row names its sub-packages, and every folder
+    # or module a row names is there (the map is checked against the tree, not trusted).
+    src = REPO / "src" / "tokenkeys"
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `src/tokenkeys/([a-z_/]+)/` \| (.*) \|$", text, re.M))
+    rooms = sorted(
+        p.name for p in src.iterdir() if (p / "__init__.py").exists() and p.name != "_gen"
+    )
+    assert sorted(rows) == rooms, "README's map lags the rooms of src/tokenkeys"
+    for room, what in rows.items():
+        folder = src / room
+        subs = sorted(p.name for p in folder.iterdir() if (p / "__init__.py").exists())
+        assert [s for s in subs if f"`{s}/`" not in what] == [], f"{room}/ row misses sub-rooms"
+        named = re.findall(r"`([a-z_]+/|[a-z_]+\.py)`", what)
+        assert [n for n in named if not (folder / n.rstrip("/")).exists()] == [], room

@@ -1,4 +1,4 @@
-"""Which process of ``serve|route --workers N`` answers: pids from output and /metrics."""
+"""Which process of ``serve|route --processes N`` answers: pids from output and /metrics."""
 
 from __future__ import annotations
 

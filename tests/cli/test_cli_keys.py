@@ -55,6 +55,28 @@ def test_keys_json_equal_the_core(capsys, tmp_path: Path) -> None:
     }
 
 
+def test_keys_read_the_output_of_tokenize_json_and_of_http_tokenize(capsys, tmp_path) -> None:
+    text = "Routers and engines agree on every token id, and on every cache key, of this prompt."
+    code, out, _ = _run(capsys, "tokenize", text, "--json")
+    assert code == 0
+    ids = json.loads(out)[0]["ids"]
+    keys = ["keys", "--profile", "vllm/sha256_cbor@0.31", "--block-size", "16", "--json"]
+    want = [k.hex for k in block_keys(ids, make_spec("vllm/sha256_cbor@0.31", 16))]
+    assert want  # at least one full block
+    for name, content in (
+        ("tokenize.json", out),
+        ("http.json", json.dumps({"count": len(ids), "tokens": ids})),
+    ):
+        path = tmp_path / name
+        path.write_text(content)
+        code, answer, _ = _run(capsys, *keys, "--tokens-file", str(path))
+        assert code == 0 and json.loads(answer)["keys"] == want, name
+    two = tmp_path / "two.json"
+    two.write_text(json.dumps([{"ids": ids}, {"ids": ids}]))
+    code, _, err = _run(capsys, *keys, "--tokens-file", str(two))
+    assert code != 0 and "holds 2 tokenized prompts" in err
+
+
 def test_keys_of_groups_parents_embeds_and_llmd(capsys) -> None:
     spec = make_spec("vllm/sha256_cbor@0.31", None, groups=[16, 32])
     tokens = ",".join(map(str, TOKENS))
@@ -142,7 +164,7 @@ def test_tokens_file_errors(capsys, tmp_path: Path) -> None:
     )
     assert code == 2 and "missing.json" in err
     bad = tmp_path / "bad.json"
-    bad.write_text('{"ids": [1]}')
+    bad.write_text('{"other": [1]}')
     code, _, err = _run(
         capsys, "keys", "--profile", "vllm/sha256_cbor@0.31", "--tokens-file", str(bad)
     )

@@ -22,7 +22,7 @@ from engine_stack import start_stack
 from router.routing_support import engine_config, engine_models, start_cluster
 
 from tokenkeys.engine import registry as engine_registry
-from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
+from tokenkeys.engine.config import EngineConfig, SimulatedConfig, VllmEngineConfig
 from tokenkeys.engine.protocol import Engine, EngineLoad, GenerateOutput, GenerationParams
 from tokenkeys.engine.remote import RemoteEngine
 from tokenkeys.engine.simulated.latency import LatencyModel
@@ -54,7 +54,9 @@ class Subject:
 
 
 def _config():  # noqa: ANN202 - an EngineConfig
-    return engine_config(max_model_len=MAX_MODEL_LEN, latency=LatencyModel(sleep=False))
+    return engine_config(
+        engine=SimulatedConfig(latency=LatencyModel(sleep=False)), max_model_len=MAX_MODEL_LEN
+    )
 
 
 @contextlib.asynccontextmanager
@@ -107,7 +109,7 @@ async def vllm_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
     sidecar = VllmEngineConfig(
         server.url, server.events_endpoint, server.replay_endpoint, server.topic
     )
-    config = EngineConfig(vllm=sidecar, kv_events_vllm_version="0.32")
+    config = EngineConfig(engine=sidecar, kv_events_vllm_version="0.32")
     spec = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE)  # vLLM's default root
     stack = await start_stack(config, models=models, spec=spec)
     engine = stack.models.get(None).engine

@@ -340,3 +340,16 @@ async def test_used_blocks_are_those_running_requests_hold_not_cached_free_ones(
     await gen.aclose()
     assert engine.used_blocks == 0
     assert engine.cache.num_cached_blocks == 2  # the prompt's full blocks stay findable
+
+
+async def test_max_tokens_unset_is_the_engines_default_setting():
+    # GenerationParams.max_tokens None: the simulated engine's --default-max-tokens (16 unless
+    # set), fitted to the context like any budget.
+    for setting, want in ((None, 16), (5, 5)):
+        kw = {} if setting is None else {"default_max_tokens": setting}
+        engine, _ = make_engine(**kw)
+        outs = [o async for o in engine.generate([1, 2, 3], GenerationParams(seed=1))]
+        assert outs[-1].usage.completion_tokens == want
+    engine, _ = make_engine(max_model_len=10)
+    outs = [o async for o in engine.generate(list(range(1, 8)), GenerationParams())]
+    assert outs[-1].usage.completion_tokens == 3 and outs[-1].finish_reason == "length"

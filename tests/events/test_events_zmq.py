@@ -15,6 +15,7 @@ from typing import TypeVar
 import pytest
 import zmq
 import zmq.asyncio
+from zmq_relay import LossyRelay
 
 from tokenkeys.errors import ConfigError, FailedPrecondition, InvalidArgument, Unavailable
 from tokenkeys.events.vllm_codec import layout_for
@@ -246,35 +247,6 @@ async def test_topic_filtering():
             monitor.close(linger=0)
             match.close(linger=0)
             other.close(linger=0)
-
-
-class LossyRelay:
-    """Forwards a publisher's PUB stream to a new PUB, dropping chosen sequence numbers."""
-
-    def __init__(self, upstream: str) -> None:
-        self.drop: set[int] = set()
-        self.sub = _actx().socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(upstream)
-        self.pub = _ctx().socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind("tcp://127.0.0.1:0")
-        self.endpoint = self.pub.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            frames = await self.sub.recv_multipart()
-            if int.from_bytes(frames[1], "big") not in self.drop:
-                self.pub.send_multipart(frames)
-
-    async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-        self.sub.close(linger=0)
-        self.pub.close(linger=0)
 
 
 async def test_gap_is_repaired_by_replaying_exactly_the_missed_batches():

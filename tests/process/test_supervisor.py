@@ -1,4 +1,4 @@
-"""``serve --workers N`` and ``route --workers N``: N processes behind one port, supervised.
+"""``serve --processes N`` and ``route --processes N``: N processes behind one port, supervised.
 
 Real processes, real sockets: which worker answers is read from /metrics (``tokenkeys_process``
 names the pid), over a new connection each time so that the kernel's SO_REUSEPORT hash spreads
@@ -32,7 +32,7 @@ def engine():
 
 
 def test_serve_workers_answer_on_one_port_from_each_process(engine) -> None:
-    with Served("--workers", "2", "--engine", engine.grpc_target) as front:
+    with Served("--processes", "2", "--engine", engine.grpc_target) as front:
         pids = announced_pids(front.lines)
         assert len(pids) == 2 and os.getpid() not in pids
         url = f"http://{front.http_address}"
@@ -61,7 +61,7 @@ def test_serve_workers_answer_on_one_port_from_each_process(engine) -> None:
 
 
 def test_a_killed_worker_is_restarted(engine) -> None:
-    with Served("--workers", "2", "--engine", engine.grpc_target) as front:
+    with Served("--processes", "2", "--engine", engine.grpc_target) as front:
         pids = announced_pids(front.lines)
         victim = min(pids)
         os.kill(victim, signal.SIGKILL)
@@ -77,7 +77,7 @@ def test_a_killed_worker_is_restarted(engine) -> None:
 
 
 def test_workers_leave_when_their_supervisor_is_killed(engine) -> None:
-    with Served("--workers", "2", "--engine", engine.grpc_target) as front:
+    with Served("--processes", "2", "--engine", engine.grpc_target) as front:
         pids = announced_pids(front.lines)
         front.proc.kill()
         for pid in pids:
@@ -96,20 +96,20 @@ def _refused(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_workers_refused_with_the_simulated_engine() -> None:
-    done = _refused("--workers", "2")
+    done = _refused("--processes", "2")
     assert done.returncode == 2
-    assert "--workers 2 needs --engine HOST:PORT" in done.stderr
+    assert "--processes 2 needs --engine HOST:PORT" in done.stderr
     assert "prefix cache and KV events" in done.stderr
 
 
 def test_workers_count_and_taken_port_refused(engine) -> None:
-    done = _refused("--workers", "0", "--engine", engine.grpc_target)
-    assert done.returncode == 2 and "--workers must be 1..256, got 0" in done.stderr
+    done = _refused("--processes", "0", "--engine", engine.grpc_target)
+    assert done.returncode == 2 and "--processes must be 1..256, got 0" in done.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        done = _refused("--workers", "2", "--engine", engine.grpc_target, "--http-port", port)
+        done = _refused("--processes", "2", "--engine", engine.grpc_target, "--http-port", port)
     assert done.returncode == 2
     assert f"cannot bind --http-port {port}" in done.stderr
 

@@ -47,8 +47,8 @@ class TokenkeysServe:
         )
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + 120  # a safety net, not a criterion
+    def wait_healthy(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout  # a safety net, not a criterion
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self.log.seek(0)

@@ -2,7 +2,7 @@
 
 The pair of servers of ``served_pair`` (vLLM serving the tiny model, ``tokenkeys serve`` on the
 same tokenizer folder under the same name). Each test pins one drop-in behaviour that
-``tests/server/http/test_http_vllm_dropin.py`` tests against tokenkeys alone: where the prompt
+``tests/frontend/test_frontend_vllm_dropin.py`` tests against tokenkeys alone: where the prompt
 ids appear, token-in chat, the context rules, refusals with their messages, token spellings,
 request ids and prompt text.
 """

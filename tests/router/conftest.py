@@ -23,6 +23,7 @@ from tokenkeys.router.index.instrumented import InstrumentedIndex
 from tokenkeys.router.index.memory import MemoryPrefixIndex
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.index.redis import RedisPrefixIndex
+from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
 class RedisServer:
@@ -176,3 +177,9 @@ async def redis_backend(redis_url: str) -> AsyncIterator[Backend]:
     made = Backend("redis", redis_url)
     yield made
     await made.close()
+
+
+@pytest.fixture
+def settings(tmp_path) -> PoolSettings:  # noqa: ANN001
+    """Pool settings with the test's own artifact cache (tokenizers are built into it)."""
+    return PoolSettings(cache=tmp_path / "cache")

@@ -8,7 +8,7 @@ import signal
 
 import httpx
 from engine_stack import ServeProcess
-from test_router_cli import RouteProcess
+from route_process import RouteProcess
 
 TOKEN = "route-token-0123456789abcdef"
 

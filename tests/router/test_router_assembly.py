@@ -14,8 +14,8 @@ from tokenkeys.router.service import RouterConfig
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
-async def test_workers_are_discovered_before_the_http_face_answers(tmp_path) -> None:
-    cluster = await start_cluster(1, settings=PoolSettings(cache=tmp_path / "cache"), http=True)
+async def test_workers_are_discovered_before_the_http_face_answers(settings) -> None:  # noqa: ANN001
+    cluster = await start_cluster(1, settings=settings, http=True)
     try:
         # By the time HTTP listens, the pool exists: the first request is served, not 404.
         async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as http:

@@ -18,8 +18,7 @@ from tokenkeys.tokenizer import TokenizerOptions
 
 
 @pytest.fixture
-async def routed(tmp_path):  # noqa: ANN001, ANN201
-    settings = PoolSettings(cache=tmp_path / "cache")
+async def routed(settings):  # noqa: ANN001, ANN201
     cluster = await start_cluster(3, settings=settings, http=True)
     async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
         yield cluster, client

@@ -10,7 +10,7 @@ import pytest
 from engine_stack import default_models
 
 from tokenkeys._gen.openengine.v1 import kv_pb2, openengine_pb2_grpc
-from tokenkeys.engine.config import EngineConfig
+from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.simulated.local import LocalEngine
 from tokenkeys.errors import ConfigError
@@ -24,7 +24,7 @@ def _config(**overrides: object) -> ServeConfig:
     base: dict[str, object] = {
         "grpc_port": 0,
         "http_port": 0,
-        "engine": EngineConfig(latency=LatencyModel(sleep=False)),
+        "engine": EngineConfig(engine=SimulatedConfig(latency=LatencyModel(sleep=False))),
         "cache_keys": SPEC,
     }
     base.update(overrides)

@@ -17,7 +17,7 @@ from engine_stack import start_stack
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys._gen.openengine.v1 import kv_pb2, lifecycle_pb2, model_pb2, server_pb2
 from tokenkeys._gen.openengine.v1 import tokenizer_pb2 as tpb
-from tokenkeys.engine.config import EngineConfig, LoraModule
+from tokenkeys.engine.config import EngineConfig, LoraModule, SimulatedConfig
 from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.events.zmq_endpoint import is_wildcard
 from tokenkeys.keys import make_spec
@@ -26,7 +26,9 @@ from tokenkeys.server.runtime.engines import EngineRuntime
 
 
 async def test_server_info_reports_engine_capacity_and_identity():
-    stack = await start_stack(EngineConfig(num_kv_blocks=321, instance_id="worker-7"))
+    stack = await start_stack(
+        EngineConfig(engine=SimulatedConfig(num_kv_blocks=321), instance_id="worker-7")
+    )
     try:
         info = await stack.control.GetServerInfo(server_pb2.GetServerInfoRequest())
         assert info.engine_name == "tokenkeys-sim"
@@ -43,7 +45,9 @@ async def test_server_info_reports_engine_capacity_and_identity():
 
 async def test_model_info_advertises_tokenizer_and_key_spec():
     spec = make_spec("dynamo/xxh3@1.6", 32)
-    stack = await start_stack(EngineConfig(lora_modules=(LoraModule("a", "/a", 1),)), spec=spec)
+    stack = await start_stack(
+        EngineConfig(engine=SimulatedConfig(lora_modules=(LoraModule("a", "/a", 1),))), spec=spec
+    )
     try:
         model = stack.models.get(None)
         info = await stack.control.GetModelInfo(model_pb2.GetModelInfoRequest())
@@ -142,7 +146,9 @@ def test_wildcards_are_never_advertised():
 
 
 async def test_load_and_health():
-    stack = await start_stack(EngineConfig(num_kv_blocks=100, instance_id="w1"))
+    stack = await start_stack(
+        EngineConfig(engine=SimulatedConfig(num_kv_blocks=100), instance_id="w1")
+    )
     try:
         load = await stack.control.GetLoad(server_pb2.GetLoadRequest())
         assert (load.instance_id, load.running_requests, load.queued_requests) == ("w1", 0, 0)
@@ -238,7 +244,7 @@ async def test_several_models_each_have_their_own_stream():
 
 
 async def test_get_load_counts_blocks_of_running_requests_not_cached_free_ones():
-    stack = await start_stack(EngineConfig(num_kv_blocks=100))
+    stack = await start_stack(EngineConfig(engine=SimulatedConfig(num_kv_blocks=100)))
     try:
         engine = stack.local().engine
         prompt = list(range(100, 180))  # 80 tokens: 5 full blocks of 16

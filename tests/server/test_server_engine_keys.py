@@ -13,7 +13,7 @@ import pytest
 from engine_stack import GrpcEvents, start_stack, zmq_batches_until
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
-from tokenkeys.engine.config import EngineConfig, LoraModule
+from tokenkeys.engine.config import EngineConfig, LoraModule, SimulatedConfig
 from tokenkeys.events.model import BlockStored
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.keys import Adapter, KeyContext, block_keys, make_spec
@@ -55,7 +55,7 @@ def _root_seed(profile: str) -> dict:
 @pytest.mark.parametrize("salt", [None, "tenant-1"])
 async def test_block_stored_hashes_are_the_cache_keys(profile, block_size, keys_adapters, salt):
     spec = make_spec(profile, block_size, **_root_seed(profile))
-    stack = await start_stack(EngineConfig(lora_modules=(LORA,)), spec=spec)
+    stack = await start_stack(EngineConfig(engine=SimulatedConfig(lora_modules=(LORA,))), spec=spec)
     try:
         messages = await stack.generate(**_request(keys_adapters, salt))
         outputs = [t.token_id for m in messages if m.HasField("token") for t in m.token.tokens]
@@ -104,7 +104,7 @@ async def events_key_spec(stack):
 
 async def test_vllm_event_extra_keys_carry_adapter_name_and_first_block_salt():
     spec = make_spec("vllm/sha256_cbor@0.31", 16)
-    stack = await start_stack(EngineConfig(lora_modules=(LORA,)), spec=spec)
+    stack = await start_stack(EngineConfig(engine=SimulatedConfig(lora_modules=(LORA,))), spec=spec)
     try:
         await stack.generate(**_request(True, "tenant-1", max_tokens=1))
         events = GrpcEvents(stack)
@@ -126,7 +126,7 @@ async def test_vllm_event_extra_keys_carry_adapter_name_and_first_block_salt():
 
 async def test_salt_and_adapter_isolate_prefix_reuse():
     spec = make_spec("vllm/sha256_cbor@0.31", 16)
-    stack = await start_stack(EngineConfig(lora_modules=(LORA,)), spec=spec)
+    stack = await start_stack(EngineConfig(engine=SimulatedConfig(lora_modules=(LORA,))), spec=spec)
     try:
         cached = []
         for lora, salt in [(False, None), (False, None), (False, "a"), (True, "a"), (True, "a")]:
@@ -139,7 +139,8 @@ async def test_salt_and_adapter_isolate_prefix_reuse():
 
 async def test_profile_that_cannot_key_adapters_refuses_them():
     stack = await start_stack(
-        EngineConfig(lora_modules=(LORA,)), spec=make_spec("sglang/sha256@0.5.23", 16)
+        EngineConfig(engine=SimulatedConfig(lora_modules=(LORA,))),
+        spec=make_spec("sglang/sha256@0.5.23", 16),
     )
     try:
         with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -14,7 +14,7 @@ import pytest
 from engine_stack import GrpcEvents, start_stack
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
-from tokenkeys.engine.config import EngineConfig, LoraModule
+from tokenkeys.engine.config import EngineConfig, LoraModule, SimulatedConfig
 from tokenkeys.engine.proto import TTFT_METADATA
 from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.engine.simulated.latency import LatencyModel
@@ -26,7 +26,9 @@ TEXT = "The quick brown fox jumps over the lazy dog. " * 8
 
 @pytest.fixture
 async def stack():
-    s = await start_stack(EngineConfig(lora_modules=(LoraModule("sql", "/a/sql", 1),)))
+    s = await start_stack(
+        EngineConfig(engine=SimulatedConfig(lora_modules=(LoraModule("sql", "/a/sql", 1),)))
+    )
     yield s
     await s.stop()
 
@@ -204,7 +206,7 @@ async def test_the_context_rule_is_vllms_in_vllms_words_over_grpc():
 
 
 async def test_capacity_too_small_for_a_request_is_resource_exhausted():
-    stack = await start_stack(EngineConfig(num_kv_blocks=2))
+    stack = await start_stack(EngineConfig(engine=SimulatedConfig(num_kv_blocks=2)))
     try:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stack.generate(prompt=TEXT)
@@ -233,7 +235,9 @@ async def test_the_extension_engine_is_what_the_http_routes_call(stack):
 
 async def test_a_client_that_goes_away_releases_its_kv_blocks():
     stack = await start_stack(
-        EngineConfig(latency=LatencyModel(decode_s_per_token=0.01, sleep=True))
+        EngineConfig(
+            engine=SimulatedConfig(latency=LatencyModel(decode_s_per_token=0.01, sleep=True))
+        )
     )
     try:
         call = stack.inference.Generate(

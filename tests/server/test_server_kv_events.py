@@ -19,7 +19,7 @@ from engine_stack import GrpcEvents, start_stack, zmq_batches_until
 
 from tokenkeys._gen.openengine.v1 import error_pb2, kv_pb2
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
-from tokenkeys.engine.config import EngineConfig
+from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
@@ -57,7 +57,7 @@ def flat(batches) -> list:
 
 
 async def test_eviction_under_capacity_pressure_removes_least_recently_freed_blocks_first():
-    stack = await start_stack(EngineConfig(num_kv_blocks=8))
+    stack = await start_stack(EngineConfig(engine=SimulatedConfig(num_kv_blocks=8)))
     try:
         a, b, c = prompt(1, 3), prompt(2, 3), prompt(3, 5)
         spec = stack.local().spec
@@ -93,7 +93,7 @@ async def test_cache_reset_emits_all_blocks_cleared_on_both_transports():
 
 
 async def test_grpc_and_zmq_streams_carry_the_same_batches_under_the_same_numbers():
-    stack = await start_stack(EngineConfig(num_kv_blocks=12))
+    stack = await start_stack(EngineConfig(engine=SimulatedConfig(num_kv_blocks=12)))
     try:
         for i in range(6):
             await run(stack, prompt(10 + i % 3, 2 + i % 3), max_tokens=40)

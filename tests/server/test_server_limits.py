@@ -1,5 +1,6 @@
 """Every configurable limit over real gRPC servers: a request at the limit passes, one past it
-is refused with the documented status and a message naming the limit (HTTP: test_http_limits)."""
+is refused with the documented status and a message naming the limit (HTTP:
+test_frontend_limits)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from engine_stack import start_stack
 from tokenkeys._gen.openengine.v1 import generation_pb2, lifecycle_pb2
 from tokenkeys.artifacts import ArtifactLimits, PullSettings, fetch
 from tokenkeys.client import TokenizerClient
-from tokenkeys.engine.config import EngineConfig
+from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError, LimitExceeded
 from tokenkeys.limits import Limits
@@ -119,7 +120,8 @@ def _request(prompt: str, max_tokens: int) -> generation_pb2.GenerateRequest:
 
 async def test_grpc_streams_per_client() -> None:
     stack = await start_stack(
-        EngineConfig(latency=_SLOW, kv_events=False), limits=Limits(max_streams_per_client=2)
+        EngineConfig(engine=SimulatedConfig(latency=_SLOW), kv_events=False),
+        limits=Limits(max_streams_per_client=2),
     )
     try:
         calls = []

@@ -18,7 +18,7 @@ from tokenkeys._gen.openengine.v1 import (
     openengine_pb2_grpc,
     server_pb2,
 )
-from tokenkeys.engine.config import EngineConfig
+from tokenkeys.engine.config import EngineConfig, RemoteConfig
 from tokenkeys.engine.proto import TTFT_METADATA
 from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.engine.remote import RemoteEngine
@@ -44,7 +44,7 @@ def engine():
 @pytest.fixture
 async def frontend(engine):
     models = load_models([ModelSource.default()], TokenizerOptions(nul="strip"), Limits())
-    stack = await start_stack(EngineConfig(remote_engine=engine.target), models=models)
+    stack = await start_stack(EngineConfig(engine=RemoteConfig(engine.target)), models=models)
     yield stack
     await stack.stop()
 
@@ -146,7 +146,7 @@ async def test_engine_errors_come_back_with_their_status(frontend):
 
 
 async def test_unreachable_engine_is_unavailable():
-    stack = await start_stack(EngineConfig(remote_engine="127.0.0.1:1"))
+    stack = await start_stack(EngineConfig(engine=RemoteConfig("127.0.0.1:1")))
     try:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stack.generate(prompt="x")

@@ -71,7 +71,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[_Engine]:
 def _config(engine: _Engine, version: str | None = None) -> EngineConfig:
     # The events endpoint is never reached: every case here stops at the start checks.
     vllm = VllmEngineConfig(engine.url, "tcp://127.0.0.1:9")
-    return EngineConfig(vllm=vllm, kv_events_vllm_version=version)
+    return EngineConfig(engine=vllm, kv_events_vllm_version=version)
 
 
 @pytest.mark.parametrize("engine", ["0.99.0", "0.10.1"], indirect=True)

@@ -12,6 +12,11 @@ from tokenkeys.keys.deployment import (
 )
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess.chat import ChatOptions
+from tokenkeys.preprocess.incremental import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_VERIFY_EVERY,
+    IncrementalOptions,
+)
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.serving.models import ModelRegistry
 from tokenkeys.tokenizer import TokenizerOptions
@@ -30,6 +35,22 @@ def add_tokenizer_options(parser: argparse.ArgumentParser, *, many: bool) -> Non
         + (" ; repeat to serve several" if many else ""),
     )
     if many:
+        parser.add_argument(
+            "--tokenize-cache-bytes",
+            type=int,
+            default=DEFAULT_MAX_BYTES,
+            metavar="BYTES",
+            help="byte budget of each model's exact incremental tokenization cache (default "
+            f"{DEFAULT_MAX_BYTES >> 20} MiB; 0 turns it off); see docs/operating.md",
+        )
+        parser.add_argument(
+            "--tokenize-cache-verify-every",
+            type=int,
+            default=DEFAULT_VERIFY_EVERY,
+            metavar="N",
+            help="re-encode 1 in N spliced texts whole and compare; a difference turns the "
+            f"cache off for that model (default {DEFAULT_VERIFY_EVERY}; 0 never, 1 always)",
+        )
         parser.add_argument(
             "--served-model-name",
             nargs="+",
@@ -94,6 +115,15 @@ def local_models(
         limits or Limits(),
         chat,
         artifact_chunk_size=getattr(args, "artifact_chunk_size", None),
+        incremental=incremental_options(args),
+    )
+
+
+def incremental_options(args: argparse.Namespace) -> IncrementalOptions:
+    """The tokenize cache's budget and guard rate (defaults for commands without the flags)."""
+    return IncrementalOptions(
+        max_bytes=getattr(args, "tokenize_cache_bytes", DEFAULT_MAX_BYTES),
+        verify_every=getattr(args, "tokenize_cache_verify_every", DEFAULT_VERIFY_EVERY),
     )
 
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 
 from tokenkeys.engine.config import (
     DEFAULT_TOPIC,
     EngineConfig,
+    KindConfig,
     LoraModule,
+    RemoteConfig,
+    SimulatedConfig,
     VllmEngineConfig,
     new_instance_id,
 )
@@ -16,6 +21,32 @@ from tokenkeys.engine.tokenizer_only import NO_ENGINE
 from tokenkeys.errors import ConfigError
 
 _US = 1e-6
+
+#: The flag of each engine setting whose name differs from ``--`` + the field with dashes.
+_FLAGS = {
+    "target": "--engine",
+    "url": "--engine",
+    "kv_events": "--engine-kv-events",
+    "kv_replay": "--engine-kv-replay",
+    "wait_s": "--engine-wait",
+}
+
+
+def _flag(name: str) -> str:
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def _in_flags(error: ConfigError) -> ConfigError:
+    """The library's refusal of a setting, said in the flags that set it."""
+    # Settings named with an underscore, and the refused one, are the library's words for flags.
+    named = {s for s in _SETTINGS if "_" in s} | ({error.field} if error.field else set())
+    message = re.sub(
+        r"\b[a-z]+(?:_[a-z]+)*\b",
+        lambda m: _flag(m.group()) if m.group() in named else m.group(),
+        error.message,
+    )
+    field = _flag(error.field).split()[0].removeprefix("--") if error.field else None
+    return ConfigError(message, field=field)
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +85,30 @@ def _add_engine_group(g: argparse._ArgumentGroup) -> None:
         default="",
         help="with --engine vllm+http://...: vLLM's KV-event topic (default: every topic)",
     )
+    g.add_argument(
+        "--engine-wait",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="with --engine vllm+http://...: how long to wait at start for vLLM to answer "
+        "/health (default 600; 0 fails at once)",
+    )
+    g.add_argument(
+        "--no-engine-probe",
+        dest="engine_probe",
+        action="store_false",
+        help="with --engine vllm+http://...: skip the start probe (one fresh block through "
+        "vLLM whose stored hash must be tokenkeys' key, which catches a wrong --root-seed)",
+    )
     g.add_argument("--num-kv-blocks", type=int, default=4096, help="KV-cache capacity in blocks")
+    g.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=16,
+        metavar="N",
+        help="simulated engine: max_tokens of a request that sets none (default 16; a real "
+        "vLLM applies its own default)",
+    )
     g.add_argument(
         "--max-model-len",
         type=int,
@@ -191,15 +245,45 @@ def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
         args.engine_kv_events,
         args.engine_kv_replay,
         args.engine_kv_topic,
+        args.engine_wait,
+        args.engine_probe,
+    )
+
+
+def kind_config_from(args: argparse.Namespace) -> KindConfig:
+    """The settings of the engine kind ``--engine`` selects (simulated without it)."""
+    vllm = vllm_config_from(args)
+    if vllm is not None:
+        return vllm
+    if args.engine is not None:
+        return RemoteConfig(args.engine)
+    return SimulatedConfig(
+        num_kv_blocks=args.num_kv_blocks,
+        latency=LatencyModel(
+            prefill_s_per_token=args.prefill_us_per_token * _US,
+            decode_s_per_token=args.decode_us_per_token * _US,
+            sleep=args.simulate_latency,
+        ),
+        seed=args.seed,
+        lora_modules=tuple(
+            LoraModule.parse(text, i + 1) for i, text in enumerate(args.lora_modules)
+        ),
+        default_max_tokens=args.default_max_tokens,
     )
 
 
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
-    """The engine configuration of parsed ``serve`` arguments."""
-    vllm = vllm_config_from(args)
+    """The engine configuration of parsed ``serve`` arguments (refusals name the flags)."""
+    try:
+        return _engine_config(args)
+    except ConfigError as error:
+        raise _in_flags(error) from None
+
+
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
     replay = args.kv_events_replay_port
     return EngineConfig(
-        num_kv_blocks=args.num_kv_blocks,
+        engine=kind_config_from(args),
         max_model_len=args.max_model_len,
         kv_events=args.kv_events,
         kv_events_port=args.kv_events_port,
@@ -210,17 +294,14 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         kv_events_buffer_steps=args.kv_events_buffer_steps,
         kv_events_hwm=args.kv_events_hwm,
         kv_events_subscriber_backlog=args.kv_events_subscriber_backlog,
-        latency=LatencyModel(
-            prefill_s_per_token=args.prefill_us_per_token * _US,
-            decode_s_per_token=args.decode_us_per_token * _US,
-            sleep=args.simulate_latency,
-        ),
-        seed=args.seed,
         instance_id=args.instance_id or new_instance_id(),
         advertise_host=args.advertise_host,
-        lora_modules=tuple(
-            LoraModule.parse(text, i + 1) for i, text in enumerate(args.lora_modules)
-        ),
-        remote_engine=None if vllm is not None else args.engine,
-        vllm=vllm,
     )
+
+
+#: Every setting a refusal may name: the fields of the engine configurations.
+_SETTINGS = frozenset(
+    f.name
+    for cls in (EngineConfig, SimulatedConfig, RemoteConfig, VllmEngineConfig, LoraModule)
+    for f in dataclasses.fields(cls)
+)

@@ -12,6 +12,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2 as pb
 from tokenkeys.cli.access_options import add_client_access_options, channel_security
@@ -164,21 +165,38 @@ def _tokens(args: argparse.Namespace) -> list[int]:
     else:
         raise InvalidArgument("give --tokens 1,2,3 or --tokens-file FILE", field="tokens")
     try:
-        if text.lstrip().startswith("["):
-            values = json.loads(text)
-            if not isinstance(values, list):
-                raise ValueError("not a list")
+        if text.lstrip()[:1] in ("[", "{"):
+            values = _ids_of_json(json.loads(text), where)
         else:
             values = [int(t) for t in text.replace(",", " ").split()]
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             raise ValueError("not integers")
     except ValueError:
         raise InvalidArgument(
-            f"{where}: expected token ids as a JSON list of integers or integers separated by "
+            f"{where}: expected token ids: a JSON list of integers, the output of "
+            "`tokenkeys tokenize --json` or of POST /tokenize, or integers separated by "
             "commas or whitespace",
             field="tokens",
         ) from None
     return values
+
+
+def _ids_of_json(doc: Any, where: str) -> list[Any]:
+    """The ids of a JSON document: ``[1, 2]``, ``tokenize --json``'s ``[{"ids": [...]}]`` or
+    /tokenize's ``{"tokens": [...]}``."""
+    if isinstance(doc, list) and doc and all(isinstance(d, dict) for d in doc):
+        if len(doc) != 1:
+            raise InvalidArgument(
+                f"{where}: holds {len(doc)} tokenized prompts; keys takes one (tokenize one "
+                "text, or pick one entry)",
+                field="tokens",
+            )
+        doc = doc[0]
+    if isinstance(doc, dict):
+        doc = doc.get("ids", doc.get("tokens"))
+    if not isinstance(doc, list):
+        raise ValueError("not a list")
+    return doc
 
 
 def _context(args: argparse.Namespace) -> KeyContext | None:

@@ -1,9 +1,9 @@
 """``tokenkeys route``: an OpenAI-compatible HTTP router in front of OpenEngine workers.
 
-``--workers N`` routes from N processes sharing the HTTP port (:mod:`tokenkeys.process.supervisor`).
-Each is a whole router replica: it discovers the engines, follows their KV events into its own
-prefix index (or the shared Redis one) and counts its own requests in flight, as N router
-replicas behind a load balancer would.
+``--processes N`` routes from N processes sharing the HTTP port
+(:mod:`tokenkeys.process.supervisor`). Each is a whole router replica: it discovers the
+engines, follows their KV events into its own prefix index (or the shared Redis one) and counts
+its own requests in flight, as N router replicas behind a load balancer would.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
     )
     p.add_argument(
-        "--workers",
+        "--processes",
         type=int,
         default=1,
         metavar="N",
@@ -140,7 +140,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteConfig:
     """The router configuration the options describe (``reuse_port``: one of N workers)."""
-    check_worker_count(getattr(args, "workers", 1))
+    check_worker_count(getattr(args, "processes", 1))
     limits = Limits(max_request_bytes=args.max_request_bytes)
     router = RouterConfig(
         workers=tuple(args.worker),

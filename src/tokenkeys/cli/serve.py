@@ -5,7 +5,7 @@ UNAVAILABLE; health checks still answer, reporting draining), ends KV-event subs
 their terminal message, waits up to ``--shutdown-timeout`` seconds for the calls in flight
 (streams included) to finish, then stops and exits 0. A second signal stops at once.
 
-``--workers N`` serves from N processes sharing the ports (:mod:`tokenkeys.process.supervisor`);
+``--processes N`` serves from N processes sharing the ports (:mod:`tokenkeys.process.supervisor`);
 generation must then be forwarded (``--engine``): a simulated engine per process would be N
 engines, each with its own prefix cache and KV events, behind one address.
 """
@@ -27,6 +27,7 @@ from tokenkeys.cli.engine_options import add_engine_options, engine_config_from,
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.engine.config import new_instance_id
+from tokenkeys.engine.registry import engine_kind
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, build_spec
 from tokenkeys.process.encode_lanes import (
@@ -70,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, how long calls in flight may take to finish (default 30)",
     )
     p.add_argument(
-        "--workers",
+        "--processes",
         type=int,
         default=1,
         metavar="N",
@@ -98,17 +99,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def check_workers(args: argparse.Namespace) -> None:
-    """``--workers N``: a count in range, and generation that N processes can share."""
-    workers = getattr(args, "workers", 1)
+    """``--processes N``: a count in range, and generation that N processes can share."""
+    workers = getattr(args, "processes", 1)
     check_worker_count(workers)
     if workers > 1 and args.engine is None:
         raise ConfigError(
-            f"--workers {workers} needs --engine HOST:PORT or --engine none: the simulated "
+            f"--processes {workers} needs --engine HOST:PORT or --engine none: the simulated "
             "engine keeps its "
             "prefix cache and KV events in its process, so N processes would be N engines "
             "behind one address. Run it as its own `tokenkeys serve` and forward to it, or "
-            "serve with --workers 1",
-            field="workers",
+            "serve with --processes 1",
+            field="processes",
         )
     threads = getattr(args, "encode_threads", None)
     if threads is not None and not 1 <= threads <= MAX_ENCODE_THREADS:
@@ -131,7 +132,7 @@ def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> Serve
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.
     spec = build_spec(key_spec_options(args))
     engine = None if tokenizer_only(args) else engine_config_from(args)
-    if spec is None and engine is not None and engine.remote_engine is None:
+    if spec is None and engine is not None and engine_kind(engine.kind).hosting == "streamed":
         # The simulated engine keys its prefix cache and events with a spec; serving none while
         # it publishes hashes of another would advertise hashes no router can reproduce.
         raise ConfigError(
@@ -192,7 +193,7 @@ async def start_server(
 ) -> tuple[EngineServer, list[str]]:
     """Build and start the server the options describe (a :data:`~tokenkeys.process.run.Start`)."""
     config = serve_config(args, reuse_port=reuse_port)
-    set_encode_threads(args.encode_threads or encode_threads_for(args.workers))
+    set_encode_threads(args.encode_threads or encode_threads_for(args.processes))
     models = local_models(args, config.limits, chat_options(args))
     if config.engine is None:
         attach_tokenizer_only(models, args.max_model_len)

@@ -1,8 +1,11 @@
-"""What ``tokenkeys serve`` configures about generation: the simulated engine, its KV events,
-its LoRA adapters, or the remote OpenEngine engine generation is forwarded to.
+"""What ``tokenkeys serve`` configures about generation: one engine kind's settings, and what
+every kind shares (context limit, KV events, identity).
 
-Plain frozen values, checked once at start (:class:`~tokenkeys.errors.ConfigError` names the
-option). The CLI spellings live in ``tokenkeys.cli.engine_options``.
+:class:`EngineConfig` holds the shared settings and ``engine``, the settings of one kind: a
+union of :class:`SimulatedConfig`, :class:`RemoteConfig` and :class:`VllmEngineConfig`, each
+naming its kind (``KIND``, a key of :data:`tokenkeys.engine.registry.KINDS`). Plain frozen
+values, checked once at start: a :class:`~tokenkeys.errors.ConfigError` names the setting by
+its field name (``field`` too); the CLI says it in its flags (``tokenkeys.cli.engine_options``).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import re
 import string
 import uuid
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError, TokenkeysError
@@ -48,8 +52,8 @@ class LoraModule:
         name, sep, path = text.partition("=")
         if not sep or not name or not path:
             raise ConfigError(
-                f"--lora-modules entry {text!r} is not NAME=PATH; e.g. sql-lora=/adapters/sql",
-                field="lora-modules",
+                f"lora_modules entry {text!r} is not NAME=PATH; e.g. sql-lora=/adapters/sql",
+                field="lora_modules",
             )
         return cls(name, path, lora_id)
 
@@ -60,33 +64,96 @@ class VllmEngineConfig:
 
     ``kv_events`` is vLLM's ZMQ publisher (``--engine-kv-events tcp://HOST:PORT``, the endpoint
     of vLLM's ``--kv-events-config``), ``kv_replay`` its replay endpoint and ``kv_topic`` its
-    topic ("" subscribes to every topic).
+    topic ("" subscribes to every topic). ``wait_s`` bounds how long the sidecar waits at start
+    for vLLM to answer (``--engine-wait``; vLLM loads its model before it serves). ``probe``:
+    the start probe of one fresh block (``--no-engine-probe`` skips it).
     """
+
+    KIND: ClassVar[str] = "vllm"
+    #: The scheme prefix that selects this engine on ``--engine``.
+    SCHEME: ClassVar[str] = "vllm+"
 
     url: str
     kv_events: str
     kv_replay: str | None = None
     kv_topic: str = ""
-
-    #: The scheme prefix that selects this engine on ``--engine``.
-    SCHEME = "vllm+"
+    wait_s: float = 600.0
+    probe: bool = True
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"https?://[^\s/]+(:\d{1,5})?/?", self.url):
             raise ConfigError(
-                f"--engine {self.SCHEME}{self.url!r} is not vllm+http://HOST:PORT",
-                field="engine",
+                f"url {self.url!r} is not http://HOST:PORT (or https://)",
+                field="url",
             )
-        for name, value in (
-            ("engine-kv-events", self.kv_events),
-            ("engine-kv-replay", self.kv_replay),
-        ):
+        if not isinstance(self.wait_s, int | float) or self.wait_s < 0:
+            raise ConfigError(
+                f"wait_s must be a number of seconds >= 0, got {self.wait_s!r}", field="wait_s"
+            )
+        for name, value in (("kv_events", self.kv_events), ("kv_replay", self.kv_replay)):
             if value is not None and not re.fullmatch(r"tcp://[^\s*]+:\d{1,5}", value):
                 raise ConfigError(
-                    f"--{name} {value!r} is not tcp://HOST:PORT (vLLM's endpoint, with the host "
+                    f"{name} {value!r} is not tcp://HOST:PORT (vLLM's endpoint, with the host "
                     "this sidecar reaches it on in place of vLLM's bind wildcard '*')",
                     field=name,
                 )
+
+
+@dataclass(frozen=True)
+class SimulatedConfig:
+    """The simulated engine: KV capacity, simulated latency, output seed, LoRA adapters, and
+    ``default_max_tokens``, the output budget of a request that sets none (a real engine
+    applies its own default)."""
+
+    KIND: ClassVar[str] = "simulated"
+
+    num_kv_blocks: int = 4096
+    latency: LatencyModel = field(default_factory=LatencyModel)
+    seed: int = 0
+    lora_modules: tuple[LoraModule, ...] = ()
+    default_max_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1:
+            raise ConfigError(
+                f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}",
+                field="num_kv_blocks",
+            )
+        if not isinstance(self.default_max_tokens, int) or self.default_max_tokens < 1:
+            raise ConfigError(
+                f"default_max_tokens must be an integer >= 1, got {self.default_max_tokens!r}",
+                field="default_max_tokens",
+            )
+        names = [m.name for m in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"lora_modules names repeat: {names}", field="lora_modules")
+
+    def adapter(self, name: str) -> LoraModule | None:
+        """The registered adapter called ``name``."""
+        for module in self.lora_modules:
+            if module.name == name:
+                return module
+        return None
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """An OpenEngine engine generation is forwarded to: ``--engine HOST:PORT``."""
+
+    KIND: ClassVar[str] = "remote"
+
+    target: str
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^:\s\[\]]+):\d{1,5}", self.target):
+            raise ConfigError(
+                f"target {self.target!r} is not HOST:PORT (e.g. 10.0.0.7:50051)",
+                field="target",
+            )
+
+
+#: The settings of one engine kind.
+KindConfig = SimulatedConfig | RemoteConfig | VllmEngineConfig
 
 
 @dataclass(frozen=True)
@@ -102,11 +169,10 @@ class EngineConfig:
     ``kv_events_vllm_version`` None is 0.33 (0.23 for the array form), or, in front of a vLLM,
     the release that vLLM reports (read at start,
     :func:`~tokenkeys.engine.vllm.checks.wire_version_of`).
-    ``remote_engine`` (``host:port``) forwards generation to an OpenEngine ``Inference``
-    service instead of simulating it; ``vllm`` to a real vLLM (the sidecar).
+    ``engine`` is the kind's own settings (the simulated engine's by default).
     """
 
-    num_kv_blocks: int = 4096
+    engine: KindConfig = field(default_factory=SimulatedConfig)
     max_model_len: int | None = None
     kv_events: bool = True
     kv_events_port: int = 0
@@ -117,53 +183,33 @@ class EngineConfig:
     kv_events_buffer_steps: int = 10_000
     kv_events_hwm: int = 100_000
     kv_events_subscriber_backlog: int = 10_000
-    latency: LatencyModel = field(default_factory=LatencyModel)
-    seed: int = 0
     instance_id: str = field(default_factory=new_instance_id)
     advertise_host: str | None = None
-    lora_modules: tuple[LoraModule, ...] = ()
-    remote_engine: str | None = None
-    vllm: VllmEngineConfig | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1:
-            raise ConfigError(
-                f"--num-kv-blocks must be a positive integer, got {self.num_kv_blocks!r}",
-                field="num-kv-blocks",
-            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(
-                f"--max-model-len must be >= 1, got {self.max_model_len}", field="max-model-len"
+                f"max_model_len must be >= 1, got {self.max_model_len}", field="max_model_len"
             )
         for name, port in (
-            ("kv-events-port", self.kv_events_port),
-            ("kv-events-replay-port", self.kv_events_replay_port),
+            ("kv_events_port", self.kv_events_port),
+            ("kv_events_replay_port", self.kv_events_replay_port),
         ):
             if port is not None and not 0 <= port <= 65535:
-                raise ConfigError(f"--{name} must be in 0..65535, got {port}", field=name)
+                raise ConfigError(f"{name} must be in 0..65535, got {port}", field=name)
         for name, value in (
-            ("kv-events-buffer-steps", self.kv_events_buffer_steps),
-            ("kv-events-hwm", self.kv_events_hwm),
-            ("kv-events-subscriber-backlog", self.kv_events_subscriber_backlog),
+            ("kv_events_buffer_steps", self.kv_events_buffer_steps),
+            ("kv_events_hwm", self.kv_events_hwm),
+            ("kv_events_subscriber_backlog", self.kv_events_subscriber_backlog),
         ):
             if value < 1:
-                raise ConfigError(f"--{name} must be at least 1, got {value}", field=name)
+                raise ConfigError(f"{name} must be at least 1, got {value}", field=name)
         self._check_topic()
         self.wire_version  # noqa: B018 - validates format and version together
         if not self.instance_id or len(self.instance_id) > 256:
             raise ConfigError(
-                "--instance-id must be 1..256 characters (default: a fresh id per process)",
-                field="instance-id",
-            )
-        names = [m.name for m in self.lora_modules]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"--lora-modules names repeat: {names}", field="lora-modules")
-        if self.remote_engine is not None and not re.fullmatch(
-            r"(\[[0-9a-fA-F:.]+\]|[^:\s\[\]]+):\d{1,5}", self.remote_engine
-        ):
-            raise ConfigError(
-                f"--engine {self.remote_engine!r} is not HOST:PORT (e.g. 10.0.0.7:50051)",
-                field="engine",
+                "instance_id must be 1..256 characters (default: a fresh id per process)",
+                field="instance_id",
             )
 
     def _check_topic(self) -> None:
@@ -171,15 +217,15 @@ class EngineConfig:
             fields = {f for _, f, _, _ in string.Formatter().parse(self.kv_events_topic) if f}
         except ValueError as exc:
             raise ConfigError(
-                f"--kv-events-topic {self.kv_events_topic!r} is not a valid template: {exc}",
-                field="kv-events-topic",
+                f"kv_events_topic {self.kv_events_topic!r} is not a valid template: {exc}",
+                field="kv_events_topic",
             ) from None
         unknown = sorted(fields - _TOPIC_FIELDS)
         if unknown:
             raise ConfigError(
-                f"--kv-events-topic {self.kv_events_topic!r} uses {unknown}; the placeholders "
+                f"kv_events_topic {self.kv_events_topic!r} uses {unknown}; the placeholders "
                 "are {address} (this server's host:port) and {model} (the served name)",
-                field="kv-events-topic",
+                field="kv_events_topic",
             )
 
     @property
@@ -187,8 +233,8 @@ class EngineConfig:
         """The vLLM release whose event layout ZMQ payloads follow (format and version agree)."""
         if self.kv_events_format not in (None, "map", "array"):
             raise ConfigError(
-                f"--kv-events-format must be 'map' or 'array', got {self.kv_events_format!r}",
-                field="kv-events-format",
+                f"kv_events_format must be 'map' or 'array', got {self.kv_events_format!r}",
+                field="kv_events_format",
             )
         version = self.kv_events_vllm_version or (
             LAST_ARRAY_VERSION if self.kv_events_format == "array" else DEFAULT_VERSION
@@ -196,13 +242,13 @@ class EngineConfig:
         try:
             form = layout_for(version).form
         except TokenkeysError as exc:
-            raise ConfigError(exc.message, field="kv-events-vllm-version") from None
+            raise ConfigError(exc.message, field="kv_events_vllm_version") from None
         if self.kv_events_format is not None and form != self.kv_events_format:
             raise ConfigError(
                 f"vLLM {version} publishes {form}-encoded events, not {self.kv_events_format}: "
                 "map form is vLLM 0.24 and later, array form 0.23 and earlier; adjust "
-                "--kv-events-format or --kv-events-vllm-version",
-                field="kv-events-vllm-version",
+                "kv_events_format or kv_events_vllm_version",
+                field="kv_events_vllm_version",
             )
         return version
 
@@ -210,9 +256,7 @@ class EngineConfig:
     def kind(self) -> str:
         """The engine kind this configuration selects (a key of
         :data:`tokenkeys.engine.registry.KINDS`)."""
-        if self.vllm is not None:
-            return "vllm"
-        return "remote" if self.remote_engine is not None else "simulated"
+        return self.engine.KIND
 
     def topic(self, address: str, model: str) -> str:
         """The ZMQ topic of ``model``'s stream."""
@@ -225,10 +269,3 @@ class EngineConfig:
         if replay:
             replay += index
         return pub, replay
-
-    def adapter(self, name: str) -> LoraModule | None:
-        """The registered adapter called ``name``."""
-        for module in self.lora_modules:
-            if module.name == name:
-                return module
-        return None

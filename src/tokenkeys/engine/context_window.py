@@ -40,12 +40,15 @@ def check_requested(max_tokens: int | None, field: str, limit: int | None) -> No
         )
 
 
-def fit(prompt_len: int, max_tokens: int, limit: int | None, *, rendered: bool = True) -> int:
+def fit(
+    prompt_len: int, max_tokens: int | None, limit: int | None, *, rendered: bool = True
+) -> int | None:
     """The output budget of one prompt: ``max_tokens`` capped by the context left (cases 2, 3).
 
     ``rendered``: the prompt went through the renderer (False: a token-in chat's ids). Without a
     ``limit`` the budget is ``max_tokens``, still refused below 1 as vLLM's ``SamplingParams``
-    refuses it, in the same words as case 3.
+    refuses it, in the same words as case 3. ``max_tokens`` None (the engine's default) stays
+    None once the prompt is known to fit with room for one token.
     """
     if limit is not None and prompt_len > limit and not rendered:
         raise ContextLengthExceeded(
@@ -61,6 +64,10 @@ def fit(prompt_len: int, max_tokens: int, limit: int | None, *, rendered: bool =
             prompt_len,
             kind=ContextLengthExceeded,
         )
+    if max_tokens is None:
+        if limit is not None and prompt_len >= limit:
+            fit(prompt_len, limit, limit, rendered=rendered)  # case 3, in its words
+        return None
     budget = max_tokens if limit is None else min(max_tokens, limit - prompt_len)
     if budget < 1:
         raise vllm_invalid(

@@ -48,12 +48,15 @@ def generate_request(
         token_ids=gen.TokenIds(ids=token_ids),
         lora_name=lora_name or adapter or "",
     )
-    request.stopping.max_tokens = params.max_tokens
+    if params.max_tokens is not None:
+        request.stopping.max_tokens = params.max_tokens
     request.stopping.conditions.extend(
         gen.StopCondition(stop_token_id=t) for t in params.stop_token_ids
     )
     if params.seed is not None:
         request.sampling.seed = params.seed
+    for name, value in params.sampling().items():
+        setattr(request.sampling, name, value)
     if ctx.cache_salt is not None:
         request.kv.cache_salt = ctx.cache_salt
     return request

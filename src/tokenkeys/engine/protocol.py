@@ -48,11 +48,41 @@ class SimulatedTiming:
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """Sampling parameters of one request, as every engine kind receives them."""
+    """What a request asks of the engine's sampling and stopping, as every engine kind gets it.
 
-    max_tokens: int = 16
+    ``max_tokens`` None is the engine's default: the simulated engine's ``default_max_tokens``
+    setting, the rest of the context for a real vLLM. The simulated engine honours
+    ``max_tokens``, ``seed`` and ``stop_token_ids``; the distribution knobs (``temperature``
+    .. ``repetition_penalty``, vLLM's ``SamplingParams`` names and meanings) shape nothing it
+    draws and no count, and reach a real engine unchanged.
+    """
+
+    max_tokens: int | None = None
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+
+    def sampling(self) -> dict[str, float | int]:
+        """The distribution knobs that are set, by vLLM's names."""
+        return {k: v for k, v in ((k, getattr(self, k)) for k in SAMPLING_KNOBS) if v is not None}
+
+
+#: GenerationParams fields that only shape the sampling distribution (vLLM's names).
+SAMPLING_KNOBS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
 @dataclass(frozen=True)

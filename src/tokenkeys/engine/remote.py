@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc, server_pb2
+from tokenkeys.engine.config import RemoteConfig
 from tokenkeys.engine.hosting import EngineInputs
 from tokenkeys.engine.proto import (
     finish_of,
@@ -147,10 +148,11 @@ class RemoteEngine:
 
 
 def build(inputs: EngineInputs) -> RemoteEngine:
-    """The engine at ``inputs.config.remote_engine``, generating ``inputs.name``, on its own
+    """The engine at ``inputs.config.engine.target``, generating ``inputs.name``, on its own
     channel (created here, inside the serving loop, and closed with the engine)."""
-    target = inputs.config.remote_engine
-    assert target is not None
+    config = inputs.config.engine
+    assert isinstance(config, RemoteConfig)
+    target = config.target
     return RemoteEngine(target, inputs.name, grpc.aio.insecure_channel(target), owns_channel=True)
 
 

@@ -6,7 +6,7 @@ every model answers /v1/completions/render, /v1/chat/completions/render, /tokeni
 cache-key spec and key computation), all from its one Preprocessor. Generation is refused with
 the reason (HTTP 501). The engine states the context length render budgets are computed with
 (``--max-model-len``, else the tokenizer's ``model_max_length``); it holds no state, so
-``--workers N`` can scale it with no engine address.
+``--processes N`` can scale it with no engine address.
 """
 
 from __future__ import annotations

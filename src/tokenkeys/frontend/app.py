@@ -21,6 +21,7 @@ from tokenkeys.frontend.schemas import (
     TokenizeCompletionRequest,
 )
 from tokenkeys.frontend.state import AppState
+from tokenkeys.preprocess.incremental.metrics import incremental_registry
 from tokenkeys.serving.guards import Guards, build_guards
 from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry
@@ -60,7 +61,14 @@ def create_app(
         redoc_url=None,
         openapi_url="/openapi.json",
     )
-    app.state.tokenkeys = AppState(models, config, HttpMetrics(), lifecycle)
+    metrics = HttpMetrics()
+    # Every model's tokenize cache (the one Preprocessor's), read at each scrape.
+    metrics.include(
+        incremental_registry(
+            lambda: [(m.name, m.preprocessor.encoder, m.preprocessor.history) for m in models]
+        )
+    )
+    app.state.tokenkeys = AppState(models, config, metrics, lifecycle)
     install_error_handlers(app)
     routes_system.add_routes(app)
     routes_generate.add_routes(app)

@@ -31,13 +31,10 @@ _PATH = re.compile(r"^(/[A-Za-z0-9._~!$&'()*+,;=:@-]+)+$")
 
 @dataclass(frozen=True)
 class HttpConfig:
-    """What the app serves where, and the defaults of its generation routes.
+    """What the app serves where, and how it reads requests.
 
     - ``tokenize_path`` / ``detokenize_path``: where /tokenize and /detokenize are mounted
       (``--tokenize-path``, ``TOKENKEYS_TOKENIZE_PATH``; see :func:`resolve_paths`).
-    - ``default_max_tokens``: ``max_tokens`` of a generation request that sets none. OpenAI and
-      vLLM use 16 for completions; for chat vLLM fills the context, which a simulated engine
-      would spend seconds on, so both routes use this one default here.
     - ``limits``: request limits; ``max_request_bytes`` bounds an HTTP body (413 above it).
     - ``inline_bytes``: bodies up to this size are tokenized on the event loop; larger ones on
       a worker thread (``tokenizers`` releases the GIL), so encodes neither stall the other
@@ -51,7 +48,6 @@ class HttpConfig:
 
     tokenize_path: str = "/tokenize"
     detokenize_path: str = "/detokenize"
-    default_max_tokens: int = 16
     limits: Limits = field(default_factory=Limits)
     inline_bytes: int = 2048
     auth: BearerTokens | None = None
@@ -82,11 +78,6 @@ class HttpConfig:
                 f"tokenize_path and detokenize_path are both {self.tokenize_path!r}; they must "
                 "differ",
                 field="detokenize_path",
-            )
-        if not isinstance(self.default_max_tokens, int) or self.default_max_tokens < 1:
-            raise ConfigError(
-                f"default_max_tokens must be an integer >= 1, got {self.default_max_tokens!r}",
-                field="default_max_tokens",
             )
 
 

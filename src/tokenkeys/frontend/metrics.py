@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tokenkeys.engine.protocol import Usage
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
@@ -46,11 +49,17 @@ class HttpMetrics:
         self.generation_tokens = Counter(
             "tokenkeys_generation_tokens", "Tokens generated", ["model"], registry=r
         )
-        # With --workers N every worker process keeps its own counters and a scrape reaches
+        # With --processes N every process keeps its own counters and a scrape reaches
         # whichever worker takes the connection; the pid says whose counters these are.
         Gauge(
             "tokenkeys_process", "The process that answered this scrape", ["pid"], registry=r
         ).labels(str(os.getpid())).set(1)
+
+    def record_generation(self, model: str, route: str, usages: Sequence[Usage]) -> None:
+        """Count what a generation request's prompts used (its engine's usage)."""
+        self.prompt_tokens.labels(model, route).inc(sum(u.prompt_tokens for u in usages))
+        self.cached_tokens.labels(model).inc(sum(u.cached_prompt_tokens for u in usages))
+        self.generation_tokens.labels(model).inc(sum(u.completion_tokens for u in usages))
 
     def include(self, registry: CollectorRegistry) -> None:
         """Export another registry's metrics (router, engines) beside this app's own."""

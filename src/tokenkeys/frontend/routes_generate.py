@@ -6,7 +6,8 @@ Both routes take their prompt ids from the model's one Preprocessor (``tokenize_
 (400, with chat's message and tool checks), model (404; a LoRA adapter's name selects its base
 model and the adapter), requested output over the context (400), generation options (501),
 prompt (400/413/501), prompt over the context (400, :mod:`~tokenkeys.engine.context_window`),
-engine (400/413).
+engine (400/413). In front of an engine that answers OpenAI requests itself (a real vLLM),
+the request goes to it whole after the Preprocessor (:mod:`~tokenkeys.frontend.passthrough`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from tokenkeys.engine.passthrough import OpenAIPassThrough
 from tokenkeys.engine.protocol import GenerateOutput, Usage
 from tokenkeys.errors import TokenkeysError, Unsupported
-from tokenkeys.frontend import sampling
+from tokenkeys.frontend import passthrough, sampling
 from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.errors import error_of
 from tokenkeys.frontend.generation import EngineCall, eos_ids, key_context, usage_body
@@ -73,10 +75,7 @@ def _shape(
 
 
 def _record(state: AppState, model: ServedModel, route: str, usages: Sequence[Usage]) -> None:
-    m = state.metrics
-    m.prompt_tokens.labels(model.name, route).inc(sum(u.prompt_tokens for u in usages))
-    m.cached_tokens.labels(model.name).inc(sum(u.cached_prompt_tokens for u in usages))
-    m.generation_tokens.labels(model.name).inc(sum(u.completion_tokens for u in usages))
+    state.metrics.record_generation(model.name, route, usages)
 
 
 def _call(  # noqa: ANN202
@@ -89,7 +88,7 @@ def _call(  # noqa: ANN202
     """
     engine = engine_of(model)
     limit = engine_context(model)
-    options = sampling.sampling_of(body, state.config.default_max_tokens, eos_ids(model), limit)
+    options = sampling.sampling_of(body, eos_ids(model), limit)
     refused = sampling.unsupported_option(body, chat=chat)
     if refused is not None:
         raise Unsupported(refused[1], field=refused[0])
@@ -100,6 +99,8 @@ async def completions(request: Request) -> Response:
     """OpenAI completions; the prompt may be text(s) or token ids."""
     opened = await open_request(request, CompletionRequest, refuse_empty_prompt)
     state, body, model, lora = opened.state, opened.body, opened.model, opened.lora
+    if isinstance(engine := engine_of(model), OpenAIPassThrough):
+        return await passthrough.forward(request, opened, engine, "completions")
     call, options = _call(state, model, body, lora, chat=False)
     prompts = await opened.run(model.preprocessor.tokenize_completion, body)
     ids = [p.ids for p in prompts]
@@ -122,6 +123,8 @@ async def chat_completions(request: Request) -> Response:
     # vLLM's request validators run before the 501s of _call.
     opened = await open_request(request, ChatCompletionRequest, check_chat_request)
     state, body, model, lora = opened.state, opened.body, opened.model, opened.lora
+    if isinstance(engine := engine_of(model), OpenAIPassThrough):
+        return await passthrough.forward(request, opened, engine, "chat")
     call, options = _call(state, model, body, lora, chat=True)
     chat = await opened.run(model.preprocessor.tokenize_chat, body)
     ids = chat.tokens.ids

@@ -1,4 +1,4 @@
-"""/v1/models, /health and /metrics."""
+"""/v1/models, /health, /version and /metrics."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tokenkeys import __version__
+from tokenkeys.engine.fronted import FrontedEngine
 from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.metrics import CONTENT_TYPE
 from tokenkeys.frontend.responses import ModelList
@@ -45,11 +47,32 @@ def add_routes(app: FastAPI) -> None:
 
     async def health(request: Request) -> Response:
         """200 with an empty body while the server serves (as vLLM's /health); 503 with
-        ``{"status": "draining", "in_flight": N}`` while it shuts down."""
-        lifecycle = state_of(request).lifecycle
+        ``{"status": "draining", "in_flight": N}`` while it shuts down, and with
+        ``{"status": "engine_unavailable", "model": ..., "reason": ...}`` while a model's engine
+        (a fronted vLLM) cannot serve."""
+        state = state_of(request)
+        lifecycle = state.lifecycle
         if lifecycle.draining:
             return json_response({"status": lifecycle.state, "in_flight": lifecycle.inflight}, 503)
+        for model in state.models:
+            if isinstance(model.engine, FrontedEngine):
+                reason = await model.engine.unready()
+                if reason is not None:
+                    body = {"status": "engine_unavailable", "model": model.name, "reason": reason}
+                    return json_response(body, 503)
         return Response(status_code=200)
+
+    async def version(request: Request) -> Response:
+        """``{"version": ...}`` as vLLM's /version answers: the release of the vLLM this server
+        fronts (the first model's), else tokenkeys'; ``tokenkeys_version`` always."""
+        releases = [
+            m.engine.release
+            for m in state_of(request).models
+            if isinstance(m.engine, FrontedEngine) and m.engine.release
+        ]
+        return json_response(
+            {"version": releases[0] if releases else __version__, "tokenkeys_version": __version__}
+        )
 
     async def metrics(request: Request) -> Response:
         """Prometheus text exposition of this app's metrics."""
@@ -65,9 +88,10 @@ def add_routes(app: FastAPI) -> None:
         summary="Liveness",
         responses={
             200: {"description": "serving", "content": {}},
-            503: {"description": "draining: shutting down, new calls are refused"},
+            503: {"description": "draining (shutting down), or a model's engine is down"},
         },
     )
+    app.add_api_route("/version", version, methods=["GET"], summary="Versions")
     app.add_api_route(
         "/metrics",
         metrics,

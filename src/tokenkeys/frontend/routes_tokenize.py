@@ -125,6 +125,7 @@ async def tokenizer_info(request: Request, model: str | None = None) -> Response
         add_special_tokens_chat=tok.options.add_special_tokens_chat,
         nul=tok.options.nul,
         split_special_tokens=tok.options.split_special_tokens,
+        incremental_tokenization=served.preprocessor.encoder.describe(),
     )
     return json_response(info)
 

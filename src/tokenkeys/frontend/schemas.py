@@ -24,6 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 Json = dict[str, Any]
 TokenId = int
 TokenStrsKind = Literal["decoded", "vocabulary"] | None
+#: The generation limits below hold for the simulated engine and a router; a real vLLM behind
+#: the sidecar gets the whole request (tokenkeys.frontend.passthrough).
+SIM = " (unless the engine is a fronted vLLM, which gets every field)"
 TOKEN_STRS_KIND = Field(
     None,
     description="how token_strs are spelled: 'decoded' (each token's text in context, ' world') "
@@ -96,7 +99,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     include_usage: bool | None = False
-    continuous_usage_stats: bool | None = Field(False, description="not supported: 501 when true")
+    continuous_usage_stats: bool | None = Field(False, description="501 when true" + SIM)
 
 
 class _GenerationFields(_Request):
@@ -105,11 +108,11 @@ class _GenerationFields(_Request):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
-    n: int | None = Field(1, description="only 1 is supported")
+    n: int | None = Field(1, description="only 1" + SIM)
     seed: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(None, description="stop strings are not supported")
+    stop: str | list[str] | None = Field(None, description="501 when set" + SIM)
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = False
     skip_special_tokens: bool | None = True
@@ -128,7 +131,7 @@ class _GenerationFields(_Request):
     request_id: str | None = Field(
         None, description="the answer's id is cmpl-/chatcmpl- and this (X-Request-Id wins)"
     )
-    priority: int | None = Field(0, description="only 0: requests are not prioritised")
+    priority: int | None = Field(0, description="only 0" + SIM)
     return_tokens_as_token_ids: bool | None = Field(
         None, description="accepted; it only changes logprobs, which are not produced"
     )
@@ -146,8 +149,8 @@ class CompletionRequest(_GenerationFields):
     add_special_tokens: bool | None = Field(
         None, description="unset: the served default for bare prompts"
     )
-    echo: bool | None = Field(False, description="not supported: 501 when true")
-    logprobs: int | None = Field(None, description="not supported: 501 when set")
+    echo: bool | None = Field(False, description="501 when true" + SIM)
+    logprobs: int | None = Field(None, description="501 when set" + SIM)
     suffix: str | None = Field(None, description="not supported: 501 when set")
 
 
@@ -155,9 +158,9 @@ class ChatCompletionRequest(_GenerationFields, _ChatFields):
     """``/v1/chat/completions``."""
 
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = Field(False, description="not supported: 501 when true")
-    top_logprobs: int | None = Field(None, description="not supported: 501 when > 0")
-    response_format: Json | None = Field(None, description="only type 'text' is supported")
+    logprobs: bool | None = Field(False, description="501 when true" + SIM)
+    top_logprobs: int | None = Field(None, description="501 when > 0" + SIM)
+    response_format: Json | None = Field(None, description="only type 'text'" + SIM)
     return_prompt_text: bool | None = Field(
         None, description="also return the rendered prompt as prompt_text"
     )

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 
@@ -94,7 +94,7 @@ async def start_http_server(
     """Serve ``app`` on ``host:port`` (0 picks a free port) until :meth:`HttpServer.stop`.
 
     ``tls`` serves HTTPS (requiring client certificates when it names a client CA);
-    ``reuse_port`` binds with SO_REUSEPORT so that worker processes share the port;
+    ``reuse_port`` binds with SO_REUSEPORT so that processes share the port;
     ``connections`` bounds headers, their timeout, idle time and connection counts (default:
     :class:`~tokenkeys.transport.limits.ConnectionLimits`' defaults).
     """
@@ -109,6 +109,7 @@ async def start_http_server(
         http=bounded_protocol(connections),
         timeout_keep_alive=connections.http_idle_timeout,  # type: ignore[arg-type]
         log_level=log_level,
+        log_config=None,  # uvicorn's loggers propagate to the process' one format
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=5,
@@ -122,3 +123,32 @@ async def start_http_server(
             raise ConfigError(f"HTTP server on {host}:{bound} stopped during start-up")
         await asyncio.sleep(0.005)
     return HttpServer(server, task, bound)
+
+
+class Bind(Protocol):
+    """Where and how a builder's faces listen (``ServeConfig``, ``RouteConfig``)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def tls(self) -> ServerTls | None: ...
+
+    @property
+    def reuse_port(self) -> bool: ...
+
+    @property
+    def connections(self) -> ConnectionLimits | None: ...
+
+
+async def serve_app(app: Any, bind: Bind, port: int) -> HttpServer:
+    """:func:`start_http_server` of ``app`` on ``bind.host:port``, with the builder's TLS,
+    port sharing and connection limits: the HTTP face of ``serve`` and ``route`` alike."""
+    return await start_http_server(
+        app,
+        bind.host,
+        port,
+        tls=bind.tls,
+        reuse_port=bind.reuse_port,
+        connections=bind.connections,
+    )

@@ -19,8 +19,10 @@ from tokenkeys.preprocess.chat import (
     REUSED_IDS_FIELD,
     ChatOptions,
     ChatPrologue,
+    ChatRender,
     reused_prompt_ids,
 )
+from tokenkeys.preprocess.incremental import HistoryWatch, IncrementalEncoder, IncrementalOptions
 from tokenkeys.preprocess.prompt_options import optional_flag
 from tokenkeys.tokenizer import Tokenizer, TokenStrs, Truncation
 from tokenkeys.tokenizer.specials import template_special_tokens
@@ -72,12 +74,16 @@ class Preprocessor:
     """Normalize, template, encode: shared by generation and by every tokenize report.
 
     ``add_special_tokens=None`` means the served default for that path, read from the
-    tokenizer's options (which are part of its fingerprint).
+    tokenizer's options (which are part of its fingerprint). Every encode goes through the
+    exact incremental cache (:mod:`tokenkeys.preprocess.incremental`) set by ``incremental``;
+    ``model`` names the served model in its log lines.
     """
 
     tokenizer: Tokenizer
     limits: Limits = field(default_factory=Limits)
     chat_options: ChatOptions = field(default_factory=ChatOptions)
+    incremental: IncrementalOptions = field(default_factory=IncrementalOptions)
+    model: str = ""
 
     def __post_init__(self) -> None:
         self.chat = ChatPrologue(
@@ -85,6 +91,8 @@ class Preprocessor:
             template_special_tokens(self.tokenizer.folder),
             self.chat_options,
         )
+        self.encoder = IncrementalEncoder(self.tokenizer, self.incremental)
+        self.history = HistoryWatch(self.model)
 
     def normalize(self, text: str, nul: str | None = None) -> tuple[str, list[int] | None]:
         """Apply the text normalization of this deployment (NUL handling)."""
@@ -136,13 +144,13 @@ class Preprocessor:
             encoded = []
             total = 0
             for i, text in enumerate(normalized):
-                (enc,) = self.tokenizer.encode([text], **options)  # type: ignore[arg-type]
+                (enc,) = self.encoder.encode([text], **options)  # type: ignore[arg-type]
                 limits.check_text_tokens(field_name, i, len(enc.ids))
                 total += len(enc.ids)
                 limits.check_tokens(field_name, total)
                 encoded.append(enc)
         else:
-            encoded = self.tokenizer.encode(normalized, **options)  # type: ignore[arg-type]
+            encoded = self.encoder.encode(normalized, **options)  # type: ignore[arg-type]
             limits.check_sequences(field_name, [len(e.ids) for e in encoded])
         results = []
         for enc, index_map in zip(encoded, maps, strict=True):
@@ -220,6 +228,7 @@ class Preprocessor:
             self._check_vocabulary(reused)
             return ChatTokenized(None, Tokenized(reused, self._strs(reused, token_strs)))
         prompt = self.chat.render(chat)
+        self._watch_history(chat, prompt)
         if add_special_tokens is None:
             add_special_tokens = optional_flag(request, "add_special_tokens")
         if add_special_tokens is None:
@@ -231,6 +240,17 @@ class Preprocessor:
             field_name="messages",
         )[0]
         return ChatTokenized(prompt, result)
+
+    def _watch_history(self, chat: ChatRender, prompt: str) -> None:
+        context = {
+            "template": chat.template,
+            "tools": chat.tools,
+            "documents": chat.documents,
+            "variables": chat.variables,
+            "add_generation_prompt": chat.add_generation_prompt,
+            "continue_final_message": chat.continue_final_message,
+        }
+        self.history.observe(context, chat.messages, prompt)
 
     def _check_vocabulary(self, ids: list[int]) -> None:
         # vLLM's BaseRenderer.validate_token_ids message and parameter (0.32).

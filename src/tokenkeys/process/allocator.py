@@ -5,10 +5,10 @@ encode allocates and frees many small strings, and glibc's per-thread cache keep
 chunks of each size, so most calls reach the locked arena. A larger cache
 (``glibc.malloc.tcache_count=2000``) makes the encode thread's frees cheap to reuse: 1k-token
 /tokenize at 16 connections on 2 cores went from 2,090-2,150 to 2,320-2,330 requests/s
-(``serve --workers 2``, wrk, quiet machine), where jemalloc by ``LD_PRELOAD`` gave
+(``serve --processes 2``, wrk, quiet machine), where jemalloc by ``LD_PRELOAD`` gave
 2,210-2,250. glibc reads tunables only when a process starts, so ``tokenkeys serve`` re-executes
 itself once with the setting added to ``GLIBC_TUNABLES`` (the same pid; the workers of
-``--workers N`` inherit it). ``TOKENKEYS_MALLOC=system`` keeps the allocator as it is, and a
+``--processes N`` inherit it). ``TOKENKEYS_MALLOC=system`` keeps the allocator as it is, and a
 ``GLIBC_TUNABLES`` that already sets the cache size is left alone. On other C libraries
 nothing changes.
 """

@@ -11,7 +11,7 @@ least one (:func:`encode_threads_for`). More threads than cores only interleave 
 finishes later, they queue for the GIL when they come back, and the order in which requests
 finish stops being the order they came in. On 2 cores, 1k-token /tokenize at 16 connections,
 one process: 1 thread gave a p99 of 20-30 ms where asyncio's default pool (6 threads) gave
-60-70 ms, at the same or a higher rate (docs/benchmarks.md, bench_vs_vllm). ``serve --workers
+60-70 ms, at the same or a higher rate (docs/benchmarks.md, bench_vs_vllm). ``serve --processes
 N`` uses the other cores with processes, each with its own pool.
 
 After a large call the C heap is trimmed: glibc keeps what the worker threads' arenas freed

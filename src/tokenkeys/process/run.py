@@ -1,7 +1,7 @@
 """One supervised run for every serving command: ``serve`` and ``route`` alike.
 
 A command hands :func:`run_served` a :data:`Start` (build and start its server from the parsed
-options, and describe it) and the options holding ports to share. With ``--workers 1`` the
+options, and describe it) and the options holding ports to share. With ``--processes 1`` the
 server runs in this process; with more, the :class:`~tokenkeys.process.supervisor.Supervisor`
 runs that many workers, each one the same :func:`serve_until_signal`.
 
@@ -18,13 +18,12 @@ import functools
 import logging
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NoReturn, Protocol
 
 from tokenkeys.process.supervisor import Supervisor, WorkerLink, announce
 from tokenkeys.serving.lifecycle import Lifecycle, exit_stopped
-from tokenkeys.terminal import escape_log_records
+from tokenkeys.terminal import configure_logging
 
 #: After the drain, what the servers still give the calls that outlived the deadline.
 STOP_GRACE = 1.0
@@ -91,8 +90,7 @@ async def serve_until_signal(
 
 
 def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    escape_log_records()  # log lines carry client- and server-supplied strings
+    configure_logging()  # one timestamped format, every line escaped
     # One line per request forwarded over HTTP (to a vLLM) would drown the log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -110,13 +108,13 @@ def run_served(
     *,
     check: Callable[[argparse.Namespace], object],
 ) -> int:
-    """Run a serving command: in this process with ``--workers 1``, else supervised workers.
+    """Run a serving command: in this process with ``--processes 1``, else supervised workers.
 
     ``check`` validates the options once, before any worker starts (a bad option fails once);
     ``ports`` names the ``args`` attributes of the ports the workers share, with their option.
     """
     _configure_logging()
-    if args.workers == 1:
+    if args.processes == 1:
         exit_stopped(asyncio.run(serve_until_signal(start, args)))  # no teardown to wait for
     check(args)
-    return Supervisor(functools.partial(_worker, start), args, args.workers, ports).run()
+    return Supervisor(functools.partial(_worker, start), args, args.processes, ports).run()

@@ -1,4 +1,4 @@
-"""Several worker processes behind one port: ``serve --workers N`` and ``route --workers N``.
+"""Several worker processes behind one port: ``serve --processes N`` and ``route --processes N``.
 
 One process runs one asyncio event loop, and the encodes, JSON and protobuf work of a request
 hold the GIL for most of their time, so one process serves from about one core. N worker
@@ -43,7 +43,7 @@ from types import FrameType
 
 from tokenkeys.errors import ConfigError, TokenkeysError
 
-#: Upper bound of ``--workers`` (a guard against a typo starting thousands of processes).
+#: Upper bound of ``--processes`` (a guard against a typo starting thousands of processes).
 MAX_WORKERS = 256
 
 
@@ -87,12 +87,12 @@ WorkerMain = Callable[[argparse.Namespace, WorkerLink], int]
 
 
 def check_worker_count(count: int) -> None:
-    """``--workers`` must be 1..MAX_WORKERS."""
+    """``--processes`` must be 1..MAX_WORKERS."""
     if not isinstance(count, int) or not 1 <= count <= MAX_WORKERS:
         raise ConfigError(
-            f"--workers must be 1..{MAX_WORKERS}, got {count!r} (one per core is a good start; "
+            f"--processes must be 1..{MAX_WORKERS}, got {count!r} (one per core is a good start; "
             f"this machine has {os.cpu_count()})",
-            field="workers",
+            field="processes",
         )
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 
 from tokenkeys.access.tls import ServerTls
-from tokenkeys.frontend import HttpConfig, HttpServer, start_http_server
+from tokenkeys.frontend import HttpConfig, HttpServer
+from tokenkeys.frontend.server import serve_app
 from tokenkeys.router.frontend import create_router_app
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.routed_engine import RoutedEngine
@@ -38,7 +39,7 @@ class RouteConfig:
     - ``host`` / ``http_port``: where the HTTP frontend listens (0 picks a free port; None: no
       HTTP frontend);
     - ``http``: the frontend's settings (default: the pools' request limits); ``tls``: HTTPS;
-    - ``reuse_port``: bind with SO_REUSEPORT (the workers of ``route --workers N`` share it);
+    - ``reuse_port``: bind with SO_REUSEPORT (the processes of ``route --processes N`` share it);
     - ``connections``: the HTTP face's connection caps and idle timeouts.
     """
 
@@ -94,15 +95,7 @@ class RouteServer:
             metrics=service.metrics_registry,
             lifecycle=self.lifecycle,
         )
-        config = self.config
-        return await start_http_server(
-            self.app,
-            config.host,
-            port,
-            tls=config.tls,
-            reuse_port=config.reuse_port,
-            connections=config.connections,
-        )
+        return await serve_app(self.app, self.config, port)
 
     def engine(self, model: str | None = None) -> RoutedEngine:
         """A routing engine for ``model`` (default: the first pool's)."""

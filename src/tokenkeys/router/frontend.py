@@ -29,7 +29,8 @@ from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.generation import key_context
 from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.routes_tokenize import tokenize_body
-from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
+from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
+from tokenkeys.router.policy.router import Router
 from tokenkeys.router.routed_engine import RoutedEngine, RouteNote, current_note
 from tokenkeys.router.workers.pool import Pool
 from tokenkeys.router.workers.registry import WorkerRegistry

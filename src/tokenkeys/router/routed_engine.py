@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.keys import Adapter, KeyContext
-from tokenkeys.router.policy.router import RouteDecision, Router, RouteRequest
+from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
+from tokenkeys.router.policy.router import Router
 from tokenkeys.router.workers.registry import WorkerRegistry
 
 

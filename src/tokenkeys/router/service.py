@@ -23,7 +23,8 @@ from tokenkeys.router.index.redis import RedisPrefixIndex
 from tokenkeys.router.ingest.ingestor import IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.policy.cost import CostWeights
-from tokenkeys.router.policy.router import POLICIES, Router
+from tokenkeys.router.policy.precise import GrowthLedgers
+from tokenkeys.router.policy.router import POLICIES, Router, make_policy
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.workers.discovery import check_address
 from tokenkeys.router.workers.health import DOWN_AFTER
@@ -135,11 +136,11 @@ class RoutingService:
             foreign_interval=config.recheck_interval,
             security=config.pools.security,
         )
+        #: The cache growth the precise policy prices, per pool.
+        self.growth = GrowthLedgers()
         self.router = Router(
             self.registry.pools,
-            self.index,
-            policy=config.policy,
-            cost=config.cost,
+            make_policy(config.policy, self.index, cost=config.cost, growth=self.growth),
             metrics=self.metrics,
         )
         self.registry.on_leave.append(self.router.forget)

@@ -27,7 +27,8 @@ from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.access.tls import ServerTls
 from tokenkeys.access.token import BearerTokens
 from tokenkeys.engine.config import EngineConfig
-from tokenkeys.frontend import HttpConfig, HttpServer, create_app, start_http_server
+from tokenkeys.frontend import HttpConfig, HttpServer, create_app
+from tokenkeys.frontend.server import serve_app
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.limits import Limits
 from tokenkeys.server.grpc.engine_services import engine_service_adders
@@ -47,14 +48,15 @@ class ServeConfig:
     - ``host``: the address gRPC, HTTP and the KV-event sockets bind;
     - ``grpc_port`` / ``http_port``: 0 picks a free port; None leaves that face out (an engine
       runtime needs gRPC: its events are advertised under the gRPC address);
-    - ``engine``: the engine settings (simulated, or ``remote_engine``); None serves the models'
-      engines as they are (none, or attached by the caller) without ``Control``/``Inference``;
+    - ``engine``: the engine settings (one kind's in ``EngineConfig.engine``); None serves the
+      models' engines as they are (none, or attached by the caller) without ``Control`` and
+      ``Inference`` -- a server of tokenizers only has no engine kind at all;
     - ``cache_keys``: the deployment's spec, attached to every model; ``spec_of`` overrides
       the spec an engine keys its blocks with (default: the model's cache keys, else the
       default profile);
     - ``http``: the frontend's settings (default: ``limits`` and the access settings below);
     - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces;
-    - ``reuse_port``: bind both ports with SO_REUSEPORT (the workers of ``serve --workers N``
+    - ``reuse_port``: bind both ports with SO_REUSEPORT (the processes of ``serve --processes N``
       each build a whole server and share the ports; :mod:`tokenkeys.process.supervisor`);
     - ``connections``: connection caps and idle timeouts on both faces (default: the defaults).
     """
@@ -142,17 +144,9 @@ class EngineServer:
 
     async def _start_http(self, port: int) -> HttpServer:
         self.app = create_app(self.models, self.config.http_config(), lifecycle=self.lifecycle)
-        config = self.config
         if self.runtime is not None:
             self.app.state.tokenkeys.metrics.include(self.runtime.metrics)
-        return await start_http_server(
-            self.app,
-            config.host,
-            port,
-            tls=config.tls,
-            reuse_port=config.reuse_port,
-            connections=config.connections,
-        )
+        return await serve_app(self.app, self.config, port)
 
     def begin_drain(self) -> None:
         """Refuse new calls on both faces and end every KV-event subscription."""

@@ -96,6 +96,11 @@ class TokenizerBackend(Protocol):
         """The id of a vocabulary spelling or added token, or None when unknown."""
         ...
 
+    def pipeline_json(self) -> str | None:
+        """The tokenizer.json of the pipeline the library runs, as it loaded it; None when the
+        backend runs steps of its own around the library."""
+        ...
+
 
 class TokenizersBackend:
     """The Rust ``tokenizers`` library on tokenizer.json."""
@@ -173,6 +178,10 @@ class TokenizersBackend:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+    def pipeline_json(self) -> str | None:
+        # The library's own serialization: every flag as it runs (defaults filled in).
+        return self._tok.to_str()
 
 
 class Transformers5Backend(TokenizersBackend):
@@ -303,6 +312,9 @@ class TransformersBackend:
             and token != self._tok.unk_token
             else token_id
         )
+
+    def pipeline_json(self) -> str | None:
+        return None
 
 
 def load_backend(

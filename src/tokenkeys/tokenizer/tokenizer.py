@@ -14,6 +14,7 @@ from tokenkeys.tokenizer.fingerprint import fingerprint
 from tokenkeys.tokenizer.folder import TokenizerFolder, read_folder
 from tokenkeys.tokenizer.options import TokenizerOptions
 from tokenkeys.tokenizer.specials import Specials, read_chat_templates, read_specials
+from tokenkeys.tokenizer.splice_audit import SpliceDecision, splice_decision
 from tokenkeys.tokenizer.token_floor import TokenFloor, token_floor
 
 # How many preceding tokens give a token its context when decoding it alone: enough for a
@@ -66,6 +67,26 @@ class Tokenizer:
         if self.backend.name != "tokenizers":
             return None
         return token_floor(self.folder.contents["tokenizer.json"])
+
+    @cached_property
+    def splice(self) -> SpliceDecision:
+        """Where this tokenizer's texts may be cut and encoded piece by piece, exactly; or why not.
+
+        Decided once from the pipeline the backend runs and checked on probe texts against it
+        (:mod:`tokenkeys.tokenizer.splice_audit`).
+        """
+
+        def encode(texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
+            encoded = self.backend.encode_batch(
+                texts, add_special_tokens=add_special_tokens, offsets=False
+            )
+            return [e.ids for e in encoded]
+
+        return splice_decision(
+            self.backend.pipeline_json(),
+            split_special_tokens=self.options.split_special_tokens,
+            encode=encode,
+        )
 
     @property
     def vocab_size(self) -> int:

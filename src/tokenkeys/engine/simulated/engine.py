@@ -77,7 +77,8 @@ class SimulatedEngine:
     """Simulated LLM engine with a paged prefix cache, deterministic tokens and KV events.
 
     ``key_fn`` computes block keys (the engine never hashes itself); ``block_size`` must be the
-    block size those keys are for. ``num_blocks`` is the KV capacity. ``event_sink`` gets one
+    block size those keys are for. ``num_blocks`` is the KV capacity, ``default_max_tokens`` the
+    output budget of a request that sets none. ``event_sink`` gets one
     batch per step that produced events. All methods run on one event loop.
     """
 
@@ -91,6 +92,7 @@ class SimulatedEngine:
         latency: LatencyModel | None = None,
         output_vocab: Sequence[int] = range(1000),
         max_model_len: int | None = None,
+        default_max_tokens: int = 16,
         event_extra_keys: EventExtraKeysFn | None = None,
         group_idx: int = 0,
         medium: str = MEDIUM_GPU,
@@ -112,6 +114,7 @@ class SimulatedEngine:
         self.latency = latency or LatencyModel()
         self.sampler = TokenSampler(output_vocab)
         self.max_model_len = max_model_len
+        self.default_max_tokens = default_max_tokens
         self.event_extra_keys = event_extra_keys
         self.clock = clock
         self.stats = EngineStats()
@@ -171,13 +174,17 @@ class SimulatedEngine:
                     f"prompt_token_ids[{i}] is {t!r}; token ids are integers in [0, 2**32)",
                     field="prompt_token_ids",
                 )
-        if isinstance(params.max_tokens, bool) or not isinstance(params.max_tokens, int):
+        if params.max_tokens is None:
+            # The engine's default is no request's: only fitted to the context, never refused.
+            params = replace(params, max_tokens=self.default_max_tokens)
+        elif isinstance(params.max_tokens, bool) or not isinstance(params.max_tokens, int):
             raise InvalidArgument(
                 f"max_tokens is {params.max_tokens!r}; it must be an integer >= 1",
                 field="max_tokens",
             )
-        # vLLM 0.32's context rule, the one the HTTP frontend applies (one copy, one wording).
-        check_requested(params.max_tokens, "max_tokens", self.max_model_len)
+        else:
+            # vLLM 0.32's context rule, the one the HTTP frontend applies (one copy, one wording).
+            check_requested(params.max_tokens, "max_tokens", self.max_model_len)
         return replace(params, max_tokens=fit(len(prompt), params.max_tokens, self.max_model_len))
 
     async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
-from tokenkeys.engine.config import EngineConfig
+from tokenkeys.engine.config import SimulatedConfig
 from tokenkeys.engine.hosting import EngineInputs
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
 from tokenkeys.engine.registry import EngineKind
@@ -48,7 +48,9 @@ class LocalEngine:
         tokenizer: Tokenizer,
         spec: CacheKeySpec,
         stream: EventStream,
-        config: EngineConfig,
+        config: SimulatedConfig,
+        *,
+        max_model_len: int | None = None,
     ) -> None:
         self.model_name = name
         self.spec = spec
@@ -65,7 +67,8 @@ class LocalEngine:
             event_sink=stream,
             latency=config.latency,
             output_vocab=output_vocab(tokenizer),
-            max_model_len=config.max_model_len or tokenizer.specials.model_max_length,
+            max_model_len=max_model_len or tokenizer.specials.model_max_length,
+            default_max_tokens=config.default_max_tokens,
             event_extra_keys=VllmEventExtraKeys(spec.hash_unit),
             group_idx=group.index,
             kv_cache_spec_kind=group.kind,
@@ -195,8 +198,16 @@ class LocalEngine:
 
 def build(inputs: EngineInputs) -> LocalEngine:
     """The simulated engine of one served model (its events on ``inputs.stream``)."""
-    assert inputs.stream is not None, "a streamed kind is built with its stream"
-    return LocalEngine(inputs.name, inputs.tokenizer, inputs.spec, inputs.stream, inputs.config)
+    config = inputs.config
+    assert inputs.stream is not None and isinstance(config.engine, SimulatedConfig)
+    return LocalEngine(
+        inputs.name,
+        inputs.tokenizer,
+        inputs.spec,
+        inputs.stream,
+        config.engine,
+        max_model_len=config.max_model_len,
+    )
 
 
 KIND = EngineKind("simulated", "streamed", build)

@@ -15,14 +15,19 @@ vLLM says what it is in four places, all read before the sidecar serves anything
   served number is vLLM's.
 
 A conflict is a :class:`~tokenkeys.errors.ConfigError` naming the option and both values.
+Before the first of them the sidecar waits for vLLM to answer ``/health``
+(:func:`wait_for_vllm`, bounded by ``--engine-wait``): vLLM loads its model before it serves.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from dataclasses import dataclass
 
 from tokenkeys.engine.vllm.client import VllmHttpClient, VllmModel
-from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, Unsupported
+from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, Unavailable, Unsupported
 from tokenkeys.events.vllm_layout import wire_release_of
 from tokenkeys.keys import Adapter, CacheKeySpec
 from tokenkeys.tokenizer import Tokenizer
@@ -41,13 +46,50 @@ class VllmFacts:
     adapters: tuple[Adapter, ...]
 
 
-async def wire_version_of(client: VllmHttpClient) -> str:
+log = logging.getLogger(__name__)
+
+#: Seconds between two /health polls while vLLM starts, and between two progress lines.
+POLL_S = 1.0
+PROGRESS_S = 10.0
+
+
+async def wait_for_vllm(client: VllmHttpClient, wait_s: float) -> None:
+    """Return once vLLM's ``/health`` answers 200; Unavailable after ``wait_s`` seconds.
+
+    Progress goes to the log every :data:`PROGRESS_S` seconds, with what vLLM answered.
+    """
+    start = time.monotonic()
+    shown = 0.0
+    while (problem := await client.health()) is not None:
+        waited = time.monotonic() - start
+        if waited >= wait_s:
+            raise Unavailable(
+                f"{problem} after {waited:.0f} s; start vLLM first, or wait longer with "
+                f"--engine-wait (now {wait_s:g} s)",
+                field="engine-wait",
+            )
+        if waited >= shown:
+            log.info(
+                "waiting for vLLM at %s: %s (%.0f s of at most %g s)",
+                client.base_url,
+                problem,
+                waited,
+                wait_s,
+            )
+            shown += PROGRESS_S
+        await asyncio.sleep(min(POLL_S, wait_s - waited))
+    if shown:
+        log.info("vLLM at %s answers after %.0f s", client.base_url, time.monotonic() - start)
+
+
+async def wire_version_of(client: VllmHttpClient, wait_s: float = 0.0) -> str:
     """The KV-event layout release of the vLLM behind ``client``, from its ``/version``.
 
     A version without a known layout, or no version, refuses to start (ConfigError naming
     ``--kv-events-vllm-version``): decoding vLLM's events with a guessed layout would relay
     and check them wrongly. An unreachable vLLM stays :class:`Unavailable`, as in every check.
     """
+    await wait_for_vllm(client, wait_s)
     try:
         reported = await client.version()
     except (InvalidArgument, NotFound) as exc:  # vLLM's 4xx: no such route here
@@ -72,8 +114,11 @@ async def check_vllm(
     tokenizer: Tokenizer,
     spec: CacheKeySpec,
     max_model_len: int | None,
+    wait_s: float = 0.0,
 ) -> VllmFacts:
-    """Run every start check against the vLLM behind ``client``; the facts, or ConfigError."""
+    """Run every start check against the vLLM behind ``client`` once it answers (waiting at
+    most ``wait_s`` seconds); the facts, or ConfigError."""
+    await wait_for_vllm(client, wait_s)
     metrics = await client.metrics()
     cache = metrics.cache_config
     if not cache:

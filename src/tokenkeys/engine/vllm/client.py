@@ -1,11 +1,13 @@
 """A vLLM server's own HTTP API, as the sidecar (``--engine vllm+http://HOST:PORT``) uses it.
 
-Five calls and nothing else: ``/version`` (the release, hence its KV-event layout),
+The calls the sidecar makes: ``/version`` (the release, hence its KV-event layout),
 ``/v1/models`` (served names, ``max_model_len``, LoRA adapters), ``/metrics``
-(``vllm:cache_config_info`` and the load gauges), ``/tokenize`` (the start probe) and
-``/v1/completions`` with the prompt given as token ids, always streamed (one path for
-streamed and non-streamed callers), with ``return_token_ids`` so every chunk carries the ids
-vLLM sampled. Field names follow vLLM 0.32's OpenAI server (``vllm/entrypoints/openai``:
+(``vllm:cache_config_info`` and the load gauges), ``/tokenize`` (the start probe),
+``/v1/completions`` with the prompt given as token ids, always streamed (the gRPC path: one
+output per sampled token, ``return_token_ids`` so every chunk carries the ids), and
+:meth:`VllmHttpClient.forward` / :meth:`VllmHttpClient.forward_stream`, which post an OpenAI
+body as given and hand vLLM's answer back untouched (the HTTP pass-through).
+Field names follow vLLM 0.32's OpenAI server (``vllm/entrypoints/openai``:
 ``CompletionRequest.return_token_ids``, ``stream_options.include_usage``,
 ``prompt_tokens_details.cached_tokens`` with ``--enable-prompt-tokens-details``).
 
@@ -130,12 +132,55 @@ class VllmHttpClient:
         body = {"model": model, "prompt": text}
         return list((await self._request("POST", "/tokenize", json=body)).json()["tokens"])
 
-    async def health(self) -> bool:
-        """Whether ``/health`` answers 200 now."""
+    async def health(self) -> str | None:
+        """None when ``/health`` answers 200 now, else what it answered (or why it did not)."""
         try:
-            return (await self._http.get("/health", timeout=CONNECT_TIMEOUT)).status_code == 200
-        except httpx.HTTPError:
-            return False
+            response = await self._http.get("/health", timeout=CONNECT_TIMEOUT)
+        except httpx.HTTPError as exc:
+            return f"vLLM at {self.base_url} does not answer /health ({type(exc).__name__})"
+        if response.status_code != 200:
+            return f"vLLM at {self.base_url} answers /health with HTTP {response.status_code}"
+        return None
+
+    async def forward(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Forwarded:
+        """POST ``body`` to ``path``; vLLM's status and body, whatever they are.
+
+        Only an unreachable vLLM raises (Unavailable): a refusal is vLLM's answer to give.
+        """
+        try:
+            response = await self._http.post(path, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise self.down(exc) from None
+        return Forwarded(response.status_code, response.content)
+
+    async def forward_stream(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> tuple[Forwarded | None, AsyncIterator[bytes]]:
+        """POST a streamed ``body``: (vLLM's refusal, empty) or (None, its SSE lines).
+
+        The status is known before this returns, so a refused request keeps vLLM's status; the
+        lines come as vLLM sent them (without their line ends) and the connection closes when
+        the iterator is exhausted or closed.
+        """
+        try:
+            request = self._http.build_request("POST", path, json=body, headers=headers)
+            response = await self._http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise self.down(exc) from None
+        if response.status_code != 200:
+            content = await response.aread()
+            await response.aclose()
+            return Forwarded(response.status_code, content), _nothing()
+        return None, self._lines(response)
+
+    async def _lines(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        try:
+            async for line in response.aiter_lines():
+                yield line.encode()
+        except httpx.HTTPError as exc:
+            raise self.down(exc) from None
+        finally:
+            await response.aclose()
 
     async def complete(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Stream ``/v1/completions`` for ``body`` (token-id prompt); yield each JSON chunk.
@@ -164,6 +209,19 @@ class VllmHttpClient:
                     yield chunk
         except httpx.HTTPError as exc:
             raise self.down(exc) from None
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """vLLM's answer to a forwarded request: its status and body, exactly as it sent them."""
+
+    status: int
+    body: bytes
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield  # an empty async generator
 
 
 def _error_body(text: str) -> dict[str, Any]:

@@ -1,12 +1,17 @@
 """Live key verification: the engine's own BlockStored hashes against the keys tokenkeys computes.
 
-For every prompt the sidecar forwards, :meth:`KeyCheck.expect` records the blocks the prompt
-fills and the key tokenkeys computes for each. vLLM then publishes ``BlockStored`` for the
-blocks it newly caches; :meth:`KeyCheck.observe` finds each stored block among the expected
-ones by its tokens and position-free content (the block's tokens, and its parent being either
-the engine's hash of the previous prompt block or none for the first) and counts it as a match
-when the published hash is the expected key, a mismatch otherwise. Blocks the engine stores for
-generated tokens, or for prompts no longer remembered, are not checked (nothing was expected).
+A stored block is identified as the engine hashes it: by its parent and its tokens (and the
+extra keys vLLM hashes with them: adapter name, the first block's cache salt), never by its
+tokens alone. For every prompt the sidecar forwards, :meth:`KeyCheck.expect` records each full
+block under ``(parent, tokens, extra keys)`` -> the key tokenkeys computes, where the parent is
+tokenkeys' key of the previous block (or none for the first). :meth:`KeyCheck.observe` places
+each stored block of a ``BlockStored`` event: its parent is the event's ``parent_block_hash``
+for the first block and the previous block of the same event after that; an engine hash is
+resolved to the block it was placed at (every placed block's published hash is remembered,
+so a prefix cached by an earlier request places the new tail vLLM stores). A placed block is a
+match when its published hash is the expected key and a mismatch otherwise: the engine hashed a
+block placed exactly and got another key. A block that cannot be placed (generated tokens, a
+parent stored before the sidecar joined, a prompt no longer remembered) counts neither way.
 
 The first mismatch is logged once with the likely cause, and :attr:`KeyCheck.verified` turns
 False for good: from then on the sidecar advertises its keys as unverified.
@@ -16,43 +21,59 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.events.model import BlockStored, EventBatch
 from tokenkeys.keys import BlockKey, CacheKeySpec, KeyContext, block_keys
 
 log = logging.getLogger(__name__)
 
-#: Prompts remembered for matching (their events arrive shortly after their prefill).
-REMEMBERED_PROMPTS = 1024
+#: Expected blocks and placed engine hashes remembered (least recently used dropped first).
+REMEMBERED_BLOCKS = 1 << 17
+
+#: The parent of a request's first block.
+_ROOT = b""
+
+Published = int | bytes
 
 
-@dataclass(frozen=True)
-class _Expected:
-    """One expected block: its key in both published forms, and the request it came from."""
+class _Lru(OrderedDict[Hashable, Any]):
+    """A bounded map that forgets its least recently written entries."""
 
-    event_key: int
-    digest: bytes
-    first: bool
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
 
-    def matches(self, published: int | bytes) -> bool:
-        return published == (self.event_key if isinstance(published, int) else self.digest)
+    def put(self, key: Hashable, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
 
 
 class KeyCheck:
-    """Expected keys of recent prompts, matched with the engine's BlockStored events."""
+    """Expected keys of recent prompts, placed and matched with the engine's BlockStored events."""
 
-    def __init__(self, spec: CacheKeySpec, model: str, checked: Counter) -> None:
+    def __init__(
+        self, spec: CacheKeySpec, model: str, checked: Counter, *, limit: int = REMEMBERED_BLOCKS
+    ) -> None:
         self.spec = spec
         self.model = model
         self.block_size = spec.groups[0].block_size
-        #: Expected blocks by their tokens (a block's tokens may repeat: keep every candidate).
-        self._by_tokens: OrderedDict[tuple[int, ...], list[_Expected]] = OrderedDict()
+        self._extra = VllmEventExtraKeys(spec.hash_unit)
+        #: (parent digest or _ROOT, tokens, extra keys) -> the expected key of that block.
+        self._expected: _Lru = _Lru(limit)
+        #: A published hash -> tokenkeys' digest of the block it was placed at (or, for an
+        #: expected block, its event key -> its digest: a right key places its children).
+        self._placed: _Lru = _Lru(limit)
         self.verified = True
         self.first_mismatch: str | None = None
+        #: Blocks placed and counted so far (either way).
+        self.counted = 0
         #: ``tokenkeys_engine_keys_checked_total{model, result}`` (see :func:`keys_checked`).
         self.checked = checked
 
@@ -60,39 +81,49 @@ class KeyCheck:
         """Record the keys of ``prompt``'s full blocks; return how many were recorded."""
         keys: list[BlockKey] = block_keys(prompt, self.spec, context)
         bs = self.block_size
+        parent = _ROOT
         for i, key in enumerate(keys):
-            tokens = tuple(prompt[i * bs : (i + 1) * bs])
-            entry = _Expected(key.event_key, key.digest, i == 0)
-            candidates = self._by_tokens.pop(tokens, [])
-            if entry not in candidates:
-                candidates.append(entry)
-            self._by_tokens[tokens] = candidates[-8:]
-        while len(self._by_tokens) > REMEMBERED_PROMPTS * 4:
-            self._by_tokens.popitem(last=False)
+            start = i * bs
+            tokens = tuple(prompt[start : start + bs])
+            extra = self._extra(context, start, start + bs)
+            self._expected.put((parent, tokens, extra), key)
+            self._placed.put(key.event_key, key.digest)
+            self._placed.put(key.digest, key.digest)
+            parent = key.digest
         return len(keys)
 
     def observe(self, batch: EventBatch) -> None:
-        """Check every stored block of ``batch`` that a recent prompt was expected to fill."""
+        """Check every stored block of ``batch`` that can be placed among the expected ones."""
         for event in batch.events:
             if isinstance(event, BlockStored):
                 self._check(event)
 
     def _check(self, event: BlockStored) -> None:
         bs = event.block_size or self.block_size
+        extras = event.extra_keys or ()
+        parent: bytes | None = (
+            _ROOT if event.parent_block_hash is None else self._placed.get(event.parent_block_hash)
+        )
         for i, published in enumerate(event.block_hashes):
+            if parent is None:
+                return  # an unplaced parent places none of its descendants
             tokens = tuple(event.token_ids[i * bs : (i + 1) * bs])
-            candidates = self._by_tokens.get(tokens)
-            if not candidates:
-                continue  # generated tokens, or a prompt no longer remembered
-            first = i == 0 and event.parent_block_hash is None
-            if any(c.matches(published) for c in candidates):
+            extra = extras[i] if i < len(extras) else None
+            expected: BlockKey | None = self._expected.get((parent, tokens, extra))
+            if expected is None:
+                return  # generated tokens, or a prompt no longer remembered
+            first = parent == _ROOT
+            self.counted += 1
+            if published == (expected.event_key if isinstance(published, int) else expected.digest):
                 self.checked.labels(self.model, "match").inc()
-            elif any(c.first == first for c in candidates):
+            else:
                 self.checked.labels(self.model, "mismatch").inc()
-                self._mismatch(published, candidates[0], event, first)
+                self._mismatch(published, expected, event, first)
+            self._placed.put(published, expected.digest)
+            parent = expected.digest
 
     def _mismatch(
-        self, published: int | bytes, expected: _Expected, event: BlockStored, first: bool
+        self, published: Published, expected: BlockKey, event: BlockStored, first: bool
     ) -> None:
         if not self.verified:
             return

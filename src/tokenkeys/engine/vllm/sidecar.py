@@ -2,13 +2,21 @@
 
 :class:`VllmSidecarEngine` satisfies :class:`~tokenkeys.engine.protocol.Engine`. The frontend
 tokenizes once with the model's own Preprocessor (whose backend the start probe proved equal to
-vLLM's); generation is forwarded to vLLM's ``/v1/completions`` as token ids, and usage
-(``cached_tokens`` included) is vLLM's own. Beside generation it runs one task, the relay: vLLM's
-KV events from its ZMQ publisher (subscriber with replay, tokenkeys' codec) are checked against
-the expected keys (:class:`~tokenkeys.engine.vllm.key_check.KeyCheck`) and re-emitted on the
-model's :class:`~tokenkeys.events.stream.EventStream`, which stamps the spec and numbers them for
-the sidecar's own ZMQ publisher and ``SubscribeKvEvents``. Load comes from vLLM's ``/metrics``;
-a vLLM that does not answer makes ``load`` raise Unavailable (the sidecar reports itself down).
+vLLM's). The HTTP routes hand it whole OpenAI requests with those ids
+(:class:`~tokenkeys.engine.passthrough.OpenAIPassThrough`,
+:mod:`~tokenkeys.engine.vllm.openai`): every field reaches vLLM and vLLM's answer goes back.
+gRPC ``Generate`` (``generate``) forwards the ids and
+:class:`~tokenkeys.engine.protocol.GenerationParams` to vLLM's ``/v1/completions``; usage
+(``cached_tokens`` included) is vLLM's own. :meth:`VllmSidecarEngine.start` waits for vLLM
+(bounded), runs the start checks and the start probe of one fresh block; ``unready`` and
+``release`` serve ``/health``, gRPC ``Health`` and ``/version``
+(:class:`~tokenkeys.engine.fronted.FrontedEngine`). Beside generation it runs one task, the
+relay: vLLM's KV events from its ZMQ publisher (subscriber with replay, tokenkeys' codec) are
+checked against the expected keys (:class:`~tokenkeys.engine.vllm.key_check.KeyCheck`) and
+re-emitted on the model's :class:`~tokenkeys.events.stream.EventStream`, which stamps the spec
+and numbers them for the sidecar's own ZMQ publisher and ``SubscribeKvEvents``. Load comes from
+vLLM's ``/metrics``; a vLLM that does not answer makes ``load`` raise Unavailable (the sidecar
+reports itself down).
 """
 
 from __future__ import annotations
@@ -17,19 +25,23 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
 from tokenkeys.engine.hosting import EngineInputs
+from tokenkeys.engine.passthrough import OpenAIAnswer, OpenAIRequest, Route
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams, Usage
 from tokenkeys.engine.registry import EngineKind
+from tokenkeys.engine.vllm import openai as vllm_openai
 from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, wire_version_of
 from tokenkeys.engine.vllm.client import VllmHttpClient
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
-from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
+from tokenkeys.engine.vllm.openai import usage_of
+from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, TokenkeysError, Unavailable
 from tokenkeys.events.model import AllBlocksCleared, EventBatch
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
@@ -38,6 +50,9 @@ from tokenkeys.keys import Adapter, CacheKeySpec, KeyContext
 from tokenkeys.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+#: Seconds the start probe waits for vLLM's event of its block.
+PROBE_WAIT_S = 10.0
 
 
 class VllmSidecarEngine:
@@ -72,12 +87,20 @@ class VllmSidecarEngine:
         self._subscriber: ZmqEventSubscriber | None = None
         self._relay: asyncio.Task[None] | None = None
         self._closed = False
+        self._release = ""
 
     async def start(self) -> None:
-        """Check vLLM (a conflict raises ConfigError naming the option), then start relaying."""
+        """Wait for vLLM, check it (a conflict raises ConfigError naming the option), start
+        relaying, then probe one fresh block (:meth:`_probe`)."""
         self._facts = await check_vllm(
-            self.client, self.model_name, self.tokenizer, self.spec, self._max_model_len
+            self.client,
+            self.model_name,
+            self.tokenizer,
+            self.spec,
+            self._max_model_len,
+            self.config.wait_s,
         )
+        self._release = await self.client.version()
         self._subscriber = ZmqEventSubscriber(
             self.config.kv_events,
             replay_endpoint=self.config.kv_replay,
@@ -86,6 +109,48 @@ class VllmSidecarEngine:
         )
         await self._subscriber.start()
         self._relay = asyncio.create_task(self._run_relay(self._subscriber))
+        if self.config.probe:
+            await self._probe()
+
+    async def _probe(self) -> None:
+        """One fresh block through vLLM: the hash vLLM stores must be the key tokenkeys computes.
+
+        A first block's hash depends on vLLM's root (its PYTHONHASHSEED), so a wrong
+        ``--root-seed`` refuses to start here instead of advertising unverified keys later. The
+        block is random text (never cached before, so vLLM stores and publishes it); when vLLM
+        publishes nothing for it within :data:`PROBE_WAIT_S`, live traffic is checked instead.
+        """
+        text = secrets.token_hex(4 * self.block_size)
+        ids = list(self.tokenizer.encode([text], add_special_tokens=False)[0].ids)
+        ids = ids[: self.block_size + 1]
+        if len(ids) <= self.block_size:
+            return
+        ctx, _ = self._resolve(None, None)
+        before = self.check.counted
+        self.check.expect(ids, ctx)
+        body = {"model": self.model_name, "prompt": ids, "max_tokens": 1}
+        async with contextlib.aclosing(self.client.complete(body)) as chunks:
+            async for _ in chunks:
+                pass
+        deadline = time.monotonic() + PROBE_WAIT_S
+        while self.check.counted == before and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.check.counted == before:
+            log.warning(
+                "start probe: vLLM at %s published no KV event for a fresh block within %g s; "
+                "keys are checked on live traffic only",
+                self.config.url,
+                PROBE_WAIT_S,
+            )
+        elif not self.check.verified:
+            raise ConfigError(
+                f"start probe: vLLM at {self.config.url} hashed a fresh block to another key "
+                f"than tokenkeys ({self.check.first_mismatch}); give --root-seed vLLM's "
+                "PYTHONHASHSEED (unset in vLLM: leave --root-seed unset)",
+                field="root-seed",
+            )
+        else:
+            log.info("start probe: vLLM's hash of a fresh block is tokenkeys' key")
 
     @property
     def block_size(self) -> int:
@@ -112,14 +177,24 @@ class VllmSidecarEngine:
         """False from the first stored block whose hash is not the key tokenkeys computed."""
         return self.check.verified
 
+    @property
+    def release(self) -> str:
+        """The version vLLM's ``/version`` reported at start."""
+        return self._release
+
+    async def unready(self) -> str | None:
+        """Why vLLM cannot serve now (its ``/health`` does not answer 200), or None."""
+        return await self.client.health()
+
     def describe(self) -> str:
         """The kind, for the server log."""
         return f"vLLM at {self.config.url}"
 
     async def ensure_up(self) -> None:
         """Raise Unavailable unless vLLM's ``/health`` answers (the sidecar is down with it)."""
-        if not await self.client.health():
-            raise Unavailable(f"vLLM at {self.config.url} does not answer /health", field="engine")
+        problem = await self.unready()
+        if problem is not None:
+            raise Unavailable(problem, field="engine")
 
     async def load(self) -> EngineLoad:
         """vLLM's running and waiting requests and KV blocks in use; Unavailable when down."""
@@ -160,6 +235,20 @@ class VllmSidecarEngine:
             self.check.observe(batch)
             self.stream.emit(batch)
 
+    def refusal(self, body: Mapping[str, Any], route: Route) -> tuple[str, str] | None:
+        """What an OpenAI request carries that cannot reach vLLM exactly (see vllm_openai)."""
+        return vllm_openai.refusal(body, route)
+
+    async def answer(self, request: OpenAIRequest) -> OpenAIAnswer:
+        """Forward a whole OpenAI request with the Preprocessor's ids; vLLM's answer."""
+        if self._closed:
+            raise Unavailable("the vLLM engine is closed", field="engine")
+        ctx, name = self._resolve(request.context, request.lora_name)
+        for prompt in request.prompts:
+            # Expected before forwarding: vLLM publishes the blocks before it answers.
+            self.check.expect(prompt, ctx)
+        return await vllm_openai.answer(self.client, request, name or self.model_name)
+
     def _resolve(
         self, context: KeyContext | None, lora_name: str | None
     ) -> tuple[KeyContext, str | None]:
@@ -184,11 +273,13 @@ class VllmSidecarEngine:
     def _body(
         self, prompt: list[int], params: GenerationParams, ctx: KeyContext, name: str | None
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": name or self.model_name,
-            "prompt": prompt,
-            "max_tokens": params.max_tokens,
-        }
+        body: dict[str, Any] = {"model": name or self.model_name, "prompt": prompt}
+        body.update(params.sampling())
+        if params.max_tokens is not None:
+            body["max_tokens"] = params.max_tokens
+        elif self.max_model_len is not None:
+            # Unset: the rest of the context, as vLLM's chat does (its completions say 16).
+            body["max_tokens"] = self.max_model_len - len(prompt)
         if params.seed is not None:
             body["seed"] = params.seed
         if params.stop_token_ids:
@@ -236,7 +327,7 @@ class VllmSidecarEngine:
                         held = token
                     finish = choice.get("finish_reason") or finish
                 if chunk.get("usage"):
-                    usage = _usage_of(chunk["usage"])
+                    usage = usage_of(chunk["usage"])
         if usage is None:
             raise Unavailable(
                 f"vLLM at {self.config.url} ended a completion without usage", field="engine"
@@ -245,25 +336,17 @@ class VllmSidecarEngine:
         yield GenerateOutput(rid, last, True, finish, usage)
 
 
-def _usage_of(usage: dict[str, Any]) -> Usage:
-    details = usage.get("prompt_tokens_details") or {}
-    return Usage(
-        int(usage.get("prompt_tokens") or 0),
-        int(usage.get("completion_tokens") or 0),
-        int(details.get("cached_tokens") or 0),
-    )
-
-
 async def prepare(config: EngineConfig) -> EngineConfig:
     """Unless ``kv_events_vllm_version`` names one, the event layout is that of the release
     vLLM reports (or the start is refused): the relay decodes vLLM's events with it and the
     sidecar publishes them in it again."""
-    vllm = config.vllm
-    if vllm is None or config.kv_events_vllm_version is not None:
+    vllm = config.engine
+    assert isinstance(vllm, VllmEngineConfig)
+    if config.kv_events_vllm_version is not None:
         return config
     client = VllmHttpClient(vllm.url)
     try:
-        version = await wire_version_of(client)
+        version = await wire_version_of(client, vllm.wait_s)
     finally:
         await client.close()
     log.info("KV events in vLLM %s's layout, the release vLLM at %s reports", version, vllm.url)
@@ -273,13 +356,13 @@ async def prepare(config: EngineConfig) -> EngineConfig:
 def build(inputs: EngineInputs) -> VllmSidecarEngine:
     """The sidecar of one served model, relaying vLLM's events onto ``inputs.stream``."""
     config = inputs.config
-    assert inputs.stream is not None and config.vllm is not None
+    assert inputs.stream is not None and isinstance(config.engine, VllmEngineConfig)
     return VllmSidecarEngine(
         inputs.name,
         inputs.tokenizer,
         inputs.spec,
         inputs.stream,
-        config.vllm,
+        config.engine,
         KeyCheck(inputs.spec, inputs.name, inputs.metrics),
         max_model_len=config.max_model_len,
         wire_version=config.wire_version,

@@ -1,4 +1,4 @@
-"""The "hashed text chunks" baseline: what a router that does not tokenize can estimate.
+"""The ``text_chunks`` policy: what a router that does not tokenize can estimate.
 
 This is the approximate prefix scorer of gateway-api-inference-extension
 (``pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go``, read at ``00913f9``): the
@@ -12,12 +12,16 @@ Written here from that description (own code); it exists for ``bench/bench_routi
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import xxhash
 
 from tokenkeys.router.index.model import PrefixMatch
+from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
+from tokenkeys.router.policy.scorer import WorkerScore, score_workers
+from tokenkeys.router.workers.pool import Pool
 
 #: gateway-api-inference-extension defaults (``DefaultHashBlockSize``,
 #: ``DefaultMaxPrefixBlocks``, ``DefaultLRUCapacityPerServer``).
@@ -73,3 +77,54 @@ class TextChunkTable:
             if run:
                 out[worker] = PrefixMatch(worker, ((run, ("gpu",)),))
         return out
+
+
+def _rank_key(score: WorkerScore) -> tuple[float, float]:
+    return round(score.score, 12), score.load
+
+
+class TextChunksPolicy:
+    """Scores a worker by the prompt's chunks this router sent there (:class:`TextChunkTable`)."""
+
+    name = "text_chunks"
+
+    def __init__(self, capacity: int = CAPACITY_PER_WORKER) -> None:
+        self.table = TextChunkTable(capacity)
+        self._turn: dict[str, itertools.count[int]] = {}
+
+    async def choose(
+        self, pool: Pool, request: RouteRequest, load: Mapping[str, float], *, record: bool
+    ) -> RouteDecision:
+        """The longest remembered run; ``record`` remembers the prompt at the chosen worker."""
+        text = request.text
+        if text is None:
+            text = pool.preprocessor.detokenize([list(request.token_ids)], field_name="prompt")[0]
+        hashes = chunk_hashes(text, pool.name)
+        ids = {pool.index_id(a): a for a in load}
+        found = self.table.lookup(hashes, ids)
+        ranking = score_workers({ids[w]: m for w, m in found.items()}, len(hashes), load)
+        # Candidates equal in score and load: always taking the lowest id would pile every new
+        # prefix on one worker while loads read equal between polls. The tie goes to the
+        # emptiest KV cache (to 1 %, as polled), then the remaining ties take turns.
+        ties = [s for s in ranking if _rank_key(s) == _rank_key(ranking[0])]
+        if len(ties) > 1:
+            usage = {s.worker: round(pool.kv_usage(s.worker), 2) for s in ties}
+            emptiest = min(usage.values())
+            ties = [s for s in ties if usage[s.worker] == emptiest]
+            turn = next(self._turn.setdefault(pool.name, itertools.count()))
+            chosen = ties[turn % len(ties)]
+            ranking = [chosen, *(s for s in ranking if s is not chosen)]
+        best = ranking[0]
+        if record:
+            self.table.record(pool.index_id(best.worker), hashes)
+        return RouteDecision.first_of(
+            ranking,
+            model=pool.name,
+            policy=self.name,
+            total_blocks=len(hashes),
+            reason="text_prefix" if best.matched_blocks else "load",
+        )
+
+    def forget(self, pool: Pool, address: str) -> None:
+        """Drop the chunks remembered of ``address``."""
+        self.table.forget(pool.index_id(address))

@@ -18,7 +18,7 @@ from tokenkeys.router.ingest.ingestor import EventIngestor, IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.workers.discovery import ModelDescription, describe_worker
 from tokenkeys.router.workers.following import EventFollowing
-from tokenkeys.router.workers.pool import Pool, Refusal, choose_source
+from tokenkeys.router.workers.pool import Pool, Refusal, choose_source, spec_refusal
 from tokenkeys.router.workers.state import WorkerState, count_states
 
 log = logging.getLogger(__name__)
@@ -108,14 +108,9 @@ class Admission:
         return pool
 
     async def _admit(self, ws: WorkerState, model: ModelDescription) -> Refusal | None:
-        if model.key_spec is None:
-            return Refusal(
-                ws.address,
-                model.name,
-                "no_key_spec",
-                f"worker {ws.address} advertises no cache-key spec for model {model.name!r}, "
-                "so its KV-event hashes cannot be matched; serve it with a cache-key profile",
-            )
+        missing = spec_refusal(ws.address, model)  # before a pool is built from this worker
+        if missing is not None:
+            return missing
         try:
             pool = await self._pool(ws, model)
         except TokenkeysError as exc:

@@ -1,8 +1,15 @@
-"""Following the KV events of admitted workers: one consumer task per (worker, model).
+"""Following the KV events of admitted workers: one consumer per (worker, model), over the
+transport its event source names.
 
-Each task is owned here, in ``WorkerState.consumers``: started when the worker joins a pool,
-cancelled and awaited when it leaves and when the registry closes, so one worker's batches are
-applied in order and nothing follows a worker that is gone.
+Each consumer's task is owned here, in ``WorkerState.consumers``: started when the worker joins
+a pool, cancelled and awaited when it leaves and when the registry closes, so one worker's
+batches are applied in order and nothing follows a worker that is gone. ZMQ (vLLM's wire): a
+:class:`~tokenkeys.events.zmq_subscriber.ZmqEventSubscriber` from sequence 0 (the first live
+batch replays what the engine still buffers) into a
+:class:`~tokenkeys.router.ingest.consumer.ZmqEventConsumer`; the payload layout is the vLLM
+release the worker named. gRPC: a
+:class:`~tokenkeys.router.ingest.consumer_grpc.GrpcEventConsumer`. Either way the consumer is
+recorded in ``ws.followers`` (its ``last_seq``, ``resyncing``) while it runs.
 """
 
 from __future__ import annotations
@@ -10,10 +17,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from tokenkeys.router.ingest.backoff import BackoffSettings
-from tokenkeys.router.ingest.follow import follow_events
+from tokenkeys.events.vllm_codec import VllmMsgpackCodec
+from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
+from tokenkeys.router.ingest.backoff import BackoffSettings, WriteBackoff
+from tokenkeys.router.ingest.consumer import ZmqEventConsumer
+from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.ingest.ingestor import EventIngestor
 from tokenkeys.router.workers.discovery import EventSource
+from tokenkeys.router.workers.pool import index_worker_id
 from tokenkeys.router.workers.state import WorkerState
 from tokenkeys.router.workers.tasks import cancel
 
@@ -81,3 +92,49 @@ class EventFollowing:
         for ws in workers.values():
             for follower in ws.followers.values():
                 follower.rebuild()
+
+
+async def follow_events(
+    ws: WorkerState,
+    model: str,
+    source: EventSource,
+    ingestor: EventIngestor,
+    *,
+    retry_delay: float,
+    foreign_interval: float,
+    on_foreign: Callable[[], object],
+    backoff: WriteBackoff,
+) -> None:
+    """Apply ``model``'s events of ``ws`` from ``source`` until cancelled."""
+    worker = index_worker_id(ws.address, model)
+    assert source.spec is not None
+    if source.transport == "zmq":
+        subscriber = ZmqEventSubscriber(
+            source.endpoint,
+            replay_endpoint=source.replay_endpoint,
+            topic=source.topic,
+            start_seq=0,
+        )
+        codec = VllmMsgpackCodec(source.wire_version, spec=source.spec.spec)
+        consumer = ZmqEventConsumer(worker, subscriber, codec, ingestor, backoff=backoff)
+        ws.followers[model] = consumer
+        try:
+            await consumer.run()
+        finally:
+            await subscriber.close()
+        return
+    assert ws.instance_id is not None
+    follower = GrpcEventConsumer(
+        worker,
+        ws.control,
+        model,
+        ingestor,
+        spec=source.spec.spec,
+        instance_id=ws.instance_id,
+        retry_delay=retry_delay,
+        on_foreign=lambda _worker: on_foreign(),
+        foreign_interval=foreign_interval,
+        backoff=backoff,
+    )
+    ws.followers[model] = follower
+    await follower.run()

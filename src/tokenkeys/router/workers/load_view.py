@@ -123,14 +123,19 @@ class LoadView:
         else:
             self.underreports = 0
 
-    def events_applied(self, applied_at: float | None) -> None:
-        """The worker's last event batch was applied at ``applied_at`` (``wall`` time)."""
+    def waiting_after(self, applied_at: float | None) -> float | None:
+        """:attr:`waiting_since` once the batch applied at ``applied_at`` (``wall`` time) is
+        taken into account; changes nothing (:meth:`events_applied` takes it)."""
         if applied_at is None or self.waiting_since is None or applied_at < self.waiting_since:
-            return
+            return self.waiting_since
         # Requests sent after that batch are still waiting for theirs; the last one sent is
         # the latest of them (an estimate on the late side: silence is never overstated).
         sent = self.last_sent
-        self.waiting_since = sent if sent is not None and sent > applied_at else None
+        return sent if sent is not None and sent > applied_at else None
+
+    def events_applied(self, applied_at: float | None) -> None:
+        """The worker's last event batch was applied at ``applied_at`` (``wall`` time)."""
+        self.waiting_since = self.waiting_after(applied_at)
 
     def inflight_prefix(self, keys: Sequence[int]) -> int:
         """How many leading ``keys`` this router's in-flight requests there reference."""

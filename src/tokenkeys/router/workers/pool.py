@@ -69,6 +69,19 @@ class Member:
         return self.view.load
 
 
+def spec_refusal(address: str, model: ModelDescription) -> Refusal | None:
+    """The refusal of a model served without a cache-key spec (no pool can match its hashes)."""
+    if model.key_spec is not None:
+        return None
+    return Refusal(
+        address,
+        model.name,
+        "no_key_spec",
+        f"worker {address} advertises no cache-key spec for model {model.name!r}, so its "
+        "KV-event hashes cannot be matched; serve it with a cache-key profile",
+    )
+
+
 def choose_source(
     model: ModelDescription, spec: KeySpecRef, transport: str = "auto"
 ) -> EventSource | None:
@@ -161,14 +174,9 @@ class Pool:
                 f"{model.fingerprint[:16]}..., the pool's is {self.fingerprint[:16]}...; deploy "
                 "the same tokenizer revision and options on every worker of a model",
             )
-        if model.key_spec is None:
-            return Refusal(
-                address,
-                self.name,
-                "no_key_spec",
-                f"worker {address} advertises no cache-key spec for model {self.name!r}, so "
-                "its KV-event hashes cannot be matched; serve it with a cache-key profile",
-            )
+        missing = spec_refusal(address, model)
+        if missing is not None:
+            return missing
         if model.key_spec != self.key_spec:
             return Refusal(
                 address,

@@ -99,7 +99,7 @@ async def build_pool(address: str, model: ModelDescription, settings: PoolSettin
     )
     chat_reproducible = tokenizer.options.chat_template_sha256 is None
     cls = Preprocessor if chat_reproducible else _ChatRefusingPreprocessor
-    preprocessor = cls(tokenizer, settings.limits)
+    preprocessor = cls(tokenizer, settings.limits, model=model.name)
     factory = settings.strategy
     if factory is server_strategy:
         factory = functools.partial(server_strategy, security=settings.security)

@@ -32,7 +32,7 @@ from tokenkeys.router.workers.health import DOWN_AFTER, HealthPolling
 from tokenkeys.router.workers.pool import Pool
 from tokenkeys.router.workers.state import WorkerState, registry_status
 from tokenkeys.router.workers.tasks import BackgroundTasks
-from tokenkeys.router.workers.trust import flag_worker
+from tokenkeys.router.workers.trust import worker_suspicions
 
 
 class WorkerRegistry:
@@ -162,9 +162,9 @@ class WorkerRegistry:
         return engine
 
     def status(self) -> dict:
-        """Pools and workers as JSON (``GET /router/workers``)."""
+        """Pools and workers as JSON (``GET /router/workers``); reads only."""
         return registry_status(
             self.pools,
             self.workers,
-            lambda ws: flag_worker(self.metrics, self.pools, ws, self.health.silent_after),
+            lambda ws: worker_suspicions(self.pools, ws, self.health.silent_after),
         )

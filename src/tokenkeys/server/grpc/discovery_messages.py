@@ -111,7 +111,7 @@ def model_info(
         served_model_aliases=list(model.aliases),
         supports_text_input=True,
         supports_token_ids_input=True,
-        supports_lora=bool(config.lora_modules),
+        supports_lora=bool(engine.adapters),
         supports_multimodal=False,
         tokenizer=tokenizer_advertisement(model, engine),
     )
@@ -148,17 +148,22 @@ async def load_info(instance_id: str, engines: Sequence[Engine]) -> server_pb2.L
     )
 
 
-def health(runtime: EngineRuntime, probe: bool) -> lifecycle_pb2.HealthResponse:
-    """Health of the local engines: STARTING until assembled, DRAINING while stopping."""
+def health(
+    runtime: EngineRuntime, probe: bool, unready: str | None = None
+) -> lifecycle_pb2.HealthResponse:
+    """Health of the local engines: STARTING until assembled, DRAINING while stopping,
+    NOT_READY while a fronted vLLM cannot serve (``unready`` says why)."""
     if runtime.draining:
         state = lifecycle_pb2.HEALTH_STATE_DRAINING
+    elif runtime.ready and unready is not None:
+        state = lifecycle_pb2.HEALTH_STATE_NOT_READY
     elif runtime.ready:
         state = lifecycle_pb2.HEALTH_STATE_READY
     else:
         state = lifecycle_pb2.HEALTH_STATE_STARTING
     checks = [
         lifecycle_pb2.HealthCheck(name="grpc", state=lifecycle_pb2.HEALTH_STATE_READY),
-        lifecycle_pb2.HealthCheck(name="scheduler", state=state),
+        lifecycle_pb2.HealthCheck(name="scheduler", state=state, message=unready or ""),
     ]
     if probe:
         checks.append(

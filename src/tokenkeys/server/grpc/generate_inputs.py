@@ -2,8 +2,9 @@
 
 What the simulated engine cannot honour exactly is refused with UNIMPLEMENTED naming the field
 (media, guided decoding, logprobs, several sequences, stop strings, min_tokens, KV sessions,
-prefix-cache bypass); sampling knobs other than ``seed`` are accepted and have no effect on the
-simulated tokens. The same refusals apply when generation is forwarded to a remote engine,
+prefix-cache bypass); the sampling knobs (temperature .. repetition_penalty) are carried to the
+engine: a real vLLM samples with them, the simulated tokens do not depend on them.
+The same refusals apply when generation is forwarded to a remote engine,
 because the forwarding interface carries token ids, usage and finish reasons only.
 """
 
@@ -13,13 +14,10 @@ import uuid
 from dataclasses import dataclass
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
-from tokenkeys.engine.protocol import GenerationParams
+from tokenkeys.engine.protocol import SAMPLING_KNOBS, GenerationParams
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys import KeyContext
 from tokenkeys.serving.models import ServedModel
-
-#: max_tokens when a request leaves it unset (vLLM's completions default).
-DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -96,13 +94,15 @@ def generate_inputs(request: gen.GenerateRequest, model: ServedModel) -> Generat
             "GenerateRequest has no input; set prompt (text) or token_ids", field="input"
         )
     stopping = request.stopping
-    max_tokens = stopping.max_tokens if stopping.HasField("max_tokens") else DEFAULT_MAX_TOKENS
+    sampling = request.sampling
     params = GenerationParams(
-        max_tokens=max_tokens,
-        seed=request.sampling.seed if request.sampling.HasField("seed") else None,
+        # unset: the engine's default (the simulated engine's setting, vLLM's own)
+        max_tokens=stopping.max_tokens if stopping.HasField("max_tokens") else None,
+        seed=sampling.seed if sampling.HasField("seed") else None,
         stop_token_ids=tuple(
             c.stop_token_id for c in stopping.conditions if c.WhichOneof("condition")
         ),
+        **{k: getattr(sampling, k) for k in SAMPLING_KNOBS if sampling.HasField(k)},
     )
     salt = request.kv.cache_salt if request.kv.HasField("cache_salt") else None
     context = KeyContext(cache_salt=salt) if salt is not None else None

@@ -38,7 +38,7 @@ async def start_grpc_server(
     itself with RESOURCE_EXHAUSTED naming the limit, before any of our code runs. Every call
     passes ``guards`` first (default: draining and ``limits.max_streams_per_client`` with a
     lifecycle of its own); ``tls`` serves TLS (mutual TLS with a client CA) instead of plain TCP.
-    ``reuse_port`` binds with SO_REUSEPORT, so the worker processes of ``serve --workers N``
+    ``reuse_port`` binds with SO_REUSEPORT, so the processes of ``serve --processes N``
     share the port (the kernel spreads connections over them); off, a taken port is an error.
     ``connections`` caps connections and reclaims idle ones
     (:mod:`tokenkeys.transport.grpc_options`; default: the defaults of ConnectionLimits).

@@ -41,6 +41,7 @@ def tokenizer_info(model: ServedModel, served_names: list[str]) -> pb.TokenizerI
             getattr(specials, role).CopyFrom(pb.SpecialToken(content=ref.content, id=ref.id))
     template = model.chat_template
     operations = supported_operations(model)
+    encoder = model.preprocessor.encoder
     return pb.TokenizerInfo(
         fingerprint=tok.fingerprint,
         backend=tok.options.backend,
@@ -59,4 +60,10 @@ def tokenizer_info(model: ServedModel, served_names: list[str]) -> pb.TokenizerI
         ],
         supported_operations=operations,
         identity=tokenizer_identity(tok),
+        incremental_tokenization=pb.IncrementalTokenization(
+            enabled=encoder.enabled,
+            reason=encoder.reason,
+            max_bytes=encoder.options.max_bytes,
+            verify_every=encoder.options.verify_every,
+        ),
     )

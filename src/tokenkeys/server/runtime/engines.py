@@ -21,6 +21,7 @@ from functools import lru_cache
 from prometheus_client import CollectorRegistry
 
 from tokenkeys.engine.config import EngineConfig
+from tokenkeys.engine.fronted import FrontedEngine
 from tokenkeys.engine.hosting import HostedEngine
 from tokenkeys.engine.registry import engine_kind
 from tokenkeys.errors import NotFound, Unavailable
@@ -124,6 +125,16 @@ class EngineRuntime:
             return self.hosting.parts(model)
         except KeyError:
             raise NotFound(f"model {model!r} has no engine here", field="model") from None
+
+    async def unready(self) -> str | None:
+        """Why an engine that is a server of its own (a fronted vLLM) cannot serve now, or None."""
+        for model in self.models.names:
+            engine = self.parts(model).engine
+            if isinstance(engine, FrontedEngine):
+                reason = await engine.unready()
+                if reason is not None:
+                    return reason
+        return None
 
     async def ensure_up(self) -> None:
         """Raise Unavailable when an engine cannot serve: discovery then finds this server

@@ -15,6 +15,7 @@ from tokenkeys.artifacts.streamer import ArtifactStreamer
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
 from tokenkeys.preprocess.chat import ChatOptions
+from tokenkeys.preprocess.incremental import IncrementalOptions
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 from tokenkeys.tokenizer import (
     DEFAULT_MODEL_NAME,
@@ -93,8 +94,12 @@ def load_models(
     chat: ChatOptions | None = None,
     *,
     artifact_chunk_size: int | None = None,
+    incremental: IncrementalOptions | None = None,
 ) -> ModelRegistry:
     """Load every model or raise on the first that fails; nothing is served half-loaded.
+
+    Each model's Preprocessor keeps its own incremental tokenization cache (``incremental``:
+    its budget and guard rate; None: the defaults).
 
     Every model serves its files (GetTokenizerArtifacts) in chunks of ``artifact_chunk_size``
     bytes by default (None: 512 KiB, or less when messages are capped lower); a request may ask
@@ -117,7 +122,9 @@ def load_models(
             default_chunk_size=chunk,
             max_chunk_size=max_chunk,
         )
-        preprocessor = Preprocessor(tokenizer, limits, chat)
+        preprocessor = Preprocessor(
+            tokenizer, limits, chat, incremental or IncrementalOptions(), model=source.name
+        )
         registry.add(
             ServedModel(
                 source.name, tokenizer, preprocessor, artifacts=artifacts, aliases=source.aliases

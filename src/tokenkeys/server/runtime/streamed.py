@@ -185,8 +185,11 @@ class StreamedHosting:
         return await messages.load_info(self.runtime.instance_id, self._engines_in_order())
 
     async def health(self, request: lifecycle_pb2.HealthRequest) -> lifecycle_pb2.HealthResponse:
-        """STARTING until assembled, READY, DRAINING while stopping."""
-        return messages.health(self.runtime, request.include_inference_probe)
+        """STARTING until assembled, READY, NOT_READY while a fronted vLLM does not answer (its
+        reason in the message), DRAINING while stopping."""
+        runtime = self.runtime
+        unready = await runtime.unready() if runtime.ready and not runtime.draining else None
+        return messages.health(runtime, request.include_inference_probe, unready)
 
     async def event_sources(
         self, names: list[str], request: kv_pb2.GetKvEventSourcesRequest

@@ -120,7 +120,7 @@ class TokenizerIdentity(_message.Message):
     def __init__(self, backend: _Optional[str] = ..., behaviour: _Optional[str] = ..., defaults: _Optional[_Union[OptionDefaults, _Mapping]] = ..., chat_template_override_sha256: _Optional[str] = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
-    __slots__ = ("fingerprint", "backend", "backend_version", "format", "model", "served_names", "vocab_size", "special_tokens", "defaults", "max_context_length", "chat_template_sha256", "chat_template_names", "artifacts", "supported_operations", "identity")
+    __slots__ = ("fingerprint", "backend", "backend_version", "format", "model", "served_names", "vocab_size", "special_tokens", "defaults", "max_context_length", "chat_template_sha256", "chat_template_names", "artifacts", "supported_operations", "identity", "incremental_tokenization")
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     BACKEND_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,7 @@ class TokenizerInfo(_message.Message):
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     SUPPORTED_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    INCREMENTAL_TOKENIZATION_FIELD_NUMBER: _ClassVar[int]
     fingerprint: str
     backend: str
     backend_version: str
@@ -151,7 +152,20 @@ class TokenizerInfo(_message.Message):
     artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactFile]
     supported_operations: _containers.RepeatedScalarFieldContainer[TokenizerOperation]
     identity: TokenizerIdentity
-    def __init__(self, fingerprint: _Optional[str] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., format: _Optional[str] = ..., model: _Optional[str] = ..., served_names: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., defaults: _Optional[_Union[OptionDefaults, _Mapping]] = ..., max_context_length: _Optional[int] = ..., chat_template_sha256: _Optional[str] = ..., chat_template_names: _Optional[_Iterable[str]] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactFile, _Mapping]]] = ..., supported_operations: _Optional[_Iterable[_Union[TokenizerOperation, str]]] = ..., identity: _Optional[_Union[TokenizerIdentity, _Mapping]] = ...) -> None: ...
+    incremental_tokenization: IncrementalTokenization
+    def __init__(self, fingerprint: _Optional[str] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., format: _Optional[str] = ..., model: _Optional[str] = ..., served_names: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., defaults: _Optional[_Union[OptionDefaults, _Mapping]] = ..., max_context_length: _Optional[int] = ..., chat_template_sha256: _Optional[str] = ..., chat_template_names: _Optional[_Iterable[str]] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactFile, _Mapping]]] = ..., supported_operations: _Optional[_Iterable[_Union[TokenizerOperation, str]]] = ..., identity: _Optional[_Union[TokenizerIdentity, _Mapping]] = ..., incremental_tokenization: _Optional[_Union[IncrementalTokenization, _Mapping]] = ...) -> None: ...
+
+class IncrementalTokenization(_message.Message):
+    __slots__ = ("enabled", "reason", "max_bytes", "verify_every")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_EVERY_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    reason: str
+    max_bytes: int
+    verify_every: int
+    def __init__(self, enabled: _Optional[bool] = ..., reason: _Optional[str] = ..., max_bytes: _Optional[int] = ..., verify_every: _Optional[int] = ...) -> None: ...
 
 class Truncation(_message.Message):
     __slots__ = ("max_tokens", "side")

@@ -11,32 +11,39 @@ EOS = (0, 2)
 
 
 def test_defaults() -> None:
-    s = sampling_of({}, 16, EOS)
+    s = sampling_of({}, EOS)
     assert s.params.max_tokens == 16 and s.params.seed is None
     assert s.params.stop_token_ids == EOS
     assert s.skip_special_tokens and not s.stream and not s.include_usage
 
 
+def test_chat_without_max_tokens_gets_the_engines_default_and_knobs_are_carried() -> None:
+    request = {"messages": [], "temperature": 0.0, "top_k": 5, "repetition_penalty": 1.1}
+    s = sampling_of(request, EOS)
+    assert s.params.max_tokens is None  # vLLM fills the context; the simulated engine: 16
+    assert s.params.sampling() == {"temperature": 0.0, "top_k": 5, "repetition_penalty": 1.1}
+
+
 def test_max_completion_tokens_wins_and_stop_ids_merge() -> None:
     request = {"max_tokens": 9, "max_completion_tokens": 3, "stop_token_ids": [5, 2], "seed": -1}
-    s = sampling_of(request, 16, EOS)
+    s = sampling_of(request, EOS)
     assert s.params.max_tokens == 3 and s.params.seed == -1
     assert s.params.stop_token_ids == (5, 2, 0)
 
 
 def test_ignore_eos_keeps_only_the_request_stop_ids() -> None:
-    s = sampling_of({"ignore_eos": True, "stop_token_ids": [7]}, 16, EOS)
+    s = sampling_of({"ignore_eos": True, "stop_token_ids": [7]}, EOS)
     assert s.params.stop_token_ids == (7,)
 
 
 def test_stream_options() -> None:
-    s = sampling_of({"stream": True, "stream_options": {"include_usage": True}}, 16, EOS)
+    s = sampling_of({"stream": True, "stream_options": {"include_usage": True}}, EOS)
     assert s.stream and s.include_usage
 
 
 def test_seed_is_a_signed_64_bit_integer() -> None:
     with pytest.raises(InvalidArgument, match="seed"):
-        sampling_of({"seed": 2**63}, 16, EOS)
+        sampling_of({"seed": 2**63}, EOS)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""``route --workers N``: router replicas in N processes behind one HTTP port, drained."""
+"""``route --processes N``: router replicas in N processes behind one HTTP port, drained."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import signal
 
 import httpx
 from engine_stack import ServeProcess
-from test_router_cli import RouteProcess
+from route_process import RouteProcess
 from worker_pids import announced_pids, answering_pids, gone, until
 
 
 def test_route_workers_share_the_port_and_drain(tmp_path) -> None:
     with ServeProcess() as worker:
-        args = ["--worker", worker.target, "--workers", "2"]
+        args = ["--worker", worker.target, "--processes", "2"]
         with RouteProcess(*args, cache=str(tmp_path / "cache")) as router:
             pids = announced_pids(router.lines)
             assert answering_pids(router.url, pids) == pids

@@ -6,8 +6,22 @@ import pytest
 import xxhash
 from routing_support import SYSTEM, collect, start_cluster
 
+from tokenkeys.errors import InvalidArgument
+from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.policy.router import POLICIES, make_policy
 from tokenkeys.router.routed_engine import RouteNote, current_note
-from tokenkeys.router.workers.pool_setup import PoolSettings
+
+
+def test_each_policy_name_makes_its_own_object_and_an_unknown_one_is_refused():
+    index = MemoryPrefixIndex()
+    made = [make_policy(name, index) for name in POLICIES]
+    assert [p.name for p in made] == ["precise", "round_robin", "text_chunks"]
+    assert len({type(p) for p in made}) == 3  # each owns its state: no shared object
+    with pytest.raises(InvalidArgument) as refused:
+        make_policy("random", index)
+    assert refused.value.field == "policy" and "precise, round_robin, text_chunks" in str(
+        refused.value.message
+    )
 
 
 async def run_conversations(cluster, conversations: int, turns: int, *, shared: bool = True):  # noqa: ANN001, ANN201, E501
@@ -49,11 +63,6 @@ async def run_conversations(cluster, conversations: int, turns: int, *, shared: 
 def rendezvous(keys: list[int], workers: list[str]) -> str:
     salt = keys[0].to_bytes(8, "little")
     return max(workers, key=lambda w: xxhash.xxh64_intdigest(salt + w.encode()))
-
-
-@pytest.fixture
-def settings(tmp_path):  # noqa: ANN001, ANN201
-    return PoolSettings(cache=tmp_path / "cache")
 
 
 async def test_follow_up_turns_land_on_the_worker_holding_their_prefix(settings, tmp_path):

@@ -28,11 +28,6 @@ from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
-@pytest.fixture
-def settings(tmp_path):  # noqa: ANN001, ANN201
-    return PoolSettings(cache=tmp_path / "cache")
-
-
 async def test_a_dead_worker_is_removed_and_rejoins_with_a_cleared_cache(settings):
     cluster = await start_cluster(3, settings=settings)
     try:
@@ -109,7 +104,7 @@ async def test_dropped_events_are_replayed_and_the_index_matches_the_engine(sett
         else:
             import asyncio
 
-            ws.consumers[parts.model] = asyncio.ensure_future(follower.run())
+            ws.consumers[stack.models.get(None).name] = asyncio.ensure_future(follower.run())
         await stack.generate(token_ids={"ids": prompts[2]}, stopping={"max_tokens": 1})
         await cluster.settle()
         for ids in prompts:

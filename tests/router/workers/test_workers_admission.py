@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from engine_stack import start_stack
 from routing_support import (
     SYSTEM,
@@ -22,14 +21,8 @@ from tokenkeys.events.protobuf_codec import ProtobufEventCodec
 from tokenkeys.keys import make_spec
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.limits import Limits
-from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
-
-
-@pytest.fixture
-def settings(tmp_path):  # noqa: ANN001, ANN201
-    return PoolSettings(cache=tmp_path / "cache")
 
 
 async def test_workers_that_differ_from_their_pool_are_refused_with_a_reason(settings):

@@ -26,8 +26,7 @@ from routing_support import (
 )
 
 from tokenkeys.router.index.redis import RedisPrefixIndex
-from tokenkeys.router.workers.pool_setup import PoolSettings
-from tokenkeys.server.grpc import control
+from tokenkeys.server.grpc import discovery_messages
 
 CLEARS = "tokenkeys_router_worker_clears_total"
 
@@ -62,12 +61,11 @@ def _followers(cluster: Cluster) -> list:
 
 @pytest.mark.parametrize("transport", ["zmq", "grpc"])
 async def test_a_full_redis_routes_by_load_with_backoff_and_recovers(
-    tmp_path, start_redis, transport
+    settings, start_redis, transport
 ):
     server = start_redis()
     admin = redis_client.Redis(port=server.port)
     index = RedisPrefixIndex.from_url(server.url, namespace=f"t-{uuid.uuid4().hex[:12]}")
-    settings = PoolSettings(cache=tmp_path / "cache")
     cluster = await start_cluster(3, settings=settings, index=index, transport=transport)
     clock = ManualClock()
     backoff = cluster.registry.following.write_backoff
@@ -119,19 +117,18 @@ async def test_a_full_redis_routes_by_load_with_backoff_and_recovers(
         admin.close()
 
 
-async def test_a_lying_and_a_silent_worker_are_flagged_with_reasons(tmp_path, monkeypatch):
-    settings = PoolSettings(cache=tmp_path / "cache")
+async def test_a_lying_and_a_silent_worker_are_flagged_with_reasons(settings, monkeypatch):
     cluster = await start_cluster(3, settings=settings, http=True)
     liar, mute = cluster.stacks[0], cluster.stacks[1]
-    honest = control.load_info
+    honest = discovery_messages.load_info
 
-    async def lying_load(runtime):  # noqa: ANN001, ANN202
-        info = await honest(runtime)
-        if runtime is liar.runtime:  # claims to be idle, whatever runs there
+    async def lying_load(instance_id, engines):  # noqa: ANN001, ANN202
+        info = await honest(instance_id, engines)
+        if instance_id == liar.runtime.instance_id:  # claims to be idle, whatever runs there
             info.running_requests = info.queued_requests = 0
         return info
 
-    monkeypatch.setattr(control, "load_info", lying_load)
+    monkeypatch.setattr(discovery_messages, "load_info", lying_load)
     mute.local().stream.emit = lambda batch: 0  # publishes nothing from now on
     cluster.registry.health.silent_after = 0.0
     held = []
@@ -177,21 +174,56 @@ async def test_a_lying_and_a_silent_worker_are_flagged_with_reasons(tmp_path, mo
             assert "last_batch_applied_at" in events
             if views[honest].last_sent is not None:
                 assert events["last_batch_applied_at"] is not None
-            text = (await client.get("/metrics")).text
-        liar_id, mute_id = pool.index_id(liar.target), pool.index_id(mute.target)
-        assert (
-            f'tokenkeys_router_worker_suspect{{reason="load_underreported",worker="{liar_id}"}} 1.0'
-            in text
-        )
-        assert (
-            f'tokenkeys_router_worker_suspect{{reason="events_silent",worker="{mute_id}"}} 1.0'
-            in text
-        )
-        assert "tokenkeys_router_worker_last_event_batch_timestamp_seconds{" in text
+            liar_id, mute_id = pool.index_id(liar.target), pool.index_id(mute.target)
+            gauges = [
+                f'tokenkeys_router_worker_suspect{{reason="load_underreported",worker="{liar_id}"}}'
+                " 1.0",
+                f'tokenkeys_router_worker_suspect{{reason="events_silent",worker="{mute_id}"}} 1.0',
+                "tokenkeys_router_worker_last_event_batch_timestamp_seconds{",
+            ]
+
+            async def gauges_set() -> bool:  # by the health poll, not by the status view
+                text = (await client.get("/metrics")).text
+                return all(g in text for g in gauges)
+
+            await wait_until(gauges_set, 20, "suspect gauges")
+
+            # The status view only reads: with the poll stopped, a worker's new batch applied
+            # and not yet taken by a poll, asking for the view twice changes neither the
+            # gauges nor what the load views know of the workers' event batches.
+            await cluster.registry.health.close()
+            for n in range(12):
+                sent = {a: v.last_sent for a, v in views.items()}
+                async for _ in cluster.engine().generate(prompt_ids(cluster, f"Now {n}. " * 20)):
+                    pass
+                to = next(a for a, v in views.items() if v.last_sent != sent[a])
+                if to != mute.target:
+                    break
+            assert to != mute.target
+            await cluster.settle()
+            (follower,) = cluster.registry.workers[to].followers.values()
+            await wait_until(
+                lambda: (follower.applied_at or 0.0) >= views[to].last_sent, 10, "its batch"
+            )
+            assert views[to].waiting_since is not None  # what a poll would now clear
+
+            async def state() -> tuple[list[str], dict]:
+                text = (await client.get("/metrics")).text
+                lines = [x for x in text.splitlines() if x.startswith("tokenkeys_router_worker")]
+                return lines, _view_states(views)
+
+            before = await state()
+            for _ in range(2):
+                assert (await client.get("/router/workers")).status_code == 200
+            assert await state() == before
     finally:
         for stream in held:
             await stream.aclose()
         await cluster.close()
+
+
+def _view_states(views: dict) -> dict:
+    return {a: (v.waiting_since, v.last_sent, v.underreports) for a, v in views.items()}
 
 
 async def _suspects_are(suspects, want, other) -> bool:  # noqa: ANN001

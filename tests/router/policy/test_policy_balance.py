@@ -17,7 +17,6 @@ from routing_support import collect, index_run, start_cluster, wait_until
 
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.routed_engine import RouteNote, current_note
-from tokenkeys.router.workers.pool_setup import PoolSettings
 
 HEADER = "Northwind municipal help desk. Be precise and brief; never invent a figure."
 
@@ -29,11 +28,6 @@ def body(i: int) -> str:
         "and cite the section number."
         for r in range(6)
     )
-
-
-@pytest.fixture
-def settings(tmp_path):  # noqa: ANN001, ANN201
-    return PoolSettings(cache=tmp_path / "cache")
 
 
 async def served_by(cluster, ids: list[int]) -> str:  # noqa: ANN001
@@ -79,7 +73,7 @@ async def test_a_burst_of_new_prompts_spreads_before_any_load_poll(settings):
         views = [m.view for m in pool.members.values()]
         assert all(not v.inflight and not v.inflight_keys for v in views)
         assert all(not v.prefilling_keys for v in views)
-        capacities = {c.num_kv_blocks for c in cluster.configs}
+        capacities = {c.engine.num_kv_blocks for c in cluster.configs}
         await wait_until(lambda: {v.capacity for v in views} == capacities, what="capacities")
     finally:
         await cluster.close()
@@ -95,7 +89,7 @@ async def test_a_burst_of_new_prompts_spreads_before_any_load_poll(settings):
 )
 async def test_a_short_common_header_does_not_attract_every_new_prompt(settings, weights, most):
     cluster = await start_cluster(4, settings=settings)
-    cluster.router.cost = weights
+    cluster.router.policy.cost = weights
     try:
         served = Counter()
         for i in range(12):

@@ -11,8 +11,7 @@ import asyncio
 import contextlib
 import time
 
-import zmq
-import zmq.asyncio
+from zmq_relay import LossyRelay
 
 from tokenkeys.errors import Unavailable
 from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, SpecRef
@@ -115,36 +114,6 @@ def make_consumer(endpoint, replay, index, *, source_spec=SPEC) -> ZmqEventConsu
 def sample(consumer: ZmqEventConsumer, name: str, **labels) -> float:
     labels.setdefault("worker", WORKER)
     return consumer.ingestor.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
-class LossyRelay:
-    """Forwards a PUB stream to a new PUB, dropping chosen sequence numbers (lost packets)."""
-
-    def __init__(self, upstream: str) -> None:
-        ctx = zmq.asyncio.Context(shadow=zmq.Context.instance())
-        self.drop: set[int] = set()
-        self.sub = ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(upstream)
-        self.pub = ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind("tcp://127.0.0.1:0")
-        self.endpoint = self.pub.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.task = asyncio.ensure_future(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            frames = await self.sub.recv_multipart()
-            if int.from_bytes(frames[1], "big") not in self.drop:
-                await self.pub.send_multipart(frames)
-
-    async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-        self.sub.close(linger=0)
-        self.pub.close(linger=0)
 
 
 async def test_events_published_before_and_after_connecting_all_land_in_order():

@@ -16,16 +16,14 @@ from routing_support import (
 )
 
 from tokenkeys.router.index.redis import RedisPrefixIndex
-from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
 @pytest.mark.parametrize("transport", ["zmq", "grpc"])
 async def test_routing_continues_by_load_without_redis_and_the_index_recovers(
-    tmp_path, start_redis, transport
+    settings, start_redis, transport
 ):
     redis = start_redis()
     index = RedisPrefixIndex.from_url(redis.url, namespace=f"t-{uuid.uuid4().hex[:12]}")
-    settings = PoolSettings(cache=tmp_path / "cache")
     cluster = await start_cluster(3, settings=settings, index=index, transport=transport)
     try:
         first = prompt_ids(cluster, "Conversation one. " + SYSTEM)

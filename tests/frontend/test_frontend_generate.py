@@ -292,6 +292,12 @@ def test_models_lists_every_served_model(client) -> None:
     assert answer["data"][1]["max_model_len"] == 8192  # the tokenizer's
 
 
+def test_version_without_a_fronted_vllm_is_tokenkeys_own(client) -> None:
+    from tokenkeys import __version__
+
+    assert _ok(client.get("/version")) == {"version": __version__, "tokenkeys_version": __version__}
+
+
 def test_metrics_count_requests_and_tokens(client) -> None:
     _ok(client.post("/v1/completions", json={"prompt": LONG, "max_tokens": 2}))
     assert client.get("/health").status_code == 200

@@ -1,0 +1,336 @@
+"""Acceptance: every vLLM request field through the sidecar means what it means to vLLM (issue 20).
+
+The same request goes straight to a real vLLM 0.32 and through ``tokenkeys serve --engine
+vllm+http://...`` in front of it; the answers must be equal but for the parts each answer makes
+anew (``id``, ``created``): greedy and seeded text, ``n`` choices, logprobs (chat's shape too),
+stop strings, penalties, JSON-schema output, ``echo`` of a token prompt, streamed and not, and
+through the official ``openai`` client. Each side gets its own ``cache_salt`` so that both
+compute the whole prompt (a prefix hit would change nothing vLLM returns but ``cached_tokens``).
+What the sidecar refuses (``docs/vllm.md``) answers 501 naming the field. Through ``tokenkeys
+route`` in front of the sidecar (gRPC ``Generate``), greedy and seeded text are vLLM's too.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from router.test_router_cli import RouteProcess
+
+from served_pair import TokenkeysServe, sidecar_args
+from vllm_server import DEFAULT_CONFIG, MAX_MODEL_LEN, MODEL_NAME, VllmServer
+
+pytestmark = pytest.mark.realengine
+
+WORDS = "The sidecar forwards every field of the request to the engine behind it. " * 3
+CHAT = [
+    {"role": "system", "content": "You answer in one short sentence."},
+    {"role": "user", "content": "Why do caches help? " + WORDS},
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 8}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+_salts = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_pool) -> VllmServer:
+    return vllm_pool.get(DEFAULT_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
+    process = TokenkeysServe(*sidecar_args(vllm))
+    try:
+        process.wait_healthy()
+        yield process
+    finally:
+        process.stop()
+
+
+def _fresh(value):  # noqa: ANN001, ANN202 - any JSON value
+    """An answer without what each answer makes anew."""
+    if isinstance(value, dict):
+        return {k: _fresh(v) for k, v in value.items() if k not in ("id", "created")}
+    if isinstance(value, list):
+        return [_fresh(v) for v in value]
+    return value
+
+
+#: Choice fields a stream sends whole, once (every other string is a delta to concatenate).
+_WHOLE = {"finish_reason", "stop_reason", "role", "index", "type", "id", "name"}
+
+
+def _merge(into: dict, part: dict) -> None:
+    for key, value in part.items():
+        old = into.get(key)
+        if isinstance(value, str) and isinstance(old, str) and key not in _WHOLE:
+            into[key] = old + value
+        elif isinstance(value, list) and isinstance(old, list):
+            into[key] = old + value
+        elif isinstance(value, dict) and isinstance(old, dict):
+            _merge(old, value)
+        elif value is not None or key not in into:
+            into[key] = value
+
+
+def _said(chunks: list[dict]) -> dict:
+    """What a stream says, whatever the cut between its chunks (vLLM sends the tokens a step
+    produced while the reader was busy in one chunk, so the cut varies from run to run):
+    per choice the concatenated text, ids and logprobs and the last finish reason; the other
+    chunk fields (usage, prompt ids and text, fingerprint) as sent."""
+    choices: dict[int, dict] = {}
+    rest: dict = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            flat = {k: v for k, v in choice.items() if k != "delta"} | (choice.get("delta") or {})
+            _merge(choices.setdefault(choice["index"], {}), flat)
+        for key, value in chunk.items():
+            if key != "choices" and value is not None:
+                rest[key] = value
+    return {"choices": [choices[i] for i in sorted(choices)], **rest}
+
+
+def _answer(response: httpx.Response, stream: bool):  # noqa: ANN202
+    """(status, the answer without what is made anew); a refusal is compared as vLLM's JSON."""
+    if response.status_code != 200 or not stream:
+        return response.status_code, _fresh(response.json())
+    lines = [line for line in response.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return 200, _said([_fresh(json.loads(line[6:])) for line in lines[:-1]])
+
+
+def _both(  # noqa: ANN202
+    vllm: VllmServer,
+    sidecar: TokenkeysServe,
+    path: str,
+    body: dict,
+    stream: bool,
+    refused: bool = False,
+):
+    """vLLM's answer and the sidecar's, each (status, answer); vLLM's own must be a 200 unless
+    ``refused`` (then both must be vLLM's refusal)."""
+    answers = []
+    for url in (vllm.url, sidecar.url):
+        sent = copy.deepcopy({"model": MODEL_NAME, **body, "stream": stream})
+        sent["cache_salt"] = f"salt-{next(_salts)}"
+        answers.append(_answer(httpx.post(url + path, json=sent, timeout=600), stream))
+    assert answers[0][0] == (400 if refused else 200), answers[0]
+    return answers[0][1], answers[1][1]
+
+
+COMPLETIONS = {
+    "greedy": {"prompt": WORDS, "max_tokens": 8, "temperature": 0},
+    "seeded_n": {
+        "prompt": WORDS,
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "top_k": 40,
+        "seed": 7,
+        "n": 2,
+    },
+    "logprobs_echo_ids": {
+        "prompt": [1, 504, 3458, 314, 253, 1692, 28],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": 3,
+        "prompt_logprobs": 1,
+        "echo": True,
+        "return_token_ids": True,
+    },
+    "stop_strings": {
+        "prompt": WORDS,
+        "max_tokens": 24,
+        "temperature": 0,
+        "stop": ["e", " the"],
+        "include_stop_str_in_output": True,
+    },
+    "penalties_and_bounds": {
+        "prompt": WORDS,
+        "max_tokens": 10,
+        "temperature": 0.8,
+        "seed": 3,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.4,
+        "repetition_penalty": 1.2,
+        "min_p": 0.05,
+        "min_tokens": 6,
+        "ignore_eos": True,
+        "logit_bias": {"28": 4.0},
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "user": "u-1",
+        "priority": 0,
+    },
+    "json_schema": {
+        "prompt": WORDS,
+        "max_tokens": 30,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}},
+    },
+}
+CHATS = {
+    "greedy_logprobs": {
+        "messages": CHAT,
+        "max_completion_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    },
+    "seeded_n": {"messages": CHAT, "max_tokens": 6, "temperature": 1.0, "seed": 5, "n": 2},
+    "structured_choice": {
+        "messages": CHAT,
+        "max_tokens": 6,
+        "temperature": 0,
+        "structured_outputs": {"choice": ["yes", "no", "maybe"]},
+    },
+    "stop_and_prompt_text": {
+        "messages": CHAT,
+        "max_tokens": 16,
+        "temperature": 0,
+        "stop": ["a"],
+        "return_prompt_text": True,
+        "return_token_ids": True,
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("case", sorted(COMPLETIONS))
+def test_completions_fields_mean_what_they_mean_to_vllm(vllm, sidecar, case, stream) -> None:
+    body = COMPLETIONS[case]
+    if stream:
+        body = {**body, "stream_options": {"include_usage": True}}
+    # vLLM refuses prompt_logprobs in a stream (400): the sidecar answers its refusal.
+    refused = stream and "prompt_logprobs" in body
+    theirs, ours = _both(vllm, sidecar, "/v1/completions", body, stream, refused)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("case", sorted(CHATS))
+def test_chat_fields_mean_what_they_mean_to_vllm(vllm, sidecar, case, stream) -> None:
+    theirs, ours = _both(vllm, sidecar, "/v1/chat/completions", CHATS[case], stream)
+    assert ours == theirs
+
+
+def test_a_stream_without_include_usage_is_vllms_stream(vllm, sidecar) -> None:
+    body = {"prompt": WORDS, "max_tokens": 5, "temperature": 0}
+    theirs, ours = _both(vllm, sidecar, "/v1/completions", body, True)
+    assert ours == theirs
+    assert "usage" not in ours
+
+
+def test_chat_without_max_tokens_fills_the_context_as_vllm_does(vllm, sidecar) -> None:
+    # vLLM's chat default is the rest of the context: a prompt leaving a few dozen tokens of it
+    # gets them all (finish "length"), not the simulated engine's 16.
+    def conversation(repeats: int) -> list[dict]:
+        return [{"role": "user", "content": "Caches help. " * repeats}]
+
+    def count(repeats: int) -> int:
+        body = {"model": MODEL_NAME, "messages": conversation(repeats)}
+        return httpx.post(f"{sidecar.url}/tokenize", json=body, timeout=60).json()["count"]
+
+    per = count(101) - count(100)
+    repeats = 100 + (MAX_MODEL_LEN - 40 - count(100)) // per
+    body = {"messages": conversation(repeats), "temperature": 0, "ignore_eos": True}
+    theirs, ours = _both(vllm, sidecar, "/v1/chat/completions", body, False)
+    assert ours == theirs
+    usage = ours["usage"]
+    assert usage["completion_tokens"] == MAX_MODEL_LEN - usage["prompt_tokens"] > 16
+
+
+def test_the_openai_client_gets_vllms_answers(vllm, sidecar) -> None:
+    answers = []
+    for url in (vllm.url, sidecar.url):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600)
+        salt = {"cache_salt": f"salt-{next(_salts)}"}
+        whole = client.completions.create(
+            model=MODEL_NAME, prompt=WORDS, max_tokens=6, temperature=0, logprobs=2, extra_body=salt
+        )
+        chunks = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=CHAT,  # type: ignore[arg-type]
+            max_tokens=6,
+            temperature=0.7,
+            seed=9,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"cache_salt": f"salt-{next(_salts)}"},
+        )
+        said = _said([_fresh(c.model_dump()) for c in chunks])
+        answers.append((_fresh(whole.model_dump()), said))
+    assert answers[1] == answers[0]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/chat/completions", {"messages": CHAT, "echo": True}, "echo"),
+        ("/v1/completions", {"prompt": WORDS, "echo": True}, "echo"),
+        (
+            "/v1/completions",
+            {"prompt": WORDS, "kv_transfer_params": {"do_remote_prefill": True}},
+            "kv_transfer_params",
+        ),
+    ],
+)
+def test_what_cannot_pass_exactly_is_refused_naming_the_field(sidecar, path, body, field) -> None:
+    response = httpx.post(sidecar.url + path, json={"model": MODEL_NAME, **body}, timeout=60)
+    assert response.status_code == 501, response.text
+    assert response.json()["error"]["param"] == field
+
+
+def test_vllms_own_refusal_is_passed_back(vllm, sidecar) -> None:
+    body = {"model": MODEL_NAME, "prompt": WORDS, "max_tokens": 4, "logprobs": 10_000}
+    theirs = httpx.post(f"{vllm.url}/v1/completions", json=body, timeout=60)
+    ours = httpx.post(f"{sidecar.url}/v1/completions", json=body, timeout=60)
+    assert theirs.status_code == ours.status_code == 400
+    assert ours.json() == theirs.json()
+
+
+def test_version_is_vllms_and_tokenkeys(vllm, sidecar) -> None:
+    theirs = httpx.get(f"{vllm.url}/version", timeout=30).json()
+    ours = httpx.get(f"{sidecar.url}/version", timeout=30).json()
+    assert ours["version"] == theirs["version"] == "0.32.0"
+    assert ours["tokenkeys_version"]
+
+
+@pytest.fixture(scope="module")
+def router(sidecar: TokenkeysServe, tmp_path_factory) -> Iterator[RouteProcess]:
+    cache = tmp_path_factory.mktemp("route-cache")
+    process = RouteProcess("--worker", sidecar.target, "--poll-interval", "1", cache=str(cache))
+    with process:
+        yield process
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 0}, {"temperature": 0.8, "top_p": 0.9, "top_k": 30, "seed": 5}],
+    ids=["greedy", "seeded"],
+)
+def test_through_the_router_the_sampling_fields_reach_vllm(vllm, router, chat, sampling) -> None:
+    # tokenkeys route -> gRPC Generate -> the sidecar -> vLLM: GenerationParams carries the
+    # sampling knobs, so greedy and seeded text are vLLM's own.
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body = {"model": MODEL_NAME, "max_tokens": 8, **sampling}
+    body |= {"messages": CHAT} if chat else {"prompt": WORDS}
+    texts = []
+    for url in (vllm.url, router.url):
+        sent = {**body, "cache_salt": f"salt-{next(_salts)}"}
+        answer = httpx.post(url + path, json=sent, timeout=600)
+        assert answer.status_code == 200, answer.text
+        choice = answer.json()["choices"][0]
+        texts.append(choice["message"]["content"] if chat else choice["text"])
+    assert texts[1] == texts[0]
