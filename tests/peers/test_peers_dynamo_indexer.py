@@ -27,7 +27,7 @@ from router.routing_support import (
     start_cluster,
 )
 
-from tokenkeys.engine.config import LoraModule
+from tokenkeys.engine.config import LoraModule, SimulatedConfig
 from tokenkeys.keys import Adapter, KeyContext, block_keys
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
@@ -81,7 +81,7 @@ async def _agree(cluster: Cluster, dynamo: DynamoIndexer, ids: list[int], lora=N
 async def test_dynamo_indexer_agrees_with_the_router_over_stores_and_evictions(
     dynamo_python: Path, settings: PoolSettings
 ) -> None:
-    configs = [engine_config(num_kv_blocks=24), engine_config()]
+    configs = [engine_config(engine=SimulatedConfig(num_kv_blocks=24)), engine_config()]
     cluster = await start_cluster(2, settings=settings, configs=configs)
     dynamo = _indexer(dynamo_python, cluster)
     try:
@@ -128,7 +128,7 @@ def _held(cluster: Cluster, ids: list[int], i: int, context: KeyContext) -> int:
 async def test_dynamo_indexer_keeps_adapters_apart_and_reads_no_salt(
     dynamo_python: Path, settings: PoolSettings
 ) -> None:
-    configs = [engine_config(lora_modules=(ADAPTER,)) for _ in range(2)]
+    configs = [engine_config(engine=SimulatedConfig(lora_modules=(ADAPTER,))) for _ in range(2)]
     cluster = await start_cluster(2, settings=settings, configs=configs)
     dynamo = _indexer(dynamo_python, cluster)
     try:
