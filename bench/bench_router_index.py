@@ -18,16 +18,12 @@ Keys are random u64 values: computing them is measured by ``bench_keys``.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 
 import redis
+from redis_local import LocalRedis
 from timing import load_note, pct, sample
 
 from tokenkeys.events.model import BlockStored, EventBatch, SpecRef
@@ -43,48 +39,6 @@ PROMPT_BLOCKS = PROMPT_TOKENS // BLOCK  # 8,192
 WORKERS = [f"10.0.0.{i}:8000" for i in range(16)]
 STEP_BLOCKS = 32  # blocks per BlockStored: a 512-token chunked-prefill step
 SPEC = SpecRef("bench/standin", "0" * 64)
-
-
-class _Redis:
-    """REDIS_URL, or a throwaway redis-server; None when neither is available."""
-
-    def __init__(self) -> None:
-        self.url = os.environ.get("REDIS_URL")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.dir: str | None = None
-        binary = shutil.which("redis-server")
-        if self.url or binary is None:
-            return
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.dir = tempfile.mkdtemp(prefix="bench-redis-")
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", self.dir]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(self.url)
-        for _ in range(500):
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.02)
-        client.close()
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        if self.dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def flush(self) -> None:
-        client = redis.Redis.from_url(self.url)
-        keys = list(client.scan_iter(match="{bench*", count=10_000))
-        for start in range(0, len(keys), 10_000):
-            client.delete(*keys[start : start + 10_000])
-        client.close()
 
 
 def _batches(blocks_per_worker: int, rng: random.Random) -> list[tuple[str, EventBatch]]:
@@ -197,7 +151,7 @@ def run(quick: bool) -> str:
     n_score = 10 if quick else 40
     loop = asyncio.new_event_loop()
     ingest_rows, score_rows, notes = [], [], []
-    server = _Redis()
+    server = LocalRedis()
     try:
         memory = MemoryPrefixIndex(capacity=4 * total)
         t = _ingest(loop, memory, batches)

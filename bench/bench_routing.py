@@ -56,8 +56,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from redis_local import LocalRedis
 from routing_smg import POLICIES as SMG_POLICIES
-from routing_smg import chat, smg_executable, smg_router
+from routing_smg import SmgRouter, chat, quiet, smg_executable, smg_router
 from routing_vllm import vllm_section
 from timing import pct
 
@@ -74,15 +75,17 @@ ENGINES = 4
 MODEL = "smollm2-135m-instruct"  # the model tokenkeys serve embeds
 MAX_TOKENS = 16  # the engine's default when a gRPC Generate sets none
 LATENCY = LatencyModel()  # what tokenkeys serve --simulate-latency uses
-#: (row name, --policy, cost weights of the precise policy, router replicas). One router sees
-#: every request it routes, as the one smg instance of the smg rows does.
+#: (row name, --policy, cost weights of the precise policy, router replicas, --share-load).
+#: One router sees every request it routes, as the one smg instance of the smg rows does.
 POLICIES = (
-    ("precise", "precise", CostWeights(), 1),
-    ("precise, 2 replicas", "precise", CostWeights(), 2),
-    ("precise, Dynamo's load price", "precise", CostWeights(load=1.0), 1),
-    ("precise, prefix only", "precise", CostWeights(load=0.0, overflow=0.0, growth=0.0), 1),
-    ("text_chunks", "text_chunks", CostWeights(), 1),
-    ("round_robin", "round_robin", CostWeights(), 1),
+    ("precise", "precise", CostWeights(), 1, False),
+    ("precise, 2 replicas", "precise", CostWeights(), 2, True),
+    ("precise, 4 replicas", "precise", CostWeights(), 4, True),
+    ("precise, 2 replicas, unshared", "precise", CostWeights(), 2, False),
+    ("precise, Dynamo's load price", "precise", CostWeights(load=1.0), 1, False),
+    ("precise, prefix only", "precise", CostWeights(load=0.0, overflow=0.0, growth=0.0), 1, False),
+    ("text_chunks", "text_chunks", CostWeights(), 1, False),
+    ("round_robin", "round_robin", CostWeights(), 1, False),
 )
 TOPICS = ("rail timetables", "tax forms", "router firmware", "garden irrigation")
 HEADER = (
@@ -130,6 +133,7 @@ def _serve_args(w: Workload, port: str, http_port: str) -> list[str]:
     args = [
         sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", port,
         "--http-port", http_port, "--num-kv-blocks", str(w.num_blocks),
+        "--vllm-engine-face",  # smg's gRPC rows route to it; the other rows never call it
     ]  # fmt: skip
     return args + (["--simulate-latency"] if w.concurrent else [])
 
@@ -260,10 +264,15 @@ def _finish(result: dict, served: Counter[str]) -> dict:
 
 
 async def _run_policy(
-    policy: str, cost: CostWeights, w: Workload, cache: str, replicas: int
+    policy: str,
+    cost: CostWeights,
+    w: Workload,
+    cache: str,
+    replicas: int,
+    share_url: str | None = None,
 ) -> dict:
     """A tokenkeys policy: in-process routers (``replicas`` of them) forwarding token ids over
-    gRPC."""
+    gRPC; with ``share_url`` they share their requests in flight and growth through it."""
     engines = await _start_engines(w)
     config = RouterConfig(
         workers=tuple(e.address for e in engines),
@@ -271,10 +280,14 @@ async def _run_policy(
         poll_interval=0.2,
         pools=PoolSettings(cache=cache),
         cost=cost,
+        redis_url=share_url,
+        redis_namespace=f"bench-{uuid.uuid4().hex[:8]}",
+        share_load=share_url is not None,
     )
     # Each replica follows every engine's events (an in-memory index each); what it sent, its
-    # requests in flight and its cache-growth counts are its own.
+    # requests in flight and its cache-growth counts are its own unless shared.
     routers = [await RouteServer(RouteConfig(config)).start() for _ in range(replicas)]
+    await _shared_ready([r.service for r in routers])
     services = [r.service for r in routers]
     balancer = random.Random(11)  # the load balancer's picks, apart from the workload's draws
     try:
@@ -315,40 +328,65 @@ async def _run_policy(
             engine.stop()
 
 
+async def _shared_ready(services: list[RoutingService]) -> None:
+    """Wait until every replica follows the shared channel (when there is one)."""
+    for _ in range(200):
+        if all(getattr(s.shared, "following", True) for s in services):
+            return
+        await asyncio.sleep(0.02)
+
+
 async def _settle(services: list[RoutingService]) -> None:
     for service in services:
         await _quiet(service)
 
 
-async def _run_smg(executable: Path, policy: str, w: Workload) -> dict:
-    """An smg policy: one ``smg launch`` over the engines' HTTP frontends (routing_smg)."""
+async def _run_smg(executable: Path, policy: str, w: Workload, grpc: bool) -> dict:
+    """An smg policy: one ``smg launch`` over the engines' HTTP frontends, or (``grpc``) over
+    their VllmEngine faces, its ``cache_aware`` then fed by their KV events (routing_smg)."""
     engines = await _start_engines(w)
     before_restart: Counter[str] = Counter()
+    workers = [f"grpc://{e.address}" if grpc else e.http for e in engines]
     try:
         async with (
-            smg_router(executable, policy, [e.http for e in engines]) as base,
+            smg_router(executable, policy, workers) as router,
             httpx.AsyncClient(timeout=120) as client,
         ):
 
             async def send(messages: list[dict]) -> tuple[int, int, str, str | None]:
-                prompt, cached, reply = await chat(client, base, MODEL, messages, MAX_TOKENS)
+                prompt, cached, reply = await chat(client, router.base, MODEL, messages, MAX_TOKENS)
                 return prompt, cached, reply, None
 
             async def restart() -> None:
-                before_restart.update(await _chat_requests(client, engines[:1]))
+                if not grpc:  # smg counts what it routes per worker; an engine counts its own
+                    before_restart.update(await _chat_requests(client, engines[:1]))
                 await asyncio.to_thread(engines[0].restart, w)
 
-            result = await _drive(w, send, restart, settle=_no_settle)
-            served = await _chat_requests(client, engines)
-            served.update(before_restart)
+            async def settle() -> None:
+                if grpc:
+                    await quiet(router)
+
+            result = await _drive(w, send, restart, settle=settle)
+            if grpc:
+                served = await _routed(router, engines)
+            else:
+                served = await _chat_requests(client, engines)
+                served.update(before_restart)
             return _finish(result, served)
     finally:
         for engine in engines:
             engine.stop()
 
 
-async def _no_settle() -> None:
-    """smg learns from what it sends; there are no engine events to wait for."""
+async def _routed(router: SmgRouter, engines: list[Engine]) -> Counter[str]:
+    """Requests smg sent each gRPC worker (``smg_worker_requests_total``)."""
+    served: Counter[str] = Counter()
+    for engine in engines:
+        worker = f"grpc://{engine.address}"
+        served[engine.address] = int(
+            await router.counter("smg_worker_requests_total", worker=worker)
+        )
+    return served
 
 
 async def _chat_requests(client: httpx.AsyncClient, engines: list[Engine]) -> Counter[str]:
@@ -403,13 +441,24 @@ async def _run_async(quick: bool) -> str:
     results: dict[str, dict[str, dict]] = {}
     lines = ["## Routing policies (bench_routing)", ""]
     smg, smg_note = await asyncio.to_thread(smg_executable)
-    with tempfile.TemporaryDirectory() as cache:
-        for w in _workloads(quick):
-            results[w.name] = {}
-            for name, policy, cost, replicas in POLICIES:
-                results[w.name][name] = await _run_policy(policy, cost, w, cache, replicas)
-            for policy in SMG_POLICIES if smg is not None else ():
-                results[w.name][f"smg {policy}"] = await _run_smg(smg, policy, w)
+    shared = LocalRedis()  # what the sharing replicas share (REDIS_URL, or one started here)
+    try:
+        with tempfile.TemporaryDirectory() as cache:
+            for w in _workloads(quick):
+                results[w.name] = {}
+                for name, policy, cost, replicas, share in POLICIES:
+                    if share and shared.url is None:
+                        continue  # no Redis here: the shared rows are left out (noted below)
+                    url = shared.url if share else None
+                    row = await _run_policy(policy, cost, w, cache, replicas, url)
+                    results[w.name][name] = row
+                for policy in SMG_POLICIES if smg is not None else ():
+                    results[w.name][f"smg {policy}"] = await _run_smg(smg, policy, w, grpc=False)
+                    results[w.name][f"smg {policy}, gRPC"] = await _run_smg(
+                        smg, policy, w, grpc=True
+                    )
+    finally:
+        shared.close()
     for w in _workloads(quick):
         res = results[w.name]
         reference = res["round_robin"]
@@ -441,17 +490,27 @@ async def _run_async(quick: bool) -> str:
         if smg_rows:
             best = max(smg_rows, key=lambda name: smg_rows[name]["hit"])
             one = res["precise"]["hit"] / smg_rows[best]["hit"]
-            two = res["precise, 2 replicas"]["hit"] / smg_rows[best]["hit"]
-            lines += [
+            lines.append(
                 f"Cache hit ratio of precise routing (default weights) against smg's best "
-                f"policy here ({best}): **{one:.2f}x** with one router, as smg runs; "
-                f"{two:.2f}x with two replicas.",
-                "",
-            ]
+                f"policy here ({best}): **{one:.2f}x** with one router, as smg runs."
+            )
+            if "smg cache_aware, gRPC" in res:
+                events = res["smg cache_aware, gRPC"]["hit"]
+                lines.append(
+                    "Against smg's cache_aware fed by the engines' KV events (gRPC): "
+                    f"**{res['precise']['hit'] / events:.2f}x**."
+                )
+            lines.append("")
+        rows = [n for n in ("precise, 2 replicas", "precise, 4 replicas") if n in res]
+        if rows:
+            ratios = "; ".join(
+                f"{n.split(', ')[1]} **{res[n]['hit'] / res['precise']['hit']:.2f}x**" for n in rows
+            )
+            lines += [f"Replicas sharing their load, against one router: {ratios}.", ""]
     lines += [
-        f"{ENGINES} simulated engines behind one router (two replicas picked at random per "
-        "request in the 2-replica row). Simulated TTFT = 1 ms + 0.2 ms per uncached prompt "
-        "token, without queueing; "
+        f"{ENGINES} simulated engines behind one router (in the replica rows, 2 or 4 routers "
+        "behind a load balancer picking one at random per request). Simulated TTFT = 1 ms + "
+        "0.2 ms per uncached prompt token, without queueing; "
         '"busiest engine" is the share of requests the most used engine served (25 % is even). '
         "Precise routing uses the default cost weights (`--prefix-weight 1 --load-weight 0.125 "
         "--overflow-weight 1 --growth-weight 0.25`, docs/router.md): a block of load (in use "
@@ -468,9 +527,12 @@ async def _run_async(quick: bool) -> str:
         "a request only when its KV blocks are free (it waits otherwise) but run any number "
         "of admitted requests at the same speed and prefill them in parallel: load below the "
         "capacity costs nothing here, as it costs little on a real engine with short replies "
-        "(16 tokens here). Each replica of the 2-replica row counts only its own requests in "
-        "flight and its own cache growth (both follow every engine's KV events), so two new "
-        "prefixes routed by different replicas can land on one engine.",
+        "(16 tokens here). Every replica follows every engine's KV events. In the replica rows "
+        "the replicas share their requests in flight (blocks in use, queued prefill) and "
+        "their cache growth through one Redis (`--share-load`, router.shared_load: "
+        "pub/sub, the decision itself reads only local memory); in the unshared row each "
+        "counts only its own, so two new prefixes routed by different replicas can land on "
+        "one engine.",
         "",
         _smg_note(smg_note, smg is not None),
         "",
@@ -497,7 +559,14 @@ def _smg_note(where: str, ran: bool) -> str:
         "smg's `cache_aware` turns to the least loaded worker only when the busiest has 64 "
         "more requests in flight than the idlest and 1.5 times as many (its defaults), which "
         "32 concurrent requests never reach: here it routes by cache affinity alone, and "
-        "nothing stops it from sending an engine more than its KV cache holds."
+        "nothing stops it from sending an engine more than its KV cache holds. "
+        "The `, gRPC` rows run the same policy with `--worker-urls grpc://127.0.0.1:<port>` "
+        "against the engines' VllmEngine face (`serve --vllm-engine-face`): smg registers them "
+        "as vLLM workers, tokenizes itself with their tokenizer and sends token ids, and its "
+        "`cache_aware` indexes the engines' KV events (`SubscribeKvEvents`; each round settles "
+        "until smg's `smg_kv_event_batches_total` stops moving, as the tokenkeys routers "
+        "settle on the same events); a restarted engine clears its entries there. The busiest "
+        "share of these rows is from smg's `smg_worker_requests_total`."
     )
 
 

@@ -99,6 +99,7 @@ async def start_stack(
     host: str = "127.0.0.1",
     port: int = 0,
     limits: Limits | None = None,
+    vllm_engine_face: bool = False,
 ) -> EngineStack:
     """Start the engine services for ``models`` (default: the embedded tokenizer).
 
@@ -112,6 +113,7 @@ async def start_stack(
         limits=limits or Limits(),
         engine=config or EngineConfig(),
         spec_of=spec_of,
+        vllm_engine_face=vllm_engine_face,
     )
     serving = await EngineServer(models, serve).start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{serving.grpc_port}")

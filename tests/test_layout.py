@@ -55,7 +55,9 @@ LONGER = {
 
 
 def _modules() -> list[Path]:
-    return sorted(p for p in SRC.rglob("*.py") if "_gen" not in p.parts)
+    return sorted(
+        p for p in SRC.rglob("*.py") if not any(part.startswith("_gen") for part in p.parts)
+    )
 
 
 def _room(path: Path) -> str:

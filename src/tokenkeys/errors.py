@@ -53,6 +53,14 @@ class Unavailable(TokenkeysError):
     """A dependency (remote engine, Redis, event source) cannot be reached right now."""
 
 
+class OutOfRange(InvalidArgument):
+    """A position (e.g. a KV-event sequence number to resume from) is outside what is kept."""
+
+
+class DataLoss(TokenkeysError):
+    """A stream lost items it cannot recover (a subscriber fell behind); start it over."""
+
+
 class Cancelled(TokenkeysError):
     """The operation was cancelled by its caller (interrupt, client cancellation)."""
 
@@ -118,6 +126,7 @@ class TooManyRequests(LimitExceeded):
 # One row per kind: (gRPC status, HTTP status, OpenAI error type). Order matters: the first row
 # whose class the error is an instance of wins, so subclasses come before their bases.
 STATUS_TABLE: tuple[tuple[type[TokenkeysError], grpc.StatusCode, int, str], ...] = (
+    (OutOfRange, grpc.StatusCode.OUT_OF_RANGE, 400, "BadRequestError"),
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT, 400, "BadRequestError"),
     (NotFound, grpc.StatusCode.NOT_FOUND, 404, "NotFoundError"),
     (ArtifactError, grpc.StatusCode.DATA_LOSS, 502, "ArtifactError"),
@@ -126,6 +135,7 @@ STATUS_TABLE: tuple[tuple[type[TokenkeysError], grpc.StatusCode, int, str], ...]
     (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED, 413, "RequestTooLargeError"),
     (Unsupported, grpc.StatusCode.UNIMPLEMENTED, 501, "NotImplementedError"),
     (Unavailable, grpc.StatusCode.UNAVAILABLE, 503, "ServiceUnavailableError"),
+    (DataLoss, grpc.StatusCode.DATA_LOSS, 500, "InternalServerError"),
     (Cancelled, grpc.StatusCode.CANCELLED, 499, "CancelledError"),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED, 504, "TimeoutError"),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, 401, "AuthenticationError"),
@@ -143,6 +153,7 @@ def status_of(error: TokenkeysError) -> tuple[grpc.StatusCode, int, str]:
 
 _CODE_TO_CLASS: dict[grpc.StatusCode, type[TokenkeysError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: OutOfRange,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.DATA_LOSS: ArtifactError,

@@ -72,6 +72,25 @@ SGLANG = VenvRecipe(
     ),
 )
 
+# The relay vLLM 0.32's --grpc server streams its KV events through (smg_grpc_servicer.kv_relay)
+# and what it imports: the proto package, msgspec, grpcio; the gRPC helpers the servicer package
+# requires (1.85.1: the newest on PyPI).
+SMG_RELAY = VenvRecipe(
+    "smg-grpc-servicer-0.14.1",
+    steps=(
+        PipInstall(
+            (
+                "smg-grpc-servicer==0.14.1",
+                "smg-grpc-proto==0.4.28",
+                "msgspec==0.23.0",
+                "grpcio==1.85.3",
+                "grpcio-reflection==1.85.1",
+                "grpcio-health-checking==1.85.1",
+            )
+        ),
+    ),
+)
+
 # A guard against a wedged driver, not a measurement: answers take milliseconds.
 ANSWER_TIMEOUT_S = 300.0
 
@@ -146,6 +165,12 @@ def _driver(recipe: VenvRecipe, script: str, package_version: str) -> Iterator[P
 def dynamo_peer() -> Iterator[PeerDriver]:
     """``dynamo._core`` of ai-dynamo-runtime 1.6.1, in its own virtualenv."""
     yield from _driver(DYNAMO, "dynamo_driver.py", "1.6.1")
+
+
+@pytest.fixture(scope="session")
+def smg_relay_peer() -> Iterator[PeerDriver]:
+    """smg-grpc-servicer 0.14.1's KV-event relay normalization, in its own virtualenv."""
+    yield from _driver(SMG_RELAY, "smg_relay_driver.py", "0.14.1")
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from router.test_router_cli import RouteProcess
+from route_process import RouteProcess
 
 from served_pair import TokenkeysServe, sidecar_args
 from vllm_server import DEFAULT_CONFIG, MAX_MODEL_LEN, MODEL_NAME, VllmServer

@@ -255,3 +255,34 @@ def test_a_killed_engine_is_routed_around_and_taken_back(engines, sidecars, tmp_
                 return complete(client, prompt).headers["x-tokenkeys-worker"] == sidecars[1].target
 
             wait_for(reaches_b, "a request served by the restarted engine")
+
+
+def test_a_router_started_after_the_engines_served_routes_to_the_holder(sidecars, tmp_path) -> None:
+    """Issue 26: the workload runs first, straight at one sidecar; a router started afterwards
+    loads the sidecars' snapshots (``GET /v1/kv/snapshot`` shows what it loads) and sends the
+    next request of the prefix to the vLLM holding it."""
+    rng = random.Random(26)
+    prefix = [rng.randrange(VOCAB) for _ in range(PREFIX_BLOCKS * BLOCK_SIZE)]
+    holder = sidecars[1]
+    with httpx.Client(base_url=holder.url, timeout=300) as client:
+        complete(client, prefix + [rng.randrange(VOCAB) for _ in range(BLOCK_SIZE // 2)])
+        wait_for(
+            lambda: len(client.get("/v1/kv/snapshot").json()["blocks"]) >= PREFIX_BLOCKS,
+            "the prefix's blocks in the sidecar's snapshot",
+        )
+        snapshot = client.get("/v1/kv/snapshot").json()
+    # The sidecar started after its vLLM: complete only when it relayed vLLM's batch 0.
+    assert snapshot["complete"] or "before this sidecar started" in snapshot["incomplete_reason"]
+    with route(*workers_of(*sidecars), cache=tmp_path / "late") as router:
+        with httpx.Client(base_url=router.url, timeout=300) as client:
+            prompt = prefix + [rng.randrange(VOCAB) for _ in range(BLOCK_SIZE // 2)]
+            wait_for(
+                lambda: (
+                    client.post("/router/route", json={"prompt": prompt}).json()["reason"]
+                    == "prefix"
+                ),
+                "the late router's prefix match",
+            )
+            response = complete(client, prompt)
+            assert response.headers["x-tokenkeys-worker"] == holder.target
+            assert cached(response) >= PREFIX_BLOCKS * BLOCK_SIZE

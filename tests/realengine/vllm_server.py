@@ -95,7 +95,12 @@ class VllmServer:
         self._python, self._model = python, model
         self._process = self._spawn(python, model)
 
-    def _spawn(self, python: Path, model: TinyModel) -> subprocess.Popen:
+    def entry(self) -> list[str]:
+        """The module that serves: vLLM's OpenAI API server (its own frontend options too)."""
+        return ["-m", "vllm.entrypoints.openai.api_server", "--enable-prompt-tokens-details"]
+
+    def engine_options(self, model: TinyModel) -> list[str]:
+        """The engine's options, the same whichever face serves it."""
         events = {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
@@ -105,7 +110,6 @@ class VllmServer:
             "topic": self.topic,
         }
         args = [
-            str(python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model.folder),
             "--served-model-name", MODEL_NAME,
             "--host", "127.0.0.1",
@@ -114,12 +118,15 @@ class VllmServer:
             "--max-model-len", str(MAX_MODEL_LEN),
             "--enforce-eager",  # no compilation: starts faster, same hashes
             "--prefix-caching-hash-algo", self.config.hash_algo,
-            "--enable-prompt-tokens-details",
             "--kv-events-config", json.dumps(events),
         ]  # fmt: skip
         if self.lora_path:
             args += ["--enable-lora", "--max-lora-rank", "8"]
             args += ["--lora-modules", f"{LORA_NAME}={self.lora_path}"]
+        return args
+
+    def _spawn(self, python: Path, model: TinyModel) -> subprocess.Popen:
+        args = [str(python), *self.entry(), *self.engine_options(model)]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHASHSEED")}
         env.update(
             VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache: thousands of 32-token blocks
@@ -143,20 +150,24 @@ class VllmServer:
     def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
         """Return once ``/health`` answers 200; raise with the log's tail if the process dies."""
         deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=5) as client:
-            while time.monotonic() < deadline:
-                if self._process.poll() is not None:
-                    raise RuntimeError(
-                        f"vLLM ({self.config.label}) exited with {self._process.returncode} "
-                        f"before it was healthy: {self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        return
-                time.sleep(0.5)
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM ({self.config.label}) exited with {self._process.returncode} "
+                    f"before it was healthy: {self.log_tail()}"
+                )
+            if self.answers():
+                return
+            time.sleep(0.5)
         raise RuntimeError(
             f"vLLM ({self.config.label}) not healthy after {timeout:.0f} s: {self.log_tail()}"
         )
+
+    def answers(self) -> bool:
+        """Whether the server says it is healthy (``/health`` answers 200)."""
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+        return False
 
     def restart(self) -> None:
         """Start the stopped server again on the same ports (HTTP, events, replay)."""

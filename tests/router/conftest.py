@@ -2,7 +2,9 @@
 
 Redis: ``REDIS_URL`` when set (CI may start one), otherwise a ``redis-server`` started here on a
 free loopback port with a temporary directory and no persistence; without the binary the Redis
-tests skip with the reason (install it with ``apt-get install -y redis-server``).
+tests skip with the reason (install it with ``apt-get install -y redis-server``). Redis Cluster:
+``REDIS_CLUSTER_URL`` (any node) when set, otherwise six ``redis-server`` processes in cluster
+mode started here (``redis_cluster.py``: 3 masters, a replica each).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 import redis
 from ports import free_port
+from redis_cluster import RedisClusterServers, drop_namespaces
 
 from tokenkeys.router.index.instrumented import InstrumentedIndex
 from tokenkeys.router.index.memory import MemoryPrefixIndex
@@ -120,8 +123,31 @@ def start_redis(redis_binary: str) -> Iterator[Callable[[], RedisServer]]:
             server.remove()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(redis_binary: str) -> Iterator[RedisClusterServers]:
+    """A Redis Cluster of 3 masters and 3 replicas the whole session shares (by namespace)."""
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        pytest.skip("redis-cli is not on PATH (Debian: apt-get install -y redis-server)")
+    servers = RedisClusterServers(redis_binary, cli)
+    try:
+        yield servers.start()
+    finally:
+        servers.remove()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(request: pytest.FixtureRequest) -> str:
+    """Any node of a Redis Cluster: ``REDIS_CLUSTER_URL``, or the session's own cluster."""
+    return os.environ.get("REDIS_CLUSTER_URL") or request.getfixturevalue("redis_cluster").url
+
+
 class Backend:
-    """Makes prefix indexes of one backend for one test, and cleans up after it."""
+    """Makes prefix indexes of one backend for one test, and cleans up after it.
+
+    ``redis``: a single Redis, one shard (the layout of earlier releases); ``sharded``: the same
+    Redis with the cluster layout (8 shards); ``cluster``: a real Redis Cluster.
+    """
 
     def __init__(self, name: str, url: str | None) -> None:
         self.name = name
@@ -138,6 +164,8 @@ class Backend:
         else:
             namespace = f"t-{uuid.uuid4().hex[:12]}"
             self.namespaces.append(namespace)
+            if self.name == "sharded":
+                options.setdefault("shards", 8)
             index = RedisPrefixIndex.from_url(self.url, namespace=namespace, **options)
         self.made.append(index)
         return index
@@ -151,21 +179,18 @@ class Backend:
     async def close(self) -> None:
         for index in self.made:
             await index.close()
-        if self.namespaces:
-            client = redis.Redis.from_url(self.url)
-            try:
-                for namespace in self.namespaces:
-                    keys = list(client.scan_iter(match=f"{{{namespace}}}:*", count=1000))
-                    if keys:
-                        client.delete(*keys)
-            finally:
-                client.close()
+        if self.namespaces and self.url:
+            drop_namespaces(self.url, self.namespaces)
 
 
-@pytest.fixture(params=["memory", "redis", "instrumented"])
+@pytest.fixture(params=["memory", "redis", "sharded", "cluster", "instrumented"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     """Each conformance test runs once per backend (and once through the metrics wrapper)."""
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    url = None
+    if request.param in ("redis", "sharded"):
+        url = request.getfixturevalue("redis_url")
+    elif request.param == "cluster":
+        url = request.getfixturevalue("redis_cluster_url")
     made = Backend(request.param, url)
     yield made
     await made.close()
@@ -175,6 +200,14 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
 async def redis_backend(redis_url: str) -> AsyncIterator[Backend]:
     """The Redis backend alone, for what only a shared index does."""
     made = Backend("redis", redis_url)
+    yield made
+    await made.close()
+
+
+@pytest.fixture
+async def cluster_backend(redis_cluster_url: str) -> AsyncIterator[Backend]:
+    """The index on the Redis Cluster alone, for what only a cluster does."""
+    made = Backend("cluster", redis_cluster_url)
     yield made
     await made.close()
 

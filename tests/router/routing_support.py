@@ -167,8 +167,8 @@ class Cluster:
             await asyncio.sleep(0.02)
             now = loop.time()
             for stack, follower in lagging:
-                # First sight counts as progress, so a follower that never got a batch (the
-                # run's opening AllBlocksCleared went out before it joined) is probed too.
+                # (A follower that has delivered nothing yet, last_seq None, is timed from
+                # when it was first seen lagging too.)
                 seen, since = progress.setdefault(id(follower), (follower.last_seq, now))
                 if seen != follower.last_seq:
                     progress[id(follower)] = (follower.last_seq, now)

@@ -59,6 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="key namespace in Redis; router replicas sharing an index use the same one",
     )
     p.add_argument(
+        "--share-load",
+        action="store_true",
+        help="share requests in flight and cache growth with the other router replicas "
+        "through --redis-url (default: each replica counts only its own)",
+    )
+    p.add_argument(
         "--index-capacity",
         type=int,
         default=DEFAULT_CAPACITY,
@@ -149,6 +155,7 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteC
         redis_url=args.redis_url,
         redis_namespace=args.redis_namespace,
         index_capacity=args.index_capacity,
+        share_load=args.share_load,
         transport=args.events,
         poll_interval=args.poll_interval,
         timeout=args.timeout,

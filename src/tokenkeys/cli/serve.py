@@ -57,6 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument(
+        "--vllm-engine-face",
+        action="store_true",
+        help="also serve smg's vllm.grpc.engine.VllmEngine on the gRPC port, so SGLang's gateway "
+        "routes here as a gRPC vLLM worker (smg launch --worker-urls grpc://HOST:PORT): one "
+        "model per server; needs the stubs built from smg-grpc-proto (scripts/gen_smg_proto.py)",
+    )
+    p.add_argument(
         "--artifact-chunk-size",
         type=int,
         default=None,
@@ -153,6 +160,7 @@ def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> Serve
         auth_health=args.auth_health,
         reuse_port=reuse_port,
         connections=connection_limits_from(args),
+        vllm_engine_face=args.vllm_engine_face,
     )
 
 

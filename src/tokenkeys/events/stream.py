@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 from tokenkeys.errors import ConfigError, LimitExceeded
 from tokenkeys.events.model import EventBatch, EventSourceInfo, SpecRef
+from tokenkeys.events.snapshot import BlockLedger, Snapshot
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_publisher import ZmqEventPublisher
 
@@ -58,6 +59,8 @@ class EventStream:
         #: The sequence number of the stream's first batch.
         self.first_seq = self._next_seq
         self._closed = False
+        #: The blocks this stream says are cached (``events.snapshot``), for late joiners.
+        self.ledger = BlockLedger()
 
     @property
     def next_seq(self) -> int:
@@ -98,6 +101,7 @@ class EventStream:
         else:
             seq = self._next_seq
         self._next_seq = seq + 1
+        self.ledger.apply(batch)
         self._buffer.append((seq, batch))
         for sub in self._subs:
             if len(sub.items) >= sub.limit:
@@ -106,6 +110,14 @@ class EventStream:
                 sub.items.append((seq, batch))
             sub.wake.set()
         return seq
+
+    def snapshot(self) -> Snapshot:
+        """The blocks cached now, valid at :attr:`next_seq` (follow from there)."""
+        snap = self.ledger.snapshot(self._next_seq)
+        batch = dataclasses.replace(
+            snap.batch, spec=self.spec, data_parallel_rank=self.data_parallel_rank
+        )
+        return dataclasses.replace(snap, batch=batch)
 
     async def subscribe(
         self, start_seq: int | None = None

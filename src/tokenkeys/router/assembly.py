@@ -94,6 +94,7 @@ class RouteServer:
             self.config.http_config(),
             metrics=service.metrics_registry,
             lifecycle=self.lifecycle,
+            shared=service.shared,
         )
         return await serve_app(self.app, self.config, port)
 

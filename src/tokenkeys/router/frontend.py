@@ -32,6 +32,7 @@ from tokenkeys.frontend.routes_tokenize import tokenize_body
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
 from tokenkeys.router.routed_engine import RoutedEngine, RouteNote, current_note
+from tokenkeys.router.shared_load import SharedLoad
 from tokenkeys.router.workers.pool import Pool
 from tokenkeys.router.workers.registry import WorkerRegistry
 from tokenkeys.serving.lifecycle import Lifecycle
@@ -49,16 +50,19 @@ HEADER_REASON = "x-tokenkeys-reason"
 class PoolModels(ModelRegistry):
     """The router's pools as the frontend's served models, current as workers come and go."""
 
-    def __init__(self, registry: WorkerRegistry, router: Router) -> None:
+    def __init__(
+        self, registry: WorkerRegistry, router: Router, shared: SharedLoad | None = None
+    ) -> None:
         super().__init__()
         self._registry = registry
         self._router = router
+        self._shared = shared
         self._served: dict[str, tuple[Pool, ServedModel]] = {}
 
     def _model(self, pool: Pool) -> ServedModel:
         cached = self._served.get(pool.name)
         if cached is None or cached[0] is not pool:
-            engine = RoutedEngine(self._router, self._registry, pool.name)
+            engine = RoutedEngine(self._router, self._registry, pool.name, self._shared)
             served = ServedModel(pool.name, pool.tokenizer, pool.preprocessor, engine=engine)
             cached = self._served[pool.name] = (pool, served)
         return cached[1]
@@ -133,10 +137,12 @@ def create_router_app(
     *,
     metrics: CollectorRegistry | None = None,
     lifecycle: Lifecycle | None = None,
+    shared: SharedLoad | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible routing app; ``metrics`` (router, ingestion, index) is exported
-    on ``/metrics`` beside the frontend's own; /health reports ``lifecycle`` (draining)."""
-    app = create_app(PoolModels(registry, router), config, lifecycle=lifecycle)
+    on ``/metrics`` beside the frontend's own; /health reports ``lifecycle`` (draining);
+    ``shared`` tells the other router replicas what this one sends (``shared_load``)."""
+    app = create_app(PoolModels(registry, router, shared), config, lifecycle=lifecycle)
     if metrics is not None:
         app.state.tokenkeys.metrics.include(metrics)
 

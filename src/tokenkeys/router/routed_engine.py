@@ -25,6 +25,7 @@ from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
+from tokenkeys.router.shared_load import LocalLoad, SharedLoad
 from tokenkeys.router.workers.registry import WorkerRegistry
 
 
@@ -46,10 +47,18 @@ current_note: contextvars.ContextVar[RouteNote | None] = contextvars.ContextVar(
 class RoutedEngine:
     """Generation for ``model`` on the worker ``router`` picks; see the module doc."""
 
-    def __init__(self, router: Router, registry: WorkerRegistry, model: str) -> None:
+    def __init__(
+        self,
+        router: Router,
+        registry: WorkerRegistry,
+        model: str,
+        shared: SharedLoad | None = None,
+    ) -> None:
         self.router = router
         self.registry = registry
         self.model = model
+        #: Where the other router replicas learn of this one's requests (``shared_load``).
+        self.shared = shared if shared is not None else LocalLoad()
 
     @property
     def max_model_len(self) -> int | None:
@@ -96,6 +105,7 @@ class RoutedEngine:
                 continue
             started = False
             flight = member.view.begin(decision.keys, decision.cached_blocks(address))
+            self.shared.sent(self.model, address, flight)
             try:
                 engine = self.registry.engine(address, self.model)
                 outputs = engine.generate(
@@ -106,6 +116,7 @@ class RoutedEngine:
                         if not started:
                             started = True
                             member.view.first_output(flight)
+                            self.shared.answered(flight)
                             if note is not None:
                                 note.served_by.append(address)
                         if output.finished and output.usage is not None:
@@ -129,6 +140,7 @@ class RoutedEngine:
                 raise
             finally:
                 member.view.end(flight)
+                self.shared.finished(flight)
         raise Unavailable(
             f"no worker of {self.model!r} accepted the request: " + "; ".join(failures or ["none"]),
             field="model",

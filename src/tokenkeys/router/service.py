@@ -23,9 +23,14 @@ from tokenkeys.router.index.redis import RedisPrefixIndex
 from tokenkeys.router.ingest.ingestor import IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.policy.cost import CostWeights
-from tokenkeys.router.policy.precise import GrowthLedgers
 from tokenkeys.router.policy.router import POLICIES, Router, make_policy
 from tokenkeys.router.routed_engine import RoutedEngine
+from tokenkeys.router.shared_load import (
+    LocalLoad,
+    RedisSharedLoad,
+    SharedGrowth,
+    SharedLoad,
+)
 from tokenkeys.router.workers.discovery import check_address
 from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool import TRANSPORTS
@@ -51,7 +56,10 @@ class RouterConfig:
       before a gRPC event stream is resubscribed; ``recheck_interval``: at most one
       rediscovery per this many seconds when a worker's events follow a foreign spec;
     - ``pools``: artifact cache, request limits, key strategy (``pool_setup.PoolSettings``);
-    - ``cost``: the precise policy's weights and temperature (``router.policy.cost.CostWeights``).
+    - ``cost``: the precise policy's weights and temperature (``router.policy.cost.CostWeights``);
+    - ``share_load``: share requests in flight and cache growth with the other replicas
+      through the Redis at ``redis_url`` (``router.shared_load``); without it each
+      replica counts only its own.
     """
 
     workers: tuple[str, ...]
@@ -68,6 +76,7 @@ class RouterConfig:
     recheck_interval: float = 5.0
     pools: PoolSettings = field(default_factory=PoolSettings)
     cost: CostWeights = field(default_factory=CostWeights)
+    share_load: bool = False
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -85,6 +94,11 @@ class RouterConfig:
         if self.index == "redis" and not self.redis_url:
             raise ConfigError(
                 "--index redis needs --redis-url (e.g. redis://127.0.0.1:6379/0)",
+                field="redis-url",
+            )
+        if self.share_load and not self.redis_url:
+            raise ConfigError(
+                "--share-load needs --redis-url (the Redis the replicas share)",
                 field="redis-url",
             )
         if self.transport not in ("auto", *TRANSPORTS):
@@ -113,6 +127,13 @@ class RouterConfig:
             return RedisPrefixIndex.from_url(self.redis_url, namespace=self.redis_namespace)
         return MemoryPrefixIndex(self.index_capacity)
 
+    def make_shared_load(self) -> SharedLoad:
+        """What the replicas share of their requests in flight (nothing without share_load)."""
+        if self.share_load:
+            assert self.redis_url is not None
+            return RedisSharedLoad(self.redis_url, namespace=self.redis_namespace)
+        return LocalLoad()
+
 
 class RoutingService:
     """A running router: index, registry, Router; see the module doc."""
@@ -136,8 +157,11 @@ class RoutingService:
             foreign_interval=config.recheck_interval,
             security=config.pools.security,
         )
-        #: The cache growth the precise policy prices, per pool.
-        self.growth = GrowthLedgers()
+        #: What the replicas share of their load (``shared_load``; nothing without share_load).
+        self.shared = config.make_shared_load()
+        #: The cache growth the precise policy prices, per pool; what it records is told to
+        #: the other replicas, and theirs is recorded here.
+        self.growth = SharedGrowth(self.shared)
         self.router = Router(
             self.registry.pools,
             make_policy(config.policy, self.index, cost=config.cost, growth=self.growth),
@@ -150,13 +174,17 @@ class RoutingService:
         for address in self.config.workers:
             await self.registry.add(address)
         await self.registry.start()
+        await self.shared.start(self.registry.pools, self.growth.ledger)
         return self
 
     def engine(self, model: str | None = None) -> RoutedEngine:
         """A routing engine for ``model`` (default: the first pool's)."""
-        return RoutedEngine(self.router, self.registry, self.router.pool(model).name)
+        return RoutedEngine(
+            self.router, self.registry, self.router.pool(model).name, shared=self.shared
+        )
 
     async def close(self) -> None:
         """Stop following workers and close the index."""
+        await self.shared.close()
         await self.registry.close()
         await self.index.close()

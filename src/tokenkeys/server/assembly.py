@@ -27,6 +27,7 @@ from tokenkeys._gen.openengine.v1 import tokenizer_pb2_grpc
 from tokenkeys.access.tls import ServerTls
 from tokenkeys.access.token import BearerTokens
 from tokenkeys.engine.config import EngineConfig
+from tokenkeys.errors import ConfigError
 from tokenkeys.frontend import HttpConfig, HttpServer, create_app
 from tokenkeys.frontend.server import serve_app
 from tokenkeys.keys import CacheKeySpec
@@ -34,6 +35,7 @@ from tokenkeys.limits import Limits
 from tokenkeys.server.grpc.engine_services import engine_service_adders
 from tokenkeys.server.grpc.server import ServiceAdder, start_grpc_server
 from tokenkeys.server.grpc.tokenizer import TokenizerService
+from tokenkeys.server.http_snapshot import add_snapshot_route
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.guards import build_guards
 from tokenkeys.serving.lifecycle import Lifecycle
@@ -58,7 +60,10 @@ class ServeConfig:
     - ``tls``, ``tokens``, ``auth_health``: TLS and bearer tokens on both faces;
     - ``reuse_port``: bind both ports with SO_REUSEPORT (the processes of ``serve --processes N``
       each build a whole server and share the ports; :mod:`tokenkeys.process.supervisor`);
-    - ``connections``: connection caps and idle timeouts on both faces (default: the defaults).
+    - ``connections``: connection caps and idle timeouts on both faces (default: the defaults);
+    - ``vllm_engine_face``: also serve smg's ``vllm.grpc.engine.VllmEngine`` on the gRPC port
+      (:mod:`tokenkeys.server.grpc.vllm_engine`; needs an engine and one model, and the stubs
+      built by ``scripts/gen_smg_proto.py``, or the start is refused saying so).
     """
 
     host: str = "127.0.0.1"
@@ -74,6 +79,7 @@ class ServeConfig:
     auth_health: bool = False
     reuse_port: bool = False
     connections: ConnectionLimits | None = None
+    vllm_engine_face: bool = False
 
     def http_config(self) -> HttpConfig:
         """The frontend's settings: ``http`` when given, else from the limits and access."""
@@ -128,6 +134,8 @@ class EngineServer:
         ]
         if self.runtime is not None:
             adders += engine_service_adders(self.models, self.runtime)
+        if config.vllm_engine_face:
+            adders.append(self._vllm_engine_adder())
         guards = build_guards(
             self.lifecycle, config.limits.max_streams_per_client, config.tokens, config.auth_health
         )
@@ -142,10 +150,21 @@ class EngineServer:
             connections=config.connections,
         )
 
+    def _vllm_engine_adder(self) -> ServiceAdder:
+        """smg's VllmEngine face over the runtime; ConfigError without one or without stubs."""
+        if self.runtime is None:
+            raise ConfigError(
+                "the VllmEngine face generates, so it needs an engine", field="vllm-engine-face"
+            )
+        from tokenkeys.server.grpc.vllm_engine import vllm_engine_adder  # needs built stubs
+
+        return vllm_engine_adder(self.models, self.runtime)
+
     async def _start_http(self, port: int) -> HttpServer:
         self.app = create_app(self.models, self.config.http_config(), lifecycle=self.lifecycle)
         if self.runtime is not None:
             self.app.state.tokenkeys.metrics.include(self.runtime.metrics)
+            add_snapshot_route(self.app, self.models, self.runtime)
         return await serve_app(self.app, self.config, port)
 
     def begin_drain(self) -> None:

@@ -17,8 +17,10 @@ Step and event timing follow vLLM 0.33's v1 scheduler (`vllm/v1/core/sched/sched
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from array import array
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -162,18 +164,14 @@ class SimulatedEngine:
         self._flush()
         return done
 
-    def _check(self, prompt: Sequence[int], params: GenerationParams) -> GenerationParams:
-        """Refuse a bad request; return its parameters with max_tokens fitted to the context."""
+    def _check(self, prompt: list[int], params: GenerationParams) -> tuple[GenerationParams, array]:
+        """Refuse a bad request; its parameters with max_tokens fitted to the context, and the
+        prompt as ``array('I')`` (what the key function and the sampler read)."""
         if len(prompt) == 0:
             raise InvalidArgument(
                 "prompt_token_ids is empty; give at least one token", field="prompt_token_ids"
             )
-        for i, t in enumerate(prompt):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < _U32:
-                raise InvalidArgument(
-                    f"prompt_token_ids[{i}] is {t!r}; token ids are integers in [0, 2**32)",
-                    field="prompt_token_ids",
-                )
+        ids = _check_ids(prompt)
         if params.max_tokens is None:
             # The engine's default is no request's: only fitted to the context, never refused.
             params = replace(params, max_tokens=self.default_max_tokens)
@@ -185,7 +183,8 @@ class SimulatedEngine:
         else:
             # vLLM 0.32's context rule, the one the HTTP frontend applies (one copy, one wording).
             check_requested(params.max_tokens, "max_tokens", self.max_model_len)
-        return replace(params, max_tokens=fit(len(prompt), params.max_tokens, self.max_model_len))
+        fitted = fit(len(prompt), params.max_tokens, self.max_model_len)
+        return replace(params, max_tokens=fitted), ids
 
     async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:
         """Wait until the request's blocks fit; touch its prefix hits and reserve the rest."""
@@ -199,7 +198,7 @@ class SimulatedEngine:
         async with self._space:
             while True:
                 hits = self.cache.match_prefix(keys[: (prompt_len - 1) // bs])
-                taken_from_free = sum(1 for b in hits if self.cache.is_free(b))
+                taken_from_free = self.cache.count_free(hits)
                 fresh = need - len(hits)
                 if self.cache.num_free_blocks - taken_from_free - self._reserved >= fresh:
                     self.cache.touch(hits)
@@ -271,9 +270,9 @@ class SimulatedEngine:
         """
         params = params or GenerationParams()
         prompt = list(prompt_token_ids)
-        params = self._check(prompt, params)
+        params, ids = self._check(prompt, params)
         run = _Running(request_id or uuid.uuid4().hex, list(prompt), context, lora_name, lora_id)
-        keys = list(self.key_fn(prompt, context))
+        keys = list(self.key_fn(ids, context))
         # KV is computed for every token but the last sampled one.
         need = -(-(len(prompt) + params.max_tokens - 1) // self.block_size)
         hits = await self._admit(keys, len(prompt), need)
@@ -281,7 +280,7 @@ class SimulatedEngine:
         try:
             ttft = await self._prefill(run, keys, len(hits))
             total = ttft
-            rng = self.sampler.rng(prompt, params.seed)
+            rng = self.sampler.rng(ids, params.seed)
             while True:
                 token = self.sampler.next_token(rng)
                 run.tokens.append(token)
@@ -352,6 +351,24 @@ class _Running:
     @property
     def lora(self) -> tuple[str | None, int | None]:
         return self.lora_name, self.lora_id
+
+
+def _check_ids(prompt: list[int]) -> array:
+    """The prompt as ``array('I')``, or InvalidArgument naming the first bad id.
+
+    The common case runs at C speed (one type per id, then the array's own range check); only
+    a prompt that fails it is walked in Python, for the error's index.
+    """
+    if set(map(type, prompt)) <= {int}:
+        with contextlib.suppress(OverflowError):
+            return array("I", prompt)
+    for i, t in enumerate(prompt):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < _U32:
+            raise InvalidArgument(
+                f"prompt_token_ids[{i}] is {t!r}; token ids are integers in [0, 2**32)",
+                field="prompt_token_ids",
+            )
+    return array("I", prompt)  # int subclasses other than bool, all in range
 
 
 def _finish_reason(token: int, generated: int, params: GenerationParams) -> str | None:

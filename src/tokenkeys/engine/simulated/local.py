@@ -23,8 +23,12 @@ from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, NotFound
 from tokenkeys.events.model import SpecRef
 from tokenkeys.events.stream import EventStream
-from tokenkeys.keys import Adapter, BlockKey, CacheKeySpec, KeyContext, block_keys
+from tokenkeys.keys import Adapter, BlockKey, CacheKeySpec, KeyContext
+from tokenkeys.keys.memo import ChainMemo
 from tokenkeys.tokenizer import Tokenizer
+
+#: Block keys the key memo remembers per KV block of the engine.
+MEMO_BLOCKS_PER_KV_BLOCK = 4
 
 
 def output_vocab(tokenizer: Tokenizer) -> list[int]:
@@ -60,6 +64,9 @@ class LocalEngine:
         # The engine simulates the first KV-cache group; its keys are the spec's keys at that
         # group's block size (vLLM >= 0.24 BlockHashListWithBlockSize), selected by group index.
         self._group = group.index if group.block_size != spec.hash_unit else None
+        # Chains of earlier prompts, so a long mostly-seen prompt hashes only its new blocks;
+        # bounded at a few times the KV capacity (keys beyond it rarely hit the engine again).
+        self._memo = ChainMemo(spec, max_entries=MEMO_BLOCKS_PER_KV_BLOCK * config.num_kv_blocks)
         self.engine = SimulatedEngine(
             key_fn=self._keys,
             block_size=group.block_size,
@@ -123,7 +130,7 @@ class LocalEngine:
         return SpecRef(self.spec.profile_id, self.spec.fingerprint)
 
     def _keys(self, tokens: Sequence[int], context: KeyContext | None) -> list[BlockKey]:
-        return block_keys(tokens, self.spec, context)
+        return self._memo.block_keys(tokens, context)
 
     def resolve(
         self, context: KeyContext | None, lora_name: str | None, lora_id: int | None

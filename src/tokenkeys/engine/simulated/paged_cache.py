@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Protocol
 
 from tokenkeys.errors import ConfigError, FailedPrecondition
@@ -99,14 +100,19 @@ class PagedPrefixCache:
         """Whether ``block`` waits in the free queue (reference count 0)."""
         return block.block_id in self._free
 
+    def count_free(self, blocks: Sequence[Block]) -> int:
+        """How many of ``blocks`` wait in the free queue (reference count 0), counted in C."""
+        return list(map(attrgetter("ref_cnt"), blocks)).count(0)
+
     def match_prefix(self, keys: Sequence[BlockKeyLike]) -> list[Block]:
         """Return the cached blocks of the longest prefix of ``keys`` (not yet referenced)."""
         hits: list[Block] = []
+        get, append = self._cached.get, hits.append
         for key in keys:
-            holders = self._cached.get(key.digest)
+            holders = get(key.digest)
             if not holders:
                 break
-            hits.append(next(iter(holders.values())))
+            append(next(iter(holders.values())))
         return hits
 
     def touch(self, blocks: Sequence[Block]) -> None:

@@ -7,6 +7,7 @@ import random
 from collections.abc import Sequence
 
 from tokenkeys.errors import ConfigError
+from tokenkeys.keys.profile import check_tokens, le_bytes
 
 
 class TokenSampler:
@@ -26,7 +27,8 @@ class TokenSampler:
     def rng(self, prompt_token_ids: Sequence[int], seed: int | None) -> random.Random:
         """Return the generator for one request."""
         h = hashlib.sha256(f"{seed}|".encode())
-        h.update(b"".join(t.to_bytes(4, "little") for t in prompt_token_ids))
+        # The ids as consecutive u32 little-endian bytes, converted at C speed.
+        h.update(le_bytes(check_tokens(prompt_token_ids)))
         return random.Random(int.from_bytes(h.digest()[:8], "big"))
 
     def next_token(self, rng: random.Random) -> int:

@@ -37,6 +37,7 @@ from tokenkeys.engine.passthrough import OpenAIAnswer, OpenAIRequest, Route
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams, Usage
 from tokenkeys.engine.registry import EngineKind
 from tokenkeys.engine.vllm import openai as vllm_openai
+from tokenkeys.engine.vllm import snapshot_scope
 from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, wire_version_of
 from tokenkeys.engine.vllm.client import VllmHttpClient
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
@@ -101,6 +102,7 @@ class VllmSidecarEngine:
             self.config.wait_s,
         )
         self._release = await self.client.version()
+        snapshot_scope.before_first(self.stream.ledger)
         self._subscriber = ZmqEventSubscriber(
             self.config.kv_events,
             replay_endpoint=self.config.kv_replay,
@@ -219,7 +221,10 @@ class VllmSidecarEngine:
 
     async def _run_relay(self, subscriber: ZmqEventSubscriber) -> None:
         """vLLM's batches, in order (replayed ones first), checked then re-emitted."""
+        first = True
         async for delivery in subscriber:
+            snapshot_scope.observe(self.stream.ledger, delivery, first=first)
+            first = False
             if delivery.restarted:
                 # A restarted vLLM starts with an empty prefix cache: tell every consumer to
                 # drop what the old one stored before its new blocks arrive.

@@ -1,42 +1,49 @@
-"""The Redis prefix index: one index shared by several router replicas.
+"""The Redis prefix index: one index shared by several router replicas, on Redis or a Cluster.
 
-Layout, under a configurable namespace ``ns`` written as a Redis Cluster hash tag (``{ns}``, so
-every key of one index lives in one slot and each script may name all of its keys):
+Layout, under a configurable namespace ``ns``, in ``shards`` shards. Each shard is a hash tag,
+so all its keys live in one cluster slot and a script may name them all: ``{ns}`` when there
+is one shard (a single Redis: the layout of earlier releases), ``{ns#0.k0}`` ...
+``{ns#N-1.kN}`` otherwise (a cluster: :data:`CLUSTER_SHARDS` by default, their slots spread
+evenly over the 16,384, :func:`shard_tags`). A block key ``k`` lives in shard ``k % shards``;
+within a shard:
 
-- ``{ns}:b:<key>``: a HASH per block key (decimal u64); field = worker id, value = the tiers
+- ``<tag>:b:<key>``: a HASH per block key (decimal u64); field = worker id, value = the tiers
   that worker holds the block in, sorted and comma-joined (``"cpu,gpu"``).
-- ``{ns}:w:<worker>``: a SET of the block keys the worker holds, so :meth:`clear` touches only
-  that worker's blocks (llm-d's Redis ``Clear`` scans the whole keyspace).
-- ``{ns}:workers``: a SET of the workers holding anything.
+- ``<tag>:w:<worker>``: a SET of the worker's block keys in this shard, so :meth:`clear`
+  touches only that worker's blocks (llm-d's Redis ``Clear`` scans the whole keyspace).
+- ``<tag>:workers``: a SET of the workers holding anything in this shard.
 
-Every update is one Lua script call, so it is atomic: other replicas see it whole or not at
-all. Large updates are split into chunks of :data:`CHUNK` keys, each atomic. :meth:`lookup` is
-a single script too: it walks the prompt's keys in order, asks each block only for the workers
-still matching (``HMGET``) and stops when none is left, so one round trip answers it. (llm-d's
-``RedisIndex.Lookup``, llm-d-router ``pkg/kvcache/kvblock/redis.go``, pipelines one ``HKEYS``
-per key and stops at the first empty one.)
+``{ns}:layout`` records the shard count (``SET NX``): every replica adopts what the first one
+wrote, and one configured otherwise is refused. Every update is one Lua script call per shard
+touched (in chunks of :data:`CHUNK` keys), each atomic: other replicas see it whole or not at
+all. The calls of one update go out in one pipeline, one round trip per node.
+
+:meth:`lookup` on one shard is a single script: it walks the prompt's keys in order, asks each
+block only for the workers still matching (``HMGET``) and stops when none is left, so one round
+trip answers it. (llm-d's ``RedisIndex.Lookup``, llm-d-router ``pkg/kvcache/kvblock/redis.go``,
+pipelines one ``HKEYS`` per key and stops at the first empty one.) Sharded, a lookup takes two
+rounds: the first block's holders (one call to one node), then one probe script per shard the
+rest of the prompt touches, all in one pipeline (each node once, the nodes in parallel); the
+runs are put together here. So a lookup costs two round trips and at most ``shards`` script
+calls however long the prompt.
 
 With ``ttl``, every write refreshes the expiry of the blocks it touches and of the worker's set:
 entries of a worker whose events stop (a crash without notice) disappear after ``ttl`` seconds.
-
-Redis errors are translated where they are caught: connection failures and timeouts become
-:class:`~tokenkeys.errors.Unavailable` (a router then routes by load), and so does a full Redis
-(``maxmemory`` with ``noeviction`` refuses writes; see ``ingest.backoff``), a namespace holding
-foreign data :class:`~tokenkeys.errors.FailedPrecondition`.
+Errors: see ``index.redis_store``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Collection, Sequence
-from typing import Any, TypeVar
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
-import redis.exceptions as rexc
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
-from tokenkeys.errors import ConfigError, FailedPrecondition, TokenkeysError, Unavailable
+from tokenkeys.errors import ConfigError, FailedPrecondition
+from tokenkeys.router.index import redis_scripts as lua
 from tokenkeys.router.index.model import (
     DEFAULT_TIER,
     PrefixMatch,
@@ -45,145 +52,58 @@ from tokenkeys.router.index.model import (
     check_tier,
     check_worker,
 )
-
-T = TypeVar("T")
+from tokenkeys.router.index.redis_store import RedisStore, Script, ScriptCall
 
 #: Keys per script call: bounds how long one call holds Redis (a script blocks the server).
 CHUNK = 2048
-#: Longest worker filter sent to the lookup script (Lua's ``unpack`` stops near 8000 values);
-#: a longer filter is applied to the answer instead, which gives the same result. (The same
+#: Longest worker list sent to one script (Lua's ``unpack`` stops near 8000 values); a longer
+#: lookup filter is applied to the answer instead, which gives the same result. (The same
 #: limit bounds the workers holding one prompt's first block: thousands, far beyond a pool.)
 MAX_SCRIPT_FILTER = 1024
+#: Shards of an index on a Redis Cluster when not configured. Each shard's tag is picked so
+#: that its slot lies in the shard's equal part of the 16,384 slots (:func:`shard_tags`), so a
+#: cluster whose masters own equal slot ranges gets equal shares: 12 divides evenly over 2, 3,
+#: 4, 6 or 12 masters. More shards spread a larger cluster; each costs a script call on writes
+#: and lookups that touch it (a 32-block event batch touches about 11 of 12).
+CLUSTER_SHARDS = 12
+MAX_SHARDS = 4096
+SLOTS = 16384
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
-# KEYS: workers set, the worker's key set, block hashes...; ARGV: worker, tier, ttl ms, ids...
-_ADD = """
-local worker, tier, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-for i = 3, #KEYS do
-  local key = KEYS[i]
-  local cur = redis.call('HGET', key, worker)
-  if not cur then
-    redis.call('HSET', key, worker, tier)
-  elseif cur ~= tier then
-    local list, found = {}, false
-    for t in string.gmatch(cur, '[^,]+') do
-      if t == tier then found = true end
-      list[#list + 1] = t
-    end
-    if not found then
-      list[#list + 1] = tier
-      table.sort(list)
-      redis.call('HSET', key, worker, table.concat(list, ','))
-    end
-  end
-  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
-  redis.call('SADD', KEYS[2], ARGV[i + 1])
-end
-if ttl > 0 and #KEYS > 2 then redis.call('PEXPIRE', KEYS[2], ttl) end
-redis.call('SADD', KEYS[1], worker)
-return 0
-"""
 
-# KEYS: workers set, the worker's key set, block hashes...; ARGV: worker, tier, ids...
-_REMOVE = """
-local worker, tier = ARGV[1], ARGV[2]
-for i = 3, #KEYS do
-  local key = KEYS[i]
-  local cur = redis.call('HGET', key, worker)
-  if cur == tier then
-    redis.call('HDEL', key, worker)
-    redis.call('SREM', KEYS[2], ARGV[i])
-  elseif cur then
-    local list, found = {}, false
-    for t in string.gmatch(cur, '[^,]+') do
-      if t == tier then found = true else list[#list + 1] = t end
-    end
-    if found then redis.call('HSET', key, worker, table.concat(list, ',')) end
-  end
-end
-if redis.call('SCARD', KEYS[2]) == 0 then redis.call('SREM', KEYS[1], worker) end
-return 0
-"""
+def shard_tags(namespace: str, shards: int) -> list[str]:
+    """The hash tags of ``namespace``'s shards: ``ns#s.k``, the first ``k`` whose cluster slot
+    (CRC16 % 16384, as Redis Cluster computes it) lies in shard ``s``'s equal part of the slots.
 
-# KEYS: workers set, the worker's key set, block hashes...; ARGV: worker, ids...
-_CLEAR = """
-local worker = ARGV[1]
-for i = 3, #KEYS do
-  redis.call('HDEL', KEYS[i], worker)
-  redis.call('SREM', KEYS[2], ARGV[i - 1])
-end
-if redis.call('SCARD', KEYS[2]) == 0 then redis.call('SREM', KEYS[1], worker) end
-return 0
-"""
-
-# KEYS: block hashes in prompt order; ARGV: the workers to consider (none: all).
-# Returns {{worker, count, tiers, count, tiers, ...}, ...}: each worker's run, run-length encoded.
-_LOOKUP = """
-local runs, active = {}, {}
-if #KEYS == 0 then return {} end
-if #ARGV > 0 then
-  local vals = redis.call('HMGET', KEYS[1], unpack(ARGV))
-  for i = 1, #ARGV do
-    if vals[i] then
-      active[#active + 1] = ARGV[i]
-      runs[ARGV[i]] = {1, vals[i]}
-    end
-  end
-else
-  local flat = redis.call('HGETALL', KEYS[1])
-  for i = 1, #flat, 2 do
-    active[#active + 1] = flat[i]
-    runs[flat[i]] = {1, flat[i + 1]}
-  end
-end
-for k = 2, #KEYS do
-  if #active == 0 then break end
-  local vals = redis.call('HMGET', KEYS[k], unpack(active))
-  local still = {}
-  for i = 1, #active do
-    local v = vals[i]
-    if v then
-      local run = runs[active[i]]
-      local n = #run
-      if run[n] == v then run[n - 1] = run[n - 1] + 1 else run[n + 1] = 1; run[n + 2] = v end
-      still[#still + 1] = active[i]
-    end
-  end
-  active = still
-end
-local out = {}
-for w, run in pairs(runs) do
-  local item = {w}
-  for j = 1, #run do item[j + 1] = run[j] end
-  out[#out + 1] = item
-end
-return out
-"""
-
-# KEYS: workers set, then the key set of each worker in ARGV. Drops workers whose set expired.
-_WORKERS = """
-local out = {}
-for i = 1, #ARGV do
-  if redis.call('EXISTS', KEYS[i + 1]) == 1 then
-    out[#out + 1] = ARGV[i]
-  else
-    redis.call('SREM', KEYS[1], ARGV[i])
-  end
-end
-return out
-"""
+    Deterministic, so every replica derives the same layout; '#' cannot occur in a namespace,
+    so no other namespace's tags collide."""
+    tags = []
+    for s in range(shards):
+        low, high = s * SLOTS // shards, (s + 1) * SLOTS // shards
+        k = 0
+        while not low <= key_slot(f"{namespace}#{s}.{k}".encode()) < high:
+            k += 1
+        tags.append(f"{namespace}#{s}.{k}")
+    return tags
 
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 class RedisPrefixIndex:
     """A :class:`~tokenkeys.router.index.model.PrefixIndex` stored in Redis, shared by replicas.
 
-    ``client`` is a ``redis.asyncio.Redis`` (responses as bytes or str); :meth:`from_url`
-    builds one that fails fast when the server is away. ``namespace`` separates indexes in one
-    Redis (one per pool); ``ttl`` (seconds) expires entries no event has refreshed.
+    ``client`` is a ``redis.asyncio.Redis`` or ``RedisCluster`` (responses as bytes or str),
+    or a :class:`RedisStore`; :meth:`from_url` builds one that fails fast when the server is
+    away and finds out itself whether the URL names a cluster node. ``namespace`` separates
+    indexes in one Redis (one per pool); ``ttl`` (seconds) expires entries no event has
+    refreshed; ``shards`` fixes the shard count (default: 1 on a single Redis,
+    :data:`CLUSTER_SHARDS` on a cluster, or whatever the namespace already records).
     """
 
     #: Label of this backend in metrics.
@@ -191,10 +111,11 @@ class RedisPrefixIndex:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | RedisCluster | RedisStore,
         *,
         namespace: str = "tokenkeys",
         ttl: float | None = None,
+        shards: int | None = None,
         owns_client: bool = False,
     ) -> None:
         if not isinstance(namespace, str) or _NAMESPACE.fullmatch(namespace) is None:
@@ -207,22 +128,22 @@ class RedisPrefixIndex:
             raise ConfigError(
                 f"ttl must be a positive number of seconds or None, got {ttl!r}", field="ttl"
             )
+        if shards is not None and not (type(shards) is int and 1 <= shards <= MAX_SHARDS):
+            raise ConfigError(
+                f"shards must be an integer in [1, {MAX_SHARDS}] or None, got {shards!r}",
+                field="shards",
+            )
         self.namespace = namespace
         self.ttl = ttl
         self._ttl_ms = 0 if ttl is None else max(1, round(ttl * 1000))
-        self._client = client
-        self._owns_client = owns_client
-        self._prefix = f"{{{namespace}}}:"
-        self._workers_key = self._prefix + "workers"
-        self._add = client.register_script(_ADD)
-        self._remove = client.register_script(_REMOVE)
-        self._clear = client.register_script(_CLEAR)
-        self._lookup = client.register_script(_LOOKUP)
-        self._alive = client.register_script(_WORKERS)
-        kwargs = client.connection_pool.connection_kwargs
-        self.where = str(
-            kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-        )
+        if isinstance(client, RedisStore):
+            self._store = client
+        else:
+            self._store = RedisStore(client, owns_client=owns_client)
+        self._store.namespace = namespace
+        self.where = self._store.where
+        self._wanted = shards
+        self._prefixes: list[str] | None = None
 
     @classmethod
     def from_url(
@@ -231,147 +152,196 @@ class RedisPrefixIndex:
         *,
         namespace: str = "tokenkeys",
         ttl: float | None = None,
+        shards: int | None = None,
         timeout: float = 1.0,
         retries: int = 1,
     ) -> RedisPrefixIndex:
-        """An index on the Redis at ``url`` (``redis://host:port/db``, ``rediss://``, ``unix://``).
+        """An index on the Redis at ``url`` (``redis://host:port/db``, ``rediss://``,
+        ``unix://``), or on the Redis Cluster one of whose nodes it names.
 
         ``timeout`` bounds connecting and each reply, ``retries`` the reconnection attempts per
-        call: a router must notice a dead Redis quickly and route by load instead (redis-py's
-        own default retries 10 times with up to one second between tries).
+        call (see :meth:`RedisStore.from_url`).
         """
-        try:
-            client = aioredis.Redis.from_url(
-                url,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries),
-            )
-        except ValueError as exc:
-            raise ConfigError(
-                f"Redis URL {url!r} is invalid: {exc}; expected redis://HOST:PORT[/DB], "
-                "rediss://... or unix:///path",
-                field="url",
-            ) from exc
-        return cls(client, namespace=namespace, ttl=ttl, owns_client=True)
+        store = RedisStore.from_url(url, timeout=timeout, retries=retries)
+        return cls(store, namespace=namespace, ttl=ttl, shards=shards)
 
-    def _block(self, key: int) -> str:
-        return f"{self._prefix}b:{key}"
+    @property
+    def shards(self) -> int | None:
+        """The shard count in use (None before the first call)."""
+        return None if self._prefixes is None else len(self._prefixes)
 
-    def _worker_set(self, worker: str) -> str:
-        return f"{self._prefix}w:{worker}"
+    async def _layout(self) -> list[str]:
+        """Each shard's key prefix, agreed with the namespace's ``layout`` record."""
+        if self._prefixes is not None:
+            return self._prefixes
+        await self._store.client()
+        wanted = self._wanted or (CLUSTER_SHARDS if self._store.is_cluster else 1)
+        key = f"{{{self.namespace}}}:layout"
+        text = await self._store.set_once("layout", key, f"shards={wanted}")
+        shards = wanted
+        if text is not None:
+            recorded = int(text[7:]) if re.fullmatch(r"shards=[1-9][0-9]{0,3}", text) else None
+            if recorded is None or self._wanted is not None and recorded != wanted:
+                raise FailedPrecondition(
+                    f"prefix index: Redis namespace {{{self.namespace}}} at {self.where} is "
+                    f"laid out as {text!r:.40}, this router asks for shards={wanted}; give "
+                    "every replica the same shard count (or none, to adopt the recorded one)",
+                    field="shards",
+                )
+            shards = recorded
+        if shards == 1:
+            self._prefixes = [f"{{{self.namespace}}}:"]
+        else:
+            self._prefixes = [f"{{{tag}}}:" for tag in shard_tags(self.namespace, shards)]
+        return self._prefixes
 
-    async def _call(self, op: str, awaitable: Awaitable[T]) -> T:
-        """Await one Redis operation, translating its errors into the tokenkeys tree."""
-        try:
-            return await awaitable
-        except rexc.RedisError as exc:
-            raise self._translate(op, exc) from exc
+    def _by_shard(self, prefixes: list[str], keys: Sequence[int]) -> dict[int, list[int]]:
+        n = len(prefixes)
+        if n == 1:
+            return {0: list(keys)} if keys else {}
+        out: dict[int, list[int]] = {}
+        for key in keys:
+            out.setdefault(key % n, []).append(key)
+        return out
 
-    def _translate(self, op: str, exc: rexc.RedisError) -> TokenkeysError:
-        if isinstance(exc, rexc.ResponseError) and "WRONGTYPE" in str(exc):
-            return FailedPrecondition(
-                f"prefix index {op}: Redis namespace {{{self.namespace}}} at {self.where} holds "
-                f"keys of another type ({exc}); choose a namespace no other program uses",
-                field="namespace",
-            )
-        if isinstance(exc, rexc.OutOfMemoryError):  # maxmemory with noeviction: reads go on
-            return Unavailable(
-                f"prefix index {op}: Redis at {self.where} is full ({exc}); route by load "
-                "until space returns: raise maxmemory or give the index a Redis of its own",
-                backend="redis",
-                op=op,
-            )
-        return Unavailable(
-            f"prefix index {op}: Redis at {self.where} failed ({type(exc).__name__}: {exc}); "
-            "route by load until it is back, and check the server",
-            backend="redis",
-            op=op,
-        )
+    def _update(
+        self,
+        prefixes: list[str],
+        script: Script,
+        worker: str,
+        keys: Sequence[int],
+        extra: list[Any],
+    ) -> list[ScriptCall]:
+        calls = []
+        for shard, shard_keys in self._by_shard(prefixes, keys).items():
+            p = prefixes[shard]
+            head = [p + "workers", f"{p}w:{worker}"]
+            for chunk in _chunks(shard_keys, CHUNK):
+                blocks = [f"{p}b:{k}" for k in chunk]
+                calls.append(ScriptCall(script, head + blocks, [worker, *extra, *chunk]))
+        return calls
 
     async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
-        """Record that ``worker`` holds ``keys`` on ``tier`` (atomic per chunk of keys)."""
+        """Record that ``worker`` holds ``keys`` on ``tier`` (atomic per shard and chunk)."""
         check_worker(worker)
         check_tier(tier)
         check_keys(keys)
-        head = [self._workers_key, self._worker_set(worker)]
-        for start in range(0, len(keys), CHUNK):
-            chunk = keys[start : start + CHUNK]
-            await self._call(
-                "add",
-                self._add(
-                    keys=head + [self._block(k) for k in chunk],
-                    args=[worker, tier, self._ttl_ms, *chunk],
-                ),
-            )
+        prefixes = await self._layout()
+        calls = self._update(prefixes, lua.ADD, worker, keys, [tier, self._ttl_ms])
+        await self._store.batch("add", calls)
 
     async def remove(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
-        """Record that ``worker`` dropped ``keys`` from ``tier`` (atomic per chunk of keys)."""
+        """Record that ``worker`` dropped ``keys`` from ``tier`` (atomic per shard and chunk)."""
         check_worker(worker)
         check_tier(tier)
         check_keys(keys)
-        head = [self._workers_key, self._worker_set(worker)]
-        for start in range(0, len(keys), CHUNK):
-            chunk = keys[start : start + CHUNK]
-            await self._call(
-                "remove",
-                self._remove(
-                    keys=head + [self._block(k) for k in chunk], args=[worker, tier, *chunk]
-                ),
-            )
+        prefixes = await self._layout()
+        await self._store.batch("remove", self._update(prefixes, lua.REMOVE, worker, keys, [tier]))
 
     async def clear(self, worker: str) -> None:
-        """Forget all of ``worker``'s blocks, a chunk at a time, then the worker itself."""
+        """Forget all of ``worker``'s blocks, a chunk per shard at a time, then the worker."""
         check_worker(worker)
-        head = [self._workers_key, self._worker_set(worker)]
-        while True:
-            ids = await self._call("clear", self._client.srandmember(head[1], CHUNK))
-            ids = [int(i) for i in ids]
-            await self._call(
-                "clear",
-                self._clear(keys=head + [self._block(k) for k in ids], args=[worker, *ids]),
+        prefixes = await self._layout()
+        live = list(prefixes)
+        while live:
+            sets = [(p, f"{p}w:{worker}") for p in live]
+            picks = await self._store.batch(
+                "clear", [("SRANDMEMBER", key, CHUNK) for _, key in sets]
             )
-            if not ids:
-                return
+            calls = []
+            for (p, key), ids in zip(sets, picks, strict=True):
+                ids = [int(i) for i in ids]
+                keys = [p + "workers", key, *(f"{p}b:{k}" for k in ids)]
+                calls.append(ScriptCall(lua.CLEAR, keys, [worker, *ids]))
+            await self._store.batch("clear", calls)
+            live = [p for (p, _), ids in zip(sets, picks, strict=True) if ids]
 
     async def lookup(
         self, keys: Sequence[int], workers: Collection[str] | None = None
     ) -> dict[str, PrefixMatch]:
-        """Each worker's consecutive run over ``keys``, in one script call."""
+        """Each worker's consecutive run over ``keys`` (one script call on one shard)."""
         check_keys(keys)
         allowed = check_filter(workers)
         if not keys or allowed is not None and not allowed:
             return {}
+        prefixes = await self._layout()
         args = sorted(allowed) if allowed and len(allowed) <= MAX_SCRIPT_FILTER else []
-        reply: list[Any] = await self._call(
-            "lookup", self._lookup(keys=[self._block(k) for k in keys], args=args)
-        )
+        if len(prefixes) == 1:
+            blocks = [f"{prefixes[0]}b:{k}" for k in keys]
+            reply = await self._store.run("lookup", lua.LOOKUP, blocks, args)
+            runs = {
+                _text(item[0]): tuple(
+                    (int(item[i]), _text(item[i + 1])) for i in range(1, len(item), 2)
+                )
+                for item in reply
+            }
+        else:
+            runs = await self._sharded_lookup(prefixes, keys, args)
         out: dict[str, PrefixMatch] = {}
-        for item in reply:
-            worker = _text(item[0])
-            if allowed is not None and worker not in allowed:
-                continue
-            segments = tuple(
-                (int(item[i]), tuple(_text(item[i + 1]).split(","))) for i in range(1, len(item), 2)
-            )
-            out[worker] = PrefixMatch(worker, segments)
+        for worker, run in runs.items():
+            if allowed is None or worker in allowed:
+                segments = tuple((count, tuple(tiers.split(","))) for count, tiers in run)
+                out[worker] = PrefixMatch(worker, segments)
         return out
+
+    async def _sharded_lookup(
+        self, prefixes: list[str], keys: Sequence[int], args: list[str]
+    ) -> dict[str, tuple[tuple[int, str], ...]]:
+        n = len(prefixes)
+        first = f"{prefixes[keys[0] % n]}b:{keys[0]}"
+        if args:
+            values = await self._store.command("lookup", "HMGET", first, *args)
+            held = {w: _text(v) for w, v in zip(args, values, strict=True) if v is not None}
+        else:
+            flat = await self._store.command("lookup", "HGETALL", first)
+            held = {_text(w): _text(v) for w, v in flat.items()}
+        names = sorted(held)
+        # column[c][i]: the tiers of worker names[c] at keys[i] ('' when it does not hold it).
+        column = [[held[w]] + [""] * (len(keys) - 1) for w in names]
+        positions: dict[int, list[int]] = {}
+        for i in range(1, len(keys)):
+            positions.setdefault(keys[i] % n, []).append(i)
+        calls, layout = [], []
+        for shard, where in positions.items():
+            for chunk in _chunks(where, CHUNK):
+                blocks = [f"{prefixes[shard]}b:{keys[i]}" for i in chunk]
+                for start in range(0, len(names), MAX_SCRIPT_FILTER):
+                    group = names[start : start + MAX_SCRIPT_FILTER]
+                    calls.append(ScriptCall(lua.PROBE, blocks, group))
+                    layout.append((chunk, start))
+        replies = await self._store.batch("lookup", calls) if names else []
+        for (chunk, start), reply in zip(layout, replies, strict=True):
+            for i, row in zip(chunk, _text(reply).split(";"), strict=True):
+                for c, tiers in enumerate(row.split("|"), start):
+                    column[c][i] = tiers
+        runs = {}
+        for worker, tiers_at in zip(names, column, strict=True):
+            run: list[list[Any]] = []
+            for tiers in tiers_at:
+                if not tiers:
+                    break
+                if run and run[-1][1] == tiers:
+                    run[-1][0] += 1
+                else:
+                    run.append([1, tiers])
+            runs[worker] = tuple((count, tiers) for count, tiers in run)
+        return runs
 
     async def workers(self) -> frozenset[str]:
         """The workers holding at least one block (expired ones are pruned on the way)."""
-        members = await self._call("workers", self._client.smembers(self._workers_key))
-        names = sorted(_text(m) for m in members)
-        if not names:
-            return frozenset()
-        alive = await self._call(
-            "workers",
-            self._alive(
-                keys=[self._workers_key, *(self._worker_set(w) for w in names)], args=names
-            ),
+        prefixes = await self._layout()
+        members = await self._store.batch(
+            "workers", [("SMEMBERS", p + "workers") for p in prefixes]
         )
-        return frozenset(_text(w) for w in alive)
+        calls = []
+        for p, found in zip(prefixes, members, strict=True):
+            names = sorted(_text(m) for m in found)
+            if names:
+                keys = [p + "workers", *(f"{p}w:{w}" for w in names)]
+                calls.append(ScriptCall(lua.WORKERS, keys, names))
+        alive = await self._store.batch("workers", calls)
+        return frozenset(_text(w) for answer in alive for w in answer)
 
     async def close(self) -> None:
         """Close the client if this index created it (idempotent)."""
-        if self._owns_client:
-            await self._client.aclose()
+        await self._store.close()

@@ -111,6 +111,10 @@ class GrpcEventConsumer:
             self._next = None
             await self.ingestor.reset(self.worker, "publisher_restart")
 
+    def start_at(self, seq: int | None) -> None:
+        """Subscribe from ``seq`` (a loaded snapshot's) instead of 0; None: from 0."""
+        self._next = seq
+
     def rebuild(self) -> None:
         """Clear the worker and replay its events from 0 now (the index came back empty)."""
         self.resyncing, self._cleared = True, False

@@ -3,9 +3,11 @@ transport its event source names.
 
 Each consumer's task is owned here, in ``WorkerState.consumers``: started when the worker joins
 a pool, cancelled and awaited when it leaves and when the registry closes, so one worker's
-batches are applied in order and nothing follows a worker that is gone. ZMQ (vLLM's wire): a
-:class:`~tokenkeys.events.zmq_subscriber.ZmqEventSubscriber` from sequence 0 (the first live
-batch replays what the engine still buffers) into a
+batches are applied in order and nothing follows a worker that is gone. First the engine's
+snapshot is loaded (``ingest.snapshot``) and the stream is followed from the sequence number it
+is valid at; an engine without one is followed from sequence 0 (the first batch replays what
+the engine still buffers). ZMQ (vLLM's wire): a
+:class:`~tokenkeys.events.zmq_subscriber.ZmqEventSubscriber` into a
 :class:`~tokenkeys.router.ingest.consumer.ZmqEventConsumer`; the payload layout is the vLLM
 release the worker named. gRPC: a
 :class:`~tokenkeys.router.ingest.consumer_grpc.GrpcEventConsumer`. Either way the consumer is
@@ -23,6 +25,7 @@ from tokenkeys.router.ingest.backoff import BackoffSettings, WriteBackoff
 from tokenkeys.router.ingest.consumer import ZmqEventConsumer
 from tokenkeys.router.ingest.consumer_grpc import GrpcEventConsumer
 from tokenkeys.router.ingest.ingestor import EventIngestor
+from tokenkeys.router.ingest.snapshot import load_snapshot
 from tokenkeys.router.workers.discovery import EventSource
 from tokenkeys.router.workers.pool import index_worker_id
 from tokenkeys.router.workers.state import WorkerState
@@ -108,12 +111,13 @@ async def follow_events(
     """Apply ``model``'s events of ``ws`` from ``source`` until cancelled."""
     worker = index_worker_id(ws.address, model)
     assert source.spec is not None
+    start = await load_snapshot(ws.channel, model, worker, ingestor, source.spec.spec)
     if source.transport == "zmq":
         subscriber = ZmqEventSubscriber(
             source.endpoint,
             replay_endpoint=source.replay_endpoint,
             topic=source.topic,
-            start_seq=0,
+            start_seq=start or 0,
         )
         codec = VllmMsgpackCodec(source.wire_version, spec=source.spec.spec)
         consumer = ZmqEventConsumer(worker, subscriber, codec, ingestor, backoff=backoff)
@@ -136,5 +140,6 @@ async def follow_events(
         foreign_interval=foreign_interval,
         backoff=backoff,
     )
+    follower.start_at(start)
     ws.followers[model] = follower
     await follower.run()

@@ -160,6 +160,16 @@ class LoadView:
             self.waiting_since = self.last_sent
         return Flight(keys, fresh, self.clock())
 
+    def adopt(self, keys: Sequence[int], fresh: Sequence[int]) -> Flight:
+        """A request another router replica sent there (``shared_load``), counted with this
+        router's own: its blocks are in use, its ``fresh`` blocks queued to prefill. (Silence
+        is judged by this router's own requests only: it knows when it sent them.)"""
+        keys, fresh = tuple(keys), tuple(fresh)
+        self.inflight += 1
+        self.inflight_keys.update(keys)
+        self.prefilling_keys.update(fresh)
+        return Flight(keys, fresh, self.clock())
+
     def first_output(self, flight: Flight) -> None:
         """The request's first output arrived: its prefill is done (idempotent)."""
         if flight.prefilling:

@@ -1,0 +1,293 @@
+"""Fleet scale: many engines' KV events into 2-4 router replicas, in memory and on a Redis Cluster.
+
+Engines are event generators, not servers: each emits ``BlockStored`` batches of
+:data:`STEP_BLOCKS` random u64 block keys (a 512-token prefill step of 16-token blocks), as a
+vLLM publishes them, decoded already (the ZMQ and msgpack costs are ``bench_events``'). Every
+router replica follows every engine, as ``tokenkeys route`` does: each applies the whole
+fleet's batches through ``EventIngestor`` into its index.
+
+- Memory: each replica is a process of its own with its own ``MemoryPrefixIndex`` (capacity
+  for the whole fleet); the replicas run at once and each reports its ingest rate, the RSS its
+  index added per block, and score latencies. The sum of their rates is the fleet's ingest
+  across replicas (the machine's cores bound it: on 2 cores 4 replicas share 2).
+- Cluster: a 3-master Redis Cluster (each master with a replica) started here on loopback;
+  one index shared by the replicas, each replica process writing its share of the engines
+  (with a shared index one replica per engine is enough; all would write the same entries).
+  Reported: the sum of their ingest rates, the masters' memory per block, score latencies.
+
+Score: a prompt of 8k and of 128k tokens (512 and 8,192 blocks), held whole by one engine and
+by halves and quarters by others, looked up against every engine of the fleet (the router
+passes its ready workers as the filter) and scored (``score_workers``); p50 and p99 of
+:data:`SCORES` calls per size. The extrapolation to 100M blocks and 10,000 engines is on paper
+from these measured costs (docs/operating.md); nothing here runs at that size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = 16
+STEP_BLOCKS = 32
+SCORES = 200
+PROMPTS = {"8k": 8 * 1024 // BLOCK, "128k": 128 * 1024 // BLOCK}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _engines(n: int) -> list[str]:
+    return [f"10.{i // 250}.{i % 250}.1:8000" for i in range(n)]
+
+
+def _batches(engines: list[str], blocks: int, seed: int):
+    """Each engine's batches, round robin over the engines (as a fleet's events interleave)."""
+    from tokenkeys.events.model import BlockStored, EventBatch, SpecRef
+
+    spec = SpecRef("bench/standin", "0" * 64)
+    rng = random.Random(seed)
+    for _ in range(blocks // STEP_BLOCKS):
+        for engine in engines:
+            hashes = tuple(rng.getrandbits(64) for _ in range(STEP_BLOCKS))
+            yield engine, EventBatch(0.0, (BlockStored(hashes, None, (), BLOCK),), 0, spec)
+
+
+async def _ingest(index, engines: list[str], blocks: int, seed: int) -> tuple[float, float, int]:
+    """Seconds spent applying (generation excluded), CPU seconds of it, and blocks applied."""
+    from tokenkeys.events.model import SpecRef
+    from tokenkeys.router.ingest.ingestor import EventIngestor
+
+    ingestor = EventIngestor(index, SpecRef("bench/standin", "0" * 64))
+    spent, cpu, count = 0.0, 0.0, 0
+    chunk: list = []
+    for item in _batches(engines, blocks, seed):
+        chunk.append(item)
+        if len(chunk) == 1000:
+            wall, used = await _apply(ingestor, chunk)
+            spent, cpu, count = spent + wall, cpu + used, count + len(chunk) * STEP_BLOCKS
+            chunk = []
+    if chunk:
+        wall, used = await _apply(ingestor, chunk)
+        spent, cpu, count = spent + wall, cpu + used, count + len(chunk) * STEP_BLOCKS
+    return spent, cpu, count
+
+
+async def _apply(ingestor, chunk: list) -> tuple[float, float]:
+    start, started = time.perf_counter(), time.process_time()
+    for engine, batch in chunk:
+        await ingestor.apply(engine, batch)
+    return time.perf_counter() - start, time.process_time() - started
+
+
+async def _place_prompts(index, engines: list[str]) -> dict[str, list[int]]:
+    """Each prompt held whole by engine 0, its first half by 1-3, its first quarter by 4-7."""
+    rng = random.Random(99)
+    prompts = {}
+    for name, n in PROMPTS.items():
+        keys = [rng.getrandbits(64) for _ in range(n)]
+        await index.add(engines[0], keys)
+        for i in range(1, 4):
+            await index.add(engines[i], keys[: n // 2])
+        for i in range(4, 8):
+            await index.add(engines[i], keys[: n // 4])
+        prompts[name] = keys
+    return prompts
+
+
+async def _scores(index, engines: list[str], prompts: dict[str, list[int]]) -> dict[str, list]:
+    from tokenkeys.router.policy.scorer import score_workers
+
+    load = dict.fromkeys(engines, 0)
+    out = {}
+    for name, keys in prompts.items():
+        times = []
+        for i in range(SCORES + 5):
+            start = time.perf_counter()
+            best = score_workers(await index.lookup(keys, engines), len(keys), load)[0]
+            if i >= 5:
+                times.append(time.perf_counter() - start)
+            assert best.worker == engines[0] and best.matched_blocks == len(keys)
+        out[name] = times
+    return out
+
+
+def _memory_replica(engines: int, blocks: int, seed: int, barrier, queue) -> None:
+    sys.path.insert(0, str(ROOT / "src"))
+    from tokenkeys.router.index.memory import MemoryPrefixIndex
+
+    names = _engines(engines)
+    index = MemoryPrefixIndex(capacity=engines * blocks + 20_000)
+    before = _rss()
+    spent, cpu, count = asyncio.run(_ingest(index, names, blocks, seed))
+    per_block = (_rss() - before) / count
+    barrier.wait()  # every replica has ingested: the scores do not compete with ingest
+    scores = asyncio.run(_score_memory(index, names))
+    queue.put(
+        {"seconds": spent, "cpu": cpu, "blocks": count, "bytes_per_block": per_block,
+         "scores": scores}
+    )  # fmt: skip
+
+
+async def _score_memory(index, names: list[str]) -> dict[str, list]:
+    return await _scores(index, names, await _place_prompts(index, names))
+
+
+def _cluster_replica(
+    url: str, namespace: str, engines: list[str], blocks: int, seed: int, barrier, queue
+) -> None:
+    sys.path.insert(0, str(ROOT / "src"))
+    from tokenkeys.router.index.redis import RedisPrefixIndex
+
+    async def go() -> tuple[float, float, int]:
+        index = RedisPrefixIndex.from_url(url, namespace=namespace, timeout=30)
+        try:
+            return await _ingest(index, engines, blocks, seed)
+        finally:
+            await index.close()
+
+    spent, cpu, count = asyncio.run(go())
+    barrier.wait()
+    queue.put({"seconds": spent, "cpu": cpu, "blocks": count})
+
+
+def _run_replicas(target, args_of, n: int) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    queue, barrier = ctx.Queue(), ctx.Barrier(n)
+    procs = [ctx.Process(target=target, args=(*args_of(i), barrier, queue)) for i in range(n)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join(60)
+    return results
+
+
+def _ms(values: list[float], q: float) -> str:
+    from timing import pct
+
+    return f"{pct(values, q) * 1e3:.2f} ms"
+
+
+def _used_memory(url: str) -> int:
+    import redis
+
+    client = redis.RedisCluster.from_url(url)
+    try:
+        return sum(
+            int(n.redis_connection.info("memory")["used_memory"]) for n in client.get_primaries()
+        )
+    finally:
+        client.close()
+
+
+def run(quick: bool) -> str:
+    """The Markdown section (see the module doc)."""
+    from redis_local import start_cluster
+    from timing import load_note
+
+    # Scaled to finish in minutes on a shared 2-core machine (module doc; docs/operating.md
+    # extrapolates): memory 1,000 engines x 1,000 blocks per replica, cluster x 100.
+    mem_engines, mem_blocks = (200, 1_000) if quick else (1_000, 1_000)
+    cl_engines, cl_blocks = (100, 200) if quick else (1_000, 100)
+    lines = ["## Fleet scale (`bench_fleet`)", ""]
+    rows = []
+    for replicas in (2, 4):
+        res = _run_replicas(
+            _memory_replica, lambda i: (mem_engines, mem_blocks, 1000 + i), replicas
+        )
+        rate = sum(r["blocks"] / r["seconds"] for r in res)
+        per_cpu = sum(r["blocks"] / r["cpu"] for r in res) / len(res)
+        per = sum(r["bytes_per_block"] for r in res) / len(res)
+        scores = {k: [t for r in res for t in r["scores"][k]] for k in PROMPTS}
+        rows.append(
+            f"| memory | {replicas} | {mem_engines:,} x {mem_blocks:,} | {rate:,.0f} | "
+            f"{rate / replicas:,.0f} | {per_cpu:,.0f} | {per:.0f} B | "
+            + " | ".join(f"{_ms(scores[k], 50)} / {_ms(scores[k], 99)}" for k in PROMPTS)
+            + " |"
+        )
+    cluster = start_cluster()
+    notes = []
+    if cluster is None:
+        notes.append("Cluster rows skipped: no `redis-server`/`redis-cli` here.")
+    else:
+        try:
+            for replicas in (2, 4):
+                namespace = f"bench-fleet-{uuid.uuid4().hex[:6]}"
+                names = _engines(cl_engines)
+                before = _used_memory(cluster.url)
+                share = len(names) // replicas
+                res = _run_replicas(
+                    _cluster_replica,
+                    lambda i, ns=namespace, nm=names, share=share: (
+                        cluster.url,
+                        ns,
+                        nm[i * share : (i + 1) * share],
+                        cl_blocks,
+                        2000 + i,
+                    ),
+                    replicas,
+                )
+                total = sum(r["blocks"] for r in res)
+                per = (_used_memory(cluster.url) - before) / total
+                rate = sum(r["blocks"] / r["seconds"] for r in res)
+                per_cpu = sum(r["blocks"] / r["cpu"] for r in res) / len(res)
+                scores = asyncio.run(_score_cluster(cluster.url, namespace, names))
+                rows.append(
+                    f"| cluster (3 masters) | {replicas} | {cl_engines:,} x {cl_blocks:,} | "
+                    f"{rate:,.0f} | {rate / replicas:,.0f} | {per_cpu:,.0f} | {per:.0f} B | "
+                    + " | ".join(f"{_ms(scores[k], 50)} / {_ms(scores[k], 99)}" for k in PROMPTS)
+                    + " |"
+                )
+        finally:
+            cluster.remove()
+    lines += [
+        "| index | replicas | engines x blocks | ingest, all replicas (blocks/s) | per replica | "
+        "per replica CPU second | memory per block | score 8k p50 / p99 | score 128k p50 / p99 |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"Engines are event generators ({STEP_BLOCKS}-block `BlockStored` batches of random "
+        "u64 keys, decoded), not servers. Memory: every replica a process of its own applying "
+        "the whole fleet's batches through `EventIngestor` into its own `MemoryPrefixIndex`; "
+        "the ingest column sums the replicas' rates (each measured over its apply calls only, "
+        "batch generation excluded; "
+        "per CPU second: blocks per second of the replica's own CPU time, what one core "
+        "would ingest with the machine to itself; for the cluster that is the client's "
+        "CPU only, the servers' is apart); memory per block is the RSS the index added, divided by "
+        "the blocks. Cluster: one index shared by the replicas on a 3-master Redis Cluster "
+        "(a replica per master) on this machine, each replica process writing its share of the "
+        "engines; memory per block is the masters' `used_memory` added, per block (replicas "
+        "hold as much again). Score: `lookup` over the whole fleet as the filter + "
+        f"`score_workers`, {SCORES} calls per prompt size, the prompt held whole by one "
+        "engine, by halves and quarters by 7 others. All processes share this machine's "
+        f"{os.cpu_count()} cores (and the Redis servers), so replicas beyond the cores add "
+        "no rate here.",
+        "",
+        load_note(),
+        *(["", *notes] if notes else []),
+    ]
+    return "\n".join(lines)
+
+
+async def _score_cluster(url: str, namespace: str, names: list[str]) -> dict[str, list]:
+    from tokenkeys.router.index.redis import RedisPrefixIndex
+
+    index = RedisPrefixIndex.from_url(url, namespace=namespace, timeout=30)
+    try:
+        return await _scores(index, names, await _place_prompts(index, names))
+    finally:
+        await index.close()
+
+
+if __name__ == "__main__":
+    sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "src")]
+    print(run("--quick" in sys.argv))

@@ -1,0 +1,151 @@
+"""The Lua scripts of the Redis prefix index (layout: ``index.redis``).
+
+Each runs on the keys of one shard (one hash tag, so one cluster slot) and is atomic there.
+"""
+
+from tokenkeys.router.index.redis_store import Script
+
+# KEYS: workers set, the worker's key set, block hashes...; ARGV: worker, tier, ttl ms, ids...
+ADD = Script(
+    """
+local worker, tier, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+for i = 3, #KEYS do
+  local key = KEYS[i]
+  local cur = redis.call('HGET', key, worker)
+  if not cur then
+    redis.call('HSET', key, worker, tier)
+  elseif cur ~= tier then
+    local list, found = {}, false
+    for t in string.gmatch(cur, '[^,]+') do
+      if t == tier then found = true end
+      list[#list + 1] = t
+    end
+    if not found then
+      list[#list + 1] = tier
+      table.sort(list)
+      redis.call('HSET', key, worker, table.concat(list, ','))
+    end
+  end
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+  redis.call('SADD', KEYS[2], ARGV[i + 1])
+end
+if ttl > 0 and #KEYS > 2 then redis.call('PEXPIRE', KEYS[2], ttl) end
+redis.call('SADD', KEYS[1], worker)
+return 0
+"""
+)
+
+# KEYS: workers set, the worker's key set, block hashes...; ARGV: worker, tier, ids...
+REMOVE = Script(
+    """
+local worker, tier = ARGV[1], ARGV[2]
+for i = 3, #KEYS do
+  local key = KEYS[i]
+  local cur = redis.call('HGET', key, worker)
+  if cur == tier then
+    redis.call('HDEL', key, worker)
+    redis.call('SREM', KEYS[2], ARGV[i])
+  elseif cur then
+    local list, found = {}, false
+    for t in string.gmatch(cur, '[^,]+') do
+      if t == tier then found = true else list[#list + 1] = t end
+    end
+    if found then redis.call('HSET', key, worker, table.concat(list, ',')) end
+  end
+end
+if redis.call('SCARD', KEYS[2]) == 0 then redis.call('SREM', KEYS[1], worker) end
+return 0
+"""
+)
+
+# KEYS: workers set, the worker's key set, block hashes...; ARGV: worker, ids...
+CLEAR = Script(
+    """
+local worker = ARGV[1]
+for i = 3, #KEYS do
+  redis.call('HDEL', KEYS[i], worker)
+  redis.call('SREM', KEYS[2], ARGV[i - 1])
+end
+if redis.call('SCARD', KEYS[2]) == 0 then redis.call('SREM', KEYS[1], worker) end
+return 0
+"""
+)
+
+# KEYS: block hashes in prompt order; ARGV: the workers to consider (none: all).
+# Returns {{worker, count, tiers, count, tiers, ...}, ...}: each worker's run, run-length encoded.
+LOOKUP = Script(
+    """
+local runs, active = {}, {}
+if #KEYS == 0 then return {} end
+if #ARGV > 0 then
+  local vals = redis.call('HMGET', KEYS[1], unpack(ARGV))
+  for i = 1, #ARGV do
+    if vals[i] then
+      active[#active + 1] = ARGV[i]
+      runs[ARGV[i]] = {1, vals[i]}
+    end
+  end
+else
+  local flat = redis.call('HGETALL', KEYS[1])
+  for i = 1, #flat, 2 do
+    active[#active + 1] = flat[i]
+    runs[flat[i]] = {1, flat[i + 1]}
+  end
+end
+for k = 2, #KEYS do
+  if #active == 0 then break end
+  local vals = redis.call('HMGET', KEYS[k], unpack(active))
+  local still = {}
+  for i = 1, #active do
+    local v = vals[i]
+    if v then
+      local run = runs[active[i]]
+      local n = #run
+      if run[n] == v then run[n - 1] = run[n - 1] + 1 else run[n + 1] = 1; run[n + 2] = v end
+      still[#still + 1] = active[i]
+    end
+  end
+  active = still
+end
+local out = {}
+for w, run in pairs(runs) do
+  local item = {w}
+  for j = 1, #run do item[j + 1] = run[j] end
+  out[#out + 1] = item
+end
+return out
+"""
+)
+
+# KEYS: workers set, then the key set of each worker in ARGV. Drops workers whose set expired.
+WORKERS = Script(
+    """
+local out = {}
+for i = 1, #ARGV do
+  if redis.call('EXISTS', KEYS[i + 1]) == 1 then
+    out[#out + 1] = ARGV[i]
+  else
+    redis.call('SREM', KEYS[1], ARGV[i])
+  end
+end
+return out
+"""
+)
+
+
+# KEYS: block hashes of one shard; ARGV: the workers to probe. Returns one string: per key
+# (';'-separated, in KEYS order) each worker's tiers there, '|'-separated, empty when not held.
+# (Tier names hold neither ';' nor '|' nor ',' : see index.model.TIER_PATTERN.)
+PROBE = Script(
+    """
+local out = {}
+for k = 1, #KEYS do
+  local vals = redis.call('HMGET', KEYS[k], unpack(ARGV))
+  for i = 1, #ARGV do
+    if not vals[i] then vals[i] = '' end
+  end
+  out[k] = table.concat(vals, '|')
+end
+return table.concat(out, ';')
+"""
+)

@@ -1,0 +1,37 @@
+"""vLLM 0.32's own gRPC server (``vllm serve MODEL --grpc``) on a loopback port, always stopped.
+
+``vllm serve --grpc`` runs ``vllm.entrypoints.launchers.grpc_server.serve_grpc`` (vLLM's
+``entrypoints/cli/serve.py``); the server is started through that launcher module directly,
+as the vLLM console script fails on its own version lookup in the CPU distribution. It serves
+smg-grpc-servicer 0.14.1's ``VllmEngineServicer`` over the same engine options as the harness's
+HTTP servers (:meth:`VllmServer.engine_options`), from the layered environment of
+:mod:`vllm_grpc_env`. Healthy once its ``VllmEngine.HealthCheck`` says so.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from vllm_server import VllmServer
+
+
+class VllmGrpcServer(VllmServer):
+    """One running vLLM ``--grpc`` server; ``target`` is its ``host:port``."""
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def entry(self) -> list[str]:
+        return ["-m", "vllm.entrypoints.launchers.grpc_server"]
+
+    def answers(self) -> bool:
+        from tokenkeys._gen_smg import vllm_engine_pb2, vllm_engine_pb2_grpc
+
+        with grpc.insecure_channel(self.target) as channel:
+            stub = vllm_engine_pb2_grpc.VllmEngineStub(channel)
+            try:
+                health = stub.HealthCheck(vllm_engine_pb2.HealthCheckRequest(), timeout=5)
+            except grpc.RpcError:
+                return False
+        return health.healthy

@@ -1,0 +1,178 @@
+"""What only the index on a Redis Cluster does: sharding, any node as the URL, failover.
+
+Runs against a real cluster of 3 masters with a replica each (``redis_cluster.py``); the index
+conformance suite runs on it too (``test_router_index.py``, backend ``cluster``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import redis
+from redis_cluster import drop_namespaces
+from routing_support import SYSTEM, prompt_ids, routed, start_cluster
+
+from tokenkeys.errors import FailedPrecondition, Unavailable
+from tokenkeys.router.index.model import PrefixMatch
+from tokenkeys.router.index.redis import CLUSTER_SHARDS, RedisPrefixIndex
+from tokenkeys.router.workers.pool_setup import PoolSettings
+
+GPU = ("gpu",)
+CLIENT_SENT = ("evalsha", "eval", "hgetall", "get", "set")
+
+
+def masters(url: str) -> list[redis.Redis]:
+    client = redis.RedisCluster.from_url(url)
+    try:
+        return [redis.Redis(host=n.host, port=n.port) for n in client.get_primaries()]
+    finally:
+        client.close()
+
+
+async def test_any_node_is_a_url_and_the_index_spreads_over_every_master(
+    cluster_backend, redis_cluster
+):
+    index = cluster_backend.new()
+    keys = list(range(1000, 1600))
+    await index.add("w", keys)
+    assert index.shards == CLUSTER_SHARDS
+    for url in redis_cluster.urls():  # masters and replicas alike
+        other = RedisPrefixIndex.from_url(url, namespace=index.namespace)
+        cluster_backend.made.append(other)
+        assert await other.lookup(keys) == {"w": PrefixMatch("w", ((600, GPU),))}
+        assert other.shards == CLUSTER_SHARDS  # adopted from the namespace's layout record
+    for node in masters(redis_cluster.url):
+        try:
+            held = [k for k in node.scan_iter(match=f"{{{index.namespace}#*:b:*", count=1000)]
+            assert len(held) > 600 / 3 / 2  # about a third of the blocks each
+            # redis-cli gives each master a third of the slots; the tags are spread evenly.
+            assert len({k.split(b"}")[0] for k in held}) == CLUSTER_SHARDS // 3
+        finally:
+            node.close()
+
+
+async def test_a_lookup_costs_a_script_call_per_shard_not_per_key(cluster_backend, redis_cluster):
+    index = cluster_backend.new()
+    keys = list(range(50_000, 52_000))
+    await index.add("a", keys)
+    await index.add("b", keys[:700])
+    nodes = masters(redis_cluster.url)
+    try:
+        for node in nodes:
+            node.config_resetstat()
+        got = await index.lookup(keys)
+        calls = 0
+        for node in nodes:
+            stats = node.info("commandstats")
+            # Commands the scripts run count too: take only those a client sent.
+            calls += sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in CLIENT_SENT)
+    finally:
+        for node in nodes:
+            node.close()
+    assert got == {"a": PrefixMatch("a", ((2000, GPU),)), "b": PrefixMatch("b", ((700, GPU),))}
+    # One HGETALL for the first block, then at most one probe per shard.
+    assert 2 <= calls <= 1 + CLUSTER_SHARDS
+
+
+async def test_a_namespace_laid_out_otherwise_is_refused(cluster_backend):
+    index = cluster_backend.new()
+    await index.add("w", [1, 2])
+    other = RedisPrefixIndex.from_url(cluster_backend.url, namespace=index.namespace, shards=8)
+    cluster_backend.made.append(other)
+    with pytest.raises(FailedPrecondition, match="shards=8") as info:
+        await other.lookup([1, 2])
+    assert info.value.field == "shards"
+
+
+async def test_failover_during_routing_loses_no_index_writes(redis_cluster):
+    """``CLUSTER FAILOVER`` on a replica while replicas write and look up: every write lands."""
+    namespace = f"t-{uuid.uuid4().hex[:12]}"
+    writers = [RedisPrefixIndex.from_url(redis_cluster.url, namespace=namespace) for _ in range(2)]
+    reader = RedisPrefixIndex.from_url(redis_cluster.urls()[-1], namespace=namespace)
+    done = asyncio.Event()
+    expected: dict[str, list[int]] = {}
+    removed: list[int] = []
+    writes: list[bool] = []  # per write: whether a failover was under way when it returned
+    failing_over = False
+    unavailable = 0
+
+    async def write(index: RedisPrefixIndex, worker: str, base: int) -> None:
+        keys = expected.setdefault(worker, [])
+        step = 0
+        while not done.is_set() or step < 40:
+            chunk = list(range(base + step * 16, base + step * 16 + 16))
+            await index.add(worker, chunk)  # must not fail: redirected, retried
+            keys.extend(chunk)
+            writes.append(failing_over)
+            if step % 5 == 4:
+                await index.remove(worker, chunk[-2:])
+                removed.extend(keys[-2:])
+                del keys[-2:]
+            step += 1
+
+    async def look() -> None:
+        nonlocal unavailable
+        while not done.is_set():
+            try:
+                await reader.lookup(expected.get("w0", [])[:64] or [0])
+            except Unavailable:
+                unavailable += 1  # a router routes by load for that request
+            await asyncio.sleep(0)
+
+    async def fail_over() -> None:
+        nonlocal failing_over
+        try:
+            await asyncio.sleep(0.2)
+            failing_over = True
+            replica = redis_cluster.replicas()[0]
+            await asyncio.to_thread(redis_cluster.failover, replica)
+            assert replica not in redis_cluster.replicas()
+        finally:
+            failing_over = False
+            done.set()
+
+    try:
+        await asyncio.gather(
+            write(writers[0], "w0", 0),
+            write(writers[1], "w1", 10_000_000),
+            look(),
+            fail_over(),
+        )
+        assert set(expected) == {"w0", "w1"} and all(len(k) > 100 for k in expected.values())
+        assert any(writes)  # some writes went on while the masters changed
+        for index in (*writers, reader):
+            assert await index.workers() == {"w0", "w1"}
+            for worker, keys in expected.items():
+                # Every write is there, in order, and nothing removed came back.
+                held = sorted(keys)
+                got = await index.lookup(held, workers=[worker])
+                assert got[worker].blocks == len(held), worker
+            for key in removed:  # nothing removed came back
+                assert await index.lookup([key]) == {}
+        # The worker sets match the blocks: a clear leaves nothing of the worker behind.
+        await writers[0].clear("w0")
+        assert await reader.workers() == {"w1"}
+        assert await reader.lookup(expected["w0"][:10]) == {}
+    finally:
+        for index in (*writers, reader):
+            await index.close()
+        drop_namespaces(redis_cluster.url, [namespace])
+
+
+async def test_a_router_on_the_cluster_routes_by_prefix_through_any_node(tmp_path, redis_cluster):
+    # The URL names the last node, whichever slots (if any) it serves.
+    namespace = f"t-{uuid.uuid4().hex[:12]}"
+    index = RedisPrefixIndex.from_url(redis_cluster.urls()[-1], namespace=namespace)
+    cluster = await start_cluster(3, settings=PoolSettings(cache=tmp_path / "c"), index=index)
+    try:
+        first = prompt_ids(cluster, "Conversation one. " + SYSTEM)
+        decision, _ = await routed(cluster, first)
+        await cluster.settle()
+        again, usage = await routed(cluster, first)
+        assert (again.worker, again.reason) == (decision.worker, "prefix")
+        assert usage.cached_prompt_tokens > 0
+    finally:
+        await cluster.close()
+        drop_namespaces(redis_cluster.url, [namespace])

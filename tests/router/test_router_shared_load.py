@@ -1,0 +1,158 @@
+"""Router replicas sharing their requests in flight and cache growth through a real Redis.
+
+Two :class:`RedisSharedLoad` instances stand for two replicas; each applies the other's
+messages to its own load views. The pools are stand-ins holding only what the shared load
+touches (``members[address].view``, a real ``LoadView``): the pool machinery (discovery,
+artifacts) plays no part here and is tested in ``test_router_pool.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+from routing_support import wait_until
+
+from tokenkeys.errors import ConfigError
+from tokenkeys.router.policy.cost import GrowthLedger
+from tokenkeys.router.service import RouterConfig
+from tokenkeys.router.shared_load import LocalLoad, RedisSharedLoad
+from tokenkeys.router.workers.load_view import LoadView
+
+
+@dataclass
+class Member:
+    view: LoadView = field(default_factory=LoadView)
+
+
+@dataclass
+class Pool:
+    members: dict[str, Member]
+
+
+class Replica:
+    """One replica's side: its pools' views, its growth ledgers, its shared load."""
+
+    def __init__(self, url: str, namespace: str, **options: float) -> None:
+        self.pools = {"m": Pool({"w1": Member(), "w2": Member()})}
+        self.ledgers: dict[str, GrowthLedger] = {}
+        self.shared = RedisSharedLoad(url, namespace=namespace, **options)
+
+    def view(self, address: str) -> LoadView:
+        return self.pools["m"].members[address].view
+
+    async def start(self) -> Replica:
+        await self.shared.start(self.pools, lambda m: self.ledgers.setdefault(m, GrowthLedger()))
+        await wait_until(lambda: self.shared.following, what="subscribed")
+        return self
+
+
+@pytest.fixture
+async def replicas(redis_url):
+    namespace = f"t-{uuid.uuid4().hex[:12]}"
+    made = [await Replica(redis_url, namespace).start() for _ in range(2)]
+    yield made
+    for replica in made:
+        await replica.shared.close()
+
+
+async def test_a_peers_flight_counts_here_until_it_ends(replicas):
+    a, b = replicas
+    flight = a.view("w1").begin([1, 2, 3, 4], cached=1)
+    a.shared.sent("m", "w1", flight)
+    await wait_until(lambda: b.view("w1").inflight == 1, what="peer flight")
+    seen = b.view("w1")
+    assert seen.inflight_prefix([1, 2, 3, 4, 9]) == 4 and seen.own_blocks == 5
+    assert seen.queued_prefill(frozenset()) == 3  # its blocks 2-4 are prefilled there
+    assert b.view("w2").inflight == 0 and a.shared.peer_flights == 0
+    # B's own request of the same prompt now computes none of those blocks there.
+    assert b.view("w1").begin([1, 2, 3, 4, 5], cached=0).fresh == (5,)
+
+    a.view("w1").first_output(flight)
+    a.shared.answered(flight)
+    await wait_until(lambda: b.view("w1").queued_prefill(frozenset()) == 1, what="prefill done")
+    a.view("w1").end(flight)
+    a.shared.finished(flight)
+    await wait_until(lambda: b.shared.peer_flights == 0, what="peer flight ended")
+    assert b.view("w1").inflight == 1  # B's own request alone (it did not publish it)
+    assert a.view("w1").inflight == 0
+
+
+async def test_growth_is_shared_with_every_replica(replicas):
+    a, b = replicas
+    a.shared.grew("m", "w2", 12.0)
+    a.shared.grew("other-model", "w2", 5.0)  # a pool B does not serve: ignored
+    await wait_until(lambda: "m" in b.ledgers and b.ledgers["m"].get("w2") == 12.0, what="growth")
+    assert "other-model" not in b.ledgers and "m" not in a.ledgers  # own changes not replayed
+
+
+async def test_a_silent_peers_flights_expire(redis_url):
+    namespace = f"t-{uuid.uuid4().hex[:12]}"
+    a = await Replica(redis_url, namespace, heartbeat=0.05).start()
+    b = await Replica(redis_url, namespace, heartbeat=0.05, peer_timeout=0.3).start()
+    try:
+        flight = a.view("w1").begin([7, 8])
+        a.shared.sent("m", "w1", flight)
+        await wait_until(lambda: b.shared.peer_flights == 1, what="peer flight")
+        await a.shared.close()  # a crash: no end is ever published
+        await wait_until(lambda: b.shared.peer_flights == 0, what="expired")
+        assert b.view("w1").inflight == 0 and not b.view("w1").inflight_keys
+    finally:
+        await a.shared.close()
+        await b.shared.close()
+
+
+async def test_without_redis_each_replica_counts_its_own_and_recovers(start_redis):
+    server = start_redis()
+    namespace = f"t-{uuid.uuid4().hex[:12]}"
+    a = await Replica(server.url, namespace, heartbeat=0.05, timeout=0.3).start()
+    b = await Replica(server.url, namespace, heartbeat=0.05, timeout=0.3).start()
+    try:
+        flight = a.view("w1").begin([1, 2])
+        a.shared.sent("m", "w1", flight)
+        await wait_until(lambda: b.shared.peer_flights == 1, what="peer flight")
+        server.stop()
+        await wait_until(lambda: not b.shared.following, what="channel lost")
+        assert b.shared.peer_flights == 0 and b.view("w1").inflight == 0  # local only now
+        later = a.view("w2").begin([5])
+        a.shared.sent("m", "w2", later)  # nobody hears it: dropped, A's own count stands
+        await wait_until(lambda: a.shared.dropped >= 1, what="dropped")
+        assert a.view("w2").inflight == 1
+        server.start()
+        await wait_until(lambda: a.shared.following and b.shared.following, what="back")
+        again = a.view("w1").begin([3])
+        a.shared.sent("m", "w1", again)
+        await wait_until(lambda: b.shared.peer_flights == 1, what="sharing again")
+        a.shared.finished(later)  # a flight B never saw start: ignored there
+        a.shared.finished(again)
+        await wait_until(lambda: b.shared.peer_flights == 0, what="ended")
+        assert b.view("w2").inflight == 0
+    finally:
+        await a.shared.close()
+        await b.shared.close()
+
+
+def test_share_load_needs_the_redis_and_defaults_to_local():
+    with pytest.raises(ConfigError, match="--share-load needs --redis-url") as info:
+        RouterConfig(workers=("127.0.0.1:1",), share_load=True)
+    assert info.value.field == "redis-url"
+    assert isinstance(RouterConfig(workers=("127.0.0.1:1",)).make_shared_load(), LocalLoad)
+    config = RouterConfig(workers=("127.0.0.1:1",), share_load=True, redis_url="redis://h:1/0")
+    assert isinstance(config.make_shared_load(), RedisSharedLoad)
+
+
+async def test_replicas_on_a_cluster_share_through_any_node(redis_cluster):
+    namespace = f"t-{uuid.uuid4().hex[:12]}"
+    urls = redis_cluster.urls()
+    a = await Replica(urls[0], namespace).start()
+    b = await Replica(urls[-1], namespace).start()
+    try:
+        flight = a.view("w2").begin([4, 5, 6])
+        a.shared.sent("m", "w2", flight)
+        await wait_until(lambda: b.view("w2").inflight == 1, what="peer flight via the bus")
+        await asyncio.sleep(0)
+    finally:
+        await a.shared.close()
+        await b.shared.close()
