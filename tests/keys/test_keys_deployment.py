@@ -35,16 +35,16 @@ def test_root_and_block_size_options() -> None:
 
 
 def test_kv_groups_make_a_hybrid_spec() -> None:
-    assert parse_kv_groups("full_attention:16, sliding_window:48,32") == [
+    assert parse_kv_groups("full_attention:16, sliding_window@64:48,32") == [
         {"kind": "full_attention", "block_size": 16},
-        {"kind": "sliding_window", "block_size": 48},
+        {"kind": "sliding_window", "block_size": 48, "sliding_window": 64},
         {"kind": "full_attention", "block_size": 32},
     ]
-    spec = build_spec(KeySpecOptions(kv_groups="full_attention:32,sliding_window:48"))
+    spec = build_spec(KeySpecOptions(kv_groups="full_attention:32,sliding_window@64:48"))
     assert spec.hash_unit == 16  # gcd, as vLLM's hash_block_size without prefix_match_unit
-    assert [(g.kind, g.block_size) for g in spec.groups] == [
-        ("full_attention", 32),
-        ("sliding_window", 48),
+    assert [(g.kind, g.block_size, g.sliding_window) for g in spec.groups] == [
+        ("full_attention", 32, None),
+        ("sliding_window", 48, 64),
     ]
     configured = build_spec(KeySpecOptions(kv_groups="32,64", block_size=32))
     assert configured.hash_unit == 32
@@ -60,6 +60,9 @@ def test_kv_groups_make_a_hybrid_spec() -> None:
         (KeySpecOptions(profile="vllm/xxhash_cbor@0.31"), "no reproducible default root"),
         (KeySpecOptions(profile="sglang/sha256@0.5.23", root_seed="1"), "has no root"),
         (KeySpecOptions(kv_groups="full_attention:16,Sliding:32"), "kv-groups entry 1"),
+        (KeySpecOptions(kv_groups="sliding_window@:32"), "kv-groups entry 0"),
+        (KeySpecOptions(kv_groups="sliding_window:32"), "without a window.*--kv-groups"),
+        (KeySpecOptions(kv_groups="full_attention@64:32"), "only sliding_window groups"),
         (KeySpecOptions(kv_groups="full_attention:0"), "positive integer"),
         (KeySpecOptions(kv_groups="16,40", block_size=16), "not a multiple.*--kv-groups"),
         (KeySpecOptions(profile="dynamo/xxh3@1.6", kv_groups="16,32"), "one KV-cache group"),

@@ -89,3 +89,21 @@ def test_keys_are_prefix_stable(profile_id: str, tokens: list[int], cut: int) ->
     prefix = block_keys(tokens[:cut], spec, ctx)
     assert full[: len(prefix)] == prefix
     assert len(full) == len(tokens) // 8
+
+
+def test_a_sliding_window_group_carries_its_window_and_old_specs_keep_their_fingerprint():
+    from tokenkeys.keys import make_spec
+
+    plain = make_spec("vllm/sha256_cbor@0.31", 32)
+    assert "sliding_window" not in plain.to_dict()["groups"][0]
+    hybrid = make_spec(
+        "vllm/sha256_cbor@0.31",
+        None,
+        groups=[
+            {"kind": "sliding_window", "block_size": 32, "sliding_window": 64},
+            {"kind": "full_attention", "block_size": 32},
+        ],
+    )
+    assert hybrid.groups[0].sliding_window == 64
+    assert CacheKeySpec.from_dict(hybrid.to_dict()) == hybrid
+    assert hybrid.fingerprint != plain.fingerprint

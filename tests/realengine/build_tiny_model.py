@@ -1,6 +1,12 @@
-"""Build a tiny random-weight Llama (and a LoRA adapter for it); run by the ENGINE's Python.
+"""Build a tiny random-weight Llama (and a LoRA adapter for it), or a tiny hybrid Gemma 3; run
+by the ENGINE's Python.
 
-Usage: ``python build_tiny_model.py TOKENIZER_FOLDER MODEL_OUT [LORA_OUT]``
+Usage: ``python build_tiny_model.py TOKENIZER_FOLDER MODEL_OUT [LORA_OUT [HYBRID_OUT]]``, or
+``python build_tiny_model.py --hybrid WINDOW LAYERS TOKENIZER_FOLDER MODEL_OUT`` for a Gemma 3
+text model whose layers follow LAYERS (``s`` a sliding-window layer of WINDOW tokens, ``f`` a
+full-attention one, e.g. ``sfsf``): vLLM keeps one KV-cache group per attention kind.
+HYBRID_OUT gets the hybrid the real-engine tests serve (:data:`HYBRID`), built in the same
+process (importing torch is most of the cost).
 
 Nothing is downloaded: the tokenizer files are copied byte for byte from the given folder (the
 embedded SmolLM2 tokenizer), so vLLM serves the very files tokenkeys fingerprints. The weights are
@@ -19,6 +25,9 @@ from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 MAX_POSITIONS = 4096
+#: The hybrid the tests serve: 4 layers alternating a 64-token window and full attention (vLLM
+#: 0.32 keeps group 0 sliding window, group 1 full attention, both of 32-token blocks).
+HYBRID = (64, "sfsf")
 
 
 def build_model(tokenizer_folder: Path, out: Path) -> None:
@@ -47,6 +56,37 @@ def build_model(tokenizer_folder: Path, out: Path) -> None:
             shutil.copyfile(tokenizer_folder / name, out / name)
 
 
+def build_hybrid(tokenizer_folder: Path, out: Path, window: int, layers: str) -> None:
+    import torch
+    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder), local_files_only=True)
+    kinds = {"s": "sliding_attention", "f": "full_attention"}
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=len(layers),
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        max_position_embeddings=MAX_POSITIONS,
+        sliding_window=window,
+        layer_types=[kinds[c] for c in layers],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        torch_dtype="float32",
+    )
+    Gemma3ForCausalLM(config).save_pretrained(str(out))
+    for name in TOKENIZER_FILES:
+        if (tokenizer_folder / name).is_file():
+            shutil.copyfile(tokenizer_folder / name, out / name)
+
+
 def build_lora(model: Path, out: Path) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
@@ -62,10 +102,15 @@ def build_lora(model: Path, out: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv[0] == "--hybrid":
+        build_hybrid(Path(argv[3]), Path(argv[4]), int(argv[1]), argv[2])
+        return
     tokenizer_folder, model_out = Path(argv[0]), Path(argv[1])
     build_model(tokenizer_folder, model_out)
     if len(argv) > 2:
         build_lora(model_out, Path(argv[2]))
+    if len(argv) > 3:
+        build_hybrid(tokenizer_folder, Path(argv[3]), *HYBRID)
 
 
 if __name__ == "__main__":

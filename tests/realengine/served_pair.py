@@ -7,12 +7,14 @@ serves the tiny model with (whose tokenizer files are copies of that folder), wi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 import httpx
 
@@ -114,3 +116,15 @@ def sidecar_args(vllm: VllmServer, *extra: str) -> tuple[str, ...]:
         "--engine-kv-topic", vllm.topic,
         *extra,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def running(*processes: TokenkeysServe | VllmServer) -> Iterator[None]:
+    """Wait until every process (a sidecar or a vLLM) is healthy; stop them all on leaving."""
+    try:
+        for process in processes:
+            process.wait_healthy()
+        yield
+    finally:
+        for process in processes:
+            process.stop()

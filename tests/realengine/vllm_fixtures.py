@@ -41,18 +41,20 @@ def vllm_python() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
-    """A tiny random Llama with the embedded SmolLM2 tokenizer files, and a LoRA adapter."""
+    """A tiny random Llama with the embedded SmolLM2 tokenizer files, a LoRA adapter, and a tiny
+    hybrid Gemma 3 (sliding window and full attention) with the same tokenizer files."""
     base = tmp_path_factory.mktemp("tiny-llama")
-    folder, lora = base / "model", base / "lora"
+    folder, lora, hybrid = base / "model", base / "lora", base / "hybrid"
+    args = [str(EMBEDDED_TOKENIZER), str(folder), str(lora), str(hybrid)]
     done = subprocess.run(
-        [str(vllm_python), str(BUILDER), str(EMBEDDED_TOKENIZER), str(folder), str(lora)],
+        [str(vllm_python), str(BUILDER), *args],
         capture_output=True,
         text=True,
         timeout=600,
         env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "HF_HUB_OFFLINE": "1"},
     )
     assert done.returncode == 0, f"building the tiny model failed: {done.stderr[-3000:]}"
-    return TinyModel(folder, lora)
+    return TinyModel(folder, lora, hybrid)
 
 
 @pytest.fixture(scope="session")

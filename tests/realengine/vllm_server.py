@@ -50,19 +50,26 @@ class ServerConfig:
 
     ``hash_seed`` is ``PYTHONHASHSEED`` (None: unset, so sha256* roots use vLLM's default seed);
     ``int_hashes`` is ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` (events carry the low 64 bits of
-    each digest, or the full digest when False).
+    each digest, or the full digest when False). ``hybrid`` serves the tiny hybrid Gemma 3
+    instead of the Llama; ``num_blocks`` caps the KV cache (``--num-gpu-blocks-override``), so
+    a test can make vLLM evict.
     """
 
     hash_algo: str = "sha256_cbor"
     hash_seed: str | None = None
     int_hashes: bool = True
     lora: bool = False
+    hybrid: bool = False
+    num_blocks: int | None = None
 
     @property
     def label(self) -> str:
         seed = "default-root" if self.hash_seed is None else f"seed={self.hash_seed}"
         events = "int" if self.int_hashes else "digest"
-        return f"{self.hash_algo}-{seed}-{events}" + ("-lora" if self.lora else "")
+        label = f"{self.hash_algo}-{seed}-{events}" + ("-lora" if self.lora else "")
+        if self.hybrid:
+            label += "-hybrid"
+        return label + (f"-{self.num_blocks}blocks" if self.num_blocks else "")
 
 
 #: vLLM's defaults (sha256_cbor, default root, 64-bit event hashes) with the LoRA adapter: the
@@ -72,10 +79,11 @@ DEFAULT_CONFIG = ServerConfig(lora=True)
 
 @dataclass(frozen=True)
 class TinyModel:
-    """The model folder vLLM serves and, optionally, a LoRA adapter folder for it."""
+    """The model folder vLLM serves, optionally a LoRA adapter folder for it, and the hybrid."""
 
     folder: Path
     lora: Path | None
+    hybrid: Path | None = None
 
 
 class VllmServer:
@@ -109,8 +117,9 @@ class VllmServer:
             "replay_endpoint": f"tcp://*:{self.replay_port}",
             "topic": self.topic,
         }
+        folder = model.hybrid if self.config.hybrid else model.folder
         args = [
-            "--model", str(model.folder),
+            "--model", str(folder),
             "--served-model-name", MODEL_NAME,
             "--host", "127.0.0.1",
             "--port", str(self.port),
@@ -120,6 +129,8 @@ class VllmServer:
             "--prefix-caching-hash-algo", self.config.hash_algo,
             "--kv-events-config", json.dumps(events),
         ]  # fmt: skip
+        if self.config.num_blocks:
+            args += ["--num-gpu-blocks-override", str(self.config.num_blocks)]
         if self.lora_path:
             args += ["--enable-lora", "--max-lora-rank", "8"]
             args += ["--lora-modules", f"{LORA_NAME}={self.lora_path}"]

@@ -159,7 +159,7 @@ def add_key_spec_options(
     parser.add_argument(
         "--kv-groups",
         metavar="KIND:N,...",
-        help="KV-cache groups of a hybrid model, e.g. full_attention:16,sliding_window:32",
+        help="KV-cache groups of a hybrid model, e.g. sliding_window@64:32,full_attention:32",
     )
 
 

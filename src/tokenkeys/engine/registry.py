@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from tokenkeys.engine.config import EngineConfig
     from tokenkeys.engine.hosting import EngineInputs, HostedEngine
+    from tokenkeys.keys import CacheKeySpec
 
 #: Kind name -> module holding its ``KIND``.
 KINDS: dict[str, str] = {
@@ -32,6 +33,10 @@ KINDS: dict[str, str] = {
 
 async def _as_given(config: EngineConfig) -> EngineConfig:
     return config
+
+
+async def _spec_as_given(inputs: EngineInputs) -> CacheKeySpec:
+    return inputs.spec
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,9 @@ class EngineKind:
     - ``prepare``: the configuration completed from the engine before any model's engine is
       built (the vLLM sidecar reads the event layout vLLM publishes); as given by default;
     - ``metrics``: the kind's own metrics, made once per server in the server's registry (the
-      vLLM sidecar's live key check) and handed to every engine in ``EngineInputs.metrics``.
+      vLLM sidecar's live key check) and handed to every engine in ``EngineInputs.metrics``;
+    - ``spec``: the spec one served model's engine keys with, completed from the engine before
+      its stream is built (the vLLM sidecar learns vLLM's KV-cache groups); as given by default.
     """
 
     name: str
@@ -54,6 +61,7 @@ class EngineKind:
     build: Callable[[EngineInputs], HostedEngine]
     prepare: Callable[[EngineConfig], Awaitable[EngineConfig]] = field(default=_as_given)
     metrics: Callable[[CollectorRegistry], Any] | None = None
+    spec: Callable[[EngineInputs], Awaitable[CacheKeySpec]] = field(default=_spec_as_given)
 
 
 @cache

@@ -86,6 +86,23 @@ class BlockStored:
             _set(self, "lookahead_token_ids", _freeze(self.lookahead_token_ids))
 
 
+def hashed_offset(event: BlockStored) -> int | None:
+    """The position, in the event's span of ``token_ids``, of the block its first hash keys.
+
+    vLLM 0.32 (``BlockPool.cache_full_blocks``, ``vllm/v1/core/block_pool.py``) publishes the
+    tokens of every newly full block of a request from ``parent_block_hash`` on, but hashes only
+    of the blocks it keeps: a sliding-window group has already freed (nulled) the blocks its
+    window no longer reaches, which are the span's head, so the hashes key the span's last
+    ``len(block_hashes)`` blocks. For full attention the offset is 0. ``None`` when the event is
+    not of that shape (a partial block of tokens, more hashes than blocks).
+    """
+    size = event.block_size
+    if size <= 0 or len(event.token_ids) % size:
+        return None
+    offset = len(event.token_ids) // size - len(event.block_hashes)
+    return offset if offset >= 0 else None
+
+
 @dataclass(frozen=True)
 class BlockRemoved:
     """Blocks left the prefix cache (vLLM ``BlockRemoved``; vLLM sends one hash per event)."""

@@ -35,7 +35,8 @@ class KeySpecOptions:
 
     ``profile`` ``None`` or ``"none"`` means no spec. ``block_size`` ``None`` means the default
     (16), or with ``kv_groups`` the gcd of the group block sizes (vLLM ``hash_block_size``).
-    ``kv_groups`` is ``"kind:block_size,..."``, e.g. ``"full_attention:16,sliding_window:32"``.
+    ``kv_groups`` is ``"kind[@window]:block_size,..."``, e.g.
+    ``"sliding_window@64:32,full_attention:32"`` (a sliding-window group names its window).
     """
 
     profile: str | None = DEFAULT_PROFILE
@@ -46,20 +47,31 @@ class KeySpecOptions:
 
 
 def parse_kv_groups(text: str) -> list[dict[str, Any]]:
-    """``"kind:block_size,..."`` as group dicts in order; a bare number is full attention."""
+    """``"kind[@window]:block_size,..."`` as group dicts in order; a bare number is full
+    attention."""
     groups: list[dict[str, Any]] = []
     for i, part in enumerate(p.strip() for p in text.split(",")):
         kind, sep, size = part.rpartition(":")
         if not sep:
             kind = "full_attention"
-        if not _KIND.fullmatch(kind) or not size.isdigit() or int(size) == 0:
+        kind, at, window = kind.partition("@")
+        if (
+            not _KIND.fullmatch(kind)
+            or not size.isdigit()
+            or int(size) == 0
+            or (at and (not window.isdigit() or int(window) == 0))
+        ):
             raise ConfigError(
-                f"kv-groups entry {i} is {part!r}; each entry is KIND:BLOCK_SIZE with KIND a "
-                "lowercase name such as full_attention or sliding_window and BLOCK_SIZE a "
-                "positive integer, e.g. full_attention:16,sliding_window:32",
+                f"kv-groups entry {i} is {part!r}; each entry is KIND[@WINDOW]:BLOCK_SIZE with "
+                "KIND a lowercase name such as full_attention or sliding_window, WINDOW the "
+                "sliding window in tokens and BLOCK_SIZE a positive integer, e.g. "
+                "sliding_window@64:32,full_attention:32",
                 field="kv_groups",
             )
-        groups.append({"kind": kind, "block_size": int(size)})
+        group: dict[str, Any] = {"kind": kind, "block_size": int(size)}
+        if at:
+            group["sliding_window"] = int(window)
+        groups.append(group)
     return groups
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys.context import KeyContext
-from tokenkeys.keys.spec import BlockKey, CacheKeySpec, KeyGroup
+from tokenkeys.keys.spec import SLIDING_WINDOW, BlockKey, CacheKeySpec, KeyGroup
 
 MAX_BLOCK_SIZE = 1 << 20
 
@@ -145,6 +145,7 @@ def parse_groups(groups: object) -> tuple[KeyGroup, ...]:
                 f"groups[{i}] has index {group.index}; indexes must be 0, 1, ... in order",
                 field="groups",
             )
+        _check_window(group, i)
         if group.derivation != "last_hash_unit":
             raise Unsupported(
                 f"group derivation {group.derivation!r} is not supported; use 'last_hash_unit'",
@@ -152,6 +153,25 @@ def parse_groups(groups: object) -> tuple[KeyGroup, ...]:
             )
         out.append(group)
     return tuple(out)
+
+
+def _check_window(group: KeyGroup, i: int) -> None:
+    """A sliding-window group names its window (a positive token count); no other kind has one."""
+    window = group.sliding_window
+    if group.kind == SLIDING_WINDOW:
+        if type(window) is not int or window < 1:
+            raise InvalidArgument(
+                f"groups[{i}] is a sliding_window group without a window: give sliding_window "
+                f"as a positive number of tokens (vLLM's kv_cache_spec_sliding_window), got "
+                f"{window!r}",
+                field="groups",
+            )
+    elif window is not None:
+        raise InvalidArgument(
+            f"groups[{i}] of kind {group.kind!r} has sliding_window {window}; only "
+            "sliding_window groups have a window",
+            field="groups",
+        )
 
 
 class Profile(ABC):

@@ -52,7 +52,11 @@ def spec_to_message(spec: CacheKeySpec, *, include_vectors: bool = True) -> pb.C
         hash_unit=spec.hash_unit,
         groups=[
             pb.KeyGroup(
-                index=g.index, kind=g.kind, block_size=g.block_size, derivation=g.derivation
+                index=g.index,
+                kind=g.kind,
+                block_size=g.block_size,
+                derivation=g.derivation,
+                sliding_window=g.sliding_window,
             )
             for g in spec.groups
         ],

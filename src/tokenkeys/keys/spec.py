@@ -52,36 +52,53 @@ def make_block_keys(digests: list[bytes], event_keys: list[int]) -> list[BlockKe
     return list(map(tuple.__new__, repeat(BlockKey), zip(digests, event_keys, strict=True)))
 
 
+#: Group kinds whose blocks tokenkeys describes (vLLM ``KVCacheSpecKind`` values, 0.32
+#: ``vllm/v1/kv_cache_interface.py``): full attention keeps every block of a prefix, a sliding
+#: window only the blocks its window reaches.
+FULL_ATTENTION = "full_attention"
+SLIDING_WINDOW = "sliding_window"
+
+
 @dataclass(frozen=True)
 class KeyGroup:
     """One KV-cache group: its kind, block size and how its keys derive from hash units.
 
     ``derivation`` is ``"last_hash_unit"``: a group block of ``k`` hash units is keyed by the
-    chained hash at its last hash unit (vLLM >= 0.24 ``BlockHashListWithBlockSize``).
+    chained hash at its last hash unit (vLLM >= 0.24 ``BlockHashListWithBlockSize``). Every
+    group of a hybrid model keys its blocks with the same chain; what differs is which blocks
+    a group keeps: ``sliding_window`` (tokens, for kind ``"sliding_window"`` only) bounds what
+    a sliding-window group's layers attend to, and so which of its blocks a later request can
+    reuse (``tokenkeys.router.index.hybrid``).
     """
 
     index: int
     block_size: int
-    kind: str = "full_attention"
+    kind: str = FULL_ATTENTION
     derivation: str = "last_hash_unit"
+    sliding_window: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
+        """JSON form (``sliding_window`` only when set, so older specs keep their fingerprint)."""
+        out: dict[str, Any] = {
             "index": self.index,
             "block_size": self.block_size,
             "kind": self.kind,
             "derivation": self.derivation,
         }
+        if self.sliding_window is not None:
+            out["sliding_window"] = self.sliding_window
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> KeyGroup:
         """Inverse of :meth:`to_dict`."""
+        window = data.get("sliding_window")
         return cls(
             index=int(data["index"]),
             block_size=int(data["block_size"]),
-            kind=str(data.get("kind", "full_attention")),
+            kind=str(data.get("kind", FULL_ATTENTION)),
             derivation=str(data.get("derivation", "last_hash_unit")),
+            sliding_window=None if window is None else int(window),
         )
 
 

@@ -127,3 +127,15 @@ def attach_tokenizer_only(models: ModelRegistry, max_model_len: int | None) -> N
         limit = max_model_len or model.tokenizer.specials.model_max_length
         engine = TokenizerOnlyEngine(model.name, limit)
         models.replace(dataclasses.replace(model, engine=engine))
+
+
+def with_spec(model: ServedModel, spec: CacheKeySpec) -> ServedModel:
+    """``model`` serving ``spec`` (its cache-key service rebuilt with the same limits); for a
+    spec completed from the engine at start (the groups a vLLM keeps)."""
+    service = model.cache_keys
+    if service is None:
+        return model
+    rebuilt = CacheKeyService(
+        spec, service.limits, tokenizer_fingerprint=service.tokenizer_fingerprint
+    )
+    return dataclasses.replace(model, cache_keys=rebuilt)

@@ -18,6 +18,7 @@ from tokenkeys.events.model import (
     EventBatch,
     SpecRef,
 )
+from tokenkeys.router.index.hybrid import GroupLayout, WindowGroup, group_key
 from tokenkeys.router.index.memory import MemoryPrefixIndex
 from tokenkeys.router.ingest.ingestor import EventIngestor, IngestMetrics
 
@@ -158,6 +159,27 @@ async def test_group_kind_and_medium_filters():
             sample(ing, "tokenkeys_router_kv_events_ignored_total", worker="w", reason=reason)
             == want
         )
+
+
+async def test_a_hybrid_models_window_group_is_indexed_under_its_own_keys():
+    # vLLM 0.32's Gemma 3 layout: group 0 a 64-token window, group 1 full attention; the window
+    # group publishes the same hashes as full attention for the blocks it keeps.
+    layout = GroupLayout(1, 16, (WindowGroup(0, 64, 16),))
+    index = MemoryPrefixIndex()
+    ing = EventIngestor(index, SPEC, layout=layout)
+    window = {"group_idx": 0, "kv_cache_spec_kind": "sliding_window"}
+    full = {"group_idx": 1, "kv_cache_spec_kind": "full_attention"}
+    await ing.apply("w", batch(stored(1, 2, 3, **full), stored(2, 3, **window)))
+    assert (await index.lookup([1, 2, 3]))["w"].blocks == 3
+    assert (await index.lookup([group_key(k, 0, 1) for k in (2, 3)]))["w"].blocks == 2
+    # The window group evicts block 2: full attention keeps it.
+    await ing.apply("w", batch(BlockRemoved((2,), "GPU", group_idx=0)))
+    assert (await index.lookup([1, 2, 3]))["w"].blocks == 3
+    assert await index.lookup([group_key(2, 0, 1)]) == {}
+    assert (
+        sample(ing, "tokenkeys_router_kv_events_ignored_total", worker="w", reason="other_group")
+        == 0
+    )
 
 
 async def test_index_errors_propagate_and_are_counted():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenkeys.errors import FailedPrecondition
+from tokenkeys.errors import FailedPrecondition, Unsupported
 from tokenkeys.keys import KeyContext, make_spec
 from tokenkeys.keys.strategy import KeyStrategy
 from tokenkeys.preprocess import Preprocessor
@@ -83,13 +83,40 @@ def test_the_key_context_is_completed_as_the_engine_completes_it(tokenizer):
         "vllm/sha256_cbor@0.31",
         None,
         groups=[
-            {"kind": "sliding_window", "block_size": 16},
+            {"kind": "full_attention", "block_size": 16},
             {"kind": "full_attention", "block_size": 32},
         ],
     )
     pool = make_pool(tokenizer, hybrid)
+    assert (pool.group_idx, pool.block_size) == (0, 16)
+    two_sizes = make_spec(
+        "vllm/sha256_cbor@0.31", None, groups=[{"kind": "mamba", "block_size": 16}, 32]
+    )
+    pool = make_pool(tokenizer, make_spec("vllm/sha256_cbor@0.31", 16, groups=[16, 32]))
+    assert pool.key_context(None) is None
+    windowed = make_spec(
+        "vllm/sha256_cbor@0.31",
+        16,
+        groups=[
+            {"kind": "sliding_window", "block_size": 32, "sliding_window": 64},
+            {"kind": "full_attention", "block_size": 32},
+        ],
+    )
+    pool = make_pool(tokenizer, windowed)
     assert (pool.group_idx, pool.block_size) == (1, 32)
+    assert [(w.index, w.need) for w in pool.layout.windows] == [(0, 2)]
     assert pool.key_context(KeyContext(cache_salt="s")) == KeyContext(cache_salt="s", group=1)
+    big = make_spec(
+        "vllm/sha256_cbor@0.31",
+        16,
+        groups=[
+            {"kind": "sliding_window", "block_size": 16, "sliding_window": 64},
+            {"kind": "full_attention", "block_size": 32},
+        ],
+    )
+    for spec, named in ((two_sizes, "'mamba'"), (big, "16-token blocks")):
+        with pytest.raises(Unsupported, match=named):
+            make_pool(tokenizer, spec)
 
 
 async def test_block_keys_are_the_event_keys_of_the_spec(tokenizer):

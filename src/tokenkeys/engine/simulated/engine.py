@@ -36,6 +36,7 @@ from tokenkeys.engine.protocol import (
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.simulated.paged_cache import Block, BlockKeyLike, PagedPrefixCache
 from tokenkeys.engine.simulated.sampler import TokenSampler
+from tokenkeys.engine.simulated.window_group import SimulatedWindow, resumable
 from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
 from tokenkeys.events.model import MEDIUM_GPU, EventBatch
 from tokenkeys.keys import Adapter
@@ -99,6 +100,7 @@ class SimulatedEngine:
         group_idx: int = 0,
         medium: str = MEDIUM_GPU,
         kv_cache_spec_kind: str = "full_attention",
+        windows: Sequence[tuple[int, int]] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
         if max_model_len is not None and max_model_len < 1:
@@ -110,6 +112,8 @@ class SimulatedEngine:
             medium=medium,
             kv_cache_spec_kind=kv_cache_spec_kind,
         )
+        #: Sliding-window groups, by (group index, window): a hybrid model (``window_group``).
+        self.windows = [SimulatedWindow(i, w, block_size, num_blocks, medium) for i, w in windows]
         self.block_size = block_size
         self.key_fn = key_fn
         self.event_sink = event_sink
@@ -153,7 +157,9 @@ class SimulatedEngine:
         return self.cache.num_blocks - self.cache.num_free_blocks + self._reserved
 
     def _flush(self) -> None:
-        events = self.cache.take_events()
+        # vLLM's batches list the groups in index order; window groups come first in Gemma's.
+        events = [e for w in self.windows for e in w.cache.take_events()]
+        events += self.cache.take_events()
         if events and self.event_sink is not None:
             self.stats.event_batches += 1
             self.event_sink(EventBatch(self.clock(), tuple(events)))
@@ -161,6 +167,9 @@ class SimulatedEngine:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block and emit AllBlocksCleared; False while requests run."""
         done = self.cache.reset()
+        if done:
+            for window in self.windows:
+                window.cache.reset()
         self._flush()
         return done
 
@@ -186,7 +195,9 @@ class SimulatedEngine:
         fitted = fit(len(prompt), params.max_tokens, self.max_model_len)
         return replace(params, max_tokens=fitted), ids
 
-    async def _admit(self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int) -> list[Block]:
+    async def _admit(
+        self, keys: Sequence[BlockKeyLike], prompt_len: int, need: int
+    ) -> tuple[list[Block], list[list[Block]]]:
         """Wait until the request's blocks fit; touch its prefix hits and reserve the rest."""
         bs = self.block_size
         if need > self.cache.num_blocks:
@@ -198,20 +209,26 @@ class SimulatedEngine:
         async with self._space:
             while True:
                 hits = self.cache.match_prefix(keys[: (prompt_len - 1) // bs])
+                hits, held = resumable(self.windows, keys, hits)
                 taken_from_free = self.cache.count_free(hits)
                 fresh = need - len(hits)
                 if self.cache.num_free_blocks - taken_from_free - self._reserved >= fresh:
                     self.cache.touch(hits)
+                    for window, blocks in zip(self.windows, held, strict=True):
+                        window.cache.touch(blocks)
                     self._reserved += fresh
                     self.stats.running += 1
-                    return hits
+                    return hits, held
                 self.stats.waiting += 1
                 try:
                     await self._space.wait()
                 finally:
                     self.stats.waiting -= 1
 
-    async def _release(self, blocks: list[Block], unused_reservation: int) -> None:
+    async def _release(self, run: _Running) -> None:
+        blocks, unused_reservation = run.blocks, run.reserved
+        for window, held in zip(self.windows, run.window_blocks, strict=True):
+            window.cache.free(list(reversed(held)))
         self.cache.free(list(reversed(blocks)))
         self._reserved -= unused_reservation
         self.stats.running -= 1
@@ -236,21 +253,23 @@ class SimulatedEngine:
         """Cache blocks ``first..stop-1`` of the request (one BlockStored)."""
         if stop <= first:
             return
-        bs = self.block_size
-        extra = None
-        if self.event_extra_keys is not None:
-            extra = [
-                self.event_extra_keys(context, i * bs, (i + 1) * bs) for i in range(first, stop)
-            ]
+        extra = self._extra(context, first, stop)
         self.cache.cache_blocks(
             blocks[first:stop],
             keys[first:stop],
-            tokens[first * bs : stop * bs],
+            tokens[first * self.block_size : stop * self.block_size],
             keys[first - 1] if first > 0 else None,
             lora_id=lora_id,
             lora_name=lora_name,
             extra_keys=extra,
         )
+
+    def _extra(self, context: Any, first: int, stop: int) -> list | None:
+        """The event extra keys of blocks ``first..stop-1`` (None without an extra-key rule)."""
+        if self.event_extra_keys is None:
+            return None
+        bs = self.block_size
+        return [self.event_extra_keys(context, i * bs, (i + 1) * bs) for i in range(first, stop)]
 
     async def generate(
         self,
@@ -275,7 +294,7 @@ class SimulatedEngine:
         keys = list(self.key_fn(ids, context))
         # KV is computed for every token but the last sampled one.
         need = -(-(len(prompt) + params.max_tokens - 1) // self.block_size)
-        hits = await self._admit(keys, len(prompt), need)
+        hits, run.window_blocks = await self._admit(keys, len(prompt), need)
         run.blocks, run.reserved = list(hits), need - len(hits)
         try:
             ttft = await self._prefill(run, keys, len(hits))
@@ -295,7 +314,7 @@ class SimulatedEngine:
             timing = SimulatedTiming(ttft, total)
             yield GenerateOutput(run.request_id, (token,), True, finish_reason, usage, timing)
         finally:
-            await self._release(run.blocks, run.reserved)
+            await self._release(run)
 
     async def _prefill(self, run: _Running, keys: list[BlockKeyLike], hits: int) -> float:
         """Allocate the prompt's uncached blocks, cache its full ones, wait the TTFT."""
@@ -305,6 +324,18 @@ class SimulatedEngine:
         run.blocks += self._allocate(fresh)
         run.reserved -= fresh
         self._store(run.blocks, keys, run.tokens, hits, prompt_len // bs, run.context, *run.lora)
+        for n, window in enumerate(self.windows):
+            extra = self._extra(run.context, hits, prompt_len // bs)
+            run.window_blocks[n] += window.store(
+                keys,
+                run.tokens,
+                hits,
+                prompt_len // bs,
+                prompt_len,
+                extra,
+                run.lora_id,
+                run.lora_name,
+            )
         self._flush()
         ttft = self.latency.time_to_first_token(prompt_len - hits * bs)
         if self.latency.sleep:
@@ -347,6 +378,7 @@ class _Running:
     outputs: list[int] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     reserved: int = 0
+    window_blocks: list[list[Block]] = field(default_factory=list)
 
     @property
     def lora(self) -> tuple[str | None, int | None]:

@@ -20,15 +20,37 @@ from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationPara
 from tokenkeys.engine.registry import EngineKind
 from tokenkeys.engine.simulated.engine import SimulatedEngine
 from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
-from tokenkeys.errors import FailedPrecondition, InvalidArgument, NotFound
+from tokenkeys.errors import ConfigError, FailedPrecondition, InvalidArgument, NotFound
 from tokenkeys.events.model import SpecRef
 from tokenkeys.events.stream import EventStream
-from tokenkeys.keys import Adapter, BlockKey, CacheKeySpec, KeyContext
+from tokenkeys.keys import Adapter, BlockKey, CacheKeySpec, KeyContext, KeyGroup
 from tokenkeys.keys.memo import ChainMemo
+from tokenkeys.keys.spec import SLIDING_WINDOW
 from tokenkeys.tokenizer import Tokenizer
 
 #: Block keys the key memo remembers per KV block of the engine.
 MEMO_BLOCKS_PER_KV_BLOCK = 4
+
+
+def simulated_groups(spec: CacheKeySpec) -> tuple[KeyGroup, list[tuple[int, int]]]:
+    """The group the simulated engine keeps (the first that is not a sliding window) and the
+    sliding windows beside it, as (index, window); ConfigError for a layout it cannot run."""
+    full = [g for g in spec.groups if g.kind != SLIDING_WINDOW]
+    if not full:
+        raise ConfigError(
+            "the simulated engine needs a group that is not a sliding window (--kv-groups)",
+            field="kv_groups",
+        )
+    windows = [g for g in spec.groups if g.kind == SLIDING_WINDOW]
+    for window in windows:
+        if window.block_size != full[0].block_size:
+            raise ConfigError(
+                f"the simulated engine runs sliding-window groups of its full-attention group's "
+                f"block size ({full[0].block_size}); group {window.index} has "
+                f"{window.block_size}",
+                field="kv_groups",
+            )
+    return full[0], [(w.index, w.sliding_window or 0) for w in windows]
 
 
 def output_vocab(tokenizer: Tokenizer) -> list[int]:
@@ -60,9 +82,10 @@ class LocalEngine:
         self.spec = spec
         self.stream = stream
         self.config = config
-        group = spec.groups[0]
-        # The engine simulates the first KV-cache group; its keys are the spec's keys at that
-        # group's block size (vLLM >= 0.24 BlockHashListWithBlockSize), selected by group index.
+        group, windows = simulated_groups(spec)
+        # The engine simulates the first full-attention group (and a hybrid model's sliding
+        # windows beside it); its keys are the spec's keys at that group's block size (vLLM >=
+        # 0.24 BlockHashListWithBlockSize), selected by group index.
         self._group = group.index if group.block_size != spec.hash_unit else None
         # Chains of earlier prompts, so a long mostly-seen prompt hashes only its new blocks;
         # bounded at a few times the KV capacity (keys beyond it rarely hit the engine again).
@@ -79,6 +102,7 @@ class LocalEngine:
             event_extra_keys=VllmEventExtraKeys(spec.hash_unit),
             group_idx=group.index,
             kv_cache_spec_kind=group.kind,
+            windows=windows,
         )
 
     async def start(self) -> None:

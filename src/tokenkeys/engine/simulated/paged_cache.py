@@ -69,6 +69,7 @@ class PagedPrefixCache:
         group_idx: int = 0,
         medium: str = MEDIUM_GPU,
         kv_cache_spec_kind: str = "full_attention",
+        sliding_window: int | None = None,
     ) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or value < 1:
@@ -78,6 +79,7 @@ class PagedPrefixCache:
         self.group_idx = group_idx
         self.medium = medium
         self.kv_cache_spec_kind = kv_cache_spec_kind
+        self.sliding_window = sliding_window
         self._blocks = [Block(i) for i in range(num_blocks)]
         # LRU order of free blocks: first = next to be reallocated.
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self._blocks)
@@ -96,10 +98,6 @@ class PagedPrefixCache:
         """Blocks currently findable by key."""
         return sum(len(v) for v in self._cached.values())
 
-    def is_free(self, block: Block) -> bool:
-        """Whether ``block`` waits in the free queue (reference count 0)."""
-        return block.block_id in self._free
-
     def count_free(self, blocks: Sequence[Block]) -> int:
         """How many of ``blocks`` wait in the free queue (reference count 0), counted in C."""
         return list(map(attrgetter("ref_cnt"), blocks)).count(0)
@@ -114,6 +112,11 @@ class PagedPrefixCache:
                 break
             append(next(iter(holders.values())))
         return hits
+
+    def cached(self, key: BlockKeyLike) -> Block | None:
+        """A block cached under ``key``, or None."""
+        holders = self._cached.get(key.digest)
+        return next(iter(holders.values())) if holders else None
 
     def touch(self, blocks: Sequence[Block]) -> None:
         """Reference ``blocks`` for a request, taking free ones out of the eviction queue."""
@@ -164,15 +167,22 @@ class PagedPrefixCache:
         lora_id: int | None = None,
         lora_name: str | None = None,
         extra_keys: Sequence[tuple[Any, ...] | None] | None = None,
+        span: bool = False,
     ) -> None:
         """Register newly filled ``blocks`` under ``keys`` and queue one BlockStored for them.
 
         ``token_ids`` are the tokens of exactly these blocks; ``parent`` is the key of the block
-        before the first one (None when the first block starts at token 0).
+        before the first one (None when the first block starts at token 0). With ``span`` the
+        tokens may cover more blocks before them, which the group did not keep (a sliding
+        window's layout, ``events.model.hashed_offset``) and ``parent`` is the block before the
+        tokens.
         """
         if not blocks:
             return
-        if len(blocks) != len(keys) or len(token_ids) != len(blocks) * self.block_size:
+        whole = len(token_ids) == len(blocks) * self.block_size
+        fits = span and len(token_ids) % self.block_size == 0
+        fits = fits and len(token_ids) >= len(blocks) * self.block_size
+        if len(blocks) != len(keys) or not (whole or fits):
             raise ValueError(
                 f"cache_blocks got {len(blocks)} blocks, {len(keys)} keys and "
                 f"{len(token_ids)} tokens (block size {self.block_size})"
@@ -192,6 +202,7 @@ class PagedPrefixCache:
                 extra_keys=tuple(extra_keys) if extra_keys is not None else (None,) * len(keys),
                 group_idx=self.group_idx,
                 kv_cache_spec_kind=self.kv_cache_spec_kind,
+                kv_cache_spec_sliding_window=self.sliding_window,
             )
         )
 

@@ -150,7 +150,8 @@ def _check_cache_config(cache: dict[str, str], spec: CacheKeySpec) -> None:
             "with --enable-prefix-caching",
             field="engine",
         )
-    block_size = spec.groups[0].block_size
+    # vLLM's block_size is its smallest group's (EngineCore._initialize_kv_caches, 0.32).
+    block_size = min(g.block_size for g in spec.groups)
     if cache.get("block_size") != str(block_size):
         raise ConfigError(
             f"--block-size is {block_size}, vLLM's block_size is {cache.get('block_size')}",

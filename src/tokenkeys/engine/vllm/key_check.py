@@ -13,6 +13,17 @@ match when its published hash is the expected key and a mismatch otherwise: the 
 block placed exactly and got another key. A block that cannot be placed (generated tokens, a
 parent stored before the sidecar joined, a prompt no longer remembered) counts neither way.
 
+Every KV-cache group is checked. A hybrid model's groups key their blocks with the same
+chain, so one table of expected blocks serves all of them; what differs is which blocks an event
+hashes: a sliding-window group publishes the tokens of the whole span after its parent but the
+hashes of only its last blocks (``events.model.hashed_offset``). The span's head is walked from
+the parent by tokens (it carries no extra keys: the one expected block with that parent and
+those tokens, else the event is not placed), and each hash is checked at its block. A hash that
+is another block's of the same span is not counted either way (the engine kept other blocks
+than the span's tail, a layout this check does not place); only a hash that is no expected
+block's there is a mismatch. An event of a group the spec does not have is one too: the engine's
+layout is not the spec's.
+
 The first mismatch is logged once with the likely cause, and :attr:`KeyCheck.verified` turns
 False for good: from then on the sidecar advertises its keys as unverified.
 """
@@ -27,7 +38,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
-from tokenkeys.events.model import BlockStored, EventBatch
+from tokenkeys.events.model import BlockStored, EventBatch, hashed_offset
 from tokenkeys.keys import BlockKey, CacheKeySpec, KeyContext, block_keys
 
 log = logging.getLogger(__name__)
@@ -67,6 +78,10 @@ class KeyCheck:
         self._extra = VllmEventExtraKeys(spec.hash_unit)
         #: (parent digest or _ROOT, tokens, extra keys) -> the expected key of that block.
         self._expected: _Lru = _Lru(limit)
+        #: (parent digest or _ROOT, tokens) -> the expected key, or None when several blocks
+        #: (other extra keys) share them: walks a window group's unhashed head.
+        self._children: _Lru = _Lru(limit)
+        self._groups = {g.index: g for g in spec.groups}
         #: A published hash -> tokenkeys' digest of the block it was placed at (or, for an
         #: expected block, its event key -> its digest: a right key places its children).
         self._placed: _Lru = _Lru(limit)
@@ -87,6 +102,8 @@ class KeyCheck:
             tokens = tuple(prompt[start : start + bs])
             extra = self._extra(context, start, start + bs)
             self._expected.put((parent, tokens, extra), key)
+            known = self._children.get((parent, tokens), key)
+            self._children.put((parent, tokens), key if known == key else None)
             self._placed.put(key.event_key, key.digest)
             self._placed.put(key.digest, key.digest)
             parent = key.digest
@@ -99,28 +116,74 @@ class KeyCheck:
                 self._check(event)
 
     def _check(self, event: BlockStored) -> None:
+        if event.group_idx is not None and event.group_idx not in self._groups:
+            self._group_unknown(event)
+            return
         bs = event.block_size or self.block_size
+        offset = hashed_offset(event) if event.block_size else 0
+        if offset is None:
+            return  # not vLLM's shape: nothing can be placed
         extras = event.extra_keys or ()
         parent: bytes | None = (
             _ROOT if event.parent_block_hash is None else self._placed.get(event.parent_block_hash)
         )
+        tokens_of = event.token_ids
+        # A window group: the span's blocks by parent and tokens place its unhashed head and
+        # tell a hash of another block of the span from a wrong one.
+        walk = self._walk(parent, tokens_of, bs) if offset else []
+        if offset:
+            if len(walk) < offset:
+                return
+            parent = walk[offset - 1].digest
+        whole = len(walk) * bs == len(tokens_of)
         for i, published in enumerate(event.block_hashes):
             if parent is None:
                 return  # an unplaced parent places none of its descendants
-            tokens = tuple(event.token_ids[i * bs : (i + 1) * bs])
+            at = offset + i
+            tokens = tuple(tokens_of[at * bs : (at + 1) * bs])
             extra = extras[i] if i < len(extras) else None
             expected: BlockKey | None = self._expected.get((parent, tokens, extra))
             if expected is None:
                 return  # generated tokens, or a prompt no longer remembered
-            first = parent == _ROOT
+            first = at == 0 and event.parent_block_hash is None
             self.counted += 1
-            if published == (expected.event_key if isinstance(published, int) else expected.digest):
+            if _same(published, expected):
                 self.checked.labels(self.model, "match").inc()
+            elif offset and (not whole or any(_same(published, k) for k in walk)):
+                return  # another block of the span: the engine kept blocks not placed here
             else:
                 self.checked.labels(self.model, "mismatch").inc()
                 self._mismatch(published, expected, event, first)
             self._placed.put(published, expected.digest)
             parent = expected.digest
+
+    def _walk(self, parent: bytes | None, tokens: Sequence[int], bs: int) -> list[BlockKey]:
+        """The expected blocks of ``tokens`` from ``parent`` on, as far as they are known."""
+        out: list[BlockKey] = []
+        for start in range(0, len(tokens) - bs + 1, bs):
+            if parent is None:
+                break
+            key: BlockKey | None = self._children.get((parent, tuple(tokens[start : start + bs])))
+            if key is None:
+                break
+            out.append(key)
+            parent = key.digest
+        return out
+
+    def _group_unknown(self, event: BlockStored) -> None:
+        self.checked.labels(self.model, "mismatch").inc()
+        if not self.verified:
+            return
+        self.verified = False
+        self.first_mismatch = (
+            f"KV-cache groups: the engine stored blocks of group {event.group_idx} "
+            f"({event.kv_cache_spec_kind}), the spec has groups {sorted(self._groups)}"
+        )
+        log.error(
+            "keys of model %s: %s; from now on this engine's keys are advertised as unverified",
+            self.model,
+            self.first_mismatch,
+        )
 
     def _mismatch(
         self, published: Published, expected: BlockKey, event: BlockStored, first: bool
@@ -141,14 +204,19 @@ class KeyCheck:
         )
 
 
+def _same(published: Published, key: BlockKey) -> bool:
+    return published == (key.event_key if isinstance(published, int) else key.digest)
+
+
 def likely_cause(
     spec: CacheKeySpec, published: int | bytes, event: BlockStored, first: bool
 ) -> str:
     """One phrase naming the most likely reason a stored block's hash differs."""
-    if event.block_size and event.block_size != spec.groups[0].block_size:
+    group = next((g for g in spec.groups if g.index == (event.group_idx or 0)), spec.groups[0])
+    if event.block_size and event.block_size != group.block_size:
         return (
             f"block size: the engine stores {event.block_size}-token blocks, "
-            f"--block-size is {spec.groups[0].block_size}"
+            f"--block-size is {group.block_size}"
         )
     if event.lora_name is not None:
         return f"adapter handling: the block was stored under LoRA adapter {event.lora_name!r}"

@@ -40,6 +40,7 @@ from tokenkeys.engine.vllm import openai as vllm_openai
 from tokenkeys.engine.vllm import snapshot_scope
 from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, wire_version_of
 from tokenkeys.engine.vllm.client import VllmHttpClient
+from tokenkeys.engine.vllm.groups import learned_spec
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.engine.vllm.openai import usage_of
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, TokenkeysError, Unavailable
@@ -374,4 +375,4 @@ def build(inputs: EngineInputs) -> VllmSidecarEngine:
     )
 
 
-KIND = EngineKind("vllm", "streamed", build, prepare, keys_checked)
+KIND = EngineKind("vllm", "streamed", build, prepare, keys_checked, learned_spec)

@@ -11,9 +11,13 @@ vLLM router checklist in ../shared/reference/engines/vllm.md §8):
   a worker that lost the prefix.
 - A batch whose ``spec`` (cache-key profile and spec fingerprint) is not the pool's is never
   indexed: its hashes follow keys this router does not compute. Its events are counted.
-- With ``group_idx`` set (hybrid models: one KV-cache group's hashes per index), events of
-  other groups are skipped; stores of groups that are not prefix-reusable attention
-  (sliding window, mamba) are skipped always, as llm-d's ``blockStoredEventDigestible`` does.
+- With ``group_idx`` set (the routing group: full attention), events of that group are indexed
+  under their hashes. With a ``layout`` (hybrid models), the sliding-window groups it names are
+  indexed too, each under keys of its own (``index.hybrid.group_key``: vLLM publishes one hash
+  per block in every group that stores it, and a window group's removal must not drop the full
+  attention block), so routing can tell how far the engine resumes a prefix. Events of other
+  groups are skipped, and so are stores of kinds that are not prefix-reusable attention (as
+  llm-d's ``blockStoredEventDigestible`` does) unless the layout names their group.
 
 Consecutive events of the same kind and tier are coalesced into one index call (vLLM sends one
 ``BlockRemoved`` per hash); order between different kinds is kept.
@@ -37,6 +41,7 @@ from tokenkeys.events.model import (
     KvEvent,
     SpecRef,
 )
+from tokenkeys.router.index.hybrid import GroupLayout, group_key
 from tokenkeys.router.index.model import PrefixIndex, check_worker, index_keys, medium_tier
 from tokenkeys.router.ingest.backoff import WriteBackoff
 
@@ -104,6 +109,7 @@ class EventIngestor:
         spec: SpecRef,
         *,
         group_idx: int | None = None,
+        layout: GroupLayout | None = None,
         metrics: IngestMetrics | None = None,
     ) -> None:
         if not isinstance(spec, SpecRef):
@@ -113,7 +119,9 @@ class EventIngestor:
             )
         self.index = index
         self.spec = spec
-        self.group_idx = group_idx
+        self.group_idx = layout.routing_group if layout is not None else group_idx
+        #: Sliding-window groups indexed under keys of their own.
+        self.windows = frozenset(w.index for w in layout.windows) if layout is not None else ()
         self.metrics = metrics if metrics is not None else IngestMetrics()
 
     async def reset(self, worker: str, reason: str) -> None:
@@ -193,7 +201,7 @@ class EventIngestor:
             op = self._operation(worker, event)
             if op is None:
                 continue
-            kind, tier, hashes = op
+            kind, tier, hashes, group = op
             applied[type(event).__name__] = applied.get(type(event).__name__, 0) + 1
             if pending != (kind, tier) and keys:
                 await self._flush(worker, pending, keys)
@@ -203,7 +211,11 @@ class EventIngestor:
                 await self.reset(worker, "all_blocks_cleared")
                 pending = None
                 continue
-            keys.extend(index_keys(hashes))
+            if group is None:
+                keys.extend(index_keys(hashes))
+            else:
+                routing = self.group_idx
+                keys.extend(group_key(k, group, routing) for k in index_keys(hashes))
         if keys:
             await self._flush(worker, pending, keys)
         return applied
@@ -216,15 +228,21 @@ class EventIngestor:
         else:
             await self.index.remove(worker, keys, tier)
 
-    def _operation(self, worker: str, event: KvEvent) -> tuple[str, str, tuple] | None:
-        """(index operation, tier, hashes) for one event, or None when it is skipped."""
+    def _operation(self, worker: str, event: KvEvent) -> tuple[str, str, tuple, int | None] | None:
+        """(index operation, tier, hashes, window group or None) for one event, or None when it
+        is skipped."""
         if isinstance(event, AllBlocksCleared):
-            return "clear", "", ()
-        if self.group_idx is not None and event.group_idx not in (None, self.group_idx):
+            return "clear", "", (), None
+        window = event.group_idx if event.group_idx in self.windows else None
+        if (
+            window is None
+            and self.group_idx is not None
+            and event.group_idx not in (None, self.group_idx)
+        ):
             return self._skip(worker, "other_group")
         if isinstance(event, BlockStored):
             kind = event.kv_cache_spec_kind
-            if kind is not None and kind not in PREFIX_KINDS:
+            if window is None and kind is not None and kind not in PREFIX_KINDS:
                 return self._skip(worker, "not_prefix_kind")
             operation = "add"
         elif isinstance(event, BlockRemoved):
@@ -235,7 +253,7 @@ class EventIngestor:
             tier = medium_tier(event.medium)
         except InvalidArgument:
             return self._skip(worker, "bad_medium")
-        return operation, tier, event.block_hashes
+        return operation, tier, event.block_hashes, window
 
     def _skip(self, worker: str, reason: str) -> None:
         self.metrics.ignored.labels(worker, reason).inc()

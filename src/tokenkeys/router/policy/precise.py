@@ -17,6 +17,7 @@ import random
 from collections.abc import Mapping
 
 from tokenkeys.errors import TokenkeysError, Unavailable
+from tokenkeys.router.index.hybrid import resumable_matches
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.policy.cost import Candidate, CostWeights, GrowthLedger, choose, cost_workers
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
@@ -83,7 +84,11 @@ class PrecisePolicy:
             keys, reason = [], "keys_unavailable"
         ids = {pool.index_id(a): a for a in load}
         try:
-            found = await self.index.lookup(keys, ids) if keys else {}
+            found = (
+                await resumable_matches(self.index, keys, len(request.token_ids), pool.layout, ids)
+                if keys
+                else {}
+            )
         except TokenkeysError as exc:
             if not isinstance(exc, Unavailable):
                 raise

@@ -102,7 +102,7 @@ class Admission:
             self.ingestors[model.name] = EventIngestor(
                 self.index,
                 pool.key_spec.spec,
-                group_idx=pool.group_idx,
+                layout=pool.layout,
                 metrics=self.ingest_metrics,
             )
         return pool

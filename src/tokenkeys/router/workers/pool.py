@@ -9,7 +9,10 @@ events carry, or tokenize differently from the engine, and every score would be 
 The pool also pins which KV-cache group is indexed: the spec's first prefix-reusable group
 (full attention), whose block size is the routing block. That is the group the simulated engine
 keeps (``tokenkeys.engine.simulated.local``) and the one llm-d indexes
-(``blockStoredEventDigestible``, llm-d-router ``pkg/kvevents/pool.go``).
+(``blockStoredEventDigestible``, llm-d-router ``pkg/kvevents/pool.go``). A hybrid model's
+sliding-window groups are indexed beside it and bound the hit as vLLM's coordinator does
+(``router.index.hybrid``); a group kind or block size that rule does not cover refuses the
+pool, naming it, instead of routing by full attention alone as if the engine could resume it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from dataclasses import dataclass, field
 
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, Unsupported
 from tokenkeys.keys import BlockKey, CacheKeySpec, KeyContext
+from tokenkeys.keys.spec import SLIDING_WINDOW
 from tokenkeys.keys.strategy import KeyStrategy
 from tokenkeys.preprocess import Preprocessor
+from tokenkeys.router.index.hybrid import GroupLayout, layout_of
 from tokenkeys.router.index.model import prompt_keys
 from tokenkeys.router.ingest.ingestor import PREFIX_KINDS
 from tokenkeys.router.workers.discovery import EventSource, KeySpecRef, ModelDescription
@@ -107,6 +112,27 @@ def routing_group(spec: CacheKeySpec) -> tuple[int, int]:
     )
 
 
+def routing_layout(spec: CacheKeySpec) -> GroupLayout:
+    """The groups routing uses: the routing group and the sliding-window groups beside it.
+
+    Unsupported for a group the hit rule cannot place: a kind that is neither prefix-reusable
+    attention nor a sliding window (Mamba, chunked local attention, ...), or a sliding window
+    whose block size is not the routing group's.
+    """
+    index, block_size = routing_group(spec)
+    for group in spec.groups:
+        known = group.kind in PREFIX_KINDS or group.kind == SLIDING_WINDOW
+        if not known or (group.kind == SLIDING_WINDOW and group.block_size != block_size):
+            raise Unsupported(
+                f"spec {spec.profile_id} ({spec.fingerprint[:12]}) has KV-cache group "
+                f"{group.index} of kind {group.kind!r} with {group.block_size}-token blocks; "
+                f"routing can tell what the engine resumes only with full-attention groups and "
+                f"sliding-window groups of the routing block size ({block_size})",
+                field="groups",
+            )
+    return layout_of(spec.groups, index, block_size)
+
+
 class Pool:
     """The workers of one model sharing one tokenizer and one cache-key spec; see the module doc.
 
@@ -154,7 +180,8 @@ class Pool:
         self.max_context_length = max_context_length
         self.transport = transport
         self.chat_reproducible = tokenizer.options.chat_template_sha256 is None
-        self.group_idx, self.block_size = routing_group(self.spec)
+        self.layout = routing_layout(self.spec)
+        self.group_idx, self.block_size = self.layout.routing_group, self.layout.block_size
         # The context the engine hashes a request with (tokenkeys.engine.simulated.local.resolve):
         # the model name where the profile keys it, the group when it spans several hash units.
         self._needs_model = "model" in self.spec.required_context

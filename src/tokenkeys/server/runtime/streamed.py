@@ -32,7 +32,7 @@ from tokenkeys.events.vllm_codec import VllmMsgpackCodec, layout_for
 from tokenkeys.events.zmq_publisher import ZmqEventPublisher, restart_safe_first_seq
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.grpc import discovery_messages as messages
-from tokenkeys.serving.models import ServedModel
+from tokenkeys.serving.models import ServedModel, with_spec
 
 if TYPE_CHECKING:
     from tokenkeys.server.runtime.engines import EngineRuntime
@@ -97,6 +97,10 @@ class StreamedHosting:
     async def _start_model(self, index: int, model: ServedModel, bind_host: str) -> StreamedParts:
         runtime, config = self.runtime, self.runtime.config
         spec = runtime.spec_of(model)
+        learned = await runtime.kind.spec(EngineInputs(model.name, model.tokenizer, spec, config))
+        if learned != spec:
+            spec = learned
+            runtime.models.replace(with_spec(model, spec))
         # Never back across restarts, so no consumer drops this run's batches as stale.
         first_seq = restart_safe_first_seq()
         publisher = self._publisher(index, model.name, bind_host, first_seq)

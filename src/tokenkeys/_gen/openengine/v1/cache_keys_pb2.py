@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eopenengine/v1/cache_keys.proto\x12\ropenengine.v1\"Y\n\x16GetCacheKeySpecRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1c\n\x0finclude_vectors\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x12\n\x10_include_vectors\"O\n\x08KeyGroup\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x12\n\nderivation\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\r\"\xa0\x03\n\x0c\x43\x61\x63heKeySpec\x12\x12\n\nprofile_id\x18\x01 \x01(\t\x12\x17\n\x0fprofile_version\x18\x02 \x01(\t\x12\x11\n\thash_unit\x18\x03 \x01(\r\x12\'\n\x06groups\x18\x04 \x03(\x0b\x32\x17.openengine.v1.KeyGroup\x12\x0c\n\x04root\x18\x05 \x01(\x0c\x12\x17\n\x0froot_derivation\x18\x06 \x01(\t\x12\x15\n\rserialization\x18\x07 \x01(\t\x12\x0e\n\x06\x64igest\x18\x08 \x01(\t\x12\x16\n\x0e\x65vent_encoding\x18\t \x01(\t\x12\x12\n\nextra_keys\x18\n \x01(\t\x12\x15\n\rpartial_block\x18\x0b \x01(\t\x12\x19\n\x11\x63lient_computable\x18\x0c \x01(\x08\x12\x18\n\x10required_context\x18\r \x03(\t\x12\x11\n\tspec_json\x18\x0e \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x0f \x01(\t\x12\x0e\n\x06\x65ngine\x18\x10 \x01(\t\x12\x11\n\talgorithm\x18\x11 \x01(\t\x12\x16\n\x0evectors_digest\x18\x12 \x01(\t\"s\n\x0f\x43\x61\x63heKeySpecRef\x12\x12\n\nprofile_id\x18\x01 \x01(\t\x12\x17\n\x0fprofile_version\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\x12\x19\n\x11\x63lient_computable\x18\x04 \x01(\x08\"D\n\x0eMultimodalItem\x12\x12\n\nidentifier\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x05\x12\x0e\n\x06length\x18\x03 \x01(\r\"\x92\x03\n\nKeyContext\x12\x12\n\x05model\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\"\n\x15tokenizer_fingerprint\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x0c\x61\x64\x61pter_name\x18\x03 \x01(\tH\x02\x88\x01\x01\x12\x19\n\x0c\x61\x64\x61pter_path\x18\x04 \x01(\tH\x03\x88\x01\x01\x12\x17\n\ncache_salt\x18\x05 \x01(\tH\x04\x88\x01\x01\x12/\n\x08mm_items\x18\x06 \x03(\x0b\x32\x1d.openengine.v1.MultimodalItem\x12\x12\n\x05group\x18\x08 \x01(\rH\x05\x88\x01\x01\x12\x13\n\x06parent\x18\t \x01(\x0cH\x06\x88\x01\x01\x12\x1d\n\x15prompt_embeds_digests\x18\n \x03(\x0c\x42\x08\n\x06_modelB\x18\n\x16_tokenizer_fingerprintB\x0f\n\r_adapter_nameB\x0f\n\r_adapter_pathB\r\n\x0b_cache_saltB\x08\n\x06_groupB\t\n\x07_parentJ\x04\x08\x07\x10\x08R\x14prompt_embeds_digest\"K\n\nKeyRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12*\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x19.openengine.v1.KeyContext\"\x9b\x01\n\x17\x43omputeCacheKeysRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12+\n\x08requests\x18\x02 \x03(\x0b\x32\x19.openengine.v1.KeyRequest\x12&\n\x19\x65xpected_spec_fingerprint\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x1c\n\x1a_expected_spec_fingerprint\"H\n\tBlockKeys\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nevent_keys\x18\x02 \x03(\x04\x12\x19\n\x11signed_event_keys\x18\x03 \x03(\x03\"_\n\x18\x43omputeCacheKeysResponse\x12\x18\n\x10spec_fingerprint\x18\x01 \x01(\t\x12)\n\x07results\x18\x02 \x03(\x0b\x32\x18.openengine.v1.BlockKeysb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eopenengine/v1/cache_keys.proto\x12\ropenengine.v1\"Y\n\x16GetCacheKeySpecRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1c\n\x0finclude_vectors\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x12\n\x10_include_vectors\"\x7f\n\x08KeyGroup\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x12\n\nderivation\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\r\x12\x1b\n\x0esliding_window\x18\x05 \x01(\rH\x00\x88\x01\x01\x42\x11\n\x0f_sliding_window\"\xa0\x03\n\x0c\x43\x61\x63heKeySpec\x12\x12\n\nprofile_id\x18\x01 \x01(\t\x12\x17\n\x0fprofile_version\x18\x02 \x01(\t\x12\x11\n\thash_unit\x18\x03 \x01(\r\x12\'\n\x06groups\x18\x04 \x03(\x0b\x32\x17.openengine.v1.KeyGroup\x12\x0c\n\x04root\x18\x05 \x01(\x0c\x12\x17\n\x0froot_derivation\x18\x06 \x01(\t\x12\x15\n\rserialization\x18\x07 \x01(\t\x12\x0e\n\x06\x64igest\x18\x08 \x01(\t\x12\x16\n\x0e\x65vent_encoding\x18\t \x01(\t\x12\x12\n\nextra_keys\x18\n \x01(\t\x12\x15\n\rpartial_block\x18\x0b \x01(\t\x12\x19\n\x11\x63lient_computable\x18\x0c \x01(\x08\x12\x18\n\x10required_context\x18\r \x03(\t\x12\x11\n\tspec_json\x18\x0e \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x0f \x01(\t\x12\x0e\n\x06\x65ngine\x18\x10 \x01(\t\x12\x11\n\talgorithm\x18\x11 \x01(\t\x12\x16\n\x0evectors_digest\x18\x12 \x01(\t\"s\n\x0f\x43\x61\x63heKeySpecRef\x12\x12\n\nprofile_id\x18\x01 \x01(\t\x12\x17\n\x0fprofile_version\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\x12\x19\n\x11\x63lient_computable\x18\x04 \x01(\x08\"D\n\x0eMultimodalItem\x12\x12\n\nidentifier\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x05\x12\x0e\n\x06length\x18\x03 \x01(\r\"\x92\x03\n\nKeyContext\x12\x12\n\x05model\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\"\n\x15tokenizer_fingerprint\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x0c\x61\x64\x61pter_name\x18\x03 \x01(\tH\x02\x88\x01\x01\x12\x19\n\x0c\x61\x64\x61pter_path\x18\x04 \x01(\tH\x03\x88\x01\x01\x12\x17\n\ncache_salt\x18\x05 \x01(\tH\x04\x88\x01\x01\x12/\n\x08mm_items\x18\x06 \x03(\x0b\x32\x1d.openengine.v1.MultimodalItem\x12\x12\n\x05group\x18\x08 \x01(\rH\x05\x88\x01\x01\x12\x13\n\x06parent\x18\t \x01(\x0cH\x06\x88\x01\x01\x12\x1d\n\x15prompt_embeds_digests\x18\n \x03(\x0c\x42\x08\n\x06_modelB\x18\n\x16_tokenizer_fingerprintB\x0f\n\r_adapter_nameB\x0f\n\r_adapter_pathB\r\n\x0b_cache_saltB\x08\n\x06_groupB\t\n\x07_parentJ\x04\x08\x07\x10\x08R\x14prompt_embeds_digest\"K\n\nKeyRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12*\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x19.openengine.v1.KeyContext\"\x9b\x01\n\x17\x43omputeCacheKeysRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12+\n\x08requests\x18\x02 \x03(\x0b\x32\x19.openengine.v1.KeyRequest\x12&\n\x19\x65xpected_spec_fingerprint\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x1c\n\x1a_expected_spec_fingerprint\"H\n\tBlockKeys\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nevent_keys\x18\x02 \x03(\x04\x12\x19\n\x11signed_event_keys\x18\x03 \x03(\x03\"_\n\x18\x43omputeCacheKeysResponse\x12\x18\n\x10spec_fingerprint\x18\x01 \x01(\t\x12)\n\x07results\x18\x02 \x03(\x0b\x32\x18.openengine.v1.BlockKeysb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,21 +35,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETCACHEKEYSPECREQUEST']._serialized_start=49
   _globals['_GETCACHEKEYSPECREQUEST']._serialized_end=138
   _globals['_KEYGROUP']._serialized_start=140
-  _globals['_KEYGROUP']._serialized_end=219
-  _globals['_CACHEKEYSPEC']._serialized_start=222
-  _globals['_CACHEKEYSPEC']._serialized_end=638
-  _globals['_CACHEKEYSPECREF']._serialized_start=640
-  _globals['_CACHEKEYSPECREF']._serialized_end=755
-  _globals['_MULTIMODALITEM']._serialized_start=757
-  _globals['_MULTIMODALITEM']._serialized_end=825
-  _globals['_KEYCONTEXT']._serialized_start=828
-  _globals['_KEYCONTEXT']._serialized_end=1230
-  _globals['_KEYREQUEST']._serialized_start=1232
-  _globals['_KEYREQUEST']._serialized_end=1307
-  _globals['_COMPUTECACHEKEYSREQUEST']._serialized_start=1310
-  _globals['_COMPUTECACHEKEYSREQUEST']._serialized_end=1465
-  _globals['_BLOCKKEYS']._serialized_start=1467
-  _globals['_BLOCKKEYS']._serialized_end=1539
-  _globals['_COMPUTECACHEKEYSRESPONSE']._serialized_start=1541
-  _globals['_COMPUTECACHEKEYSRESPONSE']._serialized_end=1636
+  _globals['_KEYGROUP']._serialized_end=267
+  _globals['_CACHEKEYSPEC']._serialized_start=270
+  _globals['_CACHEKEYSPEC']._serialized_end=686
+  _globals['_CACHEKEYSPECREF']._serialized_start=688
+  _globals['_CACHEKEYSPECREF']._serialized_end=803
+  _globals['_MULTIMODALITEM']._serialized_start=805
+  _globals['_MULTIMODALITEM']._serialized_end=873
+  _globals['_KEYCONTEXT']._serialized_start=876
+  _globals['_KEYCONTEXT']._serialized_end=1278
+  _globals['_KEYREQUEST']._serialized_start=1280
+  _globals['_KEYREQUEST']._serialized_end=1355
+  _globals['_COMPUTECACHEKEYSREQUEST']._serialized_start=1358
+  _globals['_COMPUTECACHEKEYSREQUEST']._serialized_end=1513
+  _globals['_BLOCKKEYS']._serialized_start=1515
+  _globals['_BLOCKKEYS']._serialized_end=1587
+  _globals['_COMPUTECACHEKEYSRESPONSE']._serialized_start=1589
+  _globals['_COMPUTECACHEKEYSRESPONSE']._serialized_end=1684
 # @@protoc_insertion_point(module_scope)

@@ -16,16 +16,18 @@ class GetCacheKeySpecRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., include_vectors: _Optional[bool] = ...) -> None: ...
 
 class KeyGroup(_message.Message):
-    __slots__ = ("kind", "block_size", "derivation", "index")
+    __slots__ = ("kind", "block_size", "derivation", "index", "sliding_window")
     KIND_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     DERIVATION_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
     kind: str
     block_size: int
     derivation: str
     index: int
-    def __init__(self, kind: _Optional[str] = ..., block_size: _Optional[int] = ..., derivation: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
+    sliding_window: int
+    def __init__(self, kind: _Optional[str] = ..., block_size: _Optional[int] = ..., derivation: _Optional[str] = ..., index: _Optional[int] = ..., sliding_window: _Optional[int] = ...) -> None: ...
 
 class CacheKeySpec(_message.Message):
     __slots__ = ("profile_id", "profile_version", "hash_unit", "groups", "root", "root_derivation", "serialization", "digest", "event_encoding", "extra_keys", "partial_block", "client_computable", "required_context", "spec_json", "fingerprint", "engine", "algorithm", "vectors_digest")

@@ -1,0 +1,193 @@
+"""The KV-cache groups of the vLLM a sidecar fronts, learned from vLLM's own events at start.
+
+vLLM 0.32 keeps one KV-cache group per attention kind of the model (``kv_cache_utils``
+``get_kv_cache_groups``; it logs "kv cache group sizes (32, 32)" for a Gemma 3) but says so on
+no HTTP route: ``/metrics`` ``vllm:cache_config_info`` carries one ``block_size`` and
+``sliding_window="None"`` for a Gemma 3, ``/server_info`` no groups, and
+``EngineCore.get_kv_cache_group_metadata`` (group index, kind, block size, window) is an
+in-process call. What vLLM does publish is each group's fields on every ``BlockStored``
+(``group_idx``, ``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window``, ``block_size``; set by
+``BlockPool._build_block_stored_event`` from ``KVCacheManager.kv_cache_event_metadata``).
+
+So the sidecar asks: before it serves, it sends vLLM one probe prompt of random token ids
+(:data:`PROBE_BLOCKS` full blocks and one token; never cached before, so every group stores it)
+and reads the groups off the batch vLLM publishes for it: every attention group stores a block
+of such a prompt in the same engine step, a full-attention group all of them and a sliding
+window its last ones. The groups become the spec's (:func:`respec`). A layout this project
+cannot describe refuses the start naming it: a kind other than full attention and sliding
+window (Mamba, chunked local attention, ...), a window without its size, group indexes with a
+gap (a group that stored nothing of the probe), or a block size that is not a multiple of the
+hash unit. Events without group fields (vLLM before 0.22) leave the configured spec as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+
+from tokenkeys.engine.config import VllmEngineConfig
+from tokenkeys.engine.hosting import EngineInputs
+from tokenkeys.engine.vllm.checks import check_vllm
+from tokenkeys.engine.vllm.client import VllmHttpClient
+from tokenkeys.errors import ConfigError, TokenkeysError
+from tokenkeys.events.model import BlockStored
+from tokenkeys.events.vllm_codec import VllmMsgpackCodec
+from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
+from tokenkeys.keys import CacheKeySpec, KeyGroup, make_spec
+from tokenkeys.keys.spec import FULL_ATTENTION, SLIDING_WINDOW
+
+log = logging.getLogger(__name__)
+
+#: Full blocks of the probe prompt (plus one token, so the last block is full and not the last
+#: token, which vLLM always recomputes).
+PROBE_BLOCKS = 4
+#: Seconds to wait for the probe's events once vLLM answered it.
+PROBE_TIMEOUT = 30.0
+KINDS = (FULL_ATTENTION, SLIDING_WINDOW)
+
+
+def probe_prompt(vocab_size: int, block_size: int, rng: random.Random | None = None) -> list[int]:
+    """Random token ids no request has sent before (so no block of it is cached yet)."""
+    rng = rng or random.SystemRandom()
+    return [rng.randrange(vocab_size) for _ in range(PROBE_BLOCKS * block_size + 1)]
+
+
+def groups_of(events: list[BlockStored], hash_unit: int, where: str) -> tuple[KeyGroup, ...]:
+    """The groups the probe's ``BlockStored`` events name, or ConfigError naming the layout."""
+    seen: dict[int, KeyGroup] = {}
+    for event in events:
+        index = event.group_idx or 0
+        kind = event.kv_cache_spec_kind or FULL_ATTENTION
+        window = event.kv_cache_spec_sliding_window
+        if kind not in KINDS:
+            raise ConfigError(
+                f"vLLM at {where} keeps KV-cache group {index} of kind {kind!r}; tokenkeys "
+                f"describes {' and '.join(KINDS)} groups only, so its keys cannot be checked "
+                "or routed",
+                field="engine",
+            )
+        if kind == SLIDING_WINDOW and not window:
+            raise ConfigError(
+                f"vLLM at {where} publishes sliding_window group {index} without its window "
+                "(kv_cache_spec_sliding_window)",
+                field="engine",
+            )
+        if event.block_size % hash_unit:
+            raise ConfigError(
+                f"vLLM at {where} stores {event.block_size}-token blocks in group {index}, not "
+                f"a multiple of --block-size {hash_unit}",
+                field="block-size",
+            )
+        seen[index] = KeyGroup(
+            index, event.block_size, kind, sliding_window=window if kind == SLIDING_WINDOW else None
+        )
+    if sorted(seen) != list(range(len(seen))):
+        raise ConfigError(
+            f"vLLM at {where} stored the probe prompt in KV-cache groups {sorted(seen)}: a "
+            "group between them stored no block of it, a layout tokenkeys cannot describe",
+            field="engine",
+        )
+    return tuple(seen[i] for i in range(len(seen)))
+
+
+def respec(spec: CacheKeySpec, groups: tuple[KeyGroup, ...]) -> CacheKeySpec:
+    """``spec`` with the engine's ``groups`` (the same profile, hash unit and root)."""
+    derivation = spec.root_derivation
+    return make_spec(
+        spec.profile_id,
+        spec.hash_unit,
+        root_seed=derivation.removeprefix("seed:") if derivation.startswith("seed:") else None,
+        root_hex=spec.root_hex if derivation == "explicit" else None,
+        groups=list(groups),
+        vectors=bool(spec.vectors),
+    )
+
+
+async def learn_groups(
+    client: VllmHttpClient,
+    config: VllmEngineConfig,
+    model: str,
+    prompt: list[int],
+    hash_unit: int,
+    wire_version: str,
+    *,
+    timeout: float = PROBE_TIMEOUT,
+) -> tuple[KeyGroup, ...] | None:
+    """The groups vLLM stores ``prompt`` in (None: its events carry no group fields)."""
+    # Replayed from the start of vLLM's buffer, so no event published before the subscription
+    # settles is missed; the probe's own blocks are told apart by their token ids.
+    subscriber = ZmqEventSubscriber(
+        config.kv_events, replay_endpoint=config.kv_replay, topic=config.kv_topic, start_seq=0
+    )
+    codec = VllmMsgpackCodec(wire_version)
+    await subscriber.start()
+    try:
+        body = {"model": model, "prompt": prompt, "max_tokens": 1}
+        async with contextlib.aclosing(client.complete(body)) as chunks:
+            async for _ in chunks:
+                pass
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                delivery = await asyncio.wait_for(subscriber.recv(), max(left, 0.001))
+            except asyncio.TimeoutError:
+                raise ConfigError(
+                    f"vLLM at {config.url} published no KV events for a probe prompt within "
+                    f"{timeout:.0f} s; check that --engine-kv-events names the endpoint of its "
+                    "--kv-events-config and that it runs with --enable-prefix-caching",
+                    field="engine-kv-events",
+                ) from None
+            try:
+                batch = codec.decode(delivery.payload)
+            except TokenkeysError:
+                continue
+            mine = [
+                e
+                for e in batch.events
+                if isinstance(e, BlockStored)
+                and e.parent_block_hash is None
+                and e.token_ids
+                and list(e.token_ids) == prompt[: len(e.token_ids)]
+            ]
+            if not mine:
+                continue
+            if all(e.group_idx is None for e in mine):
+                return None
+            groups = groups_of(mine, hash_unit, config.url)
+            log.info(
+                "vLLM at %s keeps KV-cache groups %s",
+                config.url,
+                ", ".join(_describe(g) for g in groups),
+            )
+            return groups
+    finally:
+        await subscriber.close()
+
+
+def _describe(group: KeyGroup) -> str:
+    window = f" of {group.sliding_window} tokens" if group.sliding_window else ""
+    return f"{group.index} {group.kind}{window} ({group.block_size}-token blocks)"
+
+
+async def learned_spec(inputs: EngineInputs) -> CacheKeySpec:
+    """The spec of one served model with the groups of the vLLM in front of which it runs
+    (``EngineKind.spec`` of the vLLM kind): vLLM checked first, then probed."""
+    config, spec = inputs.config, inputs.spec
+    vllm = config.engine
+    assert isinstance(vllm, VllmEngineConfig)
+    client = VllmHttpClient(vllm.url)
+    try:
+        await check_vllm(client, inputs.name, inputs.tokenizer, spec, config.max_model_len)
+        prompt = probe_prompt(inputs.tokenizer.vocab_size, spec.hash_unit)
+        groups = await learn_groups(
+            client, vllm, inputs.name, prompt, spec.hash_unit, config.wire_version
+        )
+    finally:
+        await client.close()
+    if groups is None or groups == spec.groups:
+        return spec
+    return respec(spec, groups)

@@ -1,0 +1,254 @@
+"""Acceptance (issue 25): a hybrid model through the real vLLM, every KV-cache group keyed,
+checked and routed.
+
+The model is the tiny random Gemma 3 of ``build_tiny_model.py`` (4 layers alternating a 64-token
+sliding window and full attention, the embedded SmolLM2 tokenizer), served by vLLM 0.32 with
+32-token blocks, prefix caching and KV events; vLLM keeps group 0 (sliding window) and group 1
+(full attention). The sidecar learns those groups from vLLM's events at start and serves them
+in its spec; ``/tokenize`` and the keys equal vLLM's; over shared-prefix workloads with a KV
+cache small enough that vLLM evicts window blocks while their full-attention blocks stay, the
+live key check counts only matches and the sidecar relays every group's events with their
+group fields. Behind ``tokenkeys route``, what the router expects cached on the worker it picks
+equals vLLM's ``cached_tokens`` within a block, and the cached total beats round robin by 1.3x.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import grpc
+import httpx
+import pytest
+from route_process import RouteProcess
+from test_vllm_sidecar import keys_checked, wait_for
+
+from tokenkeys._gen.openengine.v1 import (
+    cache_keys_pb2,
+    kv_pb2,
+    openengine_pb2_grpc,
+    tokenizer_pb2_grpc,
+)
+from tokenkeys.events.model import BlockRemoved, BlockStored
+from tokenkeys.keys import block_keys, make_spec
+
+from served_pair import TokenkeysServe, running, sidecar_args
+from vllm_events import EventCollector
+from vllm_server import BLOCK_SIZE, MODEL_NAME, ServerConfig, VllmServer
+
+pytestmark = pytest.mark.realengine
+
+VOCAB = 49152
+#: A KV cache of 256 blocks shared by both groups (vLLM needs about 224 for one 4096-token
+#: request of this model): a few dozen prompts fill it.
+HYBRID = ServerConfig(hybrid=True, num_blocks=256)
+WINDOW, FULL = 0, 1
+GROUPS = [
+    {"kind": "sliding_window", "block_size": BLOCK_SIZE, "sliding_window": 64},
+    {"kind": "full_attention", "block_size": BLOCK_SIZE},
+]
+SPEC = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE, groups=GROUPS)
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_pool) -> VllmServer:
+    return vllm_pool.get(HYBRID)
+
+
+@pytest.fixture(scope="module")
+def engine_events(vllm: VllmServer) -> Iterator[EventCollector]:
+    collector = EventCollector(vllm.events_endpoint, vllm.replay_endpoint, vllm.topic, "0.32")
+    try:
+        yield collector
+    finally:
+        collector.close()
+
+
+@pytest.fixture(scope="module")
+def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
+    process = TokenkeysServe(*sidecar_args(vllm))
+    with running(process):
+        yield process
+
+
+def prompt_of(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(length)]
+
+
+def complete(url: str, prompt: list[int]) -> httpx.Response:
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def cached(response: httpx.Response) -> int:
+    return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def relayed_events(sidecar: TokenkeysServe) -> EventCollector:
+    with grpc.insecure_channel(sidecar.target) as channel:
+        control = openengine_pb2_grpc.ControlStub(channel)
+        sources = control.GetKvEventSources(kv_pb2.GetKvEventSourcesRequest(), timeout=30)
+    source = next(s for s in sources.sources if s.transport == "zmq")
+    endpoint = f"tcp://{source.endpoint_addr.host}:{source.endpoint_addr.port}"
+    return EventCollector(endpoint, source.replay_endpoint, source.topic, "0.32")
+
+
+def test_the_sidecar_learns_vllms_groups_and_serves_them(sidecar) -> None:
+    with grpc.insecure_channel(sidecar.target) as channel:
+        stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(channel)
+        spec = stub.GetCacheKeySpec(
+            cache_keys_pb2.GetCacheKeySpecRequest(model=MODEL_NAME), timeout=30
+        )
+    groups = [(g.index, g.kind, g.block_size, g.sliding_window) for g in spec.groups]
+    assert groups == [(0, "sliding_window", 32, 64), (1, "full_attention", 32, 0)]
+    assert spec.fingerprint == SPEC.fingerprint
+    assert "keeps KV-cache groups 0 sliding_window of 64 tokens" in sidecar.log_text()
+
+
+def test_tokenize_and_every_groups_keys_equal_vllms(vllm, sidecar, engine_events) -> None:
+    text = "A hybrid model keeps one KV-cache group per attention kind: caf\u00e9 \u2166."
+    ours = httpx.post(f"{sidecar.url}/tokenize", json={"model": MODEL_NAME, "prompt": text})
+    theirs = httpx.post(f"{vllm.url}/tokenize", json={"model": MODEL_NAME, "prompt": text})
+    assert ours.json()["tokens"] == theirs.json()["tokens"]
+    # The issue's shapes: 490 tokens, then 650 sharing the first 480.
+    rng = random.Random(1)
+    prefix = prompt_of(rng, 480)
+    first, second = prefix + prompt_of(rng, 10), prefix + prompt_of(rng, 170)
+    keys = [k.event_key for k in block_keys(second, SPEC)]
+    complete(vllm.url, first)
+    assert cached(complete(vllm.url, second)) == 480
+
+    def mine(group: int) -> list[BlockStored]:
+        return [
+            e
+            for e in engine_events.stored()
+            if e.group_idx == group and set(e.block_hashes) <= set(keys) and e.block_hashes
+        ]
+
+    engine_events.wait_until(lambda: len(mine(WINDOW)) >= 2, "both window-group stores")
+    full, window = mine(FULL), mine(WINDOW)
+    assert [list(e.block_hashes) for e in full] == [keys[:15], keys[15:20]]
+    assert [list(e.block_hashes) for e in window] == [keys[13:15], keys[18:20]]
+    assert [len(e.token_ids) for e in window] == [480, 160]  # the whole span, hashes its tail
+    assert [e.parent_block_hash for e in window] == [None, keys[14]]
+    assert {(e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) for e in window} == {
+        ("sliding_window", 64)
+    }
+
+
+def test_key_check_is_exact_for_every_group_while_vllm_evicts(vllm, sidecar, engine_events):
+    relayed = relayed_events(sidecar)
+    try:
+        before = keys_checked(sidecar.url)
+        rng = random.Random(2)
+        # 8 prefixes of 16 blocks, 3 turns of 6 new blocks each: more blocks than the cache.
+        prefixes = [prompt_of(rng, 16 * BLOCK_SIZE) for _ in range(8)]
+        for turn in range(3):
+            for prefix in prefixes:
+                complete(sidecar.url, prefix + prompt_of(rng, 6 * BLOCK_SIZE + 5 * turn + 3))
+        after = wait_for(
+            lambda: (c := keys_checked(sidecar.url))["match"] > before["match"] + 100 and c,
+            "the workload's blocks checked",
+        )
+        assert after["mismatch"] == 0
+        # vLLM evicted window blocks whose full-attention blocks it kept.
+        held: dict[int, set] = {WINDOW: set(), FULL: set()}
+        evicted_alone = 0
+        for received in engine_events.received():
+            for event in received.batch.events:
+                if isinstance(event, BlockStored):
+                    held[event.group_idx].update(event.block_hashes)
+                elif isinstance(event, BlockRemoved):
+                    for h in event.block_hashes:
+                        held[event.group_idx].discard(h)
+                        if event.group_idx == WINDOW and h in held[FULL]:
+                            evicted_alone += 1
+        print(f"hybrid key check: {after}, window blocks evicted alone: {evicted_alone}")
+        assert evicted_alone > 0
+        # Relayed with their group fields, in vLLM's layout.
+        relayed.wait_until(
+            lambda: any(e.group_idx == WINDOW for e in relayed.stored()), "window groups relayed"
+        )
+        ours = {
+            (e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window, e.block_hashes)
+            for e in relayed.stored()
+        }
+        theirs = {
+            (e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window, e.block_hashes)
+            for e in engine_events.stored()
+        }
+        assert any(g == WINDOW for g, *_ in ours) and ours <= theirs
+        assert any(
+            e.group_idx == WINDOW
+            for r in relayed.received()
+            for e in r.batch.events
+            if isinstance(e, BlockRemoved)
+        )
+    finally:
+        relayed.close()
+
+
+# ----------------------------------------------------------------------------- routing
+
+
+@pytest.fixture(scope="module")
+def engines(vllm, vllm_python, tiny_model, tmp_path_factory) -> Iterator[list[VllmServer]]:
+    second = VllmServer(vllm_python, tiny_model, HYBRID, tmp_path_factory.mktemp("vllm-hybrid"))
+    with running(second):
+        yield [vllm, second]
+
+
+@pytest.fixture(scope="module")
+def sidecars(sidecar, engines) -> Iterator[list[TokenkeysServe]]:
+    other = TokenkeysServe(*sidecar_args(engines[1]))
+    with running(other):
+        yield [sidecar, other]
+
+
+def run_workload(url: str, seed: int, wait: bool) -> tuple[int, list[tuple[int, int]]]:
+    """Rounds of shared-prefix prompts; vLLM's cached tokens, and (expected, cached) pairs.
+
+    Each prompt is a shared 10-block prefix and a new suffix. vLLM resumes none of the second
+    round's (the window group kept the first prompt's last blocks, not the prefix's), and keeps
+    the window's blocks at the shared prefix's end then (``KVCacheManager.get_computed_blocks``
+    ``shared_prefix_boundary``), so later rounds on that worker resume the prefix.
+    """
+    rng = random.Random(seed)
+    prefixes = [prompt_of(rng, 10 * BLOCK_SIZE) for _ in range(3)]
+    total, pairs = 0, []
+    with httpx.Client(base_url=url, timeout=300) as client:
+        for _ in range(4):
+            for prefix in prefixes:
+                prompt = prefix + prompt_of(rng, 2 * BLOCK_SIZE + 7)
+                body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1}
+                response = client.post("/v1/completions", json=body)
+                assert response.status_code == 200, response.text
+                got = cached(response)
+                total += got
+                matched = response.headers["x-tokenkeys-matched-blocks"].split("/")[0]
+                pairs.append((int(matched), got))
+                if wait:  # this request's events reached the router: it resumes all of it now
+                    wait_for(
+                        lambda p=prompt: (
+                            client.post("/router/route", json={"prompt": p}).json()["reason"]
+                            == "prefix"
+                        ),
+                        "the prompt's events at the router",
+                    )
+    return total, pairs
+
+
+def test_the_router_expects_what_vllm_resumes_and_beats_round_robin(sidecars, tmp_path) -> None:
+    workers = [a for s in sidecars for a in ("--worker", s.target)]
+    with RouteProcess(*workers, "--poll-interval", "1", cache=str(tmp_path / "a")) as router:
+        precise, pairs = run_workload(router.url, 3, wait=True)
+    for expected, got in pairs:
+        assert abs(expected * BLOCK_SIZE - got) <= BLOCK_SIZE, pairs
+    assert any(got for _, got in pairs)
+    rr_args = (*workers, "--policy", "round_robin", "--poll-interval", "1")
+    with RouteProcess(*rr_args, cache=str(tmp_path / "b")) as router:
+        round_robin, _ = run_workload(router.url, 4, wait=False)
+    print(f"hybrid routing: cached {precise} precise vs {round_robin} round robin; {pairs}")
+    assert precise >= 1.3 * round_robin, (precise, round_robin)
