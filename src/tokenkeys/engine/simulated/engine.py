@@ -17,7 +17,6 @@ Step and event timing follow vLLM 0.33's v1 scheduler (`vllm/v1/core/sched/sched
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from array import array
@@ -35,6 +34,7 @@ from tokenkeys.engine.protocol import (
 )
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.simulated.paged_cache import Block, BlockKeyLike, PagedPrefixCache
+from tokenkeys.engine.simulated.prompt_ids import checked_ids
 from tokenkeys.engine.simulated.sampler import TokenSampler
 from tokenkeys.engine.simulated.window_group import SimulatedWindow, resumable
 from tokenkeys.errors import ConfigError, InvalidArgument, LimitExceeded
@@ -58,8 +58,6 @@ class BlockKeyFn(Protocol):
 EventExtraKeysFn = Callable[[Any, int, int], "tuple[Any, ...] | None"]
 #: Receives each step's events; :class:`tokenkeys.events.stream.EventStream` is one.
 EventSink = Callable[[EventBatch], object]
-
-_U32 = 1 << 32
 
 
 @dataclass
@@ -180,7 +178,7 @@ class SimulatedEngine:
             raise InvalidArgument(
                 "prompt_token_ids is empty; give at least one token", field="prompt_token_ids"
             )
-        ids = _check_ids(prompt)
+        ids = checked_ids(prompt)
         if params.max_tokens is None:
             # The engine's default is no request's: only fitted to the context, never refused.
             params = replace(params, max_tokens=self.default_max_tokens)
@@ -383,24 +381,6 @@ class _Running:
     @property
     def lora(self) -> tuple[str | None, int | None]:
         return self.lora_name, self.lora_id
-
-
-def _check_ids(prompt: list[int]) -> array:
-    """The prompt as ``array('I')``, or InvalidArgument naming the first bad id.
-
-    The common case runs at C speed (one type per id, then the array's own range check); only
-    a prompt that fails it is walked in Python, for the error's index.
-    """
-    if set(map(type, prompt)) <= {int}:
-        with contextlib.suppress(OverflowError):
-            return array("I", prompt)
-    for i, t in enumerate(prompt):
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < _U32:
-            raise InvalidArgument(
-                f"prompt_token_ids[{i}] is {t!r}; token ids are integers in [0, 2**32)",
-                field="prompt_token_ids",
-            )
-    return array("I", prompt)  # int subclasses other than bool, all in range
 
 
 def _finish_reason(token: int, generated: int, params: GenerationParams) -> str | None:
