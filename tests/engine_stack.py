@@ -121,9 +121,12 @@ async def start_stack(
 
 
 class GrpcEvents:
-    """A SubscribeKvEvents stream read message by message."""
+    """A SubscribeKvEvents stream read message by message, from ``start`` (default: the first
+    batch after the run's opening ``AllBlocksCleared``)."""
 
-    def __init__(self, stack: EngineStack, start: int = 0, model: str = "") -> None:
+    def __init__(self, stack: EngineStack, start: int | None = None, model: str = "") -> None:
+        if start is None:
+            start = stack.local(model or None).stream.first_seq + 1
         self.call = stack.control.SubscribeKvEvents(
             kv_pb2.SubscribeKvEventsRequest(start_sequence_number=start, model=model)
         )
@@ -147,7 +150,8 @@ class GrpcEvents:
 async def zmq_batches_until(
     stack: EngineStack, last_seq: int, model: str | None = None, timeout: float = 5.0
 ) -> list[tuple[int, EventBatch]]:
-    """Every batch 0..last_seq over ZMQ: a SUB from seq 0, repaired by replay (no slow joiner)."""
+    """Every batch of the run up to last_seq over ZMQ: a SUB from seq 0, repaired by replay (no
+    slow joiner)."""
     parts = stack.runtime.parts(stack.models.get(model).name)
     info = parts.zmq_source()
     assert info is not None

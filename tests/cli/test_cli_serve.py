@@ -73,3 +73,20 @@ def test_no_spec_needs_a_remote_engine() -> None:
     result = run_cli("serve", "--cache-key-profile", "none", "--grpc-port", "0", check=False)
     assert result.returncode == 2
     assert "--cache-key-profile none needs --engine" in result.stderr
+
+
+def test_engine_none_serves_tokenizer_only_and_scales_with_workers() -> None:
+    """``--engine none``: no engine to keep in one process, so ``--processes N`` needs no engine
+    address and no cache-key spec; adapters need an engine and are refused."""
+    from tokenkeys.cli import build_parser
+    from tokenkeys.cli.serve import serve_config
+    from tokenkeys.errors import ConfigError
+
+    parse = build_parser().parse_args
+    config = serve_config(parse(["serve", "--engine", "none", "--processes", "2"]))
+    assert config.engine is None
+    serve_config(parse(["serve", "--engine", "none", "--cache-key-profile", "none"]))
+    with pytest.raises(ConfigError, match="--lora-modules needs an engine"):
+        serve_config(parse(["serve", "--engine", "none", "--lora-modules", "a=/x"]))
+    refused = run_cli("serve", "--processes", "2", "--grpc-port", "0", check=False)
+    assert refused.returncode == 2 and "--engine none" in refused.stderr

@@ -453,3 +453,15 @@ async def test_replay_timeout_counts_the_batches_as_lost():
         raw.close()
     assert got.seq == 14 and got.lost_before == 3 and not got.replayed
     assert sub.stats.replay_failures == 1 and sub.stats.lost == 3
+
+
+def test_restart_safe_first_seq_is_the_clock_in_microseconds_and_bounded():
+    from tokenkeys.events.zmq_publisher import MAX_SEQ, restart_safe_first_seq
+
+    assert restart_safe_first_seq(1_796_000_000_123_456_789) == 1_796_000_000_123_456
+    # A run that published a batch per millisecond for a day ends below the next run's start.
+    start = restart_safe_first_seq(10**18)
+    assert start + 86_400_000 < restart_safe_first_seq(10**18 + 86_400 * 10**9 + 1_000)
+    assert restart_safe_first_seq() < MAX_SEQ
+    with pytest.raises(ConfigError, match="first_seq"):
+        ZmqEventPublisher(first_seq=-1)

@@ -177,3 +177,13 @@ def smg_relay_peer() -> Iterator[PeerDriver]:
 def sglang_peer() -> Iterator[PeerDriver]:
     """SGLang 0.5.23's page hashing and KV-event recorder, in its own virtualenv."""
     yield from _driver(SGLANG, "sglang_driver.py", "0.5.23")
+
+
+@pytest.fixture(scope="session")
+def dynamo_python() -> Path:
+    """The Python of ai-dynamo-runtime 1.6.1's virtualenv (its ``dynamo.indexer`` and
+    ``KvRouter``)."""
+    try:
+        return ensure_venv(DYNAMO)
+    except VenvUnavailable as exc:
+        pytest.skip(f"{DYNAMO.name}: {exc}")

@@ -137,8 +137,9 @@ class Cluster:
         self.stopped.discard(i)
         return self.stacks[i]
 
-    async def settle(self, timeout: float = 10.0) -> None:
-        """Wait until the router applied every batch each live engine published so far.
+    async def settle(self, timeout: float = 10.0, ignore: tuple[int, ...] = ()) -> None:
+        """Wait until the router applied every batch each live engine published so far
+        (but those of the engines numbered in ``ignore``).
 
         A ZMQ subscriber notices what it missed only when a later batch arrives (slow joiner),
         so an empty probe batch is published when a follower made no progress for a while.
@@ -149,7 +150,7 @@ class Cluster:
         while True:
             lagging = []
             for i, stack in enumerate(self.stacks):
-                if i in self.stopped:
+                if i in self.stopped or i in ignore:
                     continue
                 ws = self.registry.workers.get(stack.target)
                 if ws is None or ws.state != "ready":

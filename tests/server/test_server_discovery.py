@@ -112,7 +112,8 @@ async def test_event_sources_are_routable_and_name_their_key_spec():
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(zmq_source.replay_endpoint)
-        await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        after = stack.local().stream.next_seq  # nothing published from there yet
+        await dealer.send_multipart([b"", after.to_bytes(8, "big")])
         assert (await dealer.recv_multipart())[2] == b"\xff" * 8
         dealer.close(linger=0)
         # Filters: a model, and data-parallel ranks.
@@ -199,7 +200,11 @@ async def test_two_engines_side_by_side_have_their_own_ports_and_instance_ids():
         assert len(ports) == 4  # zmq and grpc, per engine
         assert sources[0][0].topic != sources[1][0].topic
         await one.generate(prompt="hello " * 40, stopping=gen.StoppingOptions(max_tokens=1))
-        assert one.local().stream.next_seq == 1 and two.local().stream.next_seq == 0
+        # Each run starts with its AllBlocksCleared; only ``one`` published since.
+        assert [s.local().stream.next_seq - s.local().stream.first_seq for s in (one, two)] == [
+            2,
+            1,
+        ]
     finally:
         await one.stop()
         await two.stop()
@@ -228,10 +233,11 @@ async def test_several_models_each_have_their_own_stream():
         await stack.generate(
             prompt="hello " * 40, model="b", stopping=gen.StoppingOptions(max_tokens=1)
         )
-        assert stack.local("a").stream.next_seq == 0 and stack.local("b").stream.next_seq == 1
+        a, b = stack.local("a").stream, stack.local("b").stream
+        assert (a.next_seq - a.first_seq, b.next_seq - b.first_seq) == (1, 2)
         call = stack.control.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(model="b"))
         message = await call.read()
-        assert message.batch.sequence_number == 0 and message.batch.events
+        assert message.batch.sequence_number == b.first_seq and message.batch.events
         call.cancel()
     finally:
         await stack.stop()

@@ -68,10 +68,11 @@ async def test_block_stored_hashes_are_the_cache_keys(profile, block_size, keys_
         expected = [k.event_key for k in block_keys(computed, spec, context)]
         assert len(expected) == len(computed) // block_size == 5
 
-        last = stack.local().stream.next_seq - 1
+        stream = stack.local().stream
+        last = stream.next_seq - 1
         events = GrpcEvents(stack)
         codec = ProtobufEventCodec()
-        grpc_batches = [codec.decode(b)[1] for b in await events.batches(last + 1)]
+        grpc_batches = [codec.decode(b)[1] for b in await events.batches(last - stream.first_seq)]
         events.cancel()
         zmq_batches = [b for _, b in await zmq_batches_until(stack, last)]
         for batches in (grpc_batches, zmq_batches):
@@ -117,8 +118,8 @@ async def test_vllm_event_extra_keys_carry_adapter_name_and_first_block_salt():
             ("sql-lora",),
             ("sql-lora",),
         )
-        zmq = await zmq_batches_until(stack, 0)
-        assert zmq[0][1].events[0].extra_keys == event.extra_keys
+        zmq = await zmq_batches_until(stack, stack.local().stream.next_seq - 1)
+        assert zmq[-1][1].events[0].extra_keys == event.extra_keys
     finally:
         await stack.stop()
 

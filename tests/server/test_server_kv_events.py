@@ -39,8 +39,11 @@ async def run(stack, tokens: list[int], max_tokens: int = 1):
     )
 
 
-async def grpc_events(stack, start: int = 0) -> list[tuple[int, EventBatch]]:
-    """Every batch from ``start`` to the newest, over SubscribeKvEvents."""
+async def grpc_events(stack, start: int | None = None) -> list[tuple[int, EventBatch]]:
+    """Every batch from ``start`` (default: the run's first) to the newest, over
+    SubscribeKvEvents."""
+    if start is None:
+        start = stack.local().stream.first_seq
     count = stack.local().stream.next_seq - start
     events = GrpcEvents(stack, start)
     try:
@@ -97,7 +100,9 @@ async def test_grpc_and_zmq_streams_carry_the_same_batches_under_the_same_number
         stack.local().engine.reset_prefix_cache()
         grpc_side = await grpc_events(stack)
         zmq_side = await zmq_batches_until(stack, grpc_side[-1][0])
-        assert [s for s, _ in grpc_side] == [s for s, _ in zmq_side] == list(range(len(zmq_side)))
+        first = stack.local().stream.first_seq
+        numbers = list(range(first, first + len(zmq_side)))
+        assert [s for s, _ in grpc_side] == [s for s, _ in zmq_side] == numbers
         for (_, g), (_, z) in zip(grpc_side, zmq_side, strict=True):
             assert g.events == z.events
             assert g.ts == pytest.approx(z.ts, abs=1e-6)
@@ -111,22 +116,23 @@ async def test_grpc_and_zmq_streams_carry_the_same_batches_under_the_same_number
 async def test_grpc_replay_returns_exactly_the_missed_batches_then_follows_live():
     stack = await start_stack()
     try:
+        f = stack.local().stream.first_seq  # the run's AllBlocksCleared
         for i in range(3):
             await run(stack, prompt(20 + i, 2))
-        first = GrpcEvents(stack, 0)
-        seen = await first.batches(3)
+        first = GrpcEvents(stack, f)
+        seen = await first.batches(4)
         first.cancel()
-        assert [b.sequence_number for b in seen] == [0, 1, 2]
+        assert [b.sequence_number for b in seen] == [f, f + 1, f + 2, f + 3]
         for i in range(4):  # missed while disconnected
             await run(stack, prompt(30 + i, 2))
-        resumed = GrpcEvents(stack, 3)
+        resumed = GrpcEvents(stack, f + 4)
         missed = await resumed.batches(4)
-        assert [b.sequence_number for b in missed] == [3, 4, 5, 6]
+        assert [b.sequence_number for b in missed] == [f + 4, f + 5, f + 6, f + 7]
         everything = await grpc_events(stack)
-        assert [CODEC.decode(b) for b in missed] == everything[3:]
+        assert [CODEC.decode(b) for b in missed] == everything[4:]
         await run(stack, prompt(40, 2))  # then live
         (live,) = await resumed.batches(1)
-        assert live.sequence_number == 7
+        assert live.sequence_number == f + 8
         resumed.cancel()
     finally:
         await stack.stop()
@@ -157,11 +163,12 @@ async def test_zmq_replay_returns_exactly_the_batches_from_the_requested_sequenc
         for i in range(5):
             await run(stack, prompt(50 + i, 2))
         info = stack.runtime.parts(stack.models.names[0]).zmq_source()
-        replayed = await _zmq_replay(info.replay_endpoint, 2)
-        assert [s for _, s, _ in replayed] == [2, 3, 4]
+        f = stack.local().stream.first_seq  # then 5 batches: f + 1 .. f + 5
+        replayed = await _zmq_replay(info.replay_endpoint, f + 3)
+        assert [s for _, s, _ in replayed] == [f + 3, f + 4, f + 5]
         assert {t for t, _, _ in replayed} == {info.topic.encode()}
         decoded = [(s, VllmMsgpackCodec().decode(p)) for _, s, p in replayed]
-        grpc_side = await grpc_events(stack, 2)
+        grpc_side = await grpc_events(stack, f + 3)
         assert [(s, b.events) for s, b in decoded] == [(s, b.events) for s, b in grpc_side]
     finally:
         await stack.stop()
@@ -172,7 +179,7 @@ async def test_subscriber_that_falls_behind_gets_a_terminal_overloaded_message()
     try:
         engine = stack.local().engine
         engine.reset_prefix_cache()
-        events = GrpcEvents(stack, 0)
+        events = GrpcEvents(stack, stack.local().stream.first_seq + 1)  # after the run's clear
         await events.batches(1)
         for _ in range(6):  # published back to back, faster than the subscriber is served
             engine.reset_prefix_cache()
@@ -195,7 +202,7 @@ async def test_stopping_server_ends_subscriptions_with_a_terminal_draining_messa
     stack = await start_stack()
     try:
         stack.local().engine.reset_prefix_cache()
-        events = GrpcEvents(stack, 0)
+        events = GrpcEvents(stack, stack.local().stream.first_seq + 1)  # after the run's clear
         await events.batches(1)  # the subscription is live: it delivered the batch before it
         stack.runtime.begin_shutdown()
         message = await events.next()
@@ -228,9 +235,34 @@ async def test_without_zmq_the_grpc_stream_still_serves_events():
     stack = await start_stack(EngineConfig(kv_events=False))
     try:
         await run(stack, prompt(60, 2))
-        ((seq, batch),) = await grpc_events(stack)
-        assert seq == 0 and isinstance(batch.events[0], BlockStored)
+        (_, cleared), (seq, batch) = await grpc_events(stack)
+        assert cleared.events == (AllBlocksCleared(),)  # every run starts so
+        assert seq == stack.local().stream.first_seq + 1
+        assert isinstance(batch.events[0], BlockStored)
         sources = await stack.control.GetKvEventSources(kv_pb2.GetKvEventSourcesRequest())
         assert [s.transport for s in sources.sources] == ["grpc"]
     finally:
         await stack.stop()
+
+
+async def test_a_restarted_engine_numbers_above_its_last_run_and_opens_with_a_clear():
+    """Restart-safe sequence numbers: a consumer that drops a regressing sequence (Dynamo's
+    indexer) or ends on one (smg's relay) keeps the new run's batches, and the run's first
+    batch clears what the last run stored."""
+    first = await start_stack()
+    try:
+        for i in range(3):
+            await run(first, prompt(70 + i, 2))
+        last = first.local().stream.next_seq - 1
+    finally:
+        await first.stop()
+    again = await start_stack()
+    try:
+        stream = again.local().stream
+        assert stream.first_seq > last
+        ((seq, opening),) = await grpc_events(again)
+        assert seq == stream.first_seq and opening.events == (AllBlocksCleared(),)
+        (zmq_seq, zmq_opening), *_ = await zmq_batches_until(again, seq)
+        assert (zmq_seq, zmq_opening.events) == (seq, (AllBlocksCleared(),))
+    finally:
+        await again.stop()

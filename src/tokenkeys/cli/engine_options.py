@@ -17,6 +17,7 @@ from tokenkeys.engine.config import (
     new_instance_id,
 )
 from tokenkeys.engine.simulated.latency import LatencyModel
+from tokenkeys.engine.tokenizer_only import NO_ENGINE
 from tokenkeys.errors import ConfigError
 
 _US = 1e-6
@@ -62,7 +63,8 @@ def _add_engine_group(g: argparse._ArgumentGroup) -> None:
         default=None,
         help="forward generation to this OpenEngine Inference service (token ids; this "
         "server tokenizes) instead of simulating it; vllm+http://HOST:PORT fronts a real vLLM "
-        "(the sidecar: see docs/vllm.md)",
+        "(the sidecar: see docs/vllm.md); none: no engine at all (render, tokenize and cache "
+        "keys only, generation refused: the drop-in for `vllm launch render`)",
     )
     g.add_argument(
         "--engine-kv-events",
@@ -203,6 +205,21 @@ def _add_event_group(ev: argparse._ArgumentGroup) -> None:
         default=10_000,
         help="batches a SubscribeKvEvents client may fall behind before its stream ends",
     )
+
+
+def tokenizer_only(args: argparse.Namespace) -> bool:
+    """``--engine none``: serve without an engine (:mod:`tokenkeys.engine.tokenizer_only`).
+
+    LoRA adapters belong to an engine, so ``--lora-modules`` is refused with it.
+    """
+    if args.engine != NO_ENGINE:
+        return False
+    if args.lora_modules:
+        raise ConfigError(
+            "--lora-modules needs an engine: --engine none serves no adapters",
+            field="lora-modules",
+        )
+    return True
 
 
 def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:

@@ -23,7 +23,7 @@ from tokenkeys.cli.common import (
     local_models,
 )
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
-from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
+from tokenkeys.cli.engine_options import add_engine_options, engine_config_from, tokenizer_only
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.engine.config import new_instance_id
@@ -39,6 +39,7 @@ from tokenkeys.process.encode_lanes import (
 from tokenkeys.process.run import run_served
 from tokenkeys.process.supervisor import check_worker_count
 from tokenkeys.server.assembly import EngineServer, ServeConfig
+from tokenkeys.serving.models import attach_tokenizer_only
 
 log = logging.getLogger("tokenkeys.serve")
 
@@ -82,8 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         metavar="N",
         help="serve from N processes sharing the gRPC and HTTP ports (SO_REUSEPORT), one per "
-        "core; needs --engine HOST:PORT (the simulated engine's prefix cache and KV events "
-        "live in one process); default 1",
+        "core; needs --engine HOST:PORT or --engine none (the simulated engine's prefix cache "
+        "and KV events live in one process); default 1",
     )
     p.add_argument(
         "--encode-threads",
@@ -110,7 +111,8 @@ def check_workers(args: argparse.Namespace) -> None:
     check_worker_count(workers)
     if workers > 1 and args.engine is None:
         raise ConfigError(
-            f"--processes {workers} needs --engine HOST:PORT: the simulated engine keeps its "
+            f"--processes {workers} needs --engine HOST:PORT or --engine none: the simulated "
+            "engine keeps its "
             "prefix cache and KV events in its process, so N processes would be N engines "
             "behind one address. Run it as its own `tokenkeys serve` and forward to it, or "
             "serve with --processes 1",
@@ -136,8 +138,8 @@ def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> Serve
     tokens = server_tokens(args)
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.
     spec = build_spec(key_spec_options(args))
-    engine = engine_config_from(args)
-    if spec is None and engine_kind(engine.kind).hosting == "streamed":
+    engine = None if tokenizer_only(args) else engine_config_from(args)
+    if spec is None and engine is not None and engine_kind(engine.kind).hosting == "streamed":
         # The simulated engine keys its prefix cache and events with a spec; serving none while
         # it publishes hashes of another would advertise hashes no router can reproduce.
         raise ConfigError(
@@ -178,8 +180,10 @@ def _description(server: EngineServer) -> list[str]:
         )
     else:
         lines.append("cache keys: no spec served (--cache-key-profile none)")
-    assert server.runtime is not None
-    lines += server.runtime.describe()
+    if server.runtime is not None:
+        lines += server.runtime.describe()
+    else:
+        lines.append("engine: none (tokenizer-only: render, tokenize, cache keys; no generation)")
     if config.tls is not None:
         mutual = ", client certificates required" if config.tls.mutual else ""
         lines.append(f"TLS on gRPC and HTTP{mutual}")
@@ -199,6 +203,8 @@ async def start_server(
     config = serve_config(args, reuse_port=reuse_port)
     set_encode_threads(args.encode_threads or encode_threads_for(args.processes))
     models = local_models(args, config.limits, chat_options(args))
+    if config.engine is None:
+        attach_tokenizer_only(models, args.max_model_len)
     server = await EngineServer(models, config).start()
     return server, _description(server)
 

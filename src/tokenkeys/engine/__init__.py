@@ -6,5 +6,6 @@ every kind shares: GenerationParams, GenerateOutput, EngineLoad, Usage, Simulate
 ``Generate`` messages and in-band errors), ``passthrough`` (engines answering whole OpenAI
 requests), ``fronted`` (engines that are servers of their own: readiness, release). Kinds:
 ``simulated/`` (the simulated engine), ``remote`` (an OpenEngine engine over gRPC), ``vllm/`` (a
-real vLLM behind the sidecar).
+real vLLM behind the sidecar); ``tokenizer_only`` (``--engine none``: render and tokenize,
+generation refused; no kind, as a tokenizer-only server has no engine configuration).
 """

@@ -30,7 +30,8 @@ class EventStream:
 
     Each batch gets ``spec`` and ``data_parallel_rank`` stamped on, is encoded with ``codec`` and
     published on ``publisher`` when one is given (the publisher's sequence number is then the
-    stream's), and is kept in a bounded buffer for :meth:`subscribe`. Call from the event loop.
+    stream's; without one the stream counts from ``first_seq``), and is kept in a bounded
+    buffer for :meth:`subscribe`. Call from the event loop.
     """
 
     def __init__(
@@ -42,6 +43,7 @@ class EventStream:
         data_parallel_rank: int = 0,
         buffer_steps: int = 10_000,
         subscriber_backlog: int = 10_000,
+        first_seq: int = 0,
     ) -> None:
         for name, value in (("buffer_steps", buffer_steps), ("backlog", subscriber_backlog)):
             if value < 1:
@@ -53,7 +55,9 @@ class EventStream:
         self._buffer: deque[tuple[int, EventBatch]] = deque(maxlen=buffer_steps)
         self._backlog = subscriber_backlog
         self._subs: set[_Subscription] = set()
-        self._next_seq = publisher.next_seq if publisher is not None else 0
+        self._next_seq = publisher.next_seq if publisher is not None else first_seq
+        #: The sequence number of the stream's first batch.
+        self.first_seq = self._next_seq
         self._closed = False
         #: The blocks this stream says are cached (``events.snapshot``), for late joiners.
         self.ledger = BlockLedger()

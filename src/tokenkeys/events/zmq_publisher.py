@@ -3,7 +3,13 @@
 Matches vLLM 0.33 ``ZmqEventPublisher`` (`vllm/distributed/kv_events.py`):
 
 - PUB socket; one three-frame message per batch: ``[topic utf-8, seq (8 bytes big-endian),
-  payload]``, ``seq`` counting from 0 for each publisher.
+  payload]``, ``seq`` counting up from ``first_seq`` (vLLM: 0 for each publisher process).
+
+A publisher whose sequence starts at 0 again after a restart looks to its consumers like an old
+stream going back: Dynamo's indexer drops the new batches until they pass the old maximum,
+smg's relay ends its stream with DATA_LOSS. tokenkeys' engines therefore start at
+:func:`restart_safe_first_seq`, a sequence a restarted publisher never goes below (see
+``docs/integrations.md``, "Restarts").
 - ROUTER replay socket: a request ``[client_id, b"", start_seq (8 bytes BE)]`` is answered with
   ``[client_id, b"", topic, seq, payload]`` for every buffered batch whose seq >= start_seq, then
   the end marker ``[client_id, b"", b"", ff*8, b""]``; the buffer keeps the last
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -35,6 +42,21 @@ log = logging.getLogger(__name__)
 
 #: Sequence frame of the replay end marker: vLLM's ``(-1).to_bytes(8, "big", signed=True)``.
 END_SEQ = b"\xff" * 8
+#: Sequence numbers stay below this (consumers read them as signed 64-bit, vLLM's end marker
+#: is -1).
+MAX_SEQ = 2**63 - 1
+
+
+def restart_safe_first_seq(now_ns: int | None = None) -> int:
+    """The first sequence number of a publisher that must never go back across restarts.
+
+    The wall clock in microseconds: a run started later starts above every sequence number an
+    earlier run used, as long as that run published less than one batch per microsecond on
+    average (engines publish at most a few thousand a second) and the clock was not set back
+    by more than the time between the two starts. Nothing is stored, so it holds for a
+    process that restarts anywhere, on the same endpoint or not.
+    """
+    return (time.time_ns() if now_ns is None else now_ns) // 1000
 
 
 def make_topic(address: str, model: str) -> str:
@@ -80,6 +102,7 @@ class ZmqEventPublisher:
         connect: bool = False,
         context: zmq.Context | None = None,
         replay_topic: bool = True,
+        first_seq: int = 0,
     ) -> None:
         check_endpoint(endpoint, "endpoint")
         if replay_endpoint is not None:
@@ -93,6 +116,10 @@ class ZmqEventPublisher:
         for name, value in (("buffer_steps", buffer_steps), ("hwm", hwm)):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, got {value}", field=name)
+        if not 0 <= first_seq < MAX_SEQ:
+            raise ConfigError(
+                f"first_seq must be in 0..{MAX_SEQ - 1}, got {first_seq}", field="first_seq"
+            )
         self.topic = topic
         self._topic_bytes = topic.encode("utf-8")
         # The frames a replay reply starts with after [client_id, b""]: the topic, or none.
@@ -104,7 +131,7 @@ class ZmqEventPublisher:
         self._advertise_host = advertise_host
         self._ctx = context or zmq.Context.instance()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
-        self._next_seq = 0
+        self._next_seq = first_seq
         self._pub: zmq.Socket | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None

@@ -10,7 +10,8 @@ Sequence handling, per publisher:
 
 - ``seq > last + 1``: a gap. The missing batches are requested from the replay socket and
   delivered before the live one; those the publisher no longer buffers are counted in
-  ``Delivery.lost_before``.
+  ``Delivery.lost_before`` (from the first delivery on: before it, the subscriber had no
+  position to miss anything from).
 - ``seq <= last``: a live PUB stream never goes back, so the publisher restarted (its counter
   starts at 0 again). The next delivery has ``restarted=True``: forget everything this source
   said before. Batches 0..seq-1 of the new run are replayed if still buffered.
@@ -101,6 +102,9 @@ class ZmqEventSubscriber:
         self._replay_timeout = replay_timeout
         self._ctx = context or zmq.Context.instance()
         self._last: int | None = None if start_seq is None else start_seq - 1
+        #: Whether a batch was delivered since start or the last rewind (``lost_before`` counts
+        #: only what a positioned subscriber missed).
+        self._positioned = False
         self._pending: deque[Delivery] = deque()
         self._sub: zmq.asyncio.Socket | None = None
         self._dealer: zmq.asyncio.Socket | None = None
@@ -143,6 +147,7 @@ class ZmqEventSubscriber:
         if type(seq) is not int or seq < 0:
             raise InvalidArgument(f"seq must be an integer >= 0, got {seq!r}", field="seq")
         self._last = seq - 1
+        self._positioned = False
 
     async def recv(self) -> Delivery:
         """Return the next batch in order, replaying missed ones first."""
@@ -207,6 +212,13 @@ class ZmqEventSubscriber:
     ) -> None:
         """Queue the replayed batches, then the live one, noting what stayed missing."""
         prev = expected - 1
+        if not self._positioned:
+            # The first delivery since start (or a rewind): this subscriber held no position,
+            # so nothing before it is missing to it (a restart-safe publisher's run begins far
+            # above 0; an older one may have left the buffer: a consumer starting from it
+            # under-reports, never over-reports).
+            prev = (replayed[0][1] if replayed else seq) - 1
+            self._positioned = True
         for r_topic, r_seq, r_payload in replayed:
             lost = r_seq - prev - 1
             self._pending.append(Delivery(r_topic, r_seq, r_payload, True, restarted, lost))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from tokenkeys import __version__
-from tokenkeys.frontend import routes_generate, routes_system, routes_tokenize
+from tokenkeys.frontend import routes_generate, routes_render, routes_system, routes_tokenize
 from tokenkeys.frontend.config import HttpConfig
 from tokenkeys.frontend.errors import install_error_handlers
 from tokenkeys.frontend.guard import GuardMiddleware
@@ -15,6 +15,8 @@ from tokenkeys.frontend.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    RenderChatRequest,
+    RenderCompletionRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
@@ -71,6 +73,7 @@ def create_app(
     routes_system.add_routes(app)
     routes_generate.add_routes(app)
     routes_tokenize.add_routes(app, config)
+    routes_render.add_routes(app)
     install_openapi(
         app,
         [
@@ -79,6 +82,8 @@ def create_app(
             TokenizeCompletionRequest,
             TokenizeChatRequest,
             DetokenizeRequest,
+            RenderCompletionRequest,
+            RenderChatRequest,
         ],
         _DESCRIPTION,
     )

@@ -165,6 +165,22 @@ def _check_logprob_fields(request: Mapping[str, Any]) -> None:
         )
 
 
+def check_request_fields(request: Mapping[str, Any]) -> None:
+    """vLLM 0.32's request validators on the sampling fields (400 in its words): the seed's
+    range, the logprob fields, stream options only with ``stream``. The generation routes and
+    the render routes both run them."""
+    seed = request.get("seed")
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        # vLLM bounds seed to a signed 64-bit integer (pydantic ge/le on torch.iinfo(long)).
+        raise InvalidArgument(f"seed must be a signed 64-bit integer, got {seed}", field="seed")
+    _check_logprob_fields(request)
+    if request.get("stream_options") and not request.get("stream"):
+        # vLLM 0.32 validate_stream_options (completion and chat protocol.py).
+        raise vllm_invalid(
+            "Stream options can only be defined when `stream=True`.", "stream_options"
+        )
+
+
 @dataclass(frozen=True)
 class Sampling:
     """The engine parameters of a request and how its answer is shaped."""
@@ -205,16 +221,8 @@ def sampling_of(
     stop_ids = tuple(request.get("stop_token_ids") or ())
     if not request.get("ignore_eos"):
         stop_ids += tuple(i for i in eos_ids if i not in stop_ids)
+    check_request_fields(request)
     seed = request.get("seed")
-    if seed is not None and not -(2**63) <= seed < 2**63:
-        # vLLM bounds seed to a signed 64-bit integer (pydantic ge/le on torch.iinfo(long)).
-        raise InvalidArgument(f"seed must be a signed 64-bit integer, got {seed}", field="seed")
-    _check_logprob_fields(request)
-    if request.get("stream_options") and not request.get("stream"):
-        # vLLM 0.32 validate_stream_options (completion and chat protocol.py).
-        raise vllm_invalid(
-            "Stream options can only be defined when `stream=True`.", "stream_options"
-        )
     options = request.get("stream_options") or {}
     skip = request.get("skip_special_tokens")
     return Sampling(

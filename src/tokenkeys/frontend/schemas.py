@@ -164,3 +164,48 @@ class ChatCompletionRequest(_GenerationFields, _ChatFields):
     return_prompt_text: bool | None = Field(
         None, description="also return the rendered prompt as prompt_text"
     )
+
+
+class _RenderFields(BaseModel):
+    """vLLM's sampling fields a render answer carries (``sampling_params``). Their ranges are
+    checked after rendering, by ``SamplingParams``' own rules and words
+    (:mod:`tokenkeys.frontend.render_params`), so the schema only checks types."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = 0
+    use_beam_search: bool | None = False
+    include_stop_str_in_output: bool | None = False
+    spaces_between_special_tokens: bool | None = True
+    bad_words: list[str] | None = None
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[TokenId] | None = None
+    prompt_logprobs: int | None = None
+    stream_interval: int | None = None
+    watermarking: bool | None = None
+    vllm_xargs: Json | None = None
+    routed_experts_prompt_start: int | None = 0
+    priority: int | None = Field(0, description="carried into the answer; not scheduled here")
+
+
+class RenderCompletionRequest(_RenderFields, CompletionRequest):
+    """``/v1/completions/render``: a completion body, answered with its engine requests."""
+
+    echo: bool | None = False
+    logprobs: int | None = None
+
+
+class RenderChatRequest(_RenderFields, ChatCompletionRequest):
+    """``/v1/chat/completions/render``: a chat body, answered with its engine request."""
+
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0

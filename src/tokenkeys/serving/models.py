@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from tokenkeys.artifacts.streamer import ArtifactStreamer
 from tokenkeys.engine.protocol import Engine
+from tokenkeys.engine.tokenizer_only import TokenizerOnlyEngine
 from tokenkeys.errors import ConfigError, FailedPrecondition, NotFound
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.keys.service import CacheKeyService
@@ -96,6 +97,7 @@ class ModelRegistry:
                 f"model {name!r} is not served here; served models: {', '.join(served)}",
                 field="model",
                 served=served,
+                name=name,
             )
         return found
 
@@ -115,6 +117,16 @@ def attach_cache_keys(models: ModelRegistry, spec: CacheKeySpec | None, limits: 
     for model in models:
         service = CacheKeyService(spec, limits, tokenizer_fingerprint=model.tokenizer.fingerprint)
         models.replace(dataclasses.replace(model, cache_keys=service))
+
+
+def attach_tokenizer_only(models: ModelRegistry, max_model_len: int | None) -> None:
+    """Serve every model tokenizer-only (``serve --engine none``): an engine that refuses
+    generation and states ``max_model_len`` as the context (None: the tokenizer's
+    ``model_max_length``), :class:`~tokenkeys.engine.tokenizer_only.TokenizerOnlyEngine`."""
+    for model in models:
+        limit = max_model_len or model.tokenizer.specials.model_max_length
+        engine = TokenizerOnlyEngine(model.name, limit)
+        models.replace(dataclasses.replace(model, engine=engine))
 
 
 def with_spec(model: ServedModel, spec: CacheKeySpec) -> ServedModel:

@@ -193,7 +193,9 @@ class GrpcEventConsumer:
                 self.worker,
                 batch,
                 restarted=seq < expected,
-                lost_before=max(0, seq - expected),
+                # A first subscription holds no position: a run starts far above 0
+                # (restart-safe sequence numbers), which is no loss.
+                lost_before=max(0, seq - expected) if self._next is not None else 0,
             )
         except Unavailable as exc:
             self.resyncing = True

@@ -6,7 +6,9 @@ Per model: spec (the runtime's ``spec_of``) -> :class:`EventStream` (with a
 tokenizer, spec and stream, then started. ``Control`` is answered here, from these engines.
 
 ``SubscribeKvEvents`` streams one model's batches as protobuf ``KvEventBatch``es whose
-``sequence_number`` is the ZMQ sequence number of the same batch. ``start_sequence_number``
+``sequence_number`` is the ZMQ sequence number of the same batch; a run's numbers start at
+:func:`~tokenkeys.events.zmq_publisher.restart_safe_first_seq` and its first batch is
+``AllBlocksCleared`` (docs/integrations.md, "Restarts"). ``start_sequence_number``
 replays what is still buffered from there on, then follows live. The stream ends with one
 ``EngineError``: OVERLOADED (retryable) when the subscriber fell too far behind, DRAINING
 (retryable) when the server stops.
@@ -14,6 +16,7 @@ replays what is still buffered from there on, then follows live. The stream ends
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,11 +25,11 @@ from tokenkeys._gen.openengine.v1 import kv_pb2, lifecycle_pb2, model_pb2, serve
 from tokenkeys.engine.hosting import EngineInputs, StreamedEngine
 from tokenkeys.engine.proto_errors import draining, engine_error
 from tokenkeys.errors import InvalidArgument, LimitExceeded, Unsupported
-from tokenkeys.events.model import EventSourceInfo, SpecRef
+from tokenkeys.events.model import AllBlocksCleared, EventBatch, EventSourceInfo, SpecRef
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec, int_encoding_of
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec, layout_for
-from tokenkeys.events.zmq_publisher import ZmqEventPublisher
+from tokenkeys.events.zmq_publisher import ZmqEventPublisher, restart_safe_first_seq
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.grpc import discovery_messages as messages
 from tokenkeys.serving.models import ServedModel, with_spec
@@ -72,7 +75,9 @@ class StreamedHosting:
         for index, model in enumerate(self.runtime.models):
             self.models[model.name] = await self._start_model(index, model, bind_host)
 
-    def _publisher(self, index: int, model: str, bind_host: str) -> ZmqEventPublisher | None:
+    def _publisher(
+        self, index: int, model: str, bind_host: str, first_seq: int
+    ) -> ZmqEventPublisher | None:
         config = self.runtime.config
         if not config.kv_events:
             return None
@@ -86,6 +91,7 @@ class StreamedHosting:
             hwm=config.kv_events_hwm,
             advertise_host=config.advertise_host,
             replay_topic=layout_for(config.wire_version).replay_topic,
+            first_seq=first_seq,
         )
 
     async def _start_model(self, index: int, model: ServedModel, bind_host: str) -> StreamedParts:
@@ -95,7 +101,9 @@ class StreamedHosting:
         if learned != spec:
             spec = learned
             runtime.models.replace(with_spec(model, spec))
-        publisher = self._publisher(index, model.name, bind_host)
+        # Never back across restarts, so no consumer drops this run's batches as stale.
+        first_seq = restart_safe_first_seq()
+        publisher = self._publisher(index, model.name, bind_host, first_seq)
         if publisher is not None:
             self._publishers.append(publisher)
             await publisher.start()
@@ -105,7 +113,11 @@ class StreamedHosting:
             codec=VllmMsgpackCodec(config.wire_version),
             buffer_steps=config.kv_events_buffer_steps,
             subscriber_backlog=config.kv_events_subscriber_backlog,
+            first_seq=first_seq,
         )
+        # A run's first batch clears what any consumer kept of an earlier run of this engine
+        # (its prefix cache is empty now; behind a restarted sidecar, vLLM's is replayed).
+        stream.emit(EventBatch(time.time(), (AllBlocksCleared(),)))
         inputs = EngineInputs(
             model.name, model.tokenizer, spec, config, stream, runtime.kind_metrics
         )

