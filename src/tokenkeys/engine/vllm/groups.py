@@ -181,7 +181,10 @@ async def learned_spec(inputs: EngineInputs) -> CacheKeySpec:
     assert isinstance(vllm, VllmEngineConfig)
     client = VllmHttpClient(vllm.url)
     try:
-        await check_vllm(client, inputs.name, inputs.tokenizer, spec, config.max_model_len)
+        # Waits for vLLM (--engine-wait) as the sidecar's own start checks do: this runs first.
+        await check_vllm(
+            client, inputs.name, inputs.tokenizer, spec, config.max_model_len, vllm.wait_s
+        )
         prompt = probe_prompt(inputs.tokenizer.vocab_size, spec.hash_unit)
         groups = await learn_groups(
             client, vllm, inputs.name, prompt, spec.hash_unit, config.wire_version
