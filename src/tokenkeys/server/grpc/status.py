@@ -6,6 +6,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import grpc
 
@@ -22,8 +23,18 @@ def _metadata(error: TokenkeysError) -> tuple[tuple[str, str], ...]:
         items.append(("tokenkeys-field", error.field))
     for key, value in error.details.items():
         if isinstance(value, (str, int)):
-            items.append((f"tokenkeys-{key.replace('_', '-')}", str(value)))
+            items.append((f"tokenkeys-{key.replace('_', '-')}", _header_value(str(value))))
     return tuple(items)
+
+
+# gRPC ASCII metadata carries printable ASCII only; a request's own text (a model name of NUL
+# or non-ASCII characters) must not turn the refusal into INTERNAL. Everything else, and '%'
+# itself, is percent-encoded (RFC 3986), so printable values stay as they are.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def _header_value(value: str) -> str:
+    return quote(value, safe=_HEADER_SAFE)
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: TokenkeysError) -> None:
