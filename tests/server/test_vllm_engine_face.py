@@ -198,16 +198,19 @@ async def _batches(call, count: int) -> list[common_pb2.KvEventBatch]:
 
 
 async def test_kv_events_replay_from_zero_and_resume_from_a_sequence_number(stack):
-    origin = stack.local().stream.next_seq  # the stream's first number: nothing published yet
+    # The next number: only the run's opening AllBlocksCleared (at origin - 1) is published.
+    origin = stack.local().stream.next_seq
     ids = ids_of(stack)
     await generate(stack, ids, stream=False, max_tokens=2)
     await generate(stack, ids_of(stack, TEXT + " and more text to store"), stream=False)
     call = stub(stack).SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
-    first, second = await _batches(call, 2)
+    cleared, first, second = await _batches(call, 3)
     call.cancel()
+    assert cleared.sequence_number == origin - 1
+    assert not cleared.events[0].HasField("stored")
     assert (first.sequence_number, second.sequence_number) == (origin, origin + 1)
     stored = first.events[0].stored
-    assert first.events[0].event_id == 1 and first.dp_rank == 0
+    assert first.events[0].event_id == cleared.events[0].event_id + 1 and first.dp_rank == 0
     assert [t for b in stored.blocks for t in b.token_ids] == ids[: len(ids) // 16 * 16]
     assert stored.tier == common_pb2.KV_CACHE_TIER_DEVICE and stored.medium == "GPU"
     assert stored.locality == common_pb2.KV_CACHE_LOCALITY_LOCAL
