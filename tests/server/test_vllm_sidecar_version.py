@@ -25,7 +25,8 @@ from support import run_cli
 
 
 class _Engine(ThreadingHTTPServer):
-    """Answers GET ``/version`` with ``version`` (None: 404, as any unknown path); counts hits."""
+    """Answers GET ``/health`` 200 and ``/version`` with ``version`` (None: 404, as any unknown
+    path); counts hits."""
 
     def __init__(self, version: str | None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -42,7 +43,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self.server.hits[self.path] += 1
-        if self.path == "/version" and self.server.version is not None:
+        if self.path == "/health":  # up, as vLLM answers once it serves (the sidecar waits)
+            body, status = b"", 200
+        elif self.path == "/version" and self.server.version is not None:
             body, status = json.dumps({"version": self.server.version}).encode(), 200
         else:
             body, status = b'{"detail": "Not Found"}', 404
@@ -84,7 +87,7 @@ async def test_an_engine_release_without_a_known_layout_refuses_the_start(engine
         "KV-event layout known here; supported: vLLM 0.11 to 0.33; give "
         "--kv-events-vllm-version with the release whose layout its events follow"
     )
-    assert engine.hits == {"/version": 1}  # refused before anything else was asked
+    assert engine.hits == {"/health": 1, "/version": 1}  # refused once up, before other checks
 
 
 @pytest.mark.parametrize("engine", [None], indirect=True)
