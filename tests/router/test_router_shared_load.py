@@ -1,7 +1,7 @@
 """Router replicas sharing their requests in flight and cache growth through a real Redis.
 
 Two :class:`RedisSharedLoad` instances stand for two replicas; each applies the other's
-messages to its own load views. The pools are stand-ins holding only what the shared load
+stream entries to its own load views, and their decisions are placed through the stream. The pools are stand-ins holding only what the shared load
 touches (``members[address].view``, a real ``LoadView``): the pool machinery (discovery,
 artifacts) plays no part here and is tested in ``test_router_pool.py``.
 """
@@ -17,6 +17,7 @@ from routing_support import wait_until
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.policy.cost import GrowthLedger
+from tokenkeys.router.policy.placement import Placement
 from tokenkeys.router.service import RouterConfig
 from tokenkeys.router.shared_load import LocalLoad, RedisSharedLoad
 from tokenkeys.router.workers.load_view import LoadView
@@ -80,12 +81,48 @@ async def test_a_peers_flight_counts_here_until_it_ends(replicas):
     assert a.view("w1").inflight == 0
 
 
-async def test_growth_is_shared_with_every_replica(replicas):
+def _placing(replica: Replica, address: str, keys: tuple[int, ...], growth: float, seen: list):
+    """A decision that always picks ``address``, noting what it saw of the peer's flights."""
+
+    def decide() -> tuple[Placement, str]:
+        seen.append(replica.view("w1").inflight + replica.view("w2").inflight)
+        fresh = replica.view(address).fresh(keys)
+        return Placement("m", address, keys, fresh, growth), address
+
+    return decide
+
+
+async def test_a_placement_reaches_every_replica_once(replicas):
     a, b = replicas
-    a.shared.grew("m", "w2", 12.0)
-    a.shared.grew("other-model", "w2", 5.0)  # a pool B does not serve: ignored
-    await wait_until(lambda: "m" in b.ledgers and b.ledgers["m"].get("w2") == 12.0, what="growth")
-    assert "other-model" not in b.ledgers and "m" not in a.ledgers  # own changes not replayed
+    seen: list[int] = []
+    assert await a.shared.place(_placing(a, "w2", (4, 5, 6), 12.0, seen)) == "w2"
+    await wait_until(lambda: b.view("w2").inflight == 1, what="placed flight")
+    assert "m" in b.ledgers and b.ledgers["m"].get("w2") == 12.0  # the placement's growth
+    assert "m" not in a.ledgers  # own placements are not replayed here
+    assert b.view("w2").queued_prefill(frozenset()) == 3
+    # The request of that decision takes the placement over: no second flight at B.
+    flight = a.view("w2").begin((4, 5, 6))
+    a.shared.sent("m", "w2", flight)
+    a.shared.finished(flight)
+    await wait_until(lambda: b.shared.peer_flights == 0, what="placed flight ended")
+    assert b.view("w2").inflight == 0 and seen == [0]
+
+
+async def test_concurrent_decisions_are_made_again_on_the_peers_placement(replicas):
+    a, b = replicas
+    seen_a: list[int] = []
+    seen_b: list[int] = []
+    # Both decide on the same memory before either round trip: the second one placed finds
+    # the first's entry, applies it and decides again.
+    picked = await asyncio.gather(
+        a.shared.place(_placing(a, "w1", (1, 2), 2.0, seen_a)),
+        b.shared.place(_placing(b, "w1", (1, 2), 2.0, seen_b)),
+    )
+    assert picked == ["w1", "w1"]
+    assert a.shared.redecided + b.shared.redecided == 1
+    again = seen_a if len(seen_a) == 2 else seen_b
+    assert sorted([len(seen_a), len(seen_b)]) == [1, 2] and again == [0, 1]
+    assert a.shared.forced == b.shared.forced == 0
 
 
 async def test_a_silent_peers_flights_expire(redis_url):
@@ -116,10 +153,12 @@ async def test_without_redis_each_replica_counts_its_own_and_recovers(start_redi
         server.stop()
         await wait_until(lambda: not b.shared.following, what="channel lost")
         assert b.shared.peer_flights == 0 and b.view("w1").inflight == 0  # local only now
+        seen: list[int] = []
+        assert await a.shared.place(_placing(a, "w2", (5,), 1.0, seen)) == "w2"  # local-only
         later = a.view("w2").begin([5])
         a.shared.sent("m", "w2", later)  # nobody hears it: dropped, A's own count stands
-        await wait_until(lambda: a.shared.dropped >= 1, what="dropped")
-        assert a.view("w2").inflight == 1
+        await wait_until(lambda: a.shared.dropped >= 2, what="dropped")
+        assert a.view("w2").inflight == 1 and seen == [1] and not a.shared.place_seconds
         server.start()
         await wait_until(lambda: a.shared.following and b.shared.following, what="back")
         again = a.view("w1").begin([3])

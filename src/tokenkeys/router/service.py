@@ -23,12 +23,12 @@ from tokenkeys.router.index.redis import RedisPrefixIndex
 from tokenkeys.router.ingest.ingestor import IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.policy.cost import CostWeights
+from tokenkeys.router.policy.precise import GrowthLedgers
 from tokenkeys.router.policy.router import POLICIES, Router, make_policy
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.shared_load import (
     LocalLoad,
     RedisSharedLoad,
-    SharedGrowth,
     SharedLoad,
 )
 from tokenkeys.router.workers.discovery import check_address
@@ -159,12 +159,15 @@ class RoutingService:
         )
         #: What the replicas share of their load (``shared_load``; nothing without share_load).
         self.shared = config.make_shared_load()
-        #: The cache growth the precise policy prices, per pool; what it records is told to
-        #: the other replicas, and theirs is recorded here.
-        self.growth = SharedGrowth(self.shared)
+        #: The cache growth the precise policy prices, per pool; the other replicas' placements
+        #: are recorded here too (``shared``, which also places this router's decisions).
+        self.growth = GrowthLedgers()
+        policy = make_policy(
+            config.policy, self.index, cost=config.cost, growth=self.growth, placements=self.shared
+        )
         self.router = Router(
             self.registry.pools,
-            make_policy(config.policy, self.index, cost=config.cost, growth=self.growth),
+            policy,
             metrics=self.metrics,
         )
         self.registry.on_leave.append(self.router.forget)

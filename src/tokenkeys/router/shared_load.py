@@ -7,50 +7,75 @@ two of them may send two new prefixes to one worker before any event or load pol
 :class:`SharedLoad` is how they tell each other:
 
 - :class:`LocalLoad` shares nothing (one router; today's behaviour).
-- :class:`RedisSharedLoad` publishes every flight's start, first output and end, and every
-  growth a decision records, on a Redis pub/sub channel of the namespace, and applies what the
-  other replicas publish to its own load views and growth ledgers. So a routing decision
-  reads only local memory, as before: sharing costs it nothing but one append to an outbox,
-  which a background task publishes (one ``PUBLISH`` per batch of changes).
+- :class:`RedisSharedLoad` appends every decision's placement (the request it sends, the
+  blocks it prefills, the growth it causes) and every flight's first output and end to one
+  Redis stream of the namespace (``router.shared_stream``), and applies what the other
+  replicas append to its own load views and growth ledgers, in the stream's order.
+
+A decision is made on local memory, then placed (``router.policy.placement``): one atomic
+round trip appends it unless a peer placed something since this replica last looked, in which
+case the peer's entries come back, are applied, and the decision is made again (at most
+``retries`` times, then placed as it stands). A burst routed by several replicas at once is
+thereby decided as one router would decide it, one placement after the other; a replica's own
+decisions are serialized (one round trip each) for the same reason. First outputs, ends and
+heartbeats are batched by a background task (one ``XADD`` per batch). What placing costs a
+decision is kept in :attr:`RedisSharedLoad.place_seconds` (bench_routing prints it).
 
 This follows Dynamo's router replica sync (ai-dynamo/dynamo ``lib/llm/src/kv_router/
 sequence.rs``, ``--router-replica-sync``: each replica broadcasts its active-sequence events
 to the others), over Redis instead of NATS, so a deployment that shares the index in Redis
-needs nothing else. On a Redis Cluster any node serves: classic pub/sub messages reach every
-node.
+needs nothing else; Dynamo's broadcast is after the fact, the placement here is agreed before
+the request is sent. On a Redis Cluster any node serves as the URL (the stream lives on the
+slot of its hash tag; the cluster client finds it).
 
-A peer's flights are only as good as its messages. A replica that stops publishing (crashed,
+A peer's flights are only as good as its entries. A replica that stops appending (crashed,
 cut off) sends a heartbeat no more: after ``peer_timeout`` seconds its flights are ended here.
-When this replica loses the channel it ends every peer flight it holds and routes on its own
-counts (local-only, as with :class:`LocalLoad`) until the subscription is back; messages of
-flights it never saw start are ignored.
+When this replica loses the stream it ends every peer flight it holds and routes on its own
+counts (local-only, as with :class:`LocalLoad`: decisions are not placed, a round trip to a
+Redis that is away would only delay them) until it follows the stream again, from its newest
+entry; entries of flights it never saw start are ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgpack
-import redis.asyncio as aioredis
-import redis.exceptions as rexc
 
+from tokenkeys.errors import Unavailable
+from tokenkeys.router.index.redis_store import RedisStore
 from tokenkeys.router.policy.cost import GrowthLedger
-from tokenkeys.router.policy.precise import GrowthLedgers
+from tokenkeys.router.policy.placement import Placement
+from tokenkeys.router.shared_stream import (
+    MAXLEN,
+    PLACE,
+    READ_LIMIT,
+    Cursor,
+    stream_key,
+)
 from tokenkeys.router.workers.load_view import Flight
 from tokenkeys.router.workers.pool import Pool
 
 log = logging.getLogger(__name__)
 
 Ledgers = Callable[[str], GrowthLedger]
+T = TypeVar("T")
 
 
 class SharedLoad(Protocol):
-    """Tells other router replicas what this one sent; applies what they sent."""
+    """Tells other router replicas what this one sent; applies what they sent. It is also
+    the policy's :class:`~tokenkeys.router.policy.placement.Placements`."""
+
+    async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
+        """Agree on a decision with the other replicas (``router.policy.placement``)."""
+        ...
 
     def sent(self, model: str, address: str, flight: Flight) -> None:
         """This router sent a request (its :class:`Flight`) to ``address`` of ``model``."""
@@ -62,10 +87,6 @@ class SharedLoad(Protocol):
 
     def finished(self, flight: Flight) -> None:
         """The request finished or failed."""
-        ...
-
-    def grew(self, model: str, address: str, blocks: float) -> None:
-        """A routing decision put ``blocks`` new blocks into the worker's cache."""
         ...
 
     async def start(self, pools: Mapping[str, Pool], ledgers: Ledgers) -> None:
@@ -80,6 +101,10 @@ class SharedLoad(Protocol):
 class LocalLoad:
     """Shares nothing: every router counts only its own requests."""
 
+    async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
+        """The decision as made."""
+        return decide()[1]
+
     def sent(self, model: str, address: str, flight: Flight) -> None:
         """Nothing to tell."""
 
@@ -89,9 +114,6 @@ class LocalLoad:
     def finished(self, flight: Flight) -> None:
         """Nothing to tell."""
 
-    def grew(self, model: str, address: str, blocks: float) -> None:
-        """Nothing to tell."""
-
     async def start(self, pools: Mapping[str, Pool], ledgers: Ledgers) -> None:
         """Nothing to follow."""
 
@@ -99,31 +121,22 @@ class LocalLoad:
         """Nothing to close."""
 
 
-class SharedGrowth(GrowthLedgers):
-    """Growth ledgers whose every record (a decision of this router) is also told to the
-    other replicas through ``shared``; their records go straight to :meth:`ledger`."""
-
-    def __init__(self, shared: SharedLoad) -> None:
-        super().__init__()
-        self.shared = shared
-
-    def record(self, model: str, worker: str, new_blocks: float) -> None:
-        """Record this router's decision and publish it."""
-        super().record(model, worker, new_blocks)
-        self.shared.grew(model, worker, new_blocks)
-
-
-# Message kinds: [kind, serial, model, address, keys, fresh] / [kind, serial] / growth.
-_SENT, _ANSWERED, _FINISHED, _GREW, _ALIVE = range(5)
+# Change kinds: [kind, serial, model, address, keys, fresh, growth] / [kind, serial] /
+# growth alone (a decision not placed: local-only) / a sign of life.
+_PLACED, _ANSWERED, _FINISHED, _GREW, _ALIVE = range(5)
+#: Seconds a placement may wait for its request (``sent``) before it is ended for the peers
+#: (its worker left the pool before the request went out).
+_CLAIM_SECONDS = 2.0
 
 
 class RedisSharedLoad:
-    """:class:`SharedLoad` over a Redis pub/sub channel (see the module doc).
+    """:class:`SharedLoad` over a Redis stream (see the module doc).
 
     ``url``: any node of the Redis (or Redis Cluster) the replicas share; ``namespace``: the
-    pool's (the channel is ``tokenkeys:<namespace>:load``); ``heartbeat`` seconds between
+    pool's (the stream is ``tokenkeys:{<namespace>:load}``); ``heartbeat`` seconds between
     this replica's signs of life; ``peer_timeout`` seconds of a peer's silence after which its
-    flights are ended here.
+    flights are ended here; ``timeout`` bounds each Redis call; ``retries`` how often a
+    decision is made again after peers' placements before it is placed as it stands.
     """
 
     def __init__(
@@ -134,29 +147,43 @@ class RedisSharedLoad:
         heartbeat: float = 1.0,
         peer_timeout: float = 5.0,
         timeout: float = 1.0,
+        retries: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
-        self.channel = f"tokenkeys:{namespace}:load"
+        self.key = stream_key(namespace)
         self.replica = uuid.uuid4().hex
         self.heartbeat = heartbeat
         self.peer_timeout = peer_timeout
+        self.retries = retries
         self.clock = clock
         self._timeout = timeout
+        self._store = RedisStore.from_url(url, timeout=timeout, label="shared load")
+        self._block_ms = max(int(1000 * min(heartbeat, timeout / 2)), 1)
         self._outbox: list[list[Any]] = []
         self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._deciding = asyncio.Lock()
         self._serials: dict[int, int] = {}  # id(own flight) -> serial
         self._next = 0
+        # Own placements not yet claimed by a request: (model, address, keys) -> (serial, when).
+        self._placed: dict[tuple[str, str, tuple[int, ...]], list[tuple[int, float]]] = {}
+        self._cursor = Cursor()
         # Peers' flights applied here: (peer, serial) -> (view's flight, the view's owner).
         self._peer_flights: dict[tuple[str, int], tuple[Flight, Any]] = {}
         self._seen: dict[str, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._pools: Mapping[str, Pool] = {}
         self._ledgers: Ledgers | None = None
-        #: Changes not published because Redis could not be reached (for /metrics, tests).
+        #: Changes not appended because Redis could not be reached (for /metrics, tests).
         self.dropped = 0
-        #: Whether the channel is followed now (False: local-only).
+        #: Whether the stream is followed now (False: local-only).
         self.following = False
+        #: Seconds each placed decision spent agreeing (round trips and decisions made again).
+        self.place_seconds: collections.deque[float] = collections.deque(maxlen=100_000)
+        #: Decisions made again after peers' placements, and placed as they stood at the end.
+        self.redecided = 0
+        self.forced = 0
 
     # ------------------------------------------------------------------ this replica's side
 
@@ -164,99 +191,146 @@ class RedisSharedLoad:
         self._outbox.append(item)
         self._wake.set()
 
+    async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
+        """Decide, then place the decision on the stream (module doc); local-only while the
+        stream is not followed or Redis fails."""
+        async with self._deciding:
+            started = time.perf_counter()
+            for attempt in range(self.retries + 1):
+                placement, result = decide()
+                if not self.following:
+                    break
+                force = attempt == self.retries
+                serial = self._next + 1
+                batch = msgpack.packb([self.replica, [[_PLACED, serial, *_fields(placement)]]])
+                args = [self._cursor.id, self.replica, batch, int(force), MAXLEN, READ_LIMIT]
+                try:
+                    appended, news = await self._store.run("place", PLACE, [self.key], args)
+                except Unavailable as exc:
+                    log.debug("shared load: placing on %s failed: %s", self.url, exc.message)
+                    break
+                self._take(news)
+                if appended:
+                    self._next = serial
+                    if self._cursor.read < READ_LIMIT:  # nothing unread up to this entry
+                        self._cursor.advance(appended)
+                    self._placed.setdefault(_claim(placement), []).append((serial, self.clock()))
+                    self.forced += force
+                    self.place_seconds.append(time.perf_counter() - started)
+                    return result
+                self.redecided += 1
+            # Not placed: the decision stands locally, its growth told after the fact.
+            self._post([_GREW, 0, placement.model, placement.worker, placement.growth])
+            return result
+
     def sent(self, model: str, address: str, flight: Flight) -> None:
-        """Publish the flight's start (keys, and the blocks it prefills there)."""
-        self._next += 1
-        self._serials[id(flight)] = self._next
-        self._post([_SENT, self._next, model, address, list(flight.keys), list(flight.fresh)])
+        """The flight of a placed decision takes its placement's serial; any other (a retry
+        on another worker, a decision not placed) is appended as placed now."""
+        claims = self._placed.get((model, address, flight.keys))
+        if claims:
+            serial, _ = claims.pop(0)
+            if not claims:
+                del self._placed[(model, address, flight.keys)]
+        else:
+            self._next += 1
+            serial = self._next
+            self._post([_PLACED, serial, model, address, list(flight.keys), list(flight.fresh), 0])
+        self._serials[id(flight)] = serial
 
     def answered(self, flight: Flight) -> None:
-        """Publish the end of the flight's prefill."""
+        """Tell the end of the flight's prefill."""
         serial = self._serials.get(id(flight))
         if serial is not None:
             self._post([_ANSWERED, serial])
 
     def finished(self, flight: Flight) -> None:
-        """Publish the flight's end."""
+        """Tell the flight's end."""
         serial = self._serials.pop(id(flight), None)
         if serial is not None:
             self._post([_FINISHED, serial])
 
-    def grew(self, model: str, address: str, blocks: float) -> None:
-        """Publish a decision's cache growth."""
-        self._post([_GREW, 0, model, address, float(blocks)])
+    def _unclaimed(self) -> None:
+        """End, for the peers, placements no request took up in time."""
+        now = self.clock()
+        for key, claims in list(self._placed.items()):
+            for serial, when in [c for c in claims if now - c[1] > _CLAIM_SECONDS]:
+                claims.remove((serial, when))
+                self._post([_FINISHED, serial])
+            if not claims:
+                del self._placed[key]
 
     async def start(self, pools: Mapping[str, Pool], ledgers: Ledgers) -> None:
-        """Start publishing and following (in the background; Redis may be away)."""
+        """Start appending and following (in the background; Redis may be away)."""
         self._pools, self._ledgers = pools, ledgers
         self._tasks = [asyncio.create_task(self._publish()), asyncio.create_task(self._follow())]
 
-    def _client(self) -> aioredis.Redis:
-        t = self._timeout
-        return aioredis.Redis.from_url(self.url, socket_timeout=t, socket_connect_timeout=t)
-
     async def _publish(self) -> None:
-        client = self._client()
-        try:
-            while True:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.heartbeat)
-                except asyncio.TimeoutError:
-                    pass
-                self._wake.clear()
-                batch, self._outbox = self._outbox, []
-                batch.append([_ALIVE, 0])
-                try:
-                    await client.publish(self.channel, msgpack.packb([self.replica, batch]))
-                except (rexc.RedisError, OSError) as exc:
-                    self.dropped += len(batch) - 1
-                    log.debug("shared load: publish to %s failed: %s", self.url, exc)
-        finally:
-            await client.aclose()
+        while not self._stopping.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.heartbeat)
+            self._wake.clear()
+            self._unclaimed()
+            batch, self._outbox = self._outbox, []
+            batch.append([_ALIVE, 0])
+            data = msgpack.packb([self.replica, batch])
+            command = ("XADD", self.key, "MAXLEN", "~", MAXLEN, "*", "r", self.replica, "d", data)
+            try:
+                await self._store.command("publish", *command)
+            except Unavailable as exc:
+                self.dropped += len(batch) - 1
+                log.debug("shared load: appending to %s failed: %s", self.url, exc.message)
 
     # ------------------------------------------------------------------------ peers' side
 
     async def _follow(self) -> None:
         delay = 0.05
-        while True:
-            client = self._client()
-            pubsub = client.pubsub()
+        read = ("XREAD", "COUNT", READ_LIMIT, "BLOCK", self._block_ms, "STREAMS", self.key)
+        while not self._stopping.is_set():
             try:
-                await pubsub.subscribe(self.channel)
+                newest = await self._store.command(
+                    "follow", "XREVRANGE", self.key, "+", "-", "COUNT", 1
+                )
+                self._cursor.reset(newest[0][0] if newest else None)
                 self.following, delay = True, 0.05
-                while True:
-                    message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=self.heartbeat
-                    )
-                    if message is not None and message["type"] == "message":
-                        self.apply(msgpack.unpackb(message["data"]))
+                while not self._stopping.is_set():
+                    reply = await self._store.command("follow", *read, self._cursor.id)
+                    for _, raw in reply or ():
+                        self._take(raw)
                     self._expire()
-            except (rexc.RedisError, OSError) as exc:
+            except Unavailable as exc:
                 log.warning(
-                    "shared load: channel at %s lost, routing on own counts: %s", self.url, exc
+                    "shared load: stream at %s lost, routing on own counts: %s",
+                    self.url,
+                    exc.message,
                 )
             finally:
                 self.following = False
                 self._end_peers(lambda peer: True)
-                await pubsub.aclose()
-                await client.aclose()
-            await asyncio.sleep(delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
             delay = min(delay * 2, 2.0)
 
+    def _take(self, raw: Any) -> None:
+        for replica, data in self._cursor.after(raw):
+            if replica.decode() != self.replica:
+                self.apply(msgpack.unpackb(data))
+
     def apply(self, message: list[Any]) -> None:
-        """Apply one published batch (``[replica, changes]``); this replica's own is skipped."""
+        """Apply one appended batch (``[replica, changes]``); this replica's own is skipped."""
         peer, changes = message
         if peer == self.replica:
             return
         self._seen[peer] = self.clock()
         for change in changes:
             kind, serial = change[0], change[1]
-            if kind == _SENT:
-                model, address, keys, fresh = change[2:6]
+            if kind == _PLACED:
+                model, address, keys, fresh, blocks = change[2:7]
                 member = self._member(model, address)
                 if member is not None:
                     flight = member.view.adopt(keys, fresh)
                     self._peer_flights[(peer, serial)] = (flight, member.view)
+                    if blocks and self._ledgers is not None:
+                        self._ledgers(model).record(address, blocks)
             elif kind == _ANSWERED:
                 held = self._peer_flights.get((peer, serial))
                 if held is not None:
@@ -293,12 +367,23 @@ class RedisSharedLoad:
         return len(self._peer_flights)
 
     async def close(self) -> None:
-        """Stop publishing and following; peers' flights are ended here."""
+        """Stop appending and following; peers' flights are ended here."""
+        # The tasks stop between two calls (a read blocks for at most ``_block_ms``): a task
+        # cancelled inside redis-py's blocking read may never finish.
+        self._stopping.set()
+        self._wake.set()
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):  # noqa: PERF203
-                pass
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=2 * self._timeout + self._block_ms / 1000)
+            for task in late:
+                task.cancel()
+        await self._store.close()
+
+
+def _fields(placement: Placement) -> list[Any]:
+    p = placement
+    return [p.model, p.worker, list(p.keys), list(p.fresh), float(p.growth)]
+
+
+def _claim(placement: Placement) -> tuple[str, str, tuple[int, ...]]:
+    return placement.model, placement.worker, placement.keys

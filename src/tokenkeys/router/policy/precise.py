@@ -19,8 +19,16 @@ from collections.abc import Mapping
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.router.index.hybrid import resumable_matches
 from tokenkeys.router.index.model import PrefixIndex
-from tokenkeys.router.policy.cost import Candidate, CostWeights, GrowthLedger, choose, cost_workers
+from tokenkeys.router.policy.cost import (
+    Candidate,
+    CostWeights,
+    GrowthLedger,
+    WorkerCost,
+    choose,
+    cost_workers,
+)
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
+from tokenkeys.router.policy.placement import LocalPlacements, Placement, Placements
 from tokenkeys.router.policy.scorer import DEFAULT_TIER_WEIGHTS, score_workers
 from tokenkeys.router.workers.pool import Pool
 
@@ -52,7 +60,8 @@ class GrowthLedgers:
 
 class PrecisePolicy:
     """Routes by the prefix ``index`` the pools' events feed, pricing cache ``growth``
-    (default: its own :class:`GrowthLedgers`)."""
+    (default: its own :class:`GrowthLedgers`); ``placements`` agrees each decision with the
+    other router replicas (default: none, one router)."""
 
     name = "precise"
 
@@ -64,6 +73,7 @@ class PrecisePolicy:
         cost: CostWeights | None = None,
         rng: random.Random | None = None,
         growth: GrowthLedgers | None = None,
+        placements: Placements | None = None,
     ) -> None:
         self.index = index
         self.weights = dict(weights)
@@ -71,6 +81,7 @@ class PrecisePolicy:
         # Only sampling (temperature > 0) draws from it; seeded for reproducible runs.
         self.rng = rng if rng is not None else random.Random()
         self.growth = growth if growth is not None else GrowthLedgers()
+        self.placements = placements if placements is not None else LocalPlacements()
 
     async def choose(
         self, pool: Pool, request: RouteRequest, load: Mapping[str, float], *, record: bool
@@ -101,28 +112,49 @@ class PrecisePolicy:
         total = len(keys) if keys else len(request.token_ids) // pool.block_size
         scores = score_workers(matches, total, load, weights=self.weights)
         growth = self.growth.ledger(pool.name)
-        loads = {}
-        prompt_keys: frozenset[int] = frozenset()  # built once, when a worker has prefill queued
-        for address in load:
-            view = pool.members[address].view
-            if view.prefilling_keys and not prompt_keys:
-                prompt_keys = frozenset(keys)
-            loads[address] = Candidate(
-                active_blocks=view.active_blocks,
-                inflight_prefix=view.inflight_prefix(keys),
-                growth=growth.get(address),
-                queued_prefill=view.queued_prefill(prompt_keys),
-                capacity=view.capacity,
+
+        def decide() -> tuple[Placement, list[WorkerCost]]:
+            """The cost of every worker on this router's memory now, cheapest first."""
+            # Peers are heard between two calls: a worker may have left the pool meanwhile.
+            live = [s for s in scores if s.worker in pool.members]
+            if not live:
+                raise Unavailable(
+                    f"every ready worker of {pool.name!r} left while routing; see "
+                    "GET /router/workers",
+                    field="model",
+                )
+            loads = {}
+            prompt_keys: frozenset[int] = frozenset()  # built once, when prefill is queued
+            for s in live:
+                address = s.worker
+                view = pool.members[address].view
+                if view.prefilling_keys and not prompt_keys:
+                    prompt_keys = frozenset(keys)
+                loads[address] = Candidate(
+                    active_blocks=view.active_blocks,
+                    inflight_prefix=view.inflight_prefix(keys),
+                    growth=growth.get(address),
+                    queued_prefill=view.queued_prefill(prompt_keys),
+                    capacity=view.capacity,
+                )
+            costs = choose(
+                cost_workers(live, total, loads, self.cost),
+                self.cost.temperature,
+                affinity=keys[0] if keys else None,
+                rng=self.rng,
             )
-        costs = choose(
-            cost_workers(scores, total, loads, self.cost),
-            self.cost.temperature,
-            affinity=keys[0] if keys else None,
-            rng=self.rng,
-        )
-        best = costs[0]
+            best = costs[0]
+            fresh = pool.members[best.worker].view.fresh(keys, best.score.matched_blocks)
+            return Placement(pool.name, best.worker, tuple(keys), fresh, best.prefill_blocks), costs
+
         if record:
+            costs = await self.placements.place(decide)
+            best = costs[0]
+            # At once, before any await: the placement is agreed on this router's memory.
             self.growth.record(pool.name, best.worker, best.prefill_blocks)
+        else:
+            costs = decide()[1]
+            best = costs[0]
         if reason is None:
             reason = "prefix" if best.prefill_blocks < total else "load"
             if best.worker in untrusted:

@@ -26,13 +26,14 @@ from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.decision import Policy, RouteDecision, RouteRequest
+from tokenkeys.router.policy.placement import Placements
 from tokenkeys.router.policy.precise import GrowthLedgers, PrecisePolicy
 from tokenkeys.router.policy.round_robin import RoundRobinPolicy
 from tokenkeys.router.policy.text_chunks import TextChunksPolicy
 from tokenkeys.router.workers.pool import Pool
 
 #: Policy name -> its factory, given the prefix index, the precise policy's cost weights,
-#: random source and growth ledgers (the baselines need none of them).
+#: random source, growth ledgers and replicas' placements (the baselines need none of them).
 FACTORIES: Mapping[str, Callable[..., Policy]] = {
     "precise": lambda index, **parts: PrecisePolicy(index, **parts),
     "round_robin": lambda index, **parts: RoundRobinPolicy(),
@@ -48,6 +49,7 @@ def make_policy(
     cost: CostWeights | None = None,
     rng: random.Random | None = None,
     growth: GrowthLedgers | None = None,
+    placements: Placements | None = None,
 ) -> Policy:
     """The policy called ``name``; InvalidArgument naming the known ones otherwise."""
     factory = FACTORIES.get(name)
@@ -55,7 +57,7 @@ def make_policy(
         raise InvalidArgument(
             f"routing policy {name!r} is not one of {', '.join(POLICIES)}", field="policy"
         )
-    return factory(index, cost=cost, rng=rng, growth=growth)
+    return factory(index, cost=cost, rng=rng, growth=growth, placements=placements)
 
 
 class Router:

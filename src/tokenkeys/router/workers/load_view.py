@@ -147,11 +147,17 @@ class LoadView:
             n += 1
         return n
 
+    def fresh(self, keys: Sequence[int], cached: int = 0) -> tuple[int, ...]:
+        """The blocks of a prompt (``keys``, its first ``cached`` cached there as far as the
+        index knows) that a request sent there now would compute: neither cached nor held by
+        a request in flight."""
+        return tuple(keys[max(cached, self.inflight_prefix(keys)) :])
+
     def begin(self, keys: Sequence[int], cached: int = 0) -> Flight:
         """A request with these prompt block keys was sent there, its first ``cached`` blocks
         cached there as far as the index knew; returns its :class:`Flight`."""
         keys = tuple(keys)
-        fresh = keys[max(cached, self.inflight_prefix(keys)) :]
+        fresh = self.fresh(keys, cached)
         self.inflight += 1
         self.inflight_keys.update(keys)
         self.prefilling_keys.update(fresh)
