@@ -67,6 +67,7 @@ from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RouterConfig, RoutingService
+from tokenkeys.router.shared_load import RedisSharedLoad
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -320,6 +321,10 @@ async def _run_policy(
                     break
 
         result = await _drive(w, send, restart, settle=lambda: _settle(services))
+        # What placing a decision through the store cost, per decision (replica rows only).
+        shared = [s.shared for s in services if isinstance(s.shared, RedisSharedLoad)]
+        result["place"] = [t for shared_load in shared for t in shared_load.place_seconds]
+        result["redecided"] = sum(shared_load.redecided for shared_load in shared)
         return _finish(result, result["served"])
     finally:
         for router in routers:
@@ -503,10 +508,7 @@ async def _run_async(quick: bool) -> str:
             lines.append("")
         rows = [n for n in ("precise, 2 replicas", "precise, 4 replicas") if n in res]
         if rows:
-            ratios = "; ".join(
-                f"{n.split(', ')[1]} **{res[n]['hit'] / res['precise']['hit']:.2f}x**" for n in rows
-            )
-            lines += [f"Replicas sharing their load, against one router: {ratios}.", ""]
+            lines += [_replica_note(res, rows), ""]
     lines += [
         f"{ENGINES} simulated engines behind one router (in the replica rows, 2 or 4 routers "
         "behind a load balancer picking one at random per request). Simulated TTFT = 1 ms + "
@@ -570,6 +572,46 @@ def _smg_note(where: str, ran: bool) -> str:
     )
 
 
+def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
+    """The sharing replicas against one router, and what placing cost their decisions."""
+    parts = []
+    for n in rows:
+        r = res[n]
+        cost = (
+            f", placing {1e6 * pct(r['place'], 50):.0f} / {1e6 * pct(r['place'], 99):.0f} µs "
+            f"per decision p50 / p99, {r['redecided']} of {len(r['place'])} decided again"
+            if r["place"]
+            else ""
+        )
+        parts.append(f"{n.split(', ')[1]} **{r['hit'] / res['precise']['hit']:.2f}x**{cost}")
+    return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."
+
+
+async def _replica_rows(repeat: int) -> str:
+    """The concurrent workload's one-router and sharing-replica rows, ``repeat`` times each
+    (``--replicas N``: whether the ratio holds, not one lucky run)."""
+    w = next(w for w in _workloads(False) if w.name == "concurrent")
+    shared = LocalRedis()
+    lines = []
+    try:
+        with tempfile.TemporaryDirectory() as cache:
+            for i in range(repeat):
+                res = {}
+                for name, policy, cost, replicas, share in POLICIES[:3]:
+                    url = shared.url if share else None
+                    res[name] = await _run_policy(policy, cost, w, cache, replicas, url)
+                rows = ["precise, 2 replicas", "precise, 4 replicas"]
+                load = os.getloadavg()[0]
+                one = 100 * res["precise"]["hit"]
+                note = _replica_note(res, rows).split(": ", 1)[1]
+                lines.append(
+                    f"- run {i + 1} (load average {load:.1f}): one router {one:.1f} %; {note}"
+                )
+    finally:
+        shared.close()
+    return "\n".join(lines)
+
+
 def run(quick: bool) -> str:
     """The Markdown section (see the module doc)."""
     return asyncio.run(_run_async(quick)) + "\n\n" + vllm_section()
@@ -577,4 +619,7 @@ def run(quick: bool) -> str:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT / "src"))
-    print(run("--quick" in sys.argv))
+    if "--replicas" in sys.argv:
+        print(asyncio.run(_replica_rows(int(sys.argv[sys.argv.index("--replicas") + 1]))))
+    else:
+        print(run("--quick" in sys.argv))

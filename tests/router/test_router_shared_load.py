@@ -1,9 +1,10 @@
 """Router replicas sharing their requests in flight and cache growth through a real Redis.
 
 Two :class:`RedisSharedLoad` instances stand for two replicas; each applies the other's
-stream entries to its own load views, and their decisions are placed through the stream. The pools are stand-ins holding only what the shared load
-touches (``members[address].view``, a real ``LoadView``): the pool machinery (discovery,
-artifacts) plays no part here and is tested in ``test_router_pool.py``.
+stream entries to its own load views, and their decisions are placed through the stream.
+The pools are stand-ins holding only what the shared load touches (``members[address].view``,
+a real ``LoadView``): the pool machinery (discovery, artifacts) plays no part here and is
+tested in ``test_router_pool.py``.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ async def test_concurrent_decisions_are_made_again_on_the_peers_placement(replic
 async def test_a_silent_peers_flights_expire(redis_url):
     namespace = f"t-{uuid.uuid4().hex[:12]}"
     a = await Replica(redis_url, namespace, heartbeat=0.05).start()
-    b = await Replica(redis_url, namespace, heartbeat=0.05, peer_timeout=0.3).start()
+    b = await Replica(redis_url, namespace, heartbeat=0.05, peer_timeout=1.0).start()
     try:
         flight = a.view("w1").begin([7, 8])
         a.shared.sent("m", "w1", flight)

@@ -223,20 +223,27 @@ class RedisPrefixIndex:
 
     async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Record that ``worker`` holds ``keys`` on ``tier`` (atomic per shard and chunk)."""
-        check_worker(worker)
-        check_tier(tier)
-        check_keys(keys)
-        prefixes = await self._layout()
-        calls = self._update(prefixes, lua.ADD, worker, keys, [tier, self._ttl_ms])
-        await self._store.batch("add", calls)
+        await self._write("add", lua.ADD, worker, keys, tier, [tier, self._ttl_ms])
 
     async def remove(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Record that ``worker`` dropped ``keys`` from ``tier`` (atomic per shard and chunk)."""
+        await self._write("remove", lua.REMOVE, worker, keys, tier, [tier])
+
+    async def _write(
+        self,
+        op: str,
+        script: Script,
+        worker: str,
+        keys: Sequence[int],
+        tier: str,
+        args: list[Any],
+    ) -> None:
+        """Check the arguments, then run ``script`` over ``keys`` on every shard they fall in."""
         check_worker(worker)
         check_tier(tier)
         check_keys(keys)
         prefixes = await self._layout()
-        await self._store.batch("remove", self._update(prefixes, lua.REMOVE, worker, keys, [tier]))
+        await self._store.batch(op, self._update(prefixes, script, worker, keys, args))
 
     async def clear(self, worker: str) -> None:
         """Forget all of ``worker``'s blocks, a chunk per shard at a time, then the worker."""
