@@ -140,15 +140,11 @@ class MemoryPrefixIndex:
         entries, change = self._entries, (worker, tier)
         single = self._holders({worker: self._tiers((tier,))})
         held = self._by_worker.setdefault(worker, set())
+        held.update(keys)  # in C; evictions below take their keys out again
         for key in keys:
-            held.add(key)
             holders = entries.get(key)
             if holders is None:
                 entries[key] = single
-                # The key just added is the newest, so eviction never takes it (capacity >= 1)
-                # and `held` never empties here.
-                if len(entries) > self.capacity:
-                    self._evict_oldest()
                 continue
             entries.move_to_end(key)
             after = holders.added.get(change)
@@ -156,7 +152,11 @@ class MemoryPrefixIndex:
                 after = holders.added[change] = self._with(holders, worker, tier)
             if after is not holders:
                 entries[key] = after
-        if not held:  # an add of no keys
+        # Evicted once per call, oldest first: with capacity >= len(keys) never a key of this
+        # call (each was made the newest); with less, its oldest keys, as one by one would.
+        for _ in range(len(entries) - self.capacity):
+            self._evict_oldest()
+        if not held and worker in self._by_worker:  # an add of no keys, or all evicted
             del self._by_worker[worker]
 
     def _evict_oldest(self) -> None:
