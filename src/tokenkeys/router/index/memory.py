@@ -140,24 +140,39 @@ class MemoryPrefixIndex:
         entries, change = self._entries, (worker, tier)
         single = self._holders({worker: self._tiers((tier,))})
         held = self._by_worker.setdefault(worker, set())
-        held.update(keys)  # in C; evictions below take their keys out again
-        for key in keys:
-            holders = entries.get(key)
-            if holders is None:
-                entries[key] = single
-                continue
-            entries.move_to_end(key)
-            after = holders.added.get(change)
-            if after is None:
-                after = holders.added[change] = self._with(holders, worker, tier)
-            if after is not holders:
-                entries[key] = after
-        # Evicted once per call, oldest first: with capacity >= len(keys) never a key of this
-        # call (each was made the newest); with less, its oldest keys, as one by one would.
-        for _ in range(len(entries) - self.capacity):
-            self._evict_oldest()
-        if not held and worker in self._by_worker:  # an add of no keys, or all evicted
+        if len(entries) + len(keys) <= self.capacity:
+            # Nothing can be evicted by this call: the held set grows in one call (in C).
+            held.update(keys)
+            for key in keys:
+                holders = entries.get(key)
+                if holders is None:
+                    entries[key] = single
+                else:
+                    self._touch(holders, key, change)
+        else:
+            for key in keys:
+                held.add(key)
+                holders = entries.get(key)
+                if holders is None:
+                    entries[key] = single
+                    # The key just added is the newest, so eviction never takes it (capacity
+                    # >= 1) and `held` never empties here.
+                    if len(entries) > self.capacity:
+                        self._evict_oldest()
+                else:
+                    self._touch(holders, key, change)
+        if not held:  # an add of no keys
             del self._by_worker[worker]
+
+    def _touch(self, holders: _Holders, key: int, change: tuple[str, str]) -> None:
+        """A key held already is added again: newest now, and held by ``change`` too."""
+        entries = self._entries
+        entries.move_to_end(key)
+        after = holders.added.get(change)
+        if after is None:
+            after = holders.added[change] = self._with(holders, *change)
+        if after is not holders:
+            entries[key] = after
 
     def _evict_oldest(self) -> None:
         key, holders = self._entries.popitem(last=False)
