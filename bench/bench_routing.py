@@ -324,7 +324,9 @@ async def _run_policy(
         # What placing a decision through the store cost, per decision (replica rows only).
         shared = [s.shared for s in services if isinstance(s.shared, RedisSharedLoad)]
         result["place"] = [t for shared_load in shared for t in shared_load.place_seconds]
+        result["wait"] = [t for shared_load in shared for t in shared_load.wait_seconds]
         result["redecided"] = sum(shared_load.redecided for shared_load in shared)
+        result["forced"] = sum(shared_load.forced for shared_load in shared)
         return _finish(result, result["served"])
     finally:
         for router in routers:
@@ -577,14 +579,21 @@ def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
     parts = []
     for n in rows:
         r = res[n]
-        cost = (
-            f", placing {1e6 * pct(r['place'], 50):.0f} / {1e6 * pct(r['place'], 99):.0f} µs "
-            f"per decision p50 / p99, {r['redecided']} of {len(r['place'])} decided again"
-            if r["place"]
-            else ""
-        )
+        cost = ""
+        if r["place"]:
+            place, wait = r["place"], r["wait"]
+            cost = (
+                f" (placing {_us(place, 50)} / {_us(place, 99)} per decision p50 / p99, "
+                f"after waiting {_us(wait, 50)} / {_us(wait, 99)} for the replica's previous "
+                f"decisions; {r['redecided']} decided again, {r['forced']} of {len(place)} "
+                "placed as they stood after 3)"
+            )
         parts.append(f"{n.split(', ')[1]} **{r['hit'] / res['precise']['hit']:.2f}x**{cost}")
     return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."
+
+
+def _us(values: list[float], q: float) -> str:
+    return f"{1e6 * pct(values, q):,.0f} µs"
 
 
 async def _replica_rows(repeat: int) -> str:

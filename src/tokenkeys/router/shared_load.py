@@ -179,8 +179,10 @@ class RedisSharedLoad:
         self.dropped = 0
         #: Whether the stream is followed now (False: local-only).
         self.following = False
-        #: Seconds each placed decision spent agreeing (round trips and decisions made again).
+        #: Seconds each placed decision spent agreeing (round trips and decisions made again),
+        #: and each decision waited for this replica's previous ones (they are serialized).
         self.place_seconds: collections.deque[float] = collections.deque(maxlen=100_000)
+        self.wait_seconds: collections.deque[float] = collections.deque(maxlen=100_000)
         #: Decisions made again after peers' placements, and placed as they stood at the end.
         self.redecided = 0
         self.forced = 0
@@ -194,8 +196,10 @@ class RedisSharedLoad:
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """Decide, then place the decision on the stream (module doc); local-only while the
         stream is not followed or Redis fails."""
+        queued = time.perf_counter()
         async with self._deciding:
             started = time.perf_counter()
+            self.wait_seconds.append(started - queued)
             for attempt in range(self.retries + 1):
                 placement, result = decide()
                 if not self.following:
@@ -271,9 +275,11 @@ class RedisSharedLoad:
             self._wake.clear()
             self._unclaimed()
             batch, self._outbox = self._outbox, []
+            placing = int(any(change[0] == _PLACED for change in batch))
             batch.append([_ALIVE, 0])
             data = msgpack.packb([self.replica, batch])
-            command = ("XADD", self.key, "MAXLEN", "~", MAXLEN, "*", "r", self.replica, "d", data)
+            fields = ("r", self.replica, "p", placing, "d", data)  # the order PLACE reads
+            command = ("XADD", self.key, "MAXLEN", "~", MAXLEN, "*", *fields)
             try:
                 await self._store.command("publish", *command)
             except Unavailable as exc:

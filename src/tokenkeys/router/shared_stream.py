@@ -2,12 +2,15 @@
 
 Every change a replica tells the others (a placement, a request's first output or end, a
 sign of life) is one entry of the namespace's stream (``XADD``, fields ``r``: the replica,
-``d``: its msgpack batch), so all replicas read one order of changes. Each keeps a cursor,
+``p``: ``1`` when the batch places a request, else ``0``, ``d``: its msgpack batch), so all
+replicas read one order of changes. Each keeps a cursor,
 the last entry it applied, advanced by whichever reader gets an entry first: its follower
 (``XREAD BLOCK``) or a placement's reply. :data:`PLACE` is that placement: atomically it
-reads the entries after the caller's cursor and, unless one of them is a peer's (or the
-caller insists), appends the caller's placement. So two replicas never both record a
-decision made on the same stale view. The stream is capped (``MAXLEN ~``): a replica keeps
+reads the entries after the caller's cursor and, unless one of them is a peer's placement
+(or the caller insists), appends the caller's placement. (A peer's first outputs, ends and
+heartbeats change loads too, but they come continuously and do not make two decisions go
+the same way; deciding again on each of them would only serialize the replicas longer.) So
+two replicas never both record a decision made without the other's placement. The stream is capped (``MAXLEN ~``): a replica keeps
 up with it, or it loses the channel and starts again from the newest entry.
 """
 
@@ -32,11 +35,14 @@ if ARGV[4] ~= '1' then
   for _, entry in ipairs(news) do
     local fields = entry[2]
     for i = 1, #fields, 2 do
-      if fields[i] == 'r' and fields[i + 1] ~= ARGV[2] then return {'', news} end
+      if fields[i] == 'r' and fields[i + 1] ~= ARGV[2] and fields[i + 3] == '1' then
+        return {'', news}
+      end
     end
   end
 end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], '*', 'r', ARGV[2], 'd', ARGV[3])
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], '*', 'r', ARGV[2], 'p', '1',
+  'd', ARGV[3])
 return {id, news}
 """
 )
