@@ -10,8 +10,9 @@ reads the entries after the caller's cursor and, unless one of them is a peer's 
 (or the caller insists), appends the caller's placement. (A peer's first outputs, ends and
 heartbeats change loads too, but they come continuously and do not make two decisions go
 the same way; deciding again on each of them would only serialize the replicas longer.) So
-two replicas never both record a decision made without the other's placement. The stream is capped (``MAXLEN ~``): a replica keeps
-up with it, or it loses the channel and starts again from the newest entry.
+two replicas never both record a decision made without the other's placement. The stream is
+capped (``MAXLEN ~``): a replica keeps up with it, or it loses the stream and starts again
+from the newest entry.
 """
 
 from __future__ import annotations
