@@ -167,6 +167,13 @@ def dynamo_peer() -> Iterator[PeerDriver]:
     yield from _driver(DYNAMO, "dynamo_driver.py", "1.6.1")
 
 
+@pytest.fixture
+def dynamo_router_peer() -> Iterator[PeerDriver]:
+    """Dynamo 1.6.1's ``KvRouter`` with one Dynamo worker per engine (``start`` them), fresh
+    for each test: its workers and router live as long as the test's engines."""
+    yield from _driver(DYNAMO, "dynamo_router_driver.py", "1.6.1")
+
+
 @pytest.fixture(scope="session")
 def smg_relay_peer() -> Iterator[PeerDriver]:
     """smg-grpc-servicer 0.14.1's KV-event relay normalization, in its own virtualenv."""
