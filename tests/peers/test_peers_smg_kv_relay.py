@@ -84,6 +84,11 @@ async def _workload(cluster: Cluster, tag: str) -> int:
     return total + len(salted) // BLOCK
 
 
+def _last(sub: Subscription) -> int:
+    """The sequence number of the last batch the relay forwarded (-1: none yet)."""
+    return sub.batches[-1].sequence_number if sub.batches else -1
+
+
 def _all_checked(counts: dict, blocks: int) -> None:
     """The relay checked every block it forwarded and found each equal to vLLM's hash."""
     assert counts["hash_mismatch"] == 0, counts
@@ -109,10 +114,6 @@ async def test_the_relays_hash_check_finds_no_mismatch_in_our_stream(
     _all_checked(counts, len(sub.stored_blocks()))
     assert counts["forwarded_removed"] > 0, counts  # the small cache evicted
     assert any(b.extra_keys for b in sub.stored_blocks())  # the salted blocks were checked
-
-
-def _last(sub: Subscription) -> int:
-    return sub.batches[-1].sequence_number if sub.batches else -1
 
 
 async def test_the_relays_hash_check_catches_a_corrupted_hash(
