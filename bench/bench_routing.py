@@ -586,7 +586,7 @@ def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
                 f" (placing {_us(place, 50)} / {_us(place, 99)} per decision p50 / p99, "
                 f"after waiting {_us(wait, 50)} / {_us(wait, 99)} for the replica's previous "
                 f"decisions; {r['redecided']} decided again, {r['forced']} of {len(place)} "
-                "placed as they stood after 3)"
+                "placed as they stood after 8)"
             )
         parts.append(f"{n.split(', ')[1]} **{r['hit'] / res['precise']['hit']:.2f}x**{cost}")
     return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."

@@ -147,7 +147,7 @@ class RedisSharedLoad:
         heartbeat: float = 1.0,
         peer_timeout: float = 5.0,
         timeout: float = 1.0,
-        retries: int = 3,
+        retries: int = 8,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url

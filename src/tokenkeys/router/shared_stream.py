@@ -22,8 +22,9 @@ from typing import Any
 
 from tokenkeys.router.index.redis_store import Script
 
-#: Entries the stream keeps (about; Redis trims whole nodes).
-MAXLEN = 100_000
+#: Entries the stream keeps (about; Redis trims whole nodes): seconds of a busy pool, which
+#: its replicas read as they come. An entry carries its prompt's block keys (9 B each).
+MAXLEN = 10_000
 #: Entries one read or placement hands back at most.
 READ_LIMIT = 1_000
 
