@@ -49,6 +49,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -64,7 +65,8 @@ from timing import pct
 
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.router.assembly import RouteConfig, RouteServer
-from tokenkeys.router.policy.cost import CostWeights
+from tokenkeys.router.policy.cost import CostWeights, GrowthLedger
+from tokenkeys.router.policy.placement import Placement
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RouterConfig, RoutingService
 from tokenkeys.router.shared_load import RedisSharedLoad
@@ -592,6 +594,35 @@ def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
     return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."
 
 
+async def _place_cost(url: str, decisions: int = 2000) -> str:
+    """What placing adds to one decision with no burst queued: one replica placing one
+    decision at a time while a second follows the stream (wall and CPU per decision)."""
+    namespace = f"bench-place-{uuid.uuid4().hex[:8]}"
+    a, b = RedisSharedLoad(url, namespace=namespace), RedisSharedLoad(url, namespace=namespace)
+    keys = tuple(range(512))  # an 8k-token prompt's block keys
+    placement = Placement("m", "w", keys, keys[256:], 256.0)
+    for shared in (a, b):
+        await shared.start({}, lambda model: GrowthLedger())
+    try:
+        while not (a.following and b.following):
+            await asyncio.sleep(0.01)
+        cpu = []
+        for _ in range(decisions):
+            started = time.process_time()
+            await a.place(lambda: (placement, None))
+            cpu.append(time.process_time() - started)
+        wall = list(a.place_seconds)
+        return (
+            f"Placing one decision with no burst queued ({decisions} decisions, 8k-token "
+            f"prompt, one peer following, load average {os.getloadavg()[0]:.1f}): "
+            f"{_us(wall, 50)} / {_us(wall, 99)} wall p50 / p99, {_us(cpu, 50)} / "
+            f"{_us(cpu, 99)} of the router's CPU."
+        )
+    finally:
+        await a.close()
+        await b.close()
+
+
 def _us(values: list[float], q: float) -> str:
     return f"{1e6 * pct(values, q):,.0f} µs"
 
@@ -603,6 +634,7 @@ async def _replica_rows(repeat: int) -> str:
     shared = LocalRedis()
     lines = []
     try:
+        lines.append("- " + await _place_cost(shared.url))
         with tempfile.TemporaryDirectory() as cache:
             for i in range(repeat):
                 res = {}
