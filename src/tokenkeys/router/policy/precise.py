@@ -6,7 +6,10 @@ consecutive runs per ready worker -> :func:`~tokenkeys.router.policy.scorer.scor
 cost_workers` (blocks to prefill against the load there, blocks beyond its KV capacity and
 recent cache growth, weighted by :class:`~tokenkeys.router.policy.cost.CostWeights`) -> the
 cheapest worker. The index missing (Redis down) or the keys not computable right now leave
-load and growth to decide.
+load and growth to decide. The last two steps read only this router's memory; with router
+replicas sharing their load they run inside :meth:`~tokenkeys.router.policy.placement.
+Placements.place`, which may run them again on the peers' placements
+(``router.policy.placement``).
 """
 
 from __future__ import annotations
