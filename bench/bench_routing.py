@@ -572,7 +572,17 @@ def _smg_note(where: str, ran: bool) -> str:
 
 def run(quick: bool) -> str:
     """The Markdown section (see the module doc)."""
-    return asyncio.run(_run_async(quick)) + "\n\n" + vllm_section()
+    before = os.getloadavg()[0]
+    simulated = asyncio.run(_run_async(quick))
+    between = os.getloadavg()[0]
+    real = vllm_section()
+    load = (
+        f"Load average (1 min) on the machine: {before:.1f} before the simulated rows, "
+        f"{between:.1f} after them, {os.getloadavg()[0]:.1f} after the real-vLLM rows (2 cores "
+        "shared with other work; the hit ratios are counts, the simulated TTFT a formula over "
+        "them, so neither depends on it, but the concurrent workload's overlap does)."
+    )
+    return simulated + "\n\n" + load + "\n\n" + real
 
 
 if __name__ == "__main__":
