@@ -13,8 +13,11 @@ inputs and media, KV transfer (disaggregated prefill/decode).
 Answers follow the servicer's ``_chunk_response`` / ``_complete_response``: streamed, one chunk
 per step with the step's tokens (``completion_tokens`` is the step's count, smg adds them up)
 and one ``GenerateComplete`` after the last; not streamed, one ``GenerateComplete`` with every
-token. ``cached_tokens`` is the engine's count: the Engine Protocol reports it with the usage of
-the last step, so chunks before it carry 0 and the last chunk and the complete the count.
+token. ``cached_tokens`` is the engine's count. vLLM's own server puts it on every chunk (vLLM's
+output processor sets ``num_cached_tokens`` at the first output); the Engine Protocol reports it
+with the usage of the last step, and a sidecar learns it no sooner (vLLM's streamed HTTP
+completions send it in the final usage chunk only), so chunks before the last carry 0 and the
+last chunk and the complete the count.
 """
 
 from __future__ import annotations
