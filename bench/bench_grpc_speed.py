@@ -156,20 +156,29 @@ def run(quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: Measured once (not by this run): py-spy 0.4 at 200 Hz for 10 s on the server process while
-#: h2load sent 63-token calls over one connection, on this 2-core machine under other load.
+#: Measured once each (not by this run): py-spy 0.4 at 200 Hz on the server process while h2load
+#: sent 63-token calls over one connection, on this 2-core machine under other work.
 PROFILE = (
-    "Where a gRPC call's time goes (py-spy on the server, 63-token Tokenize over one "
-    "connection, measured once, 2,086 samples; the machine was shared with other work): 41 % "
-    "in grpc.aio's Cython call handling (the completion-queue callbacks run by the event loop, "
-    "`Handle._run` with no Python frame below it), 22 % in grpc's poller thread, 24 % waiting "
-    "in epoll, 7 % in the tokenizers encode, 3 % in tokenkeys' own servicer, guard and "
-    "offload decision. On the same server `/tokenize` spends 56 % in the FastAPI app, 19 % in "
-    "the encode and 7 % in uvicorn. So nothing of tokenkeys' sits on the gRPC path to cut: "
-    "what is left is the Python gRPC stack's per-call cost (two loop turns per unary call, a "
-    "thread hop from the poller), which only a gRPC server outside Python's event loop (the "
-    "C++ or Rust gRPC core serving the call and calling into the tokenizer directly, or "
-    "`serve --workers N` spreading calls over processes) removes. The earlier figures that had "
-    "gRPC below HTTP on one connection (bench_vs_vllm: 0.82x) drove gRPC from a Python "
-    "client and HTTP from wrk; with one C client for both the gap is the table's."
+    "Where a gRPC call's time goes (py-spy on the server, 63-token calls over one connection, "
+    "each measured once while other work shared the machine). **Generate** (`max_tokens` 1; "
+    "8 s, 1,599 samples of the event loop's thread, load average about 8): 44 % waiting in "
+    "epoll, 34 % in grpc.aio's Cython call handling (the completion-queue callbacks the loop "
+    "runs, `Handle._run` with no Python frame below it), 12.5 % in tokenkeys' code (5 % the "
+    "simulated engine's generate, 4 % reading the request and tokenizing the prompt through the "
+    "Preprocessor, 1 % building the token and finished messages, 1 % the call guards, the rest "
+    "the servicer), 1 % in the tokenizers encode; grpc's poller thread runs beside the loop. "
+    "The first call also paid a one-off 0.5 s: the lazy parse of tokenizer.json for the token "
+    "floor (`Tokenizer.token_floor`), later calls never again. The same server's "
+    "`/v1/completions` spends 71 % waiting, 24 % in the app (FastAPI and the completions "
+    "path), 2 % in uvicorn. **Tokenize** (10 s, 2,086 samples): 41 % grpc.aio's Cython call "
+    "handling, 22 % grpc's poller thread, 24 % waiting in epoll, 7 % the encode, 3 % "
+    "tokenkeys' servicer, guard and offload decision. So the part tokenkeys could cut is small "
+    "(all of it would move Generate by an eighth at most): the per-call cost is the Python gRPC "
+    "stack's, a write through the C core per streamed message (two per Generate: the token and "
+    "`GenerationFinished`, then the trailing metadata) and a thread hop from the poller to "
+    "wake the loop. What would remove it: a gRPC server outside Python's event loop (grpc's "
+    "C++ core or Rust's tonic serving the call and calling the engine and tokenizer directly), "
+    "or more processes (`serve --processes N`, bench_workers). With one C client (h2load) for "
+    "both faces, gRPC is at or above HTTP wherever the table says so; the earlier 0.82x of "
+    "bench_vs_vllm drove gRPC from a Python client and HTTP from wrk."
 )
