@@ -412,7 +412,8 @@ def _plot(results: dict[str, dict[str, dict]]) -> str:
         return "_(plot skipped: matplotlib is not installed; `pip install -e '.[bench]'`)_"
     workloads = list(results)
     names = list(results[workloads[0]])
-    colors = ["#2b6", "#5a5", "#3d8", "#8c8", "#fa3", "#999", "#48c", "#a6d"]
+    palette = plt.get_cmap("tab20").colors  # 20 colours: one per row (12 rows today)
+    colors = [palette[j % len(palette)] for j in range(len(names))]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
     width = 0.8 / len(names)
     for j, name in enumerate(names):
@@ -566,7 +567,11 @@ def _smg_note(where: str, ran: bool) -> str:
         "`cache_aware` indexes the engines' KV events (`SubscribeKvEvents`; each round settles "
         "until smg's `smg_kv_event_batches_total` stops moving, as the tokenkeys routers "
         "settle on the same events); a restarted engine clears its entries there. The busiest "
-        "share of these rows is from smg's `smg_worker_requests_total`."
+        "share of these rows is from smg's `smg_worker_requests_total`. In the shared-header "
+        "workload the `cache_aware, gRPC` row sends every request to one engine: its event index "
+        "finds the common header's blocks cached there, the longest match wins, and its load "
+        "balancing waits for the imbalance above, so it routes as precise with prefix-only "
+        "weights does."
     )
 
 
