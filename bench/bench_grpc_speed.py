@@ -217,7 +217,10 @@ PROFILE = (
     "`GenerationFinished`, then the trailing metadata) and a thread hop from the poller to "
     "wake the loop. What would remove it: a gRPC server outside Python's event loop (grpc's "
     "C++ core or Rust's tonic serving the call and calling the engine and tokenizer directly), "
-    "or more processes (`serve --processes N`, bench_workers). With one C client (h2load) for "
-    "both faces, gRPC is at or above HTTP wherever the table says so; the earlier 0.82x of "
-    "bench_vs_vllm drove gRPC from a Python client and HTTP from wrk."
+    "or more processes (`serve --processes N`, bench_workers). By the server's CPU per call, "
+    "the fairer measure on a shared machine, gRPC costs more than HTTP in most cells: that is "
+    "the grpc.aio share above, which cutting tokenkeys' own part cannot make up. The wall-clock "
+    "table can show gRPC ahead where HTTP is not CPU-bound in the same way: the gRPC server "
+    "runs two busy threads (the loop and grpc's poller), which a loaded machine's scheduler "
+    "gives more CPU between them than the one thread of the HTTP face."
 )
