@@ -5,8 +5,8 @@ Usage: ``python build_tiny_model.py TOKENIZER_FOLDER MODEL_OUT [LORA_OUT [HYBRID
 ``python build_tiny_model.py --hybrid WINDOW LAYERS TOKENIZER_FOLDER MODEL_OUT`` for a Gemma 3
 text model whose layers follow LAYERS (``s`` a sliding-window layer of WINDOW tokens, ``f`` a
 full-attention one, e.g. ``sfsf``): vLLM keeps one KV-cache group per attention kind.
-HYBRID_OUT gets the hybrid the real-engine tests serve (:data:`HYBRID`), built in the same
-process (importing torch is most of the cost).
+HYBRID_OUT gets one folder per hybrid layout the real-engine tests serve (:data:`HYBRIDS`,
+named ``WINDOW-LAYERS``), built in the same process (importing torch is most of the cost).
 
 Nothing is downloaded: the tokenizer files are copied byte for byte from the given folder (the
 embedded SmolLM2 tokenizer), so vLLM serves the very files tokenkeys fingerprints. The weights are
@@ -25,9 +25,12 @@ from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 MAX_POSITIONS = 4096
-#: The hybrid the tests serve: 4 layers alternating a 64-token window and full attention (vLLM
-#: 0.32 keeps group 0 sliding window, group 1 full attention, both of 32-token blocks).
-HYBRID = (64, "sfsf")
+#: The hybrids the tests serve (vLLM 0.32 keeps one group per kind and layer count, all of
+#: 32-token blocks): 4 layers alternating a 64-token window and full attention (group 0 sliding
+#: window, group 1 full attention), and 6 layers, full first, two of a 32-token window per full
+#: one (group 0 full attention, groups 1 and 2 sliding window: vLLM splits the four window
+#: layers into two groups the size of the full one).
+HYBRIDS = ((64, "sfsf"), (32, "fssfss"))
 
 
 def build_model(tokenizer_folder: Path, out: Path) -> None:
@@ -110,7 +113,8 @@ def main(argv: list[str]) -> None:
     if len(argv) > 2:
         build_lora(model_out, Path(argv[2]))
     if len(argv) > 3:
-        build_hybrid(tokenizer_folder, Path(argv[3]), *HYBRID)
+        for window, layers in HYBRIDS:
+            build_hybrid(tokenizer_folder, Path(argv[3]) / f"{window}-{layers}", window, layers)
 
 
 if __name__ == "__main__":
