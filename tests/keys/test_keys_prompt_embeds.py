@@ -79,3 +79,14 @@ def test_a_pickle_naming_anything_else_runs_nothing() -> None:
         archive.writestr("x/data.pkl", pickle.dumps(Evil(), protocol=2))
     with pytest.raises(InvalidArgument, match=r"names (__builtin__|builtins)\.print"):
         load_tensor(buf.getvalue())
+
+
+def test_what_save_tensor_writes_reads_back_and_keys_the_same() -> None:
+    from tokenkeys.keys.torch_file import Tensor, save_tensor
+
+    tensor = load_tensor((DATA / "bf16_10x8.pt").read_bytes())
+    again = save_tensor(Tensor(tensor.dtype, tensor.shape, tensor.data))
+    assert load_tensor(again) == tensor
+    encoded = base64.b64encode(again).decode()
+    got = prompt_embeds_of(encoded, dtype="bfloat16", hash_unit=UNIT)
+    assert [d.hex() for d in got.digests] == EXPECTED["tensors"]["bf16_10x8"]["digests"]

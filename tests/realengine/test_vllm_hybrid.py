@@ -54,13 +54,17 @@ class Layout:
     name: str
     #: (kind, sliding window or 0) per group index.
     groups: tuple[tuple[str, int], ...]
+    #: The KV cache's blocks, shared by the groups: a little more than vLLM needs for one
+    #: 4096-token request (about 224 blocks for the first layout, 258 for the second: 128
+    #: full-attention blocks and, per window group, the window and a 2048-token chunk), so a
+    #: few dozen prompts fill it.
+    num_blocks: int
 
     @property
     def config(self) -> ServerConfig:
-        # A KV cache of 256 blocks shared by the groups (vLLM needs about 224 for one
-        # 4096-token request of these models): a few dozen prompts fill it. Prompt embeds on
-        # for the second layout, so test_vllm_prompt_embeds.py shares its server.
-        return ServerConfig(hybrid=self.name, num_blocks=256, prompt_embeds=self.name != "64-sfsf")
+        # Prompt embeds on for the second layout, so test_vllm_prompt_embeds.py shares it.
+        embeds = self.name != "64-sfsf"
+        return ServerConfig(hybrid=self.name, num_blocks=self.num_blocks, prompt_embeds=embeds)
 
     @property
     def full(self) -> int:
@@ -97,8 +101,12 @@ class Layout:
 
 
 LAYOUTS = (
-    Layout("64-sfsf", (("sliding_window", 64), ("full_attention", 0))),
-    Layout("32-fssfss", (("full_attention", 0), ("sliding_window", 32), ("sliding_window", 32))),
+    Layout("64-sfsf", (("sliding_window", 64), ("full_attention", 0)), 256),
+    Layout(
+        "32-fssfss",
+        (("full_attention", 0), ("sliding_window", 32), ("sliding_window", 32)),
+        320,
+    ),
 )
 
 
@@ -208,8 +216,8 @@ def test_key_check_is_exact_for_every_group_while_vllm_evicts(
     try:
         before = keys_checked(sidecar.url)
         rng = random.Random(2)
-        # 8 prefixes of 16 blocks, 3 turns of 6 new blocks each: more blocks than the cache.
-        prefixes = [prompt_of(rng, 16 * BLOCK_SIZE) for _ in range(8)]
+        # 8 (10) prefixes of 16 blocks, 3 turns of 6 new blocks each: more than the cache holds.
+        prefixes = [prompt_of(rng, 16 * BLOCK_SIZE) for _ in range(layout.num_blocks // 32)]
         for turn in range(3):
             for prefix in prefixes:
                 complete(sidecar.url, prefix + prompt_of(rng, 6 * BLOCK_SIZE + 5 * turn + 3))

@@ -149,3 +149,44 @@ def load_tensor(payload: bytes) -> Tensor:
         )
     start = offset * ref.itemsize
     return Tensor(ref.dtype, shape, raw[start : start + count * ref.itemsize])
+
+
+_STORAGE_OF = {name: storage for storage, (name, _) in DTYPES.items()}
+
+
+def _int(value: int) -> bytes:
+    return b"J" + value.to_bytes(4, "little", signed=True)  # BININT
+
+
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return b"X" + len(data).to_bytes(4, "little") + data  # BINUNICODE
+
+
+def _ints(values: tuple[int, ...]) -> bytes:
+    return b"(" + b"".join(_int(v) for v in values) + b"t"  # MARK ... TUPLE
+
+
+def save_tensor(tensor: Tensor) -> bytes:
+    """``tensor`` as ``torch.save`` writes a contiguous one (what :func:`load_tensor` reads and
+    ``torch.load(weights_only=True)`` accepts): the sidecar's prompt-embeds probe."""
+    numel = prod(tensor.shape)
+    if len(tensor.data) != numel * tensor.itemsize:
+        raise ValueError(f"{len(tensor.data)} bytes are not {numel} {tensor.dtype} elements")
+    storage = _STORAGE_OF[tensor.dtype]
+    pickled = b"".join(
+        (
+            b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n(",
+            b"(" + _text("storage") + f"ctorch\n{storage}\n".encode() + _text("0"),
+            _text("cpu") + _int(numel) + b"tQ",  # the storage as a persistent id
+            _int(0) + _ints(tensor.shape) + _ints(_contiguous_strides(tensor.shape)),
+            b"\x89ccollections\nOrderedDict\n)RtR.",  # requires_grad False, no hooks
+        )
+    )
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", pickled)
+        archive.writestr("archive/byteorder", "little")
+        archive.writestr("archive/data/0", tensor.data)
+        archive.writestr("archive/version", "3\n")
+    return out.getvalue()

@@ -27,6 +27,8 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Callable
+from typing import Any
 
 from tokenkeys.engine.config import VllmEngineConfig
 from tokenkeys.engine.hosting import EngineInputs
@@ -106,26 +108,25 @@ def respec(spec: CacheKeySpec, groups: tuple[KeyGroup, ...]) -> CacheKeySpec:
     )
 
 
-async def learn_groups(
+async def probe_stores(
     client: VllmHttpClient,
     config: VllmEngineConfig,
-    model: str,
-    prompt: list[int],
-    hash_unit: int,
+    body: dict[str, Any],
     wire_version: str,
+    mine: Callable[[BlockStored], bool],
     *,
     timeout: float = PROBE_TIMEOUT,
-) -> tuple[KeyGroup, ...] | None:
-    """The groups vLLM stores ``prompt`` in (None: its events carry no group fields)."""
+) -> list[BlockStored]:
+    """Send vLLM one probe request; the ``BlockStored`` events of the first batch with any
+    that are ``mine`` (those), or ConfigError when vLLM publishes none within ``timeout``."""
     # Replayed from the start of vLLM's buffer, so no event published before the subscription
-    # settles is missed; the probe's own blocks are told apart by their token ids.
+    # settles is missed; the probe's own blocks are told apart by ``mine``.
     subscriber = ZmqEventSubscriber(
         config.kv_events, replay_endpoint=config.kv_replay, topic=config.kv_topic, start_seq=0
     )
     codec = VllmMsgpackCodec(wire_version)
     await subscriber.start()
     try:
-        body = {"model": model, "prompt": prompt, "max_tokens": 1}
         async with contextlib.aclosing(client.complete(body)) as chunks:
             async for _ in chunks:
                 pass
@@ -145,27 +146,44 @@ async def learn_groups(
                 batch = codec.decode(delivery.payload)
             except TokenkeysError:
                 continue
-            mine = [
-                e
-                for e in batch.events
-                if isinstance(e, BlockStored)
-                and e.parent_block_hash is None
-                and e.token_ids
-                and list(e.token_ids) == prompt[: len(e.token_ids)]
-            ]
-            if not mine:
-                continue
-            if all(e.group_idx is None for e in mine):
-                return None
-            groups = groups_of(mine, hash_unit, config.url)
-            log.info(
-                "vLLM at %s keeps KV-cache groups %s",
-                config.url,
-                ", ".join(_describe(g) for g in groups),
-            )
-            return groups
+            found = [e for e in batch.events if isinstance(e, BlockStored) and mine(e)]
+            if found:
+                return found
     finally:
         await subscriber.close()
+
+
+async def learn_groups(
+    client: VllmHttpClient,
+    config: VllmEngineConfig,
+    model: str,
+    prompt: list[int],
+    hash_unit: int,
+    wire_version: str,
+    *,
+    timeout: float = PROBE_TIMEOUT,
+) -> tuple[KeyGroup, ...] | None:
+    """The groups vLLM stores ``prompt`` in (None: its events carry no group fields)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 1}
+    mine = await probe_stores(
+        client,
+        config,
+        body,
+        wire_version,
+        lambda e: (
+            e.parent_block_hash is None
+            and bool(e.token_ids)
+            and list(e.token_ids) == prompt[: len(e.token_ids)]
+        ),
+        timeout=timeout,
+    )
+    if all(e.group_idx is None for e in mine):
+        return None
+    groups = groups_of(mine, hash_unit, config.url)
+    log.info(
+        "vLLM at %s keeps KV-cache groups %s", config.url, ", ".join(_describe(g) for g in groups)
+    )
+    return groups
 
 
 def _describe(group: KeyGroup) -> str:
