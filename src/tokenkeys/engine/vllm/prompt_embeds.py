@@ -33,7 +33,7 @@ from typing import Any
 
 from tokenkeys.engine.config import VllmEngineConfig
 from tokenkeys.engine.vllm.client import VllmHttpClient
-from tokenkeys.engine.vllm.groups import probe_stores
+from tokenkeys.engine.vllm.groups import Probe, probe_stores
 from tokenkeys.events.model import BlockStored
 from tokenkeys.keys import KeyContext
 from tokenkeys.keys.prompt_embeds import MODEL_DTYPES, prompt_embeds_of
@@ -91,23 +91,26 @@ async def learn_prompt_embeds(
         )
         return None
     hidden = int(found.group(1))
-    rng = random.SystemRandom()  # fresh values: never cached, so vLLM stores the block
     rows = block_size + 1
-    values = [rng.randrange(-16, 17) / 4 for _ in range(rows * hidden)]  # exact in every dtype
-    first = {
-        d: hashlib.sha256(_encode(values[: block_size * hidden], d)).digest() for d in MODEL_DTYPES
-    }
-    body = {
-        "model": model,
-        "prompt_embeds": _payload(Tensor("bfloat16", (rows, hidden), _encode(values, "bfloat16"))),
-        "max_tokens": 1,
-    }
+    digests: dict[str, bytes] = {}
 
-    def mine(event: BlockStored) -> bool:
-        return event.parent_block_hash is None and bool(set(first.values()) & _digests(event))
+    def fresh() -> Probe:
+        # Fresh values (never cached, so vLLM stores the block), exact in every dtype.
+        values = [random.SystemRandom().randrange(-16, 17) / 4 for _ in range(rows * hidden)]
+        first = {
+            d: hashlib.sha256(_encode(values[: block_size * hidden], d)).digest()
+            for d in MODEL_DTYPES
+        }
+        digests.update({v: d for d, v in first.items()})
+        tensor = Tensor("bfloat16", (rows, hidden), _encode(values, "bfloat16"))
+        body = {"model": model, "prompt_embeds": _payload(tensor), "max_tokens": 1}
+        return (
+            body,
+            lambda e: e.parent_block_hash is None and bool(set(first.values()) & _digests(e)),
+        )
 
-    stores = await probe_stores(client, config, body, wire_version, mine)
-    dtype = next(d for d, digest in first.items() if digest in _digests(stores[0]))
+    stores = await probe_stores(client, config, fresh, wire_version)
+    dtype = next(digests[d] for d in _digests(stores[0]) if d in digests)
     log.info(
         "vLLM at %s takes prompt embeddings of hidden size %d, hashed as %s",
         config.url,
