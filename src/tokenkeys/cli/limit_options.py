@@ -1,13 +1,18 @@
-"""``tokenkeys serve`` limits: request sizes, per-client streams, chat template rendering."""
+"""Limit options: the request limits and chat template render limits of `serve`, and the
+one-option-per-field helper `pull` declares its artifact caps with."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping
 from dataclasses import fields
+from typing import Any, TypeVar
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.limits import Limits
 from tokenkeys.template.render import RenderLimits
+
+T = TypeVar("T")
 
 _LIMIT_HELP = {
     "max_request_bytes": "bytes of one gRPC message or HTTP body (HTTP 413 / RESOURCE_EXHAUSTED)",
@@ -32,17 +37,36 @@ _RENDER_OPTIONS = {
 }
 
 
-def add_limit_options(parser: argparse.ArgumentParser) -> None:
-    """Register the request limits and the chat template render limits."""
-    g = parser.add_argument_group("limits (each refusal names the limit and its option)")
-    for f in fields(Limits):
-        g.add_argument(
+def add_field_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    limits: type[Any],
+    helps: Mapping[str, str],
+    *,
+    metavar: str = "N",
+    shown: Callable[[int], str] = str,
+) -> None:
+    """One integer option per field of the dataclass ``limits`` (``max_file_bytes`` is
+    ``--max-file-bytes``), defaulting to the field's default; ``helps`` says what each field
+    limits, ``shown`` how its default is written in the help. Read back by :func:`fields_from`."""
+    for f in fields(limits):
+        parser.add_argument(
             "--" + f.name.replace("_", "-"),
             type=int,
             default=f.default,
-            metavar="N",
-            help=f"{_LIMIT_HELP[f.name]} (default {f.default})",
+            metavar=metavar,
+            help=f"{helps[f.name]} (default {shown(f.default)})",
         )
+
+
+def fields_from(args: argparse.Namespace, limits: type[T]) -> T:
+    """The ``limits`` dataclass of parsed arguments registered by :func:`add_field_options`."""
+    return limits(**{f.name: getattr(args, f.name) for f in fields(limits)})
+
+
+def add_limit_options(parser: argparse.ArgumentParser) -> None:
+    """Register the request limits and the chat template render limits."""
+    g = parser.add_argument_group("limits (each refusal names the limit and its option)")
+    add_field_options(g, Limits, _LIMIT_HELP)
     for f in fields(RenderLimits):
         if f.name not in _RENDER_OPTIONS:
             continue
@@ -59,7 +83,7 @@ def add_limit_options(parser: argparse.ArgumentParser) -> None:
 
 def limits_from(args: argparse.Namespace) -> Limits:
     """The request limits of parsed arguments."""
-    return Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)})
+    return fields_from(args, Limits)
 
 
 def render_limits_from(args: argparse.Namespace) -> RenderLimits:

@@ -10,8 +10,15 @@ from pathlib import Path
 
 from tokenkeys.artifacts import ArtifactCache, ArtifactLimits, PullSettings, fetch
 from tokenkeys.cli.access_options import add_client_access_options, channel_security
+from tokenkeys.cli.limit_options import add_field_options, fields_from
 from tokenkeys.cli.progress import ProgressBar, human_bytes
 from tokenkeys.terminal import printable
+
+#: What each of :class:`ArtifactLimits`' caps refuses, for its option's help.
+_LIMIT_HELP = {
+    "max_file_bytes": "refuse a file larger than this",
+    "max_total_bytes": "refuse a tokenizer larger than this in total",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,19 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="pin a revision: a cached one needs no call; a server serving another one fails",
     )
     p.add_argument("--chunk-size", type=int, metavar="BYTES", help="bytes per chunk to ask for")
-    p.add_argument(
-        "--max-file-bytes",
-        type=int,
-        default=ArtifactLimits.max_file_bytes,
-        metavar="BYTES",
-        help="refuse a file larger than this (default 256 MiB)",
-    )
-    p.add_argument(
-        "--max-total-bytes",
-        type=int,
-        default=ArtifactLimits.max_total_bytes,
-        metavar="BYTES",
-        help="refuse a tokenizer larger than this in total (default 512 MiB)",
+    add_field_options(
+        p, ArtifactLimits, _LIMIT_HELP, metavar="BYTES", shown=lambda n: f"{n // 2**20} MiB"
     )
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for the whole pull")
     p.add_argument(
@@ -90,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_pull(args: argparse.Namespace) -> int:
     settings = PullSettings(
         chunk_size=args.chunk_size,
-        limits=ArtifactLimits(args.max_file_bytes, args.max_total_bytes),
+        limits=fields_from(args, ArtifactLimits),
         timeout=args.timeout,
         security=channel_security(args),
     )

@@ -19,6 +19,7 @@ from tokenkeys.cli.access_options import (
     server_tokens,
 )
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
+from tokenkeys.cli.run_options import add_run_options
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
 from tokenkeys.process.run import run_served
@@ -123,20 +124,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-request-bytes", type=int, default=Limits.max_request_bytes)
     p.add_argument("--tokenize-path", help="path of /tokenize (default /tokenize)")
     p.add_argument("--detokenize-path", help="path of /detokenize (default /detokenize)")
-    p.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
-    )
-    p.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        metavar="N",
-        help="route from N processes sharing the HTTP port (SO_REUSEPORT), each a full router "
-        "replica with its own index (or the shared --index redis); default 1",
+    add_run_options(
+        p,
+        in_flight="requests",
+        processes="route from N processes sharing the HTTP port (SO_REUSEPORT), each a full "
+        "router replica with its own index (or the shared --index redis); default 1",
     )
     add_connection_options(p, grpc=False)
     add_server_access_options(p, templates=False)

@@ -25,6 +25,7 @@ from tokenkeys.cli.common import (
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from, tokenizer_only
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
+from tokenkeys.cli.run_options import add_run_options
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.engine.config import new_instance_id
 from tokenkeys.engine.registry import engine_kind
@@ -70,21 +71,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="BYTES",
         help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
     )
-    p.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long calls in flight may take to finish (default 30)",
-    )
-    p.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        metavar="N",
-        help="serve from N processes sharing the gRPC and HTTP ports (SO_REUSEPORT), one per "
-        "core; needs --engine HOST:PORT or --engine none (the simulated engine's prefix cache "
-        "and KV events live in one process); default 1",
+    add_run_options(
+        p,
+        in_flight="calls",
+        processes="serve from N processes sharing the gRPC and HTTP ports (SO_REUSEPORT), one "
+        "per core; needs --engine HOST:PORT or --engine none (the simulated engine's prefix "
+        "cache and KV events live in one process); default 1",
     )
     p.add_argument(
         "--encode-threads",

@@ -7,6 +7,7 @@ generates, so the document stays complete and valid (checked by openapi-spec-val
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -31,6 +32,28 @@ def request_body(*models: type[BaseModel]) -> dict[str, Any]:
     refs = [{"$ref": _REF.format(model=m.__name__)} for m in models]
     schema = refs[0] if len(refs) == 1 else {"anyOf": refs}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def add_body_route(
+    app: FastAPI,
+    path: str,
+    endpoint: Callable[..., Any],
+    *bodies: type[BaseModel],
+    summary: str,
+    **route: Any,
+) -> None:
+    """Mount a POST route that reads its own JSON body (one of ``bodies``): the body's schema
+    and :data:`ERROR_RESPONSES` are declared for /openapi.json; ``route`` is passed on to
+    ``add_api_route`` (``response_model``, ``name``)."""
+    app.add_api_route(
+        path,
+        endpoint,
+        methods=["POST"],
+        responses=ERROR_RESPONSES,
+        openapi_extra=request_body(*bodies),
+        summary=summary,
+        **route,
+    )
 
 
 def install_openapi(app: FastAPI, models: list[type[BaseModel]], description: str) -> None:

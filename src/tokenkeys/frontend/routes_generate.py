@@ -26,7 +26,7 @@ from tokenkeys.frontend import passthrough, sampling
 from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.errors import error_of
 from tokenkeys.frontend.generation import EngineCall, eos_ids, key_context, usage_body
-from tokenkeys.frontend.openapi import ERROR_RESPONSES, request_body
+from tokenkeys.frontend.openapi import add_body_route
 from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.responses import ChatCompletionResponse, CompletionResponse
 from tokenkeys.frontend.schemas import ChatCompletionRequest, CompletionRequest
@@ -203,21 +203,19 @@ async def _stream(
 
 def add_routes(app: FastAPI) -> None:
     """Mount the two generation routes."""
-    app.add_api_route(
+    add_body_route(
+        app,
         "/v1/completions",
         completions,
-        methods=["POST"],
-        response_model=CompletionResponse,
-        responses=ERROR_RESPONSES,
-        openapi_extra=request_body(CompletionRequest),
+        CompletionRequest,
         summary="Complete prompts (text or token ids); stream with stream: true",
+        response_model=CompletionResponse,
     )
-    app.add_api_route(
+    add_body_route(
+        app,
         "/v1/chat/completions",
         chat_completions,
-        methods=["POST"],
-        response_model=ChatCompletionResponse,
-        responses=ERROR_RESPONSES,
-        openapi_extra=request_body(ChatCompletionRequest),
+        ChatCompletionRequest,
         summary="Answer a conversation; stream with stream: true",
+        response_model=ChatCompletionResponse,
     )

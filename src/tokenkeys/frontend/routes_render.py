@@ -29,7 +29,7 @@ from starlette.responses import Response
 from tokenkeys.engine.context_window import check_requested, fit
 from tokenkeys.errors import InvalidArgument, NotFound, Unsupported, vllm_invalid
 from tokenkeys.frontend.body import json_response
-from tokenkeys.frontend.openapi import ERROR_RESPONSES, request_body
+from tokenkeys.frontend.openapi import ERROR_RESPONSES, add_body_route
 from tokenkeys.frontend.opening import Opened, Schema, open_request
 from tokenkeys.frontend.render_params import (
     generation_defaults,
@@ -270,20 +270,18 @@ def _not_rendered(path: str):  # noqa: ANN202 - a route handler
 
 def add_routes(app: FastAPI) -> None:
     """Mount the render routes (and the 501s of the ones not served exactly)."""
-    app.add_api_route(
+    add_body_route(
+        app,
         "/v1/completions/render",
         render_completion,
-        methods=["POST"],
-        responses=ERROR_RESPONSES,
-        openapi_extra=request_body(RenderCompletionRequest),
+        RenderCompletionRequest,
         summary="The engine requests of a completion (vLLM's render API)",
     )
-    app.add_api_route(
+    add_body_route(
+        app,
         "/v1/chat/completions/render",
         render_chat,
-        methods=["POST"],
-        responses=ERROR_RESPONSES,
-        openapi_extra=request_body(RenderChatRequest),
+        RenderChatRequest,
         summary="The engine request of a conversation (vLLM's render API)",
     )
     for path in NOT_RENDERED:

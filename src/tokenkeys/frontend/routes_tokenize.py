@@ -21,7 +21,7 @@ from starlette.responses import Response
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.config import HttpConfig
-from tokenkeys.frontend.openapi import ERROR_RESPONSES, request_body
+from tokenkeys.frontend.openapi import ERROR_RESPONSES, add_body_route
 from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.responses import (
     DetokenizeResponse,
@@ -132,24 +132,23 @@ async def tokenizer_info(request: Request, model: str | None = None) -> Response
 
 def add_routes(app: FastAPI, config: HttpConfig) -> None:
     """Mount /tokenize and /detokenize at their configured paths, and /tokenizer_info."""
-    app.add_api_route(
+    add_body_route(
+        app,
         config.tokenize_path,
         tokenize,
-        methods=["POST"],
-        response_model=TokenizeResponse,
-        responses=ERROR_RESPONSES,
-        openapi_extra=request_body(TokenizeCompletionRequest, TokenizeChatRequest),
+        TokenizeCompletionRequest,
+        TokenizeChatRequest,
         summary="Count a prompt (completion form) or a conversation (chat form)",
+        response_model=TokenizeResponse,
         name="tokenize",
     )
-    app.add_api_route(
+    add_body_route(
+        app,
         config.detokenize_path,
         detokenize,
-        methods=["POST"],
-        response_model=DetokenizeResponse,
-        responses=ERROR_RESPONSES,
-        openapi_extra=request_body(DetokenizeRequest),
+        DetokenizeRequest,
         summary="Decode token ids to text",
+        response_model=DetokenizeResponse,
         name="detokenize",
     )
     app.add_api_route(

@@ -102,7 +102,20 @@ class TokenizerBackend(Protocol):
         ...
 
 
-class TokenizersBackend:
+class _LoadedCounts:
+    """The two counts both libraries' backends read once at load and answer from then on."""
+
+    _vocab_size: int
+    _num_special: int
+
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def num_special_tokens(self) -> int:
+        return self._num_special
+
+
+class TokenizersBackend(_LoadedCounts):
     """The Rust ``tokenizers`` library on tokenizer.json."""
 
     name = "tokenizers"
@@ -134,9 +147,6 @@ class TokenizersBackend:
         self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._num_special = self._tok.num_special_tokens_to_add(False)
 
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
     def encode_batch(
         self,
         texts: Sequence[str],
@@ -162,9 +172,6 @@ class TokenizersBackend:
         if offsets:
             return [Encoded(e.ids, [tuple(o) for o in e.offsets]) for e in encs]
         return [Encoded(e.ids) for e in encs]
-
-    def num_special_tokens(self) -> int:
-        return self._num_special
 
     def decode_batch(
         self, sequences: Sequence[Sequence[int]], *, skip_special_tokens: bool
@@ -211,7 +218,7 @@ class Transformers5Backend(TokenizersBackend):
         return texts
 
 
-class TransformersBackend:
+class TransformersBackend(_LoadedCounts):
     """transformers' ``AutoTokenizer`` on the folder, as vLLM and SGLang load it."""
 
     name = "transformers"
@@ -245,9 +252,6 @@ class TransformersBackend:
         # so two calls on worker threads (large requests encode off the event loop) could
         # encode with each other's settings, or fail with "Already borrowed": one at a time.
         self._lock = threading.Lock()
-
-    def vocab_size(self) -> int:
-        return self._vocab_size
 
     def encode_batch(
         self,
@@ -287,9 +291,6 @@ class TransformersBackend:
             yield
         finally:
             self._tok.truncation_side = saved
-
-    def num_special_tokens(self) -> int:
-        return self._num_special
 
     def decode_batch(
         self, sequences: Sequence[Sequence[int]], *, skip_special_tokens: bool

@@ -49,10 +49,7 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
         model = self._models.get(request.model)
-        model.check_fingerprint(
-            request.expected_fingerprint if request.HasField("expected_fingerprint") else None,
-            "expected_fingerprint",
-        )
+        _check_fingerprint(model, request)
         kwargs = {
             "add_special_tokens": (
                 request.add_special_tokens if request.HasField("add_special_tokens") else None
@@ -90,10 +87,7 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
         self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.DetokenizeResponse:
         model = self._models.get(request.model)
-        model.check_fingerprint(
-            request.expected_fingerprint if request.HasField("expected_fingerprint") else None,
-            "expected_fingerprint",
-        )
+        _check_fingerprint(model, request)
         sequences = [list(s.ids) for s in request.sequences]
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else None
         texts = model.preprocessor.detokenize(sequences, skip_special_tokens=skip)
@@ -105,10 +99,7 @@ class TokenizerService(tokenizer_pb2_grpc.OpenEngineTokenizerServicer):
     ) -> AsyncIterator[pb.TokenizerArtifactChunk]:
         model = self._models.get(request.model)
         streamer = _artifacts(model)
-        model.check_fingerprint(
-            request.expected_fingerprint if request.HasField("expected_fingerprint") else None,
-            "expected_fingerprint",
-        )
+        _check_fingerprint(model, request)
         async for chunk in streamer.stream(request, context):
             yield chunk
 
@@ -147,3 +138,12 @@ def _cache_keys(model: ServedModel, rpc: str) -> CacheKeyService:
             field="model",
         )
     return model.cache_keys
+
+
+def _check_fingerprint(
+    model: ServedModel,
+    request: pb.TokenizeRequest | pb.DetokenizeRequest | pb.GetTokenizerArtifactsRequest,
+) -> None:
+    """Refuse a request whose ``expected_fingerprint`` names another revision of the tokenizer."""
+    expected = request.expected_fingerprint if request.HasField("expected_fingerprint") else None
+    model.check_fingerprint(expected, "expected_fingerprint")

@@ -1,0 +1,19 @@
+"""Options of the one supervised run (:mod:`tokenkeys.process.run`) that ``serve`` and ``route``
+share: how long a drain may take and how many processes share the ports."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, in_flight: str, processes: str) -> None:
+    """``--shutdown-timeout`` and ``--processes``; ``in_flight`` names what the drain waits for
+    ("calls", "requests") and ``processes`` is the command's own help for ``--processes``."""
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help=f"on SIGTERM/SIGINT, how long {in_flight} in flight may take to finish (default 30)",
+    )
+    parser.add_argument("--processes", type=int, default=1, metavar="N", help=processes)
