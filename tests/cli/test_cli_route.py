@@ -67,6 +67,9 @@ def test_route_refuses_bad_options(capsys):
     assert "--router-temperature must be a finite number >= 0" in capsys.readouterr().err
     assert main(["route", "--worker", "127.0.0.1:1", "--overflow-weight", "-0.5"]) == 2
     assert "--overflow-weight must be a finite number >= 0" in capsys.readouterr().err
+    # The run options are checked as serve checks them (one check, cli/run_options).
+    assert main(["route", "--worker", "127.0.0.1:1", "--shutdown-timeout", "-1"]) == 2
+    assert "--shutdown-timeout must be >= 0" in capsys.readouterr().err
 
 
 def test_route_cost_options_reach_the_router_config():

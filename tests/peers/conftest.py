@@ -73,8 +73,9 @@ SGLANG = VenvRecipe(
 )
 
 # The relay vLLM 0.32's --grpc server streams its KV events through (smg_grpc_servicer.kv_relay)
-# and what it imports: the proto package, msgspec, grpcio; the gRPC helpers the servicer package
-# requires (1.85.1: the newest on PyPI).
+# and what it imports: the proto package, msgspec, grpcio, pyzmq (its ``vllm`` extra's, for the
+# relay's own ZMQ streaming); the gRPC helpers the servicer package requires (1.85.1: the newest
+# on PyPI).
 SMG_RELAY = VenvRecipe(
     "smg-grpc-servicer-0.14.1",
     steps=(
@@ -83,6 +84,7 @@ SMG_RELAY = VenvRecipe(
                 "smg-grpc-servicer==0.14.1",
                 "smg-grpc-proto==0.4.28",
                 "msgspec==0.23.0",
+                "pyzmq==27.3.0",
                 "grpcio==1.85.3",
                 "grpcio-reflection==1.85.1",
                 "grpcio-health-checking==1.85.1",
@@ -167,10 +169,24 @@ def dynamo_peer() -> Iterator[PeerDriver]:
     yield from _driver(DYNAMO, "dynamo_driver.py", "1.6.1")
 
 
+@pytest.fixture
+def dynamo_router_peer() -> Iterator[PeerDriver]:
+    """Dynamo 1.6.1's ``KvRouter`` with one Dynamo worker per engine (``start`` them), fresh
+    for each test: its workers and router live as long as the test's engines."""
+    yield from _driver(DYNAMO, "dynamo_router_driver.py", "1.6.1")
+
+
 @pytest.fixture(scope="session")
 def smg_relay_peer() -> Iterator[PeerDriver]:
     """smg-grpc-servicer 0.14.1's KV-event relay normalization, in its own virtualenv."""
     yield from _driver(SMG_RELAY, "smg_relay_driver.py", "0.14.1")
+
+
+@pytest.fixture
+def smg_kv_relay_peer() -> Iterator[PeerDriver]:
+    """smg-grpc-servicer 0.14.1's streaming relay with its vLLM hash check, as gRPC servers
+    (``serve`` one per publisher), fresh for each test."""
+    yield from _driver(SMG_RELAY, "smg_kv_relay_driver.py", "0.14.1")
 
 
 @pytest.fixture(scope="session")

@@ -13,36 +13,18 @@ AllBlocksCleared are the remedy).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
+from dynamo_agreement import ADAPTER, BLOCK, SYSTEM, agree, held, wait_for
 from dynamo_indexer import DynamoIndexer
-from router.routing_support import (
-    Cluster,
-    engine_config,
-    engine_run,
-    index_run,
-    prompt_ids,
-    start_cluster,
-)
+from router.routing_support import Cluster, engine_config, engine_run, prompt_ids, start_cluster
 
-from tokenkeys.engine.config import LoraModule, SimulatedConfig
-from tokenkeys.keys import Adapter, KeyContext, block_keys
+from tokenkeys.engine.config import SimulatedConfig
+from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 pytestmark = pytest.mark.peers
-
-BLOCK = 16  # the cluster's spec hash unit
-SYSTEM = "You are a careful assistant. Answer in one short sentence, please. " * 12
-ADAPTER = LoraModule("ada", "/adapters/ada", 1)
-
-
-def _wait(predicate, what: str, timeout: float = 30.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s"
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -59,23 +41,11 @@ def _indexer(python: Path, cluster: Cluster) -> DynamoIndexer:
     return indexer
 
 
-async def _agree(cluster: Cluster, dynamo: DynamoIndexer, ids: list[int], lora=None) -> None:
-    """Dynamo's matched blocks per worker equal the router's and the engines' own."""
-    await cluster.settle()
-    want = {}
-    for i, stack in enumerate(cluster.stacks):
-        held = engine_run(cluster, ids, i) if lora is None else None
-        routed = await index_run(cluster, ids, stack.target) if lora is None else None
-        assert routed == held, (i, routed, held)
-        if held:
-            want[i + 1] = held
-    seen: list[dict[int, int]] = []
+async def _agree(cluster: Cluster, dynamo: DynamoIndexer, ids: list[int]) -> None:
+    def matched(ids: list[int]) -> dict[int, int]:
+        return {w: t // BLOCK for w, t in dynamo.matched_tokens(ids).items()}
 
-    def matches() -> bool:
-        seen.append({w: t // BLOCK for w, t in dynamo.matched_tokens(ids, lora).items()})
-        return seen[-1] == want
-
-    _wait(matches, f"Dynamo's matches {want} (it answers {seen[-1:]}; {dynamo.log()[-1500:]})")
+    await agree(cluster, matched, ids, log=lambda: dynamo.log()[-1500:])
 
 
 async def test_dynamo_indexer_agrees_with_the_router_over_stores_and_evictions(
@@ -119,12 +89,6 @@ async def test_dynamo_indexer_holds_nothing_stale_after_an_engine_restart(
         await cluster.close()
 
 
-def _held(cluster: Cluster, ids: list[int], i: int, context: KeyContext) -> int:
-    """The blocks engine ``i`` holds of ``ids`` under a key context (adapter, salt)."""
-    local = cluster.stacks[i].local()
-    return len(local.engine.cache.match_prefix(block_keys(ids, local.spec, context)))
-
-
 async def test_dynamo_indexer_keeps_adapters_apart_and_reads_no_salt(
     dynamo_python: Path, settings: PoolSettings
 ) -> None:
@@ -143,21 +107,21 @@ async def test_dynamo_indexer_keeps_adapters_apart_and_reads_no_salt(
         )
         await cluster.settle()
         blocks = len(ids) // BLOCK
-        assert _held(cluster, ids, 0, adapter) == blocks == _held(cluster, ids, 1, salted)
+        assert held(cluster, ids, 0, adapter) == blocks == held(cluster, ids, 1, salted)
 
         def answers(**kw: str) -> dict[int, int]:
             return {w: t // BLOCK for w, t in dynamo.matched_tokens(ids, **kw).items()}
 
         # An adapter's blocks match only a query naming it (Dynamo seeds its hash with it).
-        _wait(lambda: answers(lora_name=ADAPTER.name) == {1: blocks}, "the adapter's blocks")
-        assert _held(cluster, ids, 0, KeyContext()) == 0
+        wait_for(lambda: answers(lora_name=ADAPTER.name) == {1: blocks}, "the adapter's blocks")
+        assert held(cluster, ids, 0, KeyContext()) == 0
         # Dynamo 1.6.1 reads no salt from vLLM's events (its salt is per registration,
         # ``additional_salt``): it indexes the salted blocks as plain ones, so a plain query
         # matches them and a salted query does not. docs/integrations.md warns of it; the
         # engines keep them apart.
-        _wait(lambda: answers() == {2: blocks}, "the salted blocks, as Dynamo indexes them")
+        wait_for(lambda: answers() == {2: blocks}, "the salted blocks, as Dynamo indexes them")
         assert answers(cache_salt="tenant-7") == {}
-        assert _held(cluster, ids, 1, KeyContext()) == 0
+        assert held(cluster, ids, 1, KeyContext()) == 0
         assert answers(lora_name=ADAPTER.name) == {1: blocks}
     finally:
         dynamo.close()

@@ -19,11 +19,10 @@ from tokenkeys.cli.access_options import (
     server_tokens,
 )
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
-from tokenkeys.cli.run_options import add_run_options
+from tokenkeys.cli.run_options import add_run_options, check_run_options
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
 from tokenkeys.process.run import run_served
-from tokenkeys.process.supervisor import check_worker_count
 from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.index.memory import DEFAULT_CAPACITY
 from tokenkeys.router.policy.cost import CostWeights
@@ -138,7 +137,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteConfig:
     """The router configuration the options describe (``reuse_port``: one of N workers)."""
-    check_worker_count(getattr(args, "processes", 1))
+    check_run_options(args)
     limits = Limits(max_request_bytes=args.max_request_bytes)
     router = RouterConfig(
         workers=tuple(args.worker),

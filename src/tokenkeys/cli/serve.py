@@ -25,7 +25,7 @@ from tokenkeys.cli.common import (
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from, tokenizer_only
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
-from tokenkeys.cli.run_options import add_run_options
+from tokenkeys.cli.run_options import add_run_options, check_run_options
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.engine.config import new_instance_id
 from tokenkeys.engine.registry import engine_kind
@@ -38,7 +38,6 @@ from tokenkeys.process.encode_lanes import (
     set_encode_threads,
 )
 from tokenkeys.process.run import run_served
-from tokenkeys.process.supervisor import check_worker_count
 from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.serving.models import attach_tokenizer_only
 
@@ -99,8 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def check_workers(args: argparse.Namespace) -> None:
     """``--processes N``: a count in range, and generation that N processes can share."""
+    check_run_options(args)
     workers = getattr(args, "processes", 1)
-    check_worker_count(workers)
     if workers > 1 and args.engine is None:
         raise ConfigError(
             f"--processes {workers} needs --engine HOST:PORT or --engine none: the simulated "
@@ -124,8 +123,6 @@ def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> Serve
     ``reuse_port``: this process is one of several workers sharing the ports.
     """
     check_workers(args)
-    if args.shutdown_timeout < 0:
-        raise ConfigError("--shutdown-timeout must be >= 0", field="shutdown-timeout")
     limits = limits_from(args)
     tokens = server_tokens(args)
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.

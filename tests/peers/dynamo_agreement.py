@@ -1,0 +1,65 @@
+"""What Dynamo's readers (its standalone indexer, its ``KvRouter``) are checked against:
+per worker, the matched prefix in blocks that tokenkeys' router and the engine itself hold.
+
+A Dynamo reader is given as ``matched(ids) -> {worker number: blocks}`` (workers
+numbered from 1 in cluster order, those matching nothing left out), so one agreement rule
+serves every reader.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from router.routing_support import Cluster, engine_run, index_run
+
+from tokenkeys.engine.config import LoraModule
+from tokenkeys.keys import KeyContext, block_keys
+
+BLOCK = 16  # the cluster's spec hash unit
+SYSTEM = "You are a careful assistant. Answer in one short sentence, please. " * 12
+ADAPTER = LoraModule("ada", "/adapters/ada", 1)
+
+Matched = Callable[[list[int]], dict[int, int]]
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Until ``predicate`` holds (a safety net for event delivery, not a measurement)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s"
+        time.sleep(0.1)
+
+
+async def agree(
+    cluster: Cluster,
+    matched: Matched,
+    ids: list[int],
+    log: Callable[[], str] = str,
+) -> None:
+    """The reader's matched blocks per worker equal the router's and the engines' own (``log``
+    tells what the reader said, for a failure)."""
+    await cluster.settle()
+    want = {}
+    for i, stack in enumerate(cluster.stacks):
+        held = engine_run(cluster, ids, i)
+        routed = await index_run(cluster, ids, stack.target)
+        assert routed == held, (i, routed, held)
+        if held:
+            want[i + 1] = held
+    seen: list[dict[int, int]] = []
+
+    def matches() -> bool:
+        seen.append(matched(ids))
+        return seen[-1] == want
+
+    try:
+        wait_for(matches, f"Dynamo's matches {want}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: it answers {seen[-1:]}; {log()}") from None
+
+
+def held(cluster: Cluster, ids: list[int], i: int, context: KeyContext) -> int:
+    """The blocks engine ``i`` holds of ``ids`` under a key context (adapter, salt)."""
+    local = cluster.stacks[i].local()
+    return len(local.engine.cache.match_prefix(block_keys(ids, local.spec, context)))
