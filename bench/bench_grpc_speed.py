@@ -5,15 +5,23 @@ both faces. Per prompt size (63 and 1,023 tokens) and connection count (1 and 16
 (bench/h2load_run.py) drives HTTP/1.1 ``/tokenize`` and gRPC ``OpenEngineTokenizer.Tokenize``
 with the same text, then HTTP ``/v1/completions`` and gRPC ``Inference.Generate`` with the same
 prompt and ``max_tokens`` 1 (one streamed token and the usage). The two faces of a pair take
-turns, ``ROUNDS`` times; each cell is the median round. Before each pair one real client call
-per face checks the answer (same count, a finished generation). Reference: the same server's
-HTTP rate in the same run; the ratio is gRPC over HTTP.
+turns in short slices, ``ROUNDS`` times, after one warm-up slice each; each cell is the median
+slice. Before each pair one real client call per face checks the answer (same count, a finished
+generation). Reference: the same server's HTTP in the same run; the ratio is gRPC over HTTP.
+
+Two measures per cell. Requests/s and p99 are wall-clock figures, which other work on a shared
+machine moves from one slice to the next. The server's own CPU time per request (user + system
+of the server process over the slice, from ``/proc``, over the requests h2load sent in it) is
+what a call costs the server whatever else runs; its ratio (HTTP's CPU per request over
+gRPC's) is the throughput ratio a server that has a core to itself would show.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import h2load_run
@@ -34,7 +42,9 @@ from tokenkeys.tokenizer import TokenizerOptions
 
 SIZES = (64, 1024)
 CONCURRENCY = (1, 16)
-ROUNDS = 3
+ROUNDS = 5
+#: Seconds of one measured slice (and of the warm-up slice before a cell's rounds).
+SLICE_S = 3
 
 
 def _bodies(text: str, model: str) -> dict[str, tuple[str, bytes]]:
@@ -80,8 +90,31 @@ def _check(grpc_target: str, http: str, text: str, model: str, tokens: int) -> N
     assert done.json()["usage"]["prompt_tokens"] == tokens
 
 
-def _cell(rounds: list[tuple[float, float]]) -> tuple[float, float]:
-    return statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds)
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One face's slice: requests/s, p99 (s), server CPU seconds per request."""
+
+    rate: float
+    p99: float
+    cpu: float
+
+
+def _slice(pid: int, url: str, body: bytes, concurrency: int, seconds: int, grpc: bool) -> Slice:
+    before = _cpu_s(pid)
+    got = h2load_run.row(url, body, concurrency, seconds, grpc=grpc, warm_up=0)
+    return Slice(got.rate, got.p99, (_cpu_s(pid) - before) / max(got.requests, 1))
+
+
+def _cell(slices: list[Slice]) -> Slice:
+    return Slice(
+        *(statistics.median(getattr(s, f) for s in slices) for f in ("rate", "p99", "cpu"))
+    )
 
 
 def run(quick: bool) -> str:
@@ -90,21 +123,16 @@ def run(quick: bool) -> str:
     if not h2load_run.available():
         return f"{title}\n\nNot run: h2load is not installed (`apt-get install nghttp2-client`).\n"
     model = load_models([ModelSource.default()], TokenizerOptions(), Limits()).get(None)
-    seconds, rounds = (2, 1) if quick else (5, ROUNDS)
+    seconds, rounds = (1, 1) if quick else (SLICE_S, ROUNDS)
     load_before = os.getloadavg()[0]
     proc, grpc_target, http = _serve()
-    lines = [
-        title,
-        "",
-        f"`tokenkeys serve` (the embedded {model.name}, simulated engine, defaults); h2load, one "
-        f"thread, one request in flight per connection, {seconds} s per cell after a 1 s "
-        f"warm-up, median of {rounds} rounds in which the two faces take turns. Generate: "
-        "`max_tokens` 1. Cells: requests/s and p99; ratio = gRPC / HTTP, same row.",
-        "",
+    pairs = (("http tokenize", "grpc tokenize"), ("http generate", "grpc generate"))
+    header = (
         "| prompt tokens | connections | HTTP /tokenize | gRPC Tokenize | ratio | "
-        "HTTP /v1/completions | gRPC Generate | ratio |",
-        "|---:|---:|---|---|---:|---|---|---:|",
-    ]
+        "HTTP /v1/completions | gRPC Generate | ratio |"
+    )
+    wall = [header, "|---:|---:|---|---|---:|---|---|---:|"]
+    cpu = [header, "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     try:
         for size in SIZES:
             text = text_of(model.preprocessor, size)
@@ -112,64 +140,87 @@ def run(quick: bool) -> str:
             _check(grpc_target, http, text, model.name, tokens)
             bodies = _bodies(text, model.name)
             for concurrency in CONCURRENCY:
-                cells = {}
-                for pair in (
-                    ("http tokenize", "grpc tokenize"),
-                    ("http generate", "grpc generate"),
-                ):
-                    measured: dict[str, list] = {name: [] for name in pair}
-                    for _ in range(rounds):
+                cells: dict[str, Slice] = {}
+                for pair in pairs:
+                    measured: dict[str, list[Slice]] = {name: [] for name in pair}
+                    for warm_up in [True] + [False] * rounds:
                         for name in pair:
                             path, body = bodies[name]
-                            host = grpc_target if name.startswith("grpc") else http
-                            measured[name].append(
-                                h2load_run.row(
-                                    f"http://{host}{path}",
-                                    body,
-                                    concurrency,
-                                    seconds,
-                                    grpc=name.startswith("grpc"),
-                                )
-                            )
+                            grpc_face = name.startswith("grpc")
+                            host = grpc_target if grpc_face else http
+                            url = f"http://{host}{path}"
+                            got = _slice(proc.pid, url, body, concurrency, seconds, grpc_face)
+                            if not warm_up:
+                                measured[name].append(got)
                     cells.update({name: _cell(m) for name, m in measured.items()})
-                row = f"| {tokens} | {concurrency} |"
-                for ref, ours in (
-                    ("http tokenize", "grpc tokenize"),
-                    ("http generate", "grpc generate"),
-                ):
-                    (rh, ph), (rg, pg) = cells[ref], cells[ours]
-                    row += (
-                        f" {rh:,.0f}, p99 {1000 * ph:.1f} ms | {rg:,.0f}, p99 {1000 * pg:.1f} ms "
-                        f"| **{rg / rh:.2f}** |"
+                wall_row = cpu_row = f"| {tokens} | {concurrency} |"
+                for ref, ours in pairs:
+                    h, g = cells[ref], cells[ours]
+                    wall_row += (
+                        f" {h.rate:,.0f}, p99 {1000 * h.p99:.1f} ms | {g.rate:,.0f}, p99 "
+                        f"{1000 * g.p99:.1f} ms | **{g.rate / h.rate:.2f}** |"
                     )
-                lines.append(row)
+                    cpu_row += (
+                        f" {1e6 * h.cpu:,.0f} | {1e6 * g.cpu:,.0f} | **{h.cpu / g.cpu:.2f}** |"
+                    )
+                wall.append(wall_row)
+                cpu.append(cpu_row)
     finally:
         _stop(proc)
-    lines += [
+    lines = [
+        title,
+        "",
+        f"`tokenkeys serve` (the embedded {model.name}, simulated engine, defaults); h2load, one "
+        f"thread, one request in flight per connection; the two faces take turns in {seconds} s "
+        f"slices, {rounds} each after one warm-up slice, and each cell is the median slice. "
+        "Generate: `max_tokens` 1.",
+        "",
+        "Wall clock: requests/s and p99; ratio = gRPC / HTTP, same row.",
+        "",
+        *wall,
+        "",
+        "The server's CPU time per request (µs, user + system of the server process over the "
+        "slice); ratio = HTTP's over gRPC's, the throughput ratio of a server with a core to "
+        "itself:",
+        "",
+        *cpu,
         "",
         f"Load average (1 min) on the machine: {load_before:.1f} before the run, "
         f"{os.getloadavg()[0]:.1f} after it (2 cores; other work shares them, and both faces "
-        "take their turns under it).",
+        "take their turns under it: the wall-clock figures move with it, the CPU per request "
+        "much less).",
         "",
         PROFILE,
     ]
     return "\n".join(lines) + "\n"
 
 
-#: Measured once (not by this run): py-spy 0.4 at 200 Hz for 10 s on the server process while
-#: h2load sent 63-token calls over one connection, on this 2-core machine under other load.
+#: Measured once each (not by this run): py-spy 0.4 at 200 Hz on the server process while h2load
+#: sent 63-token calls over one connection, on this 2-core machine under other work.
 PROFILE = (
-    "Where a gRPC call's time goes (py-spy on the server, 63-token Tokenize over one "
-    "connection, measured once, 2,086 samples; the machine was shared with other work): 41 % "
-    "in grpc.aio's Cython call handling (the completion-queue callbacks run by the event loop, "
-    "`Handle._run` with no Python frame below it), 22 % in grpc's poller thread, 24 % waiting "
-    "in epoll, 7 % in the tokenizers encode, 3 % in tokenkeys' own servicer, guard and "
-    "offload decision. On the same server `/tokenize` spends 56 % in the FastAPI app, 19 % in "
-    "the encode and 7 % in uvicorn. So nothing of tokenkeys' sits on the gRPC path to cut: "
-    "what is left is the Python gRPC stack's per-call cost (two loop turns per unary call, a "
-    "thread hop from the poller), which only a gRPC server outside Python's event loop (the "
-    "C++ or Rust gRPC core serving the call and calling into the tokenizer directly, or "
-    "`serve --workers N` spreading calls over processes) removes. The earlier figures that had "
-    "gRPC below HTTP on one connection (bench_vs_vllm: 0.82x) drove gRPC from a Python "
-    "client and HTTP from wrk; with one C client for both the gap is the table's."
+    "Where a gRPC call's time goes (py-spy on the server, 63-token calls over one connection, "
+    "each measured once while other work shared the machine). **Generate** (`max_tokens` 1; "
+    "8 s, 1,599 samples of the event loop's thread, load average about 8): 44 % waiting in "
+    "epoll, 34 % in grpc.aio's Cython call handling (the completion-queue callbacks the loop "
+    "runs, `Handle._run` with no Python frame below it), 12.5 % in tokenkeys' code (5 % the "
+    "simulated engine's generate, 4 % reading the request and tokenizing the prompt through the "
+    "Preprocessor, 1 % building the token and finished messages, 1 % the call guards, the rest "
+    "the servicer), 1 % in the tokenizers encode; grpc's poller thread runs beside the loop. "
+    "The first call also paid a one-off 0.5 s: the lazy parse of tokenizer.json for the token "
+    "floor (`Tokenizer.token_floor`), later calls never again. The same server's "
+    "`/v1/completions` spends 71 % waiting, 24 % in the app (FastAPI and the completions "
+    "path), 2 % in uvicorn. **Tokenize** (10 s, 2,086 samples): 41 % grpc.aio's Cython call "
+    "handling, 22 % grpc's poller thread, 24 % waiting in epoll, 7 % the encode, 3 % "
+    "tokenkeys' servicer, guard and offload decision. So the part tokenkeys could cut is small "
+    "(all of it would move Generate by an eighth at most): the per-call cost is the Python gRPC "
+    "stack's, a write through the C core per streamed message (two per Generate: the token and "
+    "`GenerationFinished`, then the trailing metadata) and a thread hop from the poller to "
+    "wake the loop. What would remove it: a gRPC server outside Python's event loop (grpc's "
+    "C++ core or Rust's tonic serving the call and calling the engine and tokenizer directly), "
+    "or more processes (`serve --processes N`, bench_workers). By the server's CPU per call, "
+    "gRPC costs more than HTTP: that is the grpc.aio share above, which cutting tokenkeys' own "
+    "part cannot make up. Under heavy load the wall-clock table can show gRPC ahead all the "
+    "same (runs at load average 12 did): the gRPC server runs two busy threads, the loop and "
+    "grpc's poller, and a loaded machine's scheduler gives them more CPU between them than the "
+    "HTTP face's one; the CPU table does not move that way."
 )

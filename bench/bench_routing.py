@@ -421,7 +421,8 @@ def _plot(results: dict[str, dict[str, dict]]) -> str:
         return "_(plot skipped: matplotlib is not installed; `pip install -e '.[bench]'`)_"
     workloads = list(results)
     names = list(results[workloads[0]])
-    colors = ["#2b6", "#5a5", "#3d8", "#8c8", "#fa3", "#999", "#48c", "#a6d"]
+    palette = plt.get_cmap("tab20").colors  # 20 colours: one per row (12 rows today)
+    colors = [palette[j % len(palette)] for j in range(len(names))]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
     width = 0.8 / len(names)
     for j, name in enumerate(names):
@@ -572,7 +573,11 @@ def _smg_note(where: str, ran: bool) -> str:
         "`cache_aware` indexes the engines' KV events (`SubscribeKvEvents`; each round settles "
         "until smg's `smg_kv_event_batches_total` stops moving, as the tokenkeys routers "
         "settle on the same events); a restarted engine clears its entries there. The busiest "
-        "share of these rows is from smg's `smg_worker_requests_total`."
+        "share of these rows is from smg's `smg_worker_requests_total`. In the shared-header "
+        "workload the `cache_aware, gRPC` row sends every request to one engine: its event index "
+        "finds the common header's blocks cached there, the longest match wins, and its load "
+        "balancing waits for the imbalance above, so it routes as precise with prefix-only "
+        "weights does."
     )
 
 
@@ -655,7 +660,17 @@ async def _replica_rows(repeat: int) -> str:
 
 def run(quick: bool) -> str:
     """The Markdown section (see the module doc)."""
-    return asyncio.run(_run_async(quick)) + "\n\n" + vllm_section()
+    before = os.getloadavg()[0]
+    simulated = asyncio.run(_run_async(quick))
+    between = os.getloadavg()[0]
+    real = vllm_section()
+    load = (
+        f"Load average (1 min) on the machine: {before:.1f} before the simulated rows, "
+        f"{between:.1f} after them, {os.getloadavg()[0]:.1f} after the real-vLLM rows (2 cores "
+        "shared with other work; the hit ratios are counts, the simulated TTFT a formula over "
+        "them, so neither depends on it, but the concurrent workload's overlap does)."
+    )
+    return simulated + "\n\n" + load + "\n\n" + real
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from timing import pct
@@ -31,15 +32,27 @@ def grpc_frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One h2load run: requests/s over the measured span, p99 latency (s), requests logged."""
+
+    rate: float
+    p99: float
+    requests: int
+
+
 def row(
-    url: str, body: bytes, concurrency: int, seconds: int, *, grpc: bool
-) -> tuple[float, float]:
-    """``seconds`` of load on ``url`` after a 1 s warm-up; (requests/s, p99 seconds)."""
+    url: str, body: bytes, concurrency: int, seconds: int, *, grpc: bool, warm_up: int = 1
+) -> Measured:
+    """``seconds`` of load on ``url`` after a ``warm_up`` s warm-up (whose requests h2load
+    does not log: with 0, every request sent is counted)."""
     with tempfile.TemporaryDirectory(prefix="bench-h2load-") as tmp:
         data, log = Path(tmp) / "body", Path(tmp) / "log.tsv"
         data.write_bytes(body)
         args = ["h2load", "-t", "1", "-c", str(concurrency), "-m", "1", "-D", str(seconds)]
-        args += ["--warm-up-time", "1", "-d", str(data), "--log-file", str(log)]
+        args += ["-d", str(data), "--log-file", str(log)]
+        if warm_up:
+            args += ["--warm-up-time", str(warm_up)]
         if grpc:
             args += ["-H", "content-type: application/grpc", "-H", "te: trailers"]
         else:
@@ -59,4 +72,4 @@ def row(
         latencies = [int(c[2]) / 1e6 for c in lines]
         ends = [s / 1e6 + lat for s, lat in zip(starts, latencies, strict=True)]
         span = max(ends) - min(starts) / 1e6
-        return len(lines) / span, pct(latencies, 99)
+        return Measured(len(lines) / span, pct(latencies, 99), len(lines))

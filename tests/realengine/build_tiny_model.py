@@ -5,7 +5,8 @@ Usage: ``python build_tiny_model.py TOKENIZER_FOLDER MODEL_OUT [LORA_OUT [HYBRID
 ``python build_tiny_model.py --hybrid WINDOW LAYERS TOKENIZER_FOLDER MODEL_OUT`` for a Gemma 3
 text model whose layers follow LAYERS (``s`` a sliding-window layer of WINDOW tokens, ``f`` a
 full-attention one, e.g. ``sfsf``): vLLM keeps one KV-cache group per attention kind.
-HYBRID_OUT gets the hybrid the real-engine tests serve (:data:`HYBRID`), built in the same
+HYBRID_OUT gets one folder per hybrid layout the real-engine tests serve (:data:`HYBRIDS`,
+named ``WINDOW-LAYERS``, and the linear-attention Qwen3-Next :data:`LINEAR`), built in the same
 process (importing torch is most of the cost).
 
 Nothing is downloaded: the tokenizer files are copied byte for byte from the given folder (the
@@ -25,9 +26,22 @@ from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 MAX_POSITIONS = 4096
-#: The hybrid the tests serve: 4 layers alternating a 64-token window and full attention (vLLM
-#: 0.32 keeps group 0 sliding window, group 1 full attention, both of 32-token blocks).
-HYBRID = (64, "sfsf")
+#: The hybrids the tests serve (vLLM 0.32 keeps one group per kind and layer count, all of
+#: 32-token blocks): 4 layers alternating a 64-token window and full attention (group 0 sliding
+#: window, group 1 full attention), and 6 layers, full first, two of a 32-token window per full
+#: one (group 0 full attention, groups 1 and 2 sliding window: vLLM splits the four window
+#: layers into two groups the size of the full one).
+HYBRIDS = ((64, "sfsf"), (32, "fssfss"))
+#: The linear-attention hybrid (a Qwen3-Next: gated delta net layers ``l`` beside full
+#: attention ``f``), built into HYBRID_OUT/LINEAR; vLLM keeps it as a ``mamba`` group.
+LINEAR = "gdn-lflf"
+
+
+def copy_tokenizer(tokenizer_folder: Path, out: Path) -> None:
+    """The tokenizer files, byte for byte, beside a model's weights."""
+    for name in TOKENIZER_FILES:
+        if (tokenizer_folder / name).is_file():
+            shutil.copyfile(tokenizer_folder / name, out / name)
 
 
 def build_model(tokenizer_folder: Path, out: Path) -> None:
@@ -51,9 +65,7 @@ def build_model(tokenizer_folder: Path, out: Path) -> None:
         torch_dtype="float32",
     )
     LlamaForCausalLM(config).save_pretrained(str(out))
-    for name in TOKENIZER_FILES:
-        if (tokenizer_folder / name).is_file():
-            shutil.copyfile(tokenizer_folder / name, out / name)
+    copy_tokenizer(tokenizer_folder, out)
 
 
 def build_hybrid(tokenizer_folder: Path, out: Path, window: int, layers: str) -> None:
@@ -82,9 +94,47 @@ def build_hybrid(tokenizer_folder: Path, out: Path, window: int, layers: str) ->
         torch_dtype="float32",
     )
     Gemma3ForCausalLM(config).save_pretrained(str(out))
-    for name in TOKENIZER_FILES:
-        if (tokenizer_folder / name).is_file():
-            shutil.copyfile(tokenizer_folder / name, out / name)
+    copy_tokenizer(tokenizer_folder, out)
+
+
+def build_linear(tokenizer_folder: Path, out: Path) -> None:
+    """A tiny Qwen3-Next (4 layers: linear attention, full, linear, full; 4 tiny experts).
+
+    vLLM 0.32's CPU gated-delta-net kernel takes linear-attention heads of 128 dimensions only
+    (``chunk_gated_delta_rule_cpu``: "Unexpected head dim size, 32"), hence 2 heads of 128.
+    """
+    import torch
+    from transformers import AutoTokenizer, Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder), local_files_only=True)
+    kinds = {"l": "linear_attention", "f": "full_attention"}
+    config = Qwen3NextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=MAX_POSITIONS,
+        layer_types=[kinds[c] for c in LINEAR.split("-")[1]],
+        linear_num_value_heads=2,
+        linear_num_key_heads=2,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        torch_dtype="float32",
+    )
+    Qwen3NextForCausalLM(config).save_pretrained(str(out))
+    copy_tokenizer(tokenizer_folder, out)
 
 
 def build_lora(model: Path, out: Path) -> None:
@@ -110,7 +160,9 @@ def main(argv: list[str]) -> None:
     if len(argv) > 2:
         build_lora(model_out, Path(argv[2]))
     if len(argv) > 3:
-        build_hybrid(tokenizer_folder, Path(argv[3]), *HYBRID)
+        for window, layers in HYBRIDS:
+            build_hybrid(tokenizer_folder, Path(argv[3]) / f"{window}-{layers}", window, layers)
+        build_linear(tokenizer_folder, Path(argv[3]) / LINEAR)
 
 
 if __name__ == "__main__":

@@ -89,56 +89,145 @@ def generate(stub, ids: list[int], *, stream: bool, rid: str) -> list[pb.Generat
     return list(stub.Generate(request, timeout=READ_LIMIT_S))
 
 
-MODEL_FIELDS = (
-    "served_model_name",
-    "is_generation",
-    "max_context_length",
-    "max_req_input_len",
-    "vocab_size",
-    "supports_vision",
-    "eos_token_ids",
-    "bos_token_id",
-    "pad_token_id",
-    "default_sampling_params_json",
-)
+def fields(message) -> dict:
+    """A message as a dict of its set fields (a proto3 scalar left 0 is absent on both sides)."""
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+#: GetModelInfo fields that differ by construction: vLLM names its model folder, the face the
+#: tokenizer folder it serves; the face has no weights, so no model type or architecture.
+MODEL_DIFFERS = ("model_path", "tokenizer_path", "model_type", "architectures")
 
 
 def test_model_info_answers_as_vllm(stubs):
-    theirs, ours = (s.GetModelInfo(pb.GetModelInfoRequest()) for s in stubs)
-    for name in MODEL_FIELDS:
-        assert getattr(ours, name) == getattr(theirs, name), name
-    # By construction: vLLM names its model folder and architecture; the face names the
-    # tokenizer folder it serves and leaves the architecture unknown (no weights here).
-    assert theirs.architectures and not ours.architectures
+    theirs, ours = (fields(s.GetModelInfo(pb.GetModelInfoRequest())) for s in stubs)
+    assert theirs["architectures"] and "architectures" not in ours and "model_type" not in ours
+    for name in MODEL_DIFFERS:
+        theirs.pop(name, None), ours.pop(name, None)
+    assert ours == theirs
 
 
-def test_server_info_names_the_same_block_size_and_one_rank(stubs):
-    theirs, ours = (s.GetServerInfo(pb.GetServerInfoRequest()) for s in stubs)
-    assert (ours.block_size, ours.data_parallel_size) == (theirs.block_size, 1) == (BLOCK_SIZE, 1)
+#: GetServerInfo fields vLLM fills from its own configuration (smg-grpc-servicer's
+#: ``server_facts``) that a tokenkeys engine does not know, left empty (the proto's "unknown"):
+#: the KV and weight dtypes, ``max_num_seqs`` (the Engine Protocol has no running-request cap),
+#: the ``/dev/shm`` identity and encoder dtype (for media tensors, which the face refuses),
+#: where constrained decoding starts (structured output is refused) and the attention backend.
+SERVER_UNKNOWN = (
+    "kv_cache_dtype",
+    "model_dtype",
+    "max_num_seqs",
+    "shm_namespace_id",
+    "multimodal_encoder_dtype",
+    "constrained_decoding_start",
+    "attention_backend",
+)
 
 
-def test_generate_answers_as_vllm_and_counts_the_same_cached_prompt(stubs):
+def test_server_info_answers_as_vllm_but_what_names_vllms_configuration(stubs):
+    theirs, ours = (fields(s.GetServerInfo(pb.GetServerInfoRequest())) for s in stubs)
+    assert not set(ours) & set(SERVER_UNKNOWN)
+    assert {k: v for k, v in theirs.items() if k not in SERVER_UNKNOWN} == ours
+    assert (ours["block_size"], ours["data_parallel_size"]) == (BLOCK_SIZE, 1)
+
+
+#: GetLoads fields that differ by construction: the time of the answer, the serving software's
+#: version (vLLM's release; ``tokenkeys-<version>``), ``max_running_requests`` (vLLM's
+#: ``max_num_seqs``, unknown here); the servicer's own estimates (``gen_throughput``,
+#: ``cache_hit_rate``, ``num_waiting_uncached_tokens``) follow each server's history of requests
+#: (vLLM's servicer counts its warm-up), so their rules are tested on a clock
+#: (tests/server/test_vllm_engine_load_estimate.py) rather than compared here.
+LOADS_DIFFER = ("timestamp", "version")
+RANK_DIFFERS = ("max_running_requests", "gen_throughput", "cache_hit_rate")
+
+
+def test_loads_and_health_of_an_idle_engine_answer_as_vllm(stubs):
+    answers = []
+    for stub in stubs:
+        health = fields(stub.HealthCheck(pb.HealthCheckRequest()))
+        loads = fields(stub.GetLoads(pb.GetLoadsRequest()))
+        assert loads["timestamp"] and loads["version"]
+        for name in LOADS_DIFFER:
+            del loads[name]
+        for name in RANK_DIFFERS:
+            loads["loads"][0].pop(name, None)
+        answers.append((health, loads))
+    theirs, ours = answers
+    assert ours == theirs
+    assert ours[0] == {"healthy": True, "message": "Health"}
+
+
+def test_generate_answers_as_vllm_chunk_by_chunk(stubs):
     ids = prompt(1)
     answers = []
     for stub in stubs:
         first = generate(stub, ids, stream=False, rid="same-1")
         again = generate(stub, ids, stream=True, rid="same-2")
-        answers.append((first, again))
-    (theirs_first, theirs_again), (ours_first, ours_again) = answers
-    (t,), (o,) = theirs_first, ours_first
-    assert list(o.complete.output_ids) == list(t.complete.output_ids)
-    for name in ("finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"):
-        assert getattr(o.complete, name) == getattr(t.complete, name), name
-    assert o.complete.cached_tokens == 0
-    # Streamed: the same tokens step by step, one complete after them, the prompt now cached.
-    assert [m.WhichOneof("response") for m in ours_again][-1] == "complete"
-    tokens = [
-        [t for m in a if m.HasField("chunk") for t in m.chunk.token_ids]
-        for a in answers[0][1:] + answers[1][1:]
-    ]
-    assert tokens[0] == tokens[1] == list(t.complete.output_ids)
-    assert ours_again[-1].complete.cached_tokens == theirs_again[-1].complete.cached_tokens
-    assert ours_again[-1].complete.cached_tokens == (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE
+        fresh = generate(stub, prompt(3), stream=True, rid="same-3")
+        answers.append([[fields(m) for m in a] for a in (first, again, fresh)])
+    theirs, ours = answers
+    cached = (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE
+    # Not streamed: one complete, every field the same (the same seed gives the same tokens).
+    assert ours[0] == theirs[0]
+    assert theirs[0][0]["complete"]["completion_tokens"] == 8
+    # A fresh prompt streamed: chunk for chunk the same, nothing cached.
+    assert ours[2] == theirs[2]
+    # The cached prompt streamed: vLLM's output processor sets ``num_cached_tokens`` at the
+    # prompt's first output and every later RequestOutput carries it, so each chunk reports the
+    # cached count (smg-grpc-servicer ``_chunk_response``: ``output.num_cached_tokens``).
+    assert {m["chunk"]["cached_tokens"] for m in theirs[1][:-1]} == {cached}
+    assert theirs[1][-1]["complete"]["cached_tokens"] == cached
+    # By construction, in front of vLLM's HTTP server: vLLM 0.32's streamed completions carry
+    # the count only in the final usage chunk (``completion/serving.py``: read at the first
+    # output, sent in ``final_usage_info``; continuous usage stats leave it out), so the sidecar
+    # learns it with the last token: the last chunk and the complete carry it, the chunks before
+    # it 0. Every other field of every message is the same.
+    assert {m["chunk"].get("cached_tokens", 0) for m in ours[1][:-2]} == {0}
+    assert ours[1][-2:] == theirs[1][-2:]
+    for message in theirs[1][:-2]:
+        del message["chunk"]["cached_tokens"]
+    assert ours[1][:-2] == theirs[1][:-2]
+
+
+def test_a_stop_token_is_matched_as_vllm_matches_it(stubs):
+    ids = prompt(4)
+    answers = []
+    for stub in stubs:
+        (free,) = generate(stub, ids, stream=False, rid="free")
+        stop = free.complete.output_ids[2]
+        request = pb.GenerateRequest(
+            request_id="stop",
+            tokenized=pb.TokenizedInput(input_ids=ids),
+            sampling_params=pb.SamplingParams(max_tokens=8, seed=7, stop_token_ids=[stop]),
+        )
+        answers.append([fields(m) for m in stub.Generate(request, timeout=READ_LIMIT_S)])
+    theirs, ours = answers
+    assert ours == theirs
+    assert theirs[0]["complete"]["finish_reason"] == "stop"
+    assert "matched_token_id" in theirs[0]["complete"]
+
+
+def test_abort_ends_a_stream_as_vllm_ends_it(stubs):
+    # Far more tokens than a CPU vLLM makes before Abort lands (a guard, never a criterion:
+    # the test reads that both ended with "abort").
+    endings = []
+    for n, stub in enumerate(stubs):
+        request = pb.GenerateRequest(
+            request_id=f"abort-{n}",
+            tokenized=pb.TokenizedInput(input_ids=prompt(5)),
+            sampling_params=pb.SamplingParams(max_tokens=3000, ignore_eos=True),
+            stream=True,
+        )
+        call = stub.Generate(request, timeout=READ_LIMIT_S)
+        assert next(call).HasField("chunk")
+        stub.Abort(pb.AbortRequest(request_ids=[f"abort-{n}", "never-sent"]))
+        rest = [fields(m) for m in call]
+        endings.append(rest[-2:])
+    theirs, ours = endings
+    # vLLM's last output of an aborted request carries no token: one empty chunk, then the
+    # complete with finish reason "abort" and no tokens.
+    assert theirs[-1]["complete"]["finish_reason"] == "abort"
+    assert "token_ids" not in theirs[0]["chunk"]
+    assert ours == theirs
 
 
 def test_the_tokenizer_bundle_holds_the_same_tokenizer_files(stubs):

@@ -1,21 +1,27 @@
-"""Acceptance (issue 25): a hybrid model through the real vLLM, every KV-cache group keyed,
-checked and routed.
+"""Acceptance (issue 25): hybrid models through the real vLLM, every KV-cache group keyed,
+checked and routed, on two layouts.
 
-The model is the tiny random Gemma 3 of ``build_tiny_model.py`` (4 layers alternating a 64-token
-sliding window and full attention, the embedded SmolLM2 tokenizer), served by vLLM 0.32 with
-32-token blocks, prefix caching and KV events; vLLM keeps group 0 (sliding window) and group 1
-(full attention). The sidecar learns those groups from vLLM's events at start and serves them
-in its spec; ``/tokenize`` and the keys equal vLLM's; over shared-prefix workloads with a KV
-cache small enough that vLLM evicts window blocks while their full-attention blocks stay, the
-live key check counts only matches and the sidecar relays every group's events with their
-group fields. Behind ``tokenkeys route``, what the router expects cached on the worker it picks
-equals vLLM's ``cached_tokens`` within a block, and the cached total beats round robin by 1.3x.
+The models are the tiny random Gemma 3s of ``build_tiny_model.py`` (the embedded SmolLM2
+tokenizer), served by vLLM 0.32 with 32-token blocks, prefix caching and KV events:
+
+- ``64-sfsf``: 4 layers alternating a 64-token sliding window and full attention; vLLM keeps
+  group 0 (sliding window) and group 1 (full attention);
+- ``32-fssfss``: 6 layers, full attention first and two of a 32-token window per full one; vLLM
+  keeps group 0 (full attention) and groups 1 and 2 (sliding window, two layers each).
+
+The sidecar learns those groups from vLLM's events at start and serves them in its spec;
+``/tokenize`` and the keys equal vLLM's; over shared-prefix workloads with a KV cache small
+enough that vLLM evicts window blocks while their full-attention blocks stay, the live key check
+counts only matches and the sidecar relays every group's events with their group fields. Behind
+``tokenkeys route``, what the router expects cached on the worker it picks equals vLLM's
+``cached_tokens`` within a block, and the cached total beats round robin by 1.3x.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import grpc
 import httpx
@@ -30,7 +36,7 @@ from tokenkeys._gen.openengine.v1 import (
     tokenizer_pb2_grpc,
 )
 from tokenkeys.events.model import BlockRemoved, BlockStored
-from tokenkeys.keys import block_keys, make_spec
+from tokenkeys.keys import CacheKeySpec, block_keys, make_spec
 
 from served_pair import TokenkeysServe, running, sidecar_args
 from vllm_events import EventCollector
@@ -39,20 +45,87 @@ from vllm_server import BLOCK_SIZE, MODEL_NAME, ServerConfig, VllmServer
 pytestmark = pytest.mark.realengine
 
 VOCAB = 49152
-#: A KV cache of 256 blocks shared by both groups (vLLM needs about 224 for one 4096-token
-#: request of this model): a few dozen prompts fill it.
-HYBRID = ServerConfig(hybrid=True, num_blocks=256)
-WINDOW, FULL = 0, 1
-GROUPS = [
-    {"kind": "sliding_window", "block_size": BLOCK_SIZE, "sliding_window": 64},
-    {"kind": "full_attention", "block_size": BLOCK_SIZE},
-]
-SPEC = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE, groups=GROUPS)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One hybrid model as vLLM lays out its KV cache: the groups, in vLLM's order."""
+
+    name: str
+    #: (kind, sliding window or 0) per group index.
+    groups: tuple[tuple[str, int], ...]
+    #: The KV cache's blocks, shared by the groups: a little more than vLLM needs for one
+    #: 4096-token request (about 224 blocks for the first layout, 258 for the second: 128
+    #: full-attention blocks and, per window group, the window and a 2048-token chunk), so a
+    #: few dozen prompts fill it.
+    num_blocks: int
+    #: Whether vLLM evicts a window block while its full-attention block stays. It frees a
+    #: finished request's blocks group by group in group order, each group tail first
+    #: (``KVCacheCoordinator.free``, ``SingleTypeKVCacheManager.free``), and evicts the
+    #: least recently freed first: with the window group first (``64-sfsf``) its blocks go
+    #: before their full-attention twins; with full attention first (``32-fssfss``) the
+    #: full-attention block always goes first.
+    evicts_window_alone: bool
+
+    @property
+    def config(self) -> ServerConfig:
+        # Prompt embeds on for the second layout, so test_vllm_prompt_embeds.py shares it.
+        embeds = self.name != "64-sfsf"
+        return ServerConfig(hybrid=self.name, num_blocks=self.num_blocks, prompt_embeds=embeds)
+
+    @property
+    def full(self) -> int:
+        return next(i for i, (kind, _) in enumerate(self.groups) if kind == "full_attention")
+
+    @property
+    def windows(self) -> list[int]:
+        return [i for i, (kind, _) in enumerate(self.groups) if kind == "sliding_window"]
+
+    @property
+    def window(self) -> int:
+        return next(w for _, w in self.groups if w)
+
+    @property
+    def tail_blocks(self) -> int:
+        """Blocks a window group hashes at a span's end: those covering ``window - 1`` tokens
+        (``SlidingWindowManager``: the last token is always recomputed)."""
+        return -(-(self.window - 1) // BLOCK_SIZE)
+
+    @property
+    def spec(self) -> CacheKeySpec:
+        groups = [
+            {"kind": kind, "block_size": BLOCK_SIZE, **({"sliding_window": w} if w else {})}
+            for kind, w in self.groups
+        ]
+        return make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE, groups=groups)
+
+    def described(self) -> str:
+        """The sidecar's log line naming the groups (``engine.vllm.groups._describe``)."""
+        return ", ".join(
+            f"{i} {kind}{f' of {w} tokens' if w else ''} ({BLOCK_SIZE}-token blocks)"
+            for i, (kind, w) in enumerate(self.groups)
+        )
+
+
+LAYOUTS = (
+    Layout("64-sfsf", (("sliding_window", 64), ("full_attention", 0)), 256, True),
+    Layout(
+        "32-fssfss",
+        (("full_attention", 0), ("sliding_window", 32), ("sliding_window", 32)),
+        320,
+        False,
+    ),
+)
+
+
+@pytest.fixture(scope="module", params=LAYOUTS, ids=lambda layout: layout.name)
+def layout(request) -> Layout:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def vllm(vllm_pool) -> VllmServer:
-    return vllm_pool.get(HYBRID)
+def vllm(vllm_pool, layout) -> VllmServer:
+    return vllm_pool.get(layout.config)
 
 
 @pytest.fixture(scope="module")
@@ -95,19 +168,19 @@ def relayed_events(sidecar: TokenkeysServe) -> EventCollector:
     return EventCollector(endpoint, source.replay_endpoint, source.topic, "0.32")
 
 
-def test_the_sidecar_learns_vllms_groups_and_serves_them(sidecar) -> None:
+def test_the_sidecar_learns_vllms_groups_and_serves_them(sidecar, layout) -> None:
     with grpc.insecure_channel(sidecar.target) as channel:
         stub = tokenizer_pb2_grpc.OpenEngineTokenizerStub(channel)
         spec = stub.GetCacheKeySpec(
             cache_keys_pb2.GetCacheKeySpecRequest(model=MODEL_NAME), timeout=30
         )
     groups = [(g.index, g.kind, g.block_size, g.sliding_window) for g in spec.groups]
-    assert groups == [(0, "sliding_window", 32, 64), (1, "full_attention", 32, 0)]
-    assert spec.fingerprint == SPEC.fingerprint
-    assert "keeps KV-cache groups 0 sliding_window of 64 tokens" in sidecar.log_text()
+    assert groups == [(i, kind, BLOCK_SIZE, w) for i, (kind, w) in enumerate(layout.groups)]
+    assert spec.fingerprint == layout.spec.fingerprint
+    assert f"keeps KV-cache groups {layout.described()}" in sidecar.log_text()
 
 
-def test_tokenize_and_every_groups_keys_equal_vllms(vllm, sidecar, engine_events) -> None:
+def test_tokenize_and_every_groups_keys_equal_vllms(vllm, sidecar, engine_events, layout):
     text = "A hybrid model keeps one KV-cache group per attention kind: caf\u00e9 \u2166."
     ours = httpx.post(f"{sidecar.url}/tokenize", json={"model": MODEL_NAME, "prompt": text})
     theirs = httpx.post(f"{vllm.url}/tokenize", json={"model": MODEL_NAME, "prompt": text})
@@ -116,7 +189,7 @@ def test_tokenize_and_every_groups_keys_equal_vllms(vllm, sidecar, engine_events
     rng = random.Random(1)
     prefix = prompt_of(rng, 480)
     first, second = prefix + prompt_of(rng, 10), prefix + prompt_of(rng, 170)
-    keys = [k.event_key for k in block_keys(second, SPEC)]
+    keys = [k.event_key for k in block_keys(second, layout.spec)]
     complete(vllm.url, first)
     assert cached(complete(vllm.url, second)) == 480
 
@@ -127,24 +200,32 @@ def test_tokenize_and_every_groups_keys_equal_vllms(vllm, sidecar, engine_events
             if e.group_idx == group and set(e.block_hashes) <= set(keys) and e.block_hashes
         ]
 
-    engine_events.wait_until(lambda: len(mine(WINDOW)) >= 2, "both window-group stores")
-    full, window = mine(FULL), mine(WINDOW)
-    assert [list(e.block_hashes) for e in full] == [keys[:15], keys[15:20]]
-    assert [list(e.block_hashes) for e in window] == [keys[13:15], keys[18:20]]
-    assert [len(e.token_ids) for e in window] == [480, 160]  # the whole span, hashes its tail
-    assert [e.parent_block_hash for e in window] == [None, keys[14]]
-    assert {(e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) for e in window} == {
-        ("sliding_window", 64)
-    }
+    for group in layout.windows:
+        engine_events.wait_until(lambda g=group: len(mine(g)) >= 2, "both window-group stores")
+    assert [list(e.block_hashes) for e in mine(layout.full)] == [keys[:15], keys[15:20]]
+    tail = layout.tail_blocks  # 2 blocks of a 64-token window, 1 of a 32-token one
+    for group in layout.windows:
+        window = mine(group)
+        assert [list(e.block_hashes) for e in window] == [
+            keys[15 - tail : 15],
+            keys[20 - tail : 20],
+        ]
+        assert [len(e.token_ids) for e in window] == [480, 160]  # the whole span, hashes its tail
+        assert [e.parent_block_hash for e in window] == [None, keys[14]]
+        assert {(e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) for e in window} == {
+            ("sliding_window", layout.window)
+        }
 
 
-def test_key_check_is_exact_for_every_group_while_vllm_evicts(vllm, sidecar, engine_events):
+def test_key_check_is_exact_for_every_group_while_vllm_evicts(
+    vllm, sidecar, engine_events, layout
+) -> None:
     relayed = relayed_events(sidecar)
     try:
         before = keys_checked(sidecar.url)
         rng = random.Random(2)
-        # 8 prefixes of 16 blocks, 3 turns of 6 new blocks each: more blocks than the cache.
-        prefixes = [prompt_of(rng, 16 * BLOCK_SIZE) for _ in range(8)]
+        # 8 (10) prefixes of 16 blocks, 3 turns of 6 new blocks each: more than the cache holds.
+        prefixes = [prompt_of(rng, 16 * BLOCK_SIZE) for _ in range(layout.num_blocks // 32)]
         for turn in range(3):
             for prefix in prefixes:
                 complete(sidecar.url, prefix + prompt_of(rng, 6 * BLOCK_SIZE + 5 * turn + 3))
@@ -153,23 +234,29 @@ def test_key_check_is_exact_for_every_group_while_vllm_evicts(vllm, sidecar, eng
             "the workload's blocks checked",
         )
         assert after["mismatch"] == 0
-        # vLLM evicted window blocks whose full-attention blocks it kept.
-        held: dict[int, set] = {WINDOW: set(), FULL: set()}
-        evicted_alone = 0
+        # vLLM evicted blocks of every group (in the first layout, window blocks whose
+        # full-attention blocks it kept).
+        held: dict[int, set] = {i: set() for i in range(len(layout.groups))}
+        evicted_alone, removed = 0, set()
         for received in engine_events.received():
             for event in received.batch.events:
                 if isinstance(event, BlockStored):
                     held[event.group_idx].update(event.block_hashes)
                 elif isinstance(event, BlockRemoved):
+                    removed.add(event.group_idx)
                     for h in event.block_hashes:
                         held[event.group_idx].discard(h)
-                        if event.group_idx == WINDOW and h in held[FULL]:
+                        if event.group_idx in layout.windows and h in held[layout.full]:
                             evicted_alone += 1
-        print(f"hybrid key check: {after}, window blocks evicted alone: {evicted_alone}")
-        assert evicted_alone > 0
+        print(
+            f"hybrid {layout.name} key check: {after}, window blocks evicted alone: {evicted_alone}"
+        )
+        assert removed == set(range(len(layout.groups)))
+        assert (evicted_alone > 0) == layout.evicts_window_alone
         # Relayed with their group fields, in vLLM's layout.
         relayed.wait_until(
-            lambda: any(e.group_idx == WINDOW for e in relayed.stored()), "window groups relayed"
+            lambda: {e.group_idx for e in relayed.stored()} >= set(layout.windows),
+            "window groups relayed",
         )
         ours = {
             (e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window, e.block_hashes)
@@ -179,9 +266,9 @@ def test_key_check_is_exact_for_every_group_while_vllm_evicts(vllm, sidecar, eng
             (e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window, e.block_hashes)
             for e in engine_events.stored()
         }
-        assert any(g == WINDOW for g, *_ in ours) and ours <= theirs
+        assert {g for g, *_ in ours} == set(range(len(layout.groups))) and ours <= theirs
         assert any(
-            e.group_idx == WINDOW
+            e.group_idx in layout.windows
             for r in relayed.received()
             for e in r.batch.events
             if isinstance(e, BlockRemoved)
@@ -194,8 +281,9 @@ def test_key_check_is_exact_for_every_group_while_vllm_evicts(vllm, sidecar, eng
 
 
 @pytest.fixture(scope="module")
-def engines(vllm, vllm_python, tiny_model, tmp_path_factory) -> Iterator[list[VllmServer]]:
-    second = VllmServer(vllm_python, tiny_model, HYBRID, tmp_path_factory.mktemp("vllm-hybrid"))
+def engines(vllm, vllm_python, tiny_model, tmp_path_factory, layout) -> Iterator[list[VllmServer]]:
+    folder = tmp_path_factory.mktemp("vllm-hybrid")
+    second = VllmServer(vllm_python, tiny_model, layout.config, folder)
     with running(second):
         yield [vllm, second]
 
@@ -240,7 +328,9 @@ def run_workload(url: str, seed: int, wait: bool) -> tuple[int, list[tuple[int, 
     return total, pairs
 
 
-def test_the_router_expects_what_vllm_resumes_and_beats_round_robin(sidecars, tmp_path) -> None:
+def test_the_router_expects_what_vllm_resumes_and_beats_round_robin(
+    sidecars, tmp_path, layout
+) -> None:
     workers = [a for s in sidecars for a in ("--worker", s.target)]
     with RouteProcess(*workers, "--poll-interval", "1", cache=str(tmp_path / "a")) as router:
         precise, pairs = run_workload(router.url, 3, wait=True)
@@ -250,5 +340,5 @@ def test_the_router_expects_what_vllm_resumes_and_beats_round_robin(sidecars, tm
     rr_args = (*workers, "--policy", "round_robin", "--poll-interval", "1")
     with RouteProcess(*rr_args, cache=str(tmp_path / "b")) as router:
         round_robin, _ = run_workload(router.url, 4, wait=False)
-    print(f"hybrid routing: cached {precise} precise vs {round_robin} round robin; {pairs}")
+    print(f"hybrid {layout.name} routing: cached {precise} vs {round_robin} round robin; {pairs}")
     assert precise >= 1.3 * round_robin, (precise, round_robin)

@@ -50,17 +50,19 @@ class ServerConfig:
 
     ``hash_seed`` is ``PYTHONHASHSEED`` (None: unset, so sha256* roots use vLLM's default seed);
     ``int_hashes`` is ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` (events carry the low 64 bits of
-    each digest, or the full digest when False). ``hybrid`` serves the tiny hybrid Gemma 3
-    instead of the Llama; ``num_blocks`` caps the KV cache (``--num-gpu-blocks-override``), so
-    a test can make vLLM evict.
+    each digest, or the full digest when False). ``hybrid`` serves the tiny hybrid Gemma 3 of
+    that layout (``build_tiny_model.HYBRIDS``, e.g. ``"64-sfsf"``) instead of the Llama;
+    ``num_blocks`` caps the KV cache (``--num-gpu-blocks-override``), so a test can make vLLM
+    evict; ``prompt_embeds`` starts vLLM with ``--enable-prompt-embeds``.
     """
 
     hash_algo: str = "sha256_cbor"
     hash_seed: str | None = None
     int_hashes: bool = True
     lora: bool = False
-    hybrid: bool = False
+    hybrid: str | None = None
     num_blocks: int | None = None
+    prompt_embeds: bool = False
 
     @property
     def label(self) -> str:
@@ -68,7 +70,9 @@ class ServerConfig:
         events = "int" if self.int_hashes else "digest"
         label = f"{self.hash_algo}-{seed}-{events}" + ("-lora" if self.lora else "")
         if self.hybrid:
-            label += "-hybrid"
+            label += f"-hybrid{self.hybrid}"
+        if self.prompt_embeds:
+            label += "-embeds"
         return label + (f"-{self.num_blocks}blocks" if self.num_blocks else "")
 
 
@@ -79,7 +83,8 @@ DEFAULT_CONFIG = ServerConfig(lora=True)
 
 @dataclass(frozen=True)
 class TinyModel:
-    """The model folder vLLM serves, optionally a LoRA adapter folder for it, and the hybrid."""
+    """The model folder vLLM serves, optionally a LoRA adapter folder for it, and the folder of
+    the hybrids (one subfolder per layout, named as ``ServerConfig.hybrid``)."""
 
     folder: Path
     lora: Path | None
@@ -117,7 +122,8 @@ class VllmServer:
             "replay_endpoint": f"tcp://*:{self.replay_port}",
             "topic": self.topic,
         }
-        folder = model.hybrid if self.config.hybrid else model.folder
+        hybrid = self.config.hybrid
+        folder = model.hybrid / hybrid if hybrid and model.hybrid else model.folder
         args = [
             "--model", str(folder),
             "--served-model-name", MODEL_NAME,
@@ -131,6 +137,8 @@ class VllmServer:
         ]  # fmt: skip
         if self.config.num_blocks:
             args += ["--num-gpu-blocks-override", str(self.config.num_blocks)]
+        if self.config.prompt_embeds:
+            args += ["--enable-prompt-embeds"]
         if self.lora_path:
             args += ["--enable-lora", "--max-lora-rank", "8"]
             args += ["--lora-modules", f"{LORA_NAME}={self.lora_path}"]

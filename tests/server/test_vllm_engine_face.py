@@ -143,6 +143,10 @@ async def test_abort_ends_a_running_request_with_finish_reason_abort():
         while (message := await call.read()) is not grpc.aio.EOF:
             rest.append(message)
         assert rest[-1].complete.finish_reason == "abort"
+        assert not rest[-1].complete.output_ids
+        # As vLLM's last output of an aborted request: a chunk without tokens before the end.
+        assert rest[-2].HasField("chunk") and not rest[-2].chunk.token_ids
+        assert rest[-2].chunk.prompt_tokens == len(ids_of(s))
         assert len(rest) < 199
     finally:
         await s.stop()
@@ -161,7 +165,14 @@ async def test_server_info_and_loads_report_one_rank_and_the_kv_blocks(stack):
     server = await stub(stack).GetServerInfo(pb.GetServerInfoRequest())
     engine = stack.local()
     assert (server.data_parallel_size, server.block_size) == (1, engine.block_size)
+    # vLLM 0.32's servicer leaves the request counters and clocks 0; so does the face.
+    assert (server.active_requests, server.uptime_seconds, server.last_receive_timestamp) == (
+        0,
+        0.0,
+        0.0,
+    )
     await generate(stack, ids_of(stack), stream=False, max_tokens=2)
+    await generate(stack, ids_of(stack), stream=False, max_tokens=2)  # its prompt now cached
     loads = await stub(stack).GetLoads(pb.GetLoadsRequest())
     (rank,) = loads.loads
     used = engine.engine.used_blocks
@@ -169,6 +180,12 @@ async def test_server_info_and_loads_report_one_rank_and_the_kv_blocks(stack):
     assert rank.max_total_num_tokens == engine.num_blocks * engine.block_size
     assert rank.num_used_tokens == used * engine.block_size
     assert rank.token_usage == pytest.approx(used / engine.num_blocks)
+    # The servicer's estimates (load_estimate): the hit rate over the prompts finished so far
+    # (every request of this stack went through the face, fewer than the 64 it averages over).
+    stats = engine.engine.stats
+    assert stats.cached_prompt_tokens > 0
+    assert rank.cache_hit_rate == pytest.approx(stats.cached_prompt_tokens / stats.prompt_tokens)
+    assert rank.num_waiting_uncached_tokens == 0
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub(stack).GetLoads(pb.GetLoadsRequest(dp_rank=1))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

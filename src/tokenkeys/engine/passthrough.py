@@ -59,6 +59,13 @@ class OpenAIPassThrough(Protocol):
         """The first field this engine cannot pass exactly, as (field, reason), or None."""
         ...
 
+    def embedded_prompt(
+        self, body: Mapping[str, Any], context: KeyContext | None
+    ) -> tuple[list[int], KeyContext]:
+        """A completions ``prompt_embeds`` body's prompt as the engine keys it (its ids and key
+        context), once :meth:`refusal` let it pass; InvalidArgument for a tensor it cannot read."""
+        ...
+
     async def answer(self, request: OpenAIRequest) -> OpenAIAnswer:
         """Forward ``request``; the engine's answer (its own status on a refusal)."""
         ...

@@ -30,14 +30,19 @@ async def forward(
     refused = engine.refusal(body, route)
     if refused is not None:
         raise Unsupported(refused[1], field=refused[0])
-    if route == "completions":
+    context = key_context(body)
+    if route == "completions" and body.get("prompt_embeds") is not None:
+        # Embeddings, not text: the engine reads the tensor (its rows are the prompt's tokens).
+        embedded, context = await opened.run(engine.embedded_prompt, body, context)
+        ids, text = [embedded], None
+    elif route == "completions":
         prompts = await opened.run(model.preprocessor.tokenize_completion, body)
         ids, text = [p.ids for p in prompts], None
     else:
         chat = await opened.run(model.preprocessor.tokenize_chat, body)
         ids, text = [chat.tokens.ids], chat.prompt
     answer = await engine.answer(
-        OpenAIRequest(route, body, ids, key_context(body), opened.lora, request.headers, text)
+        OpenAIRequest(route, body, ids, context, opened.lora, request.headers, text)
     )
     if answer.events is None:
         opened.state.metrics.record_generation(model.name, route, answer.usage)

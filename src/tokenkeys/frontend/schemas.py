@@ -145,7 +145,15 @@ class _GenerationFields(_Request):
 class CompletionRequest(_GenerationFields):
     """``/v1/completions``."""
 
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]] | None = Field(
+        None, description="required unless prompt_embeds is given"
+    )
+    prompt_embeds: str | list[str] | None = Field(
+        None,
+        description="base64 of torch.save of one (num_tokens, hidden_size) tensor: only "
+        "through the vLLM sidecar in front of a vLLM started with --enable-prompt-embeds, "
+        "in the model's dtype; else 501",
+    )
     add_special_tokens: bool | None = Field(
         None, description="unset: the served default for bare prompts"
     )

@@ -27,6 +27,8 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Callable
+from typing import Any
 
 from tokenkeys.engine.config import VllmEngineConfig
 from tokenkeys.engine.hosting import EngineInputs
@@ -106,66 +108,101 @@ def respec(spec: CacheKeySpec, groups: tuple[KeyGroup, ...]) -> CacheKeySpec:
     )
 
 
-async def learn_groups(
+#: A probe whose events did not arrive within this many seconds is sent again, fresh.
+PROBE_RESEND = 5.0
+
+Probe = tuple[dict[str, Any], Callable[[BlockStored], bool]]
+
+
+async def probe_stores(
     client: VllmHttpClient,
     config: VllmEngineConfig,
-    model: str,
-    prompt: list[int],
-    hash_unit: int,
+    fresh: Callable[[], Probe],
     wire_version: str,
     *,
     timeout: float = PROBE_TIMEOUT,
-) -> tuple[KeyGroup, ...] | None:
-    """The groups vLLM stores ``prompt`` in (None: its events carry no group fields)."""
+) -> list[BlockStored]:
+    """Send vLLM a probe request (``fresh()``: its body, and which stores are its own); the
+    ``BlockStored`` events of the first batch with any of a probe's own, or ConfigError when
+    vLLM publishes none within ``timeout``.
+
+    A batch vLLM publishes before the subscription reaches it is lost without a trace (ZMQ's
+    late joiner: the replay is asked for only when a later batch shows the gap), so a probe
+    unanswered for :data:`PROBE_RESEND` seconds is sent again with fresh content, never cached,
+    so vLLM stores and publishes it anew.
+    """
     # Replayed from the start of vLLM's buffer, so no event published before the subscription
-    # settles is missed; the probe's own blocks are told apart by their token ids.
+    # settles is missed once a later batch arrives.
     subscriber = ZmqEventSubscriber(
         config.kv_events, replay_endpoint=config.kv_replay, topic=config.kv_topic, start_seq=0
     )
     codec = VllmMsgpackCodec(wire_version)
     await subscriber.start()
+    ours: list[Callable[[BlockStored], bool]] = []
     try:
-        body = {"model": model, "prompt": prompt, "max_tokens": 1}
-        async with contextlib.aclosing(client.complete(body)) as chunks:
-            async for _ in chunks:
-                pass
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                delivery = await asyncio.wait_for(subscriber.recv(), max(left, 0.001))
-            except asyncio.TimeoutError:
-                raise ConfigError(
-                    f"vLLM at {config.url} published no KV events for a probe prompt within "
-                    f"{timeout:.0f} s; check that --engine-kv-events names the endpoint of its "
-                    "--kv-events-config and that it runs with --enable-prefix-caching",
-                    field="engine-kv-events",
-                ) from None
-            try:
-                batch = codec.decode(delivery.payload)
-            except TokenkeysError:
-                continue
-            mine = [
-                e
-                for e in batch.events
-                if isinstance(e, BlockStored)
-                and e.parent_block_hash is None
-                and e.token_ids
-                and list(e.token_ids) == prompt[: len(e.token_ids)]
-            ]
-            if not mine:
-                continue
-            if all(e.group_idx is None for e in mine):
-                return None
-            groups = groups_of(mine, hash_unit, config.url)
-            log.info(
-                "vLLM at %s keeps KV-cache groups %s",
-                config.url,
-                ", ".join(_describe(g) for g in groups),
-            )
-            return groups
+        while time.monotonic() < deadline:
+            body, mine = fresh()
+            ours.append(mine)
+            async with contextlib.aclosing(client.complete(body)) as chunks:
+                async for _ in chunks:
+                    pass
+            resend = min(deadline, time.monotonic() + PROBE_RESEND)
+            while (left := resend - time.monotonic()) > 0:
+                try:
+                    delivery = await asyncio.wait_for(subscriber.recv(), left)
+                except asyncio.TimeoutError:
+                    break
+                try:
+                    batch = codec.decode(delivery.payload)
+                except TokenkeysError:
+                    continue
+                for own in ours:
+                    found = [e for e in batch.events if isinstance(e, BlockStored) and own(e)]
+                    if found:
+                        return found
+        raise ConfigError(
+            f"vLLM at {config.url} published no KV events for {len(ours)} probe prompts "
+            f"within {timeout:.0f} s; check that --engine-kv-events names the endpoint of "
+            "its --kv-events-config and that it runs with --enable-prefix-caching",
+            field="engine-kv-events",
+        )
     finally:
         await subscriber.close()
+
+
+async def learn_groups(
+    client: VllmHttpClient,
+    config: VllmEngineConfig,
+    model: str,
+    vocab_size: int,
+    hash_unit: int,
+    wire_version: str,
+    *,
+    timeout: float = PROBE_TIMEOUT,
+) -> tuple[KeyGroup, ...] | None:
+    """The groups vLLM stores a probe prompt in (None: its events carry no group fields)."""
+
+    def fresh() -> Probe:
+        ids = probe_prompt(vocab_size, hash_unit)
+        body = {"model": model, "prompt": ids, "max_tokens": 1}
+        return (
+            body,
+            lambda e: (
+                e.parent_block_hash is None
+                and bool(e.token_ids)
+                and list(e.token_ids) == ids[: len(e.token_ids)]
+            ),
+        )
+
+    mine = await probe_stores(client, config, fresh, wire_version, timeout=timeout)
+    if all(e.group_idx is None for e in mine):
+        return None
+    groups = groups_of(mine, hash_unit, config.url)
+    log.info(
+        "vLLM at %s keeps KV-cache groups %s", config.url, ", ".join(_describe(g) for g in groups)
+    )
+    return groups
 
 
 def _describe(group: KeyGroup) -> str:
@@ -185,9 +222,13 @@ async def learned_spec(inputs: EngineInputs) -> CacheKeySpec:
         await check_vllm(
             client, inputs.name, inputs.tokenizer, spec, config.max_model_len, vllm.wait_s
         )
-        prompt = probe_prompt(inputs.tokenizer.vocab_size, spec.hash_unit)
         groups = await learn_groups(
-            client, vllm, inputs.name, prompt, spec.hash_unit, config.wire_version
+            client,
+            vllm,
+            inputs.name,
+            inputs.tokenizer.vocab_size,
+            spec.hash_unit,
+            config.wire_version,
         )
     finally:
         await client.close()

@@ -221,7 +221,10 @@ def likely_cause(
     if event.lora_name is not None:
         return f"adapter handling: the block was stored under LoRA adapter {event.lora_name!r}"
     if event.extra_keys and any(event.extra_keys):
-        return "adapter or cache_salt handling: the engine hashed extra keys for this block"
+        return (
+            "adapter, cache_salt or prompt-embeds handling: the engine hashed extra keys for "
+            "this block"
+        )
     if first:
         return (
             "root seed: a first block differs, so the root hash does (vLLM's PYTHONHASHSEED vs "

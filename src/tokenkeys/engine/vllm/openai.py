@@ -91,13 +91,13 @@ def vllm_body(request: OpenAIRequest, model: str) -> dict[str, Any]:
     """The body vLLM gets: the client's, under vLLM's model name, with the Preprocessor's ids."""
     body = dict(request.body)
     body["model"] = model
-    if request.route == "completions":
-        body.pop("add_special_tokens", None)
-        body["prompt"] = request.prompts[0] if len(request.prompts) == 1 else request.prompts
-    else:
+    if request.route == "chat":
         kv = dict(body.get("kv_transfer_params") or {})
         kv["prompt_token_ids"] = request.prompts[0]
         body["kv_transfer_params"] = kv
+    elif body.get("prompt_embeds") is None:  # embeddings go as sent (their ids are zeros)
+        body.pop("add_special_tokens", None)
+        body["prompt"] = request.prompts[0] if len(request.prompts) == 1 else request.prompts
     return body
 
 

@@ -37,7 +37,7 @@ from tokenkeys.engine.passthrough import OpenAIAnswer, OpenAIRequest, Route
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams, Usage
 from tokenkeys.engine.registry import EngineKind
 from tokenkeys.engine.vllm import openai as vllm_openai
-from tokenkeys.engine.vllm import snapshot_scope
+from tokenkeys.engine.vllm import prompt_embeds, snapshot_scope
 from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, wire_version_of
 from tokenkeys.engine.vllm.client import VllmHttpClient
 from tokenkeys.engine.vllm.groups import learned_spec
@@ -90,6 +90,8 @@ class VllmSidecarEngine:
         self._relay: asyncio.Task[None] | None = None
         self._closed = False
         self._release = ""
+        #: What vLLM does with prompt embeddings (None: not learned, or it takes none).
+        self.embeds: prompt_embeds.EmbedsSupport | None = None
 
     async def start(self) -> None:
         """Wait for vLLM, check it (a conflict raises ConfigError naming the option), start
@@ -114,6 +116,9 @@ class VllmSidecarEngine:
         self._relay = asyncio.create_task(self._run_relay(self._subscriber))
         if self.config.probe:
             await self._probe()
+            self.embeds = await prompt_embeds.learn_prompt_embeds(
+                self.client, self.config, self.model_name, self.block_size, self._codec.version
+            )
 
     async def _probe(self) -> None:
         """One fresh block through vLLM: the hash vLLM stores must be the key tokenkeys computes.
@@ -243,7 +248,18 @@ class VllmSidecarEngine:
 
     def refusal(self, body: Mapping[str, Any], route: Route) -> tuple[str, str] | None:
         """What an OpenAI request carries that cannot reach vLLM exactly (see vllm_openai)."""
+        if route == "completions":
+            refused = prompt_embeds.refusal(self.embeds, body, self.config.url)
+            if refused is not None:
+                return refused
         return vllm_openai.refusal(body, route)
+
+    def embedded_prompt(
+        self, body: Mapping[str, Any], context: KeyContext | None
+    ) -> tuple[list[int], KeyContext]:
+        """A completions ``prompt_embeds`` as vLLM keys it (after :meth:`refusal` passed it)."""
+        assert self.embeds is not None
+        return prompt_embeds.embedded_prompt(self.embeds, body, context, self.spec.hash_unit)
 
     async def answer(self, request: OpenAIRequest) -> OpenAIAnswer:
         """Forward a whole OpenAI request with the Preprocessor's ids; vLLM's answer."""

@@ -31,20 +31,22 @@ class GenerateInputs:
     lora_name: str | None
 
 
-def _unsupported(what: str, field: str) -> Unsupported:
+def unsupported(what: str, field: str) -> Unsupported:
+    """The UNIMPLEMENTED refusal of ``field`` (``what`` it asks for), for either Generate face:
+    tokenkeys engines produce token ids, usage and finish reasons, nothing beside them."""
     return Unsupported(
-        f"{what} is not supported by this engine (tokenkeys' simulated engine produces token "
-        f"ids, usage and finish reasons only); drop {field} from the request",
+        f"{what} is not supported by this tokenkeys engine (it produces token ids, usage and "
+        f"finish reasons only); drop {field} from the request",
         field=field,
     )
 
 
 def _refuse_unsupported(request: gen.GenerateRequest) -> None:
     if request.media:
-        raise _unsupported(f"media input ({len(request.media)} items)", "media")
+        raise unsupported(f"media input ({len(request.media)} items)", "media")
     guide = request.guided.WhichOneof("guide") if request.HasField("guided") else None
     if guide is not None:
-        raise _unsupported(f"guided decoding ({guide})", f"guided.{guide}")
+        raise unsupported(f"guided decoding ({guide})", f"guided.{guide}")
     resp = request.response
     for name in (
         "return_prompt_logprobs",
@@ -54,7 +56,7 @@ def _refuse_unsupported(request: gen.GenerateRequest) -> None:
         "prompt_logprob_start",
     ):
         if resp.HasField(name) and (getattr(resp, name) is not False):
-            raise _unsupported("logprobs", f"response.{name}")
+            raise unsupported("logprobs", f"response.{name}")
     sampling = request.sampling
     if sampling.HasField("num_sequences"):
         if sampling.num_sequences == 0:
@@ -63,20 +65,20 @@ def _refuse_unsupported(request: gen.GenerateRequest) -> None:
                 field="sampling.num_sequences",
             )
         if sampling.num_sequences > 1:
-            raise _unsupported(
+            raise unsupported(
                 f"num_sequences={sampling.num_sequences} (several outputs per request)",
                 "sampling.num_sequences",
             )
     stopping = request.stopping
     if stopping.HasField("min_tokens") and stopping.min_tokens > 0:
-        raise _unsupported("min_tokens", "stopping.min_tokens")
+        raise unsupported("min_tokens", "stopping.min_tokens")
     for cond in stopping.conditions:
         if cond.WhichOneof("condition") == "stop_text":
-            raise _unsupported("stop strings", "stopping.conditions.stop_text")
+            raise unsupported("stop strings", "stopping.conditions.stop_text")
     if request.kv.HasField("session"):
-        raise _unsupported("KV sessions (disaggregated prefill/decode)", "kv.session")
+        raise unsupported("KV sessions (disaggregated prefill/decode)", "kv.session")
     if request.kv.bypass_prefix_cache:
-        raise _unsupported("bypassing the prefix cache", "kv.bypass_prefix_cache")
+        raise unsupported("bypassing the prefix cache", "kv.bypass_prefix_cache")
 
 
 def generate_inputs(request: gen.GenerateRequest, model: ServedModel) -> GenerateInputs:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from google.protobuf.message import Message
+
 from tokenkeys.events.model import (
     AllBlocksCleared,
     BlockRemoved,
@@ -198,20 +200,18 @@ class SmgEventConverter:
         stored = common_pb2.KvBlocksStored(
             blocks=blocks, tier=tier, locality=common_pb2.KV_CACHE_LOCALITY_LOCAL
         )
-        if parent is not None:
-            stored.parent_block_hash = parent
-        for name, value in (
-            ("medium", event.medium),
-            ("group_idx", event.group_idx),
-            ("kv_cache_spec_kind", event.kv_cache_spec_kind),
-            ("kv_cache_spec_sliding_window", event.kv_cache_spec_sliding_window),
-            ("ownership", event.ownership),
-            ("session_id", event.session_id),
-            ("lora_name", lora_name),
-            ("cache_salt", salt),
-        ):
-            if value is not None:
-                setattr(stored, name, value)
+        _set_present(
+            stored,
+            parent_block_hash=parent,
+            medium=event.medium,
+            group_idx=event.group_idx,
+            kv_cache_spec_kind=event.kv_cache_spec_kind,
+            kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
+            ownership=event.ownership,
+            session_id=event.session_id,
+            lora_name=lora_name,
+            cache_salt=salt,
+        )
         return stored
 
     def _removed(self, event: BlockRemoved) -> common_pb2.KvBlocksRemoved | None:
@@ -232,11 +232,15 @@ class SmgEventConverter:
         level = _CACHE_LEVEL.get(tier)
         if level is not None:
             removed.cache_level = level
-        for name, value in (
-            ("medium", event.medium),
-            ("group_idx", event.group_idx),
-            ("ownership", event.ownership),
-        ):
-            if value is not None:
-                setattr(removed, name, value)
+        _set_present(
+            removed, medium=event.medium, group_idx=event.group_idx, ownership=event.ownership
+        )
         return removed
+
+
+def _set_present(message: Message, **fields: object) -> None:
+    """Set the optional ``fields`` of ``message`` that the event carries (None: absent, so the
+    proto field stays unset, as the relay leaves a field vLLM did not send)."""
+    for name, value in fields.items():
+        if value is not None:
+            setattr(message, name, value)

@@ -13,8 +13,11 @@ inputs and media, KV transfer (disaggregated prefill/decode).
 Answers follow the servicer's ``_chunk_response`` / ``_complete_response``: streamed, one chunk
 per step with the step's tokens (``completion_tokens`` is the step's count, smg adds them up)
 and one ``GenerateComplete`` after the last; not streamed, one ``GenerateComplete`` with every
-token. ``cached_tokens`` is the engine's count: the Engine Protocol reports it with the usage of
-the last step, so chunks before it carry 0 and the last chunk and the complete the count.
+token. ``cached_tokens`` is the engine's count. vLLM's own server puts it on every chunk (vLLM's
+output processor sets ``num_cached_tokens`` at the first output); the Engine Protocol reports it
+with the usage of the last step, and a sidecar learns it no sooner (vLLM's streamed HTTP
+completions send it in the final usage chunk only), so chunks before the last carry 0 and the
+last chunk and the complete the count.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import uuid
 from dataclasses import dataclass
 
 from tokenkeys.engine.protocol import GenerateOutput, GenerationParams
-from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.errors import InvalidArgument
 from tokenkeys.frontend.generation import eos_ids
+from tokenkeys.server.grpc.generate_inputs import unsupported
 from tokenkeys.server.grpc.vllm_engine.stubs import vllm_engine_pb2 as pb
 from tokenkeys.serving.models import ServedModel
 
@@ -51,14 +55,6 @@ class VllmGenerateInputs:
         return last
 
 
-def _unsupported(what: str, field: str) -> Unsupported:
-    return Unsupported(
-        f"{what} is not supported by this tokenkeys engine (token ids, usage and finish "
-        f"reasons only); drop {field} from the request",
-        field=field,
-    )
-
-
 def _refuse(request: pb.GenerateRequest) -> None:
     """UNIMPLEMENTED for what the engine cannot do exactly."""
     sp = request.sampling_params
@@ -72,23 +68,23 @@ def _refuse(request: pb.GenerateRequest) -> None:
         if request.HasField(name) and not (
             name == "data_parallel_rank" and request.data_parallel_rank == 0
         ):
-            raise _unsupported(what, name)
+            raise unsupported(what, name)
     if request.extra_mm_inputs:
-        raise _unsupported("multimodal inputs", "extra_mm_inputs")
+        raise unsupported("multimodal inputs", "extra_mm_inputs")
     if sp.n > 1:
-        raise _unsupported(f"n={sp.n} (several outputs per request)", "sampling_params.n")
+        raise unsupported(f"n={sp.n} (several outputs per request)", "sampling_params.n")
     for name in ("logprobs", "prompt_logprobs", "truncate_prompt_tokens"):
         if sp.HasField(name):
-            raise _unsupported(name.replace("_", " "), f"sampling_params.{name}")
+            raise unsupported(name.replace("_", " "), f"sampling_params.{name}")
     constraint = sp.WhichOneof("constraint")
     if constraint is not None:
-        raise _unsupported(f"structured outputs ({constraint})", f"sampling_params.{constraint}")
+        raise unsupported(f"structured outputs ({constraint})", f"sampling_params.{constraint}")
     if sp.stop:
-        raise _unsupported("stop strings", "sampling_params.stop")
+        raise unsupported("stop strings", "sampling_params.stop")
     if sp.min_tokens:
-        raise _unsupported("min_tokens", "sampling_params.min_tokens")
+        raise unsupported("min_tokens", "sampling_params.min_tokens")
     if sp.logit_bias:
-        raise _unsupported("logit bias", "sampling_params.logit_bias")
+        raise unsupported("logit bias", "sampling_params.logit_bias")
 
 
 def read_request(request: pb.GenerateRequest, model: ServedModel) -> VllmGenerateInputs:

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from tokenkeys import __version__
 from tokenkeys.engine.protocol import EngineLoad
 from tokenkeys.frontend.generation import eos_ids
+from tokenkeys.server.grpc.vllm_engine.load_estimate import LoadEstimate
 from tokenkeys.server.grpc.vllm_engine.stubs import vllm_engine_pb2 as pb
 from tokenkeys.serving.models import ServedModel
 
@@ -51,19 +52,21 @@ def model_info(model: ServedModel, max_model_len: int | None) -> pb.GetModelInfo
     )
 
 
-def server_info(block_size: int, last_receive: float, uptime: float, active: int):
-    """The worker's facts smg labels it with: one data-parallel rank, its KV block size."""
-    return pb.GetServerInfoResponse(
-        active_requests=active,
-        last_receive_timestamp=last_receive,
-        uptime_seconds=uptime,
-        data_parallel_size=1,
-        block_size=block_size,
-    )
+def server_info(block_size: int) -> pb.GetServerInfoResponse:
+    """The worker's facts smg labels it with: one data-parallel rank, its KV block size.
+
+    As vLLM 0.32's servicer answers (``server_facts``), the request counters and clocks the
+    message also has (``active_requests``, ``last_receive_timestamp``, ``uptime_seconds``)
+    are left 0; what names vLLM's own configuration (dtypes, ``max_num_seqs``, the attention
+    backend, the ``/dev/shm`` identity for media tensors, where constrained decoding starts)
+    is unknown to a tokenkeys engine, which serves neither media nor structured output.
+    """
+    return pb.GetServerInfoResponse(data_parallel_size=1, block_size=block_size)
 
 
-def loads(load: EngineLoad, block_size: int) -> pb.GetLoadsResponse:
-    """The engine's load as one data-parallel rank's ``SchedulerLoad``."""
+def loads(load: EngineLoad, block_size: int, estimate: LoadEstimate) -> pb.GetLoadsResponse:
+    """The engine's load as one data-parallel rank's ``SchedulerLoad``, with the face's
+    estimate of queued work, throughput and hit rate (load_estimate)."""
     usage = load.used_kv_blocks / load.total_kv_blocks if load.total_kv_blocks else 0.0
     entry = pb.SchedulerLoad(
         dp_rank=0,
@@ -72,6 +75,7 @@ def loads(load: EngineLoad, block_size: int) -> pb.GetLoadsResponse:
         num_total_reqs=load.running + load.waiting,
         token_usage=usage,
         utilization=usage,
+        **estimate.fields(load.waiting),
     )
     if load.total_kv_blocks and block_size:
         entry.max_total_num_tokens = load.total_kv_blocks * block_size

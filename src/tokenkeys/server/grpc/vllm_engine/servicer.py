@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 
 import grpc
 
 from tokenkeys._gen.openengine.v1 import server_pb2
+from tokenkeys.engine.protocol import GenerateOutput
 from tokenkeys.errors import InvalidArgument, Unavailable, Unsupported
 from tokenkeys.server.grpc import status as grpc_status
 from tokenkeys.server.grpc.vllm_engine import generate, info
 from tokenkeys.server.grpc.vllm_engine.bundle import TokenizerBundle, build_bundle
+from tokenkeys.server.grpc.vllm_engine.load_estimate import LoadEstimate
 from tokenkeys.server.grpc.vllm_engine.stubs import (
     common_pb2,
     vllm_engine_pb2,
@@ -43,8 +44,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
         self._models = models
         self._name = models.get(None).name
         self._runtime = runtime
-        self._started = time.time()
-        self._last_receive = 0.0
+        self._estimate = LoadEstimate()
         self._bundle: TokenizerBundle | None = None
         # request id -> the task serving its Generate, for Abort
         self._running: dict[str, asyncio.Task] = {}
@@ -68,23 +68,26 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
         rid = inputs.request_id
         if rid in self._running:
             raise InvalidArgument(f"request_id {rid!r} is already running", field="request_id")
-        self._last_receive = time.time()
         task = asyncio.current_task()
         assert task is not None
         self._running[rid] = task
         prompt_tokens = len(inputs.token_ids)
         tokens: list[int] = []
+        estimate = self._estimate
+        estimate.submitted(rid, prompt_tokens)
         try:
             outputs = engine.generate(inputs.token_ids, inputs.params, request_id=rid)
             async with contextlib.aclosing(outputs) as stream:
                 async for output in stream:
                     tokens.extend(output.token_ids)
+                    estimate.generated(rid, len(output.token_ids))
                     if inputs.stream:
                         yield generate.chunk(output, prompt_tokens)
                     if not output.finished:
                         continue
                     usage = output.usage
                     cached = usage.cached_prompt_tokens if usage is not None else 0
+                    estimate.counted(prompt_tokens, cached)
                     ids = list(output.token_ids) if inputs.stream else tokens
                     reason = output.finish_reason or "stop"
                     matched = inputs.matched_token(tokens, reason)
@@ -96,9 +99,13 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
         except asyncio.CancelledError:
             if rid not in self._aborted:
                 raise
-            # Abort ends the request as vLLM ends an aborted one: finish reason "abort".
+            # Abort ends the request as vLLM ends an aborted one: finish reason "abort", after
+            # (streamed) the chunk of vLLM's last output, which carries no new token.
+            if inputs.stream:
+                yield generate.chunk(GenerateOutput(rid, ()), prompt_tokens)
             yield generate.complete([] if inputs.stream else tokens, "abort", prompt_tokens, 0)
         finally:
+            estimate.finished(rid)
             self._running.pop(rid, None)
             self._aborted.discard(rid)
 
@@ -140,9 +147,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
         self, request: vllm_engine_pb2.GetServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> vllm_engine_pb2.GetServerInfoResponse:
         await self._runtime.ensure_up()
-        uptime = time.time() - self._started
-        block_size = await self._block_size()
-        return info.server_info(block_size, self._last_receive, uptime, len(self._running))
+        return info.server_info(await self._block_size())
 
     @grpc_status.unary
     async def GetLoads(
@@ -154,7 +159,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
                 field="dp_rank",
             )
         engine = self._runtime.engine_of(self._name)
-        return info.loads(await engine.load(), await self._block_size())
+        return info.loads(await engine.load(), await self._block_size(), self._estimate)
 
     @grpc_status.streaming
     async def GetTokenizer(
