@@ -95,6 +95,49 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+#: A worker's run over keys: (count, comma-joined tiers) segments, run-length encoded.
+Run = tuple[tuple[int, str], ...]
+
+
+def _runs(reply: list[Any]) -> dict[str, Run]:
+    """The runs of a :data:`~tokenkeys.router.index.redis_scripts.WALK` reply, by worker."""
+    return {
+        _text(item[0]): tuple((int(item[i]), _text(item[i + 1])) for i in range(1, len(item), 2))
+        for item in reply
+    }
+
+
+def _join(size: int, first: str, pieces: Sequence[tuple[Sequence[int], Run]]) -> Run:
+    """A worker's run over a prompt of ``size`` keys, from its tiers at key 0 and its runs over
+    pieces of the rest (each piece: ascending prompt positions, the run over them).
+
+    The run ends at the first position any piece's run stops short of; when one tier string
+    covers everything, that is the answer, else the tiers are laid out per position."""
+    end, seen = size, {first}
+    for where, run in pieces:
+        held = sum(count for count, _ in run)
+        if held < len(where):
+            end = min(end, where[held])
+        seen.update(tiers for _, tiers in run)
+    if len(seen) == 1:
+        return ((end, first),)
+    at = [first] + [""] * (end - 1)
+    for where, run in pieces:
+        j = 0
+        for count, tiers in run:
+            for i in where[j : j + count]:
+                if i < end:
+                    at[i] = tiers
+            j += count
+    out: list[list[Any]] = []
+    for tiers in at:
+        if out and out[-1][1] == tiers:
+            out[-1][0] += 1
+        else:
+            out.append([1, tiers])
+    return tuple((count, tiers) for count, tiers in out)
+
+
 class RedisPrefixIndex:
     """A :class:`~tokenkeys.router.index.model.PrefixIndex` stored in Redis, shared by replicas.
 
@@ -274,14 +317,9 @@ class RedisPrefixIndex:
         prefixes = await self._layout()
         args = sorted(allowed) if allowed and len(allowed) <= MAX_SCRIPT_FILTER else []
         if len(prefixes) == 1:
-            blocks = [f"{prefixes[0]}b:{k}" for k in keys]
-            reply = await self._store.run("lookup", lua.LOOKUP, blocks, args)
-            runs = {
-                _text(item[0]): tuple(
-                    (int(item[i]), _text(item[i + 1])) for i in range(1, len(item), 2)
-                )
-                for item in reply
-            }
+            p = prefixes[0]
+            call = [p + "workers"], [p + "b:", ",".join(map(str, keys)), *args]
+            runs = _runs(await self._store.run("lookup", lua.WALK, *call))
         else:
             runs = await self._sharded_lookup(prefixes, keys, args)
         out: dict[str, PrefixMatch] = {}
@@ -293,7 +331,7 @@ class RedisPrefixIndex:
 
     async def _sharded_lookup(
         self, prefixes: list[str], keys: Sequence[int], args: list[str]
-    ) -> dict[str, tuple[tuple[int, str], ...]]:
+    ) -> dict[str, Run]:
         n = len(prefixes)
         first = f"{prefixes[keys[0] % n]}b:{keys[0]}"
         if args:
@@ -302,37 +340,29 @@ class RedisPrefixIndex:
         else:
             flat = await self._store.command("lookup", "HGETALL", first)
             held = {_text(w): _text(v) for w, v in flat.items()}
+        if not held:
+            return {}
         names = sorted(held)
-        # column[c][i]: the tiers of worker names[c] at keys[i] ('' when it does not hold it).
-        column = [[held[w]] + [""] * (len(keys) - 1) for w in names]
         positions: dict[int, list[int]] = {}
         for i in range(1, len(keys)):
             positions.setdefault(keys[i] % n, []).append(i)
-        calls, layout = [], []
+        calls, pieces = [], []
         for shard, where in positions.items():
+            p = prefixes[shard]
             for chunk in _chunks(where, CHUNK):
-                blocks = [f"{prefixes[shard]}b:{keys[i]}" for i in chunk]
+                ids = ",".join([str(keys[i]) for i in chunk])
                 for start in range(0, len(names), MAX_SCRIPT_FILTER):
                     group = names[start : start + MAX_SCRIPT_FILTER]
-                    calls.append(ScriptCall(lua.PROBE, blocks, group))
-                    layout.append((chunk, start))
-        replies = await self._store.batch("lookup", calls) if names else []
-        for (chunk, start), reply in zip(layout, replies, strict=True):
-            for i, row in zip(chunk, _text(reply).split(";"), strict=True):
-                for c, tiers in enumerate(row.split("|"), start):
-                    column[c][i] = tiers
-        runs = {}
-        for worker, tiers_at in zip(names, column, strict=True):
-            run: list[list[Any]] = []
-            for tiers in tiers_at:
-                if not tiers:
-                    break
-                if run and run[-1][1] == tiers:
-                    run[-1][0] += 1
-                else:
-                    run.append([1, tiers])
-            runs[worker] = tuple((count, tiers) for count, tiers in run)
-        return runs
+                    calls.append(ScriptCall(lua.WALK, [p + "workers"], [p + "b:", ids, *group]))
+                    pieces.append((chunk, group))
+        replies = await self._store.batch("lookup", calls)
+        # Each worker's runs over the pieces of the prompt (a shard's chunk) its group covers.
+        parts: dict[str, list[tuple[list[int], Run]]] = {w: [] for w in names}
+        for (chunk, group), reply in zip(pieces, replies, strict=True):
+            found = _runs(reply)
+            for worker in group:
+                parts[worker].append((chunk, found.get(worker, ())))
+        return {w: _join(len(keys), held[w], parts[w]) for w in names}
 
     async def workers(self) -> frozenset[str]:
         """The workers holding at least one block (expired ones are pruned on the way)."""

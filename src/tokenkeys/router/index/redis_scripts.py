@@ -71,41 +71,52 @@ return 0
 """
 )
 
-# KEYS: block hashes in prompt order; ARGV: the workers to consider (none: all).
-# Returns {{worker, count, tiers, count, tiers, ...}, ...}: each worker's run, run-length encoded.
-LOOKUP = Script(
+# KEYS: one key of the shard (it routes the call to the shard's node); ARGV: the block keys'
+# prefix, the block keys of the shard in prompt order as comma-joined decimals, the workers to
+# consider (none: every holder of the first block). The keys go as one argument and the names
+# are built here because a client encodes (and a cluster client hashes) every argument apart:
+# 8,192 keys took most of a 128k-token lookup's client CPU. All keys share the tag of KEYS[1],
+# so the script stays within its slot. Each worker is dropped at its first block it does not
+# hold; the walk ends when none is left. Returns {{worker, count, tiers, count, tiers, ...},
+# ...}: each worker's run over these keys, run-length encoded (workers without one are left out).
+WALK = Script(
     """
-local runs, active = {}, {}
-if #KEYS == 0 then return {} end
-if #ARGV > 0 then
-  local vals = redis.call('HMGET', KEYS[1], unpack(ARGV))
-  for i = 1, #ARGV do
-    if vals[i] then
-      active[#active + 1] = ARGV[i]
-      runs[ARGV[i]] = {1, vals[i]}
+local prefix, runs, active, first = ARGV[1], {}, {}, true
+for id in string.gmatch(ARGV[2], '[^,]+') do
+  local key = prefix .. id
+  if first then
+    first = false
+    if #ARGV > 2 then
+      local names = {unpack(ARGV, 3)}
+      local vals = redis.call('HMGET', key, unpack(names))
+      for i = 1, #names do
+        if vals[i] then
+          active[#active + 1] = names[i]
+          runs[names[i]] = {1, vals[i]}
+        end
+      end
+    else
+      local flat = redis.call('HGETALL', key)
+      for i = 1, #flat, 2 do
+        active[#active + 1] = flat[i]
+        runs[flat[i]] = {1, flat[i + 1]}
+      end
     end
-  end
-else
-  local flat = redis.call('HGETALL', KEYS[1])
-  for i = 1, #flat, 2 do
-    active[#active + 1] = flat[i]
-    runs[flat[i]] = {1, flat[i + 1]}
-  end
-end
-for k = 2, #KEYS do
-  if #active == 0 then break end
-  local vals = redis.call('HMGET', KEYS[k], unpack(active))
-  local still = {}
-  for i = 1, #active do
-    local v = vals[i]
-    if v then
-      local run = runs[active[i]]
-      local n = #run
-      if run[n] == v then run[n - 1] = run[n - 1] + 1 else run[n + 1] = 1; run[n + 2] = v end
-      still[#still + 1] = active[i]
+  else
+    if #active == 0 then break end
+    local vals = redis.call('HMGET', key, unpack(active))
+    local still = {}
+    for i = 1, #active do
+      local v = vals[i]
+      if v then
+        local run = runs[active[i]]
+        local n = #run
+        if run[n] == v then run[n - 1] = run[n - 1] + 1 else run[n + 1] = 1; run[n + 2] = v end
+        still[#still + 1] = active[i]
+      end
     end
+    active = still
   end
-  active = still
 end
 local out = {}
 for w, run in pairs(runs) do
@@ -129,23 +140,5 @@ for i = 1, #ARGV do
   end
 end
 return out
-"""
-)
-
-
-# KEYS: block hashes of one shard; ARGV: the workers to probe. Returns one string: per key
-# (';'-separated, in KEYS order) each worker's tiers there, '|'-separated, empty when not held.
-# (Tier names hold neither ';' nor '|' nor ',' : see index.model.TIER_PATTERN.)
-PROBE = Script(
-    """
-local out = {}
-for k = 1, #KEYS do
-  local vals = redis.call('HMGET', KEYS[k], unpack(ARGV))
-  for i = 1, #ARGV do
-    if not vals[i] then vals[i] = '' end
-  end
-  out[k] = table.concat(vals, '|')
-end
-return table.concat(out, ';')
 """
 )
