@@ -7,6 +7,7 @@ conformance suite runs on it too (``test_router_index.py``, backend ``cluster``)
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 
 import pytest
@@ -183,3 +184,22 @@ async def test_a_router_on_the_cluster_routes_by_prefix_through_any_node(tmp_pat
     finally:
         await cluster.close()
         drop_namespaces(redis_cluster.url, [namespace])
+
+
+async def test_a_lookup_agrees_with_the_memory_index_on_tiers_holes_and_filters(cluster_backend):
+    """Random runs with tier changes and holes, spread over every shard: the runs joined from
+    the shards' walks equal the memory index's, with and without a filter."""
+    from tokenkeys.router.index.memory import MemoryPrefixIndex
+
+    rng = random.Random(26)
+    index, memory = cluster_backend.new(), MemoryPrefixIndex()
+    keys = [rng.getrandbits(64) for _ in range(3_000)]
+    for w in range(12):
+        held = keys[: rng.randrange(1, len(keys))]
+        for tier in ("gpu", "cpu"):
+            part = [k for k in held if rng.random() < (0.97 if tier == "gpu" else 0.02)]
+            for target in (index, memory):
+                await target.add(f"w{w}", part, tier)
+    for workers in (None, ["w1", "w3", "w5", "nobody"]):
+        for prompt in (keys, keys[:700], keys[1:]):
+            assert await index.lookup(prompt, workers) == await memory.lookup(prompt, workers)
