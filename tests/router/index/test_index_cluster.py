@@ -73,7 +73,7 @@ async def test_a_lookup_costs_a_script_call_per_shard_not_per_key(cluster_backen
         for node in nodes:
             node.close()
     assert got == {"a": PrefixMatch("a", ((2000, GPU),)), "b": PrefixMatch("b", ((700, GPU),))}
-    # One HGETALL for the first block, then at most one probe per shard.
+    # One HGETALL for the first block, then at most one walk per shard.
     assert 2 <= calls <= 1 + CLUSTER_SHARDS
 
 

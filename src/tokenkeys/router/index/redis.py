@@ -18,14 +18,19 @@ wrote, and one configured otherwise is refused. Every update is one Lua script c
 touched (in chunks of :data:`CHUNK` keys), each atomic: other replicas see it whole or not at
 all. The calls of one update go out in one pipeline, one round trip per node.
 
-:meth:`lookup` on one shard is a single script: it walks the prompt's keys in order, asks each
-block only for the workers still matching (``HMGET``) and stops when none is left, so one round
-trip answers it. (llm-d's ``RedisIndex.Lookup``, llm-d-router ``pkg/kvcache/kvblock/redis.go``,
-pipelines one ``HKEYS`` per key and stops at the first empty one.) Sharded, a lookup takes two
-rounds: the first block's holders (one call to one node), then one probe script per shard the
-rest of the prompt touches, all in one pipeline (each node once, the nodes in parallel); the
-runs are put together here. So a lookup costs two round trips and at most ``shards`` script
-calls however long the prompt.
+:meth:`lookup` on one shard is a single script (``WALK``): it walks the prompt's keys in order,
+asks each block only for the workers still matching (``HMGET``), drops a worker at its first
+miss and stops when none is left, so one round trip answers it. (llm-d's ``RedisIndex.Lookup``,
+llm-d-router ``pkg/kvcache/kvblock/redis.go``, pipelines one ``HKEYS`` per key and stops at the
+first empty one.) The block keys go to the script as one comma-joined argument, not one
+argument each: encoding 8,192 arguments (and, on a cluster, hashing each to check its slot) was
+most of a 128k-token lookup's client CPU. Sharded, a lookup takes two rounds: the first
+block's holders (one call to one node), then one ``WALK`` per shard the rest of the prompt
+touches with those holders, all in one pipeline (each node once, the nodes in parallel); each
+returns every worker's run over its shard's keys, and a worker's run over the prompt ends at
+the first position any shard's run stops short of (:func:`_join`). So a lookup costs two round
+trips and at most ``shards`` script calls however long the prompt, with replies of a few
+values per worker and shard.
 
 With ``ttl``, every write refreshes the expiry of the blocks it touches and of the worker's set:
 entries of a worker whose events stop (a crash without notice) disappear after ``ttl`` seconds.
