@@ -8,6 +8,8 @@ plain reference model. Pattern: llm-d's shared index tests (llm-d-router
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -186,6 +188,27 @@ async def test_bad_input_is_refused_the_same_way(backend, method, args):
         await getattr(index, method)(*args)
     assert info.value.field in {"keys", "worker", "workers", "tier"}
     assert await index.workers() == frozenset()
+
+
+# A bad key after, or among, keys the index holds: the memory index checks the range only past
+# its held prefix and types everywhere; every backend names the first bad key's position.
+HELD_THEN_BAD = [
+    ([1, 2, 1 << 64], "keys[2]"),
+    ([1, 2, 3, -1, 2], "keys[3]"),
+    ([1, True], "keys[1]"),
+    ([1, 2.0], "keys[1]"),
+    ([TOP, -TOP], "keys[1]"),
+]
+
+
+@pytest.mark.parametrize(("keys", "named"), HELD_THEN_BAD, ids=[n for _, n in HELD_THEN_BAD])
+async def test_a_bad_key_past_held_keys_is_refused_by_its_position(backend, keys, named):
+    index = backend.new()
+    await index.add("w", [1, 2, TOP])
+    with pytest.raises(InvalidArgument, match="^" + re.escape(named) + " must be") as info:
+        await index.lookup(keys)
+    assert info.value.field == "keys"
+    assert (await index.lookup([1, 2]))["w"].blocks == 2
 
 
 def test_medium_maps_to_tier():

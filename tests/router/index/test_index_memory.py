@@ -137,9 +137,11 @@ LOOKUPS = st.lists(
 @given(capacity=st.integers(1, 14), updates=UPDATES, lookups=LOOKUPS)
 async def test_lookups_and_evictions_match_a_dict_per_key_index(capacity, updates, lookups):
     # A sweep floor of 1 drops unused holder sets on almost every update, so rebuilt (equal but
-    # not identical) sets are exercised too.
+    # not identical) sets are exercised too; a first chunk of 1 puts a lookup's chunk bounds
+    # (after keys 1, 3, 7) inside these short prompts.
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(index_memory, "_SWEEP_FLOOR", 1)
+        patch.setattr(index_memory, "_FIRST_CHUNK", 1)
         index, model = MemoryPrefixIndex(capacity=capacity), LruModel(capacity)
         index._sweep_at = 1
         for kind, worker, keys, tier in updates:

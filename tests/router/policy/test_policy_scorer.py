@@ -81,6 +81,10 @@ def test_empty_prompt_scores_zero():
         ({"load": {"a": -1}}, "load"),
         ({"load": {"a": float("nan")}}, "load"),
         ({"load": {"a": True}}, "load"),
+        # A bad load among good ones (the all-good check runs in one pass; then the loop):
+        ({"load": {"a": 0, "b": 2.5, "c": float("inf")}}, "load"),
+        ({"load": {"a": 0, "b": float("nan"), "c": -1}}, "load"),
+        ({"load": {"a": 3, "b": -0.5}}, "load"),
         ({"weights": {"gpu": 1.5}}, "weights"),
         ({"unknown_tier_weight": -0.1}, "weights"),
     ],
@@ -90,6 +94,15 @@ def test_inconsistent_inputs_are_refused(kwargs, field):
     with pytest.raises(InvalidArgument) as info:
         score_workers(**{**args, **kwargs})
     assert info.value.field == field
+
+
+def test_loads_the_one_pass_check_does_not_know_are_still_accepted():
+    class Load(float):  # a numpy float64 is a float subclass too
+        pass
+
+    huge = 1e308  # finite loads whose sum is not
+    got = score_workers({}, 4, {"a": Load(2.0), "b": 1, "c": huge, "d": huge})
+    assert [(s.worker, s.load) for s in got] == [("b", 1.0), ("a", 2.0), ("c", huge), ("d", huge)]
 
 
 async def test_scores_a_prompt_from_real_block_keys():

@@ -8,7 +8,7 @@ that worker's blocks instead of a scan of the whole index (llm-d's ``Clear`` sca
 Each key maps to an immutable, shared :class:`_Holders` (which workers hold it, on which tiers)
 rather than to a dict of its own. A prompt's consecutive keys are mostly held by the same
 workers, so they share one object, and a lookup finds where the holders change by comparing
-identities in C (``map``/``compress``) instead of asking every worker about every key in Python:
+identities in C (``itertools.groupby``) instead of asking every worker about every key in Python:
 the work per key no longer grows with the number of workers.
 """
 
@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
-from itertools import compress, islice
-from operator import is_not
+from itertools import groupby, islice
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.index.model import (
     DEFAULT_TIER,
     PrefixMatch,
     check_filter,
+    check_key_range,
+    check_key_types,
     check_keys,
     check_tier,
     check_worker,
@@ -36,6 +37,8 @@ DEFAULT_CAPACITY = 1_000_000
 # Distinct holder sets kept before unused ones are dropped (the sweep also runs when the table
 # doubles since the last one, so its cost stays proportional to the growth).
 _SWEEP_FLOOR = 4096
+# Keys a lookup reads from the table first; each further chunk doubles (it stops at a miss).
+_FIRST_CHUNK = 16
 
 
 class _Holders:
@@ -232,47 +235,59 @@ class MemoryPrefixIndex:
         self, keys: Sequence[int], workers: Collection[str] | None = None
     ) -> dict[str, PrefixMatch]:
         """Each worker's consecutive run over ``keys``; stops when no worker continues."""
-        check_keys(keys)
+        check_key_types(keys)
+        rows = self._held_prefix(keys)
+        end = len(rows)
+        check_key_range(keys, end)  # the held prefix's keys are table keys, in range
         allowed = check_filter(workers)
-        if not keys:
-            return {}
-        entries = self._entries
-        first = entries.get(keys[0])
-        if first is None:
+        if not rows:
             return {}
         # Per candidate: [tiers of its current segment, where that segment began, segments].
-        runs = {w: [t, 0, []] for w, t in first.tiers.items() if allowed is None or w in allowed}
+        runs = {w: [t, 0, []] for w, t in rows[0].tiers.items() if allowed is None or w in allowed}
         if not runs:
             return {}
-        rows = list(map(entries.get, keys))
-        end = len(rows)
-        if None in rows:  # the prompt's held part ends at the first key nobody holds
-            end = rows.index(None)
-        # Only where the holder set changes can a run end or change tiers.
-        changes = compress(range(1, end), map(is_not, islice(rows, 1, end), rows))
-        out, longest = {}, 0
-        for at in changes:
-            table = rows[at].tiers
-            for worker, run in list(runs.items()):
-                tiers = table.get(worker)
-                if tiers is run[0] or tiers == run[0]:
-                    continue
-                run[2].append((at - run[1], run[0]))
-                if tiers is None:
-                    out[worker] = PrefixMatch(worker, tuple(run[2]))
-                    longest = at
-                    del runs[worker]
-                else:
-                    run[0], run[1] = tiers, at
-            if not runs:
-                break
+        # Only where the holder set changes can a run end or change tiers: groupby finds those
+        # places by identity in C, `at` is where each group starts.
+        out, longest, at = {}, 0, 0
+        for holders, group in groupby(rows):
+            if at:
+                table = holders.tiers
+                for worker, run in list(runs.items()):
+                    tiers = table.get(worker)
+                    if tiers is run[0] or tiers == run[0]:
+                        continue
+                    run[2].append((at - run[1], run[0]))
+                    if tiers is None:
+                        out[worker] = PrefixMatch(worker, tuple(run[2]))
+                        longest = at
+                        del runs[worker]
+                    else:
+                        run[0], run[1] = tiers, at
+                if not runs:
+                    break
+            at += len(list(group))
         for worker, (tiers, start, segments) in runs.items():
             segments.append((end - start, tiers))
             out[worker] = PrefixMatch(worker, tuple(segments))
             longest = end
         # What a lookup used is recently used (the loop runs in C).
-        deque(map(entries.move_to_end, islice(keys, longest)), maxlen=0)
+        deque(map(self._entries.move_to_end, islice(keys, longest)), maxlen=0)
         return out
+
+    def _held_prefix(self, keys: Sequence[int]) -> list[_Holders]:
+        """The holders of ``keys`` up to the first key nobody holds.
+
+        Read in chunks that double from :data:`_FIRST_CHUNK` (each chunk in C), so a prompt
+        held only at its start, or not at all, costs few reads past its held part.
+        """
+        get, rest, rows, size = self._entries.get, iter(keys), [], _FIRST_CHUNK
+        while part := list(map(get, islice(rest, size))):
+            if not all(part):  # holder sets are always true; None is a key nobody holds
+                rows += islice(part, part.index(None))
+                break
+            rows += part
+            size *= 2
+        return rows
 
     async def workers(self) -> frozenset[str]:
         """The workers holding at least one block."""

@@ -20,9 +20,11 @@ u64, SGLang's signed int64, raw digest bytes) into one. Tiers are lowercase name
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from itertools import islice
+from typing import NoReturn, Protocol, runtime_checkable
 
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys.spec import BlockKey
@@ -167,21 +169,52 @@ def check_keys(keys: Sequence[int]) -> Sequence[int]:
 
     Convert event hashes with :func:`index_key` first.
     """
+    check_key_types(keys)
+    check_key_range(keys)
+    return keys
+
+
+def check_key_types(keys: Sequence[int]) -> Sequence[int]:
+    """The first half of :func:`check_keys`: ``keys`` is a sequence of ints (range unchecked).
+
+    ``type()`` is exact: bools and numpy scalars are refused (they would serialize differently).
+    """
     if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
         raise InvalidArgument(
             f"keys must be a sequence of integers, got {type(keys).__name__}", field="keys"
         )
-    if not keys:
-        return keys
-    # type() is exact: bools and numpy scalars are refused (they would serialize differently).
-    if not _INT.issuperset(map(type, keys)) or min(keys) < 0 or max(keys) > U64_MASK:
-        bad = next(k for k in keys if type(k) is not int or not 0 <= k <= U64_MASK)
-        raise InvalidArgument(
-            f"index keys must be integers in [0, 2**64), got {bad!r:.40}; convert event "
-            "hashes with tokenkeys.router.index_key()",
-            field="keys",
-        )
+    if keys and not _INT.issuperset(map(type, keys)):
+        _refuse_key(keys, 0)
     return keys
+
+
+def check_key_range(keys: Sequence[int], start: int = 0) -> None:
+    """The second half of :func:`check_keys`: ``keys[start:]``, ints, are in [0, 2**64).
+
+    A caller that found ``keys[:start]`` in a table of checked keys passes ``start`` (an int
+    equal to a table key is in range). ``array("Q")`` converts in one C loop and raises
+    ``OverflowError`` for a negative or too large int; only then are the keys searched in
+    Python for the first bad one.
+    """
+    if start >= len(keys):
+        return
+    try:
+        array("Q", islice(keys, start, None) if start else keys)
+    except OverflowError:
+        _refuse_key(keys, start)
+
+
+def _refuse_key(keys: Sequence[int], start: int) -> NoReturn:
+    at = next(
+        i
+        for i in range(start, len(keys))
+        if type(keys[i]) is not int or not 0 <= keys[i] <= U64_MASK
+    )
+    raise InvalidArgument(
+        f"keys[{at}] must be an integer in [0, 2**64), got {keys[at]!r:.40}; convert event "
+        "hashes with tokenkeys.router.index_key()",
+        field="keys",
+    )
 
 
 def check_filter(workers: Collection[str] | None) -> frozenset[str] | None:

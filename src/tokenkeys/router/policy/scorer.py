@@ -71,7 +71,44 @@ def score_workers(
         )
     table = {tier: _check_weight(tier, w) for tier, w in weights.items()}
     default = _check_weight("for unknown tiers", unknown_tier_weight)
-    scored = []
+    _check_loads(load)
+    # Rows (-score, load, worker, score, blocks) sort in C as the order says (worker ids are
+    # distinct, so no comparison reaches past them); unmatched workers score exactly 0.
+    rows = [(-0.0, float(w_load), w, 0.0, 0) for w, w_load in load.items() if w not in matches]
+    for worker in filter(matches.__contains__, load):
+        match = matches[worker]
+        blocks, weighted = 0, 0.0
+        for count, tiers in match.segments:
+            blocks += count
+            weighted += count * max(table.get(t, default) for t in tiers)
+        if blocks > total_blocks:
+            raise InvalidArgument(
+                f"worker {worker!r} matched {blocks} blocks but the prompt has only "
+                f"{total_blocks}; pass the number of full blocks of the looked-up keys",
+                field="total_blocks",
+            )
+        score = weighted / total_blocks if total_blocks else 0.0
+        rows.append((-round(score, _DIGITS), float(load[worker]), worker, score, blocks))
+    rows.sort()
+    return [WorkerScore(w, score, blocks, w_load) for _, w_load, w, score, blocks in rows]
+
+
+_NUMBERS = frozenset({int, float})
+
+
+def _check_loads(load: Mapping[str, float]) -> None:
+    """Every load is a finite number >= 0: one pass in C when all are, else the first bad one."""
+    values = load.values()
+    try:
+        fine = (
+            _NUMBERS.issuperset(map(type, values))
+            and min(values, default=0) >= 0
+            and math.isfinite(sum(values))  # NaN or inf anywhere make the sum so
+        )
+    except OverflowError:  # an int beyond floats: the loop below says which
+        fine = False
+    if fine:
+        return
     for worker, worker_load in load.items():
         if (
             isinstance(worker_load, bool)
@@ -83,19 +120,3 @@ def score_workers(
                 f"load of worker {worker!r} must be a finite number >= 0, got {worker_load!r}",
                 field="load",
             )
-        match = matches.get(worker)
-        blocks, weighted = 0, 0.0
-        if match is not None:
-            for count, tiers in match.segments:
-                blocks += count
-                weighted += count * max(table.get(t, default) for t in tiers)
-            if blocks > total_blocks:
-                raise InvalidArgument(
-                    f"worker {worker!r} matched {blocks} blocks but the prompt has only "
-                    f"{total_blocks}; pass the number of full blocks of the looked-up keys",
-                    field="total_blocks",
-                )
-        score = weighted / total_blocks if total_blocks else 0.0
-        scored.append(WorkerScore(worker, score, blocks, float(worker_load)))
-    scored.sort(key=lambda s: (-round(s.score, _DIGITS), s.load, s.worker))
-    return scored
