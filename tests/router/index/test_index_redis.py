@@ -13,7 +13,7 @@ import redis
 
 from tokenkeys.errors import ConfigError, FailedPrecondition, Unavailable
 from tokenkeys.router.index.model import PrefixMatch
-from tokenkeys.router.index.redis import RedisPrefixIndex
+from tokenkeys.router.index.redis import MAX_SCRIPT_FILTER, RedisPrefixIndex
 from tokenkeys.router.policy.scorer import score_workers
 
 GPU = ("gpu",)
@@ -137,3 +137,16 @@ async def test_redis_stopped_then_restarted_fails_with_unavailable_then_recovers
         assert await index.workers() == {"w"}
     finally:
         await index.close()
+
+
+@pytest.mark.parametrize("shards", [1, 8])
+async def test_more_holders_than_one_script_takes_are_walked_in_groups(redis_backend, shards):
+    """Over MAX_SCRIPT_FILTER holders of the first block: the sharded walk asks for them in
+    groups, and every worker's run comes back whole or cut at its own last block."""
+    index = redis_backend.new(shards=shards)
+    keys = list(range(900, 940))
+    names = [f"w{i:04d}" for i in range(MAX_SCRIPT_FILTER + 40)]
+    await asyncio.gather(*(index.add(w, keys[: 1 + i % len(keys)]) for i, w in enumerate(names)))
+    want = {w: PrefixMatch(w, ((1 + i % len(keys), GPU),)) for i, w in enumerate(names)}
+    assert await index.lookup(keys) == want
+    assert await index.lookup(keys, names[::3]) == {w: want[w] for w in names[::3]}
