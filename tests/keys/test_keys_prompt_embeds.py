@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,9 @@ from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys.prompt_embeds import prompt_embeds_of
 from tokenkeys.keys.torch_file import load_tensor
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "torch_tensors"
+from conformance_data import data_path
+
+DATA = data_path("torch_tensors")
 EXPECTED = json.loads((DATA / "expected.json").read_text())
 UNIT = EXPECTED["hash_unit"]
 
