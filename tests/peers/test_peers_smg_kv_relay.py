@@ -154,6 +154,8 @@ async def test_after_an_engine_restart_the_relay_ends_with_data_loss_then_checks
     try:
         await _relaying(cluster, sub, "before")
         await _workload(cluster, "Before")
+        await cluster.settle()  # every batch of the first run forwarded before it is counted
+        await _wait(lambda: cluster.stacks[0].local().stream.next_seq - 1 <= _last(sub), "all")
         first_run = len(sub.stored_blocks())
         await cluster.restart_engine(0)  # same ports; its sequence starts at the new run's
         for attempt in range(20):  # the relay's SUB reconnects: what it missed meanwhile is lost
