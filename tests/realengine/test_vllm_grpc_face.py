@@ -36,6 +36,11 @@ pytestmark = pytest.mark.realengine
 pb = vllm_engine_pb2
 VOCAB = 49152
 READ_LIMIT_S = 120.0  # a guard against a wedged stream, never a criterion
+#: Both faces' engine: the harness's default without the adapter (--lora-modules is an option of
+#: vLLM's OpenAI frontend, which the gRPC launcher does not take, and VllmEngine names no
+#: adapter). A server of its own for the sidecar, too, not the shared default one that earlier
+#: test files have used: the two engines start alike, so an idle one's loads compare.
+CONFIG = dataclasses.replace(DEFAULT_CONFIG, lora=False)
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +49,7 @@ def judge(tiny_model, tmp_path_factory) -> Iterator[VllmGrpcServer]:
         python = vllm_grpc_python()
     except VenvUnavailable as exc:
         pytest.skip(f"no vLLM --grpc environment: {exc}")
-    # The harness's default engine without the adapter: --lora-modules is an option of vLLM's
-    # OpenAI frontend, which the gRPC launcher does not take (and VllmEngine names no adapter).
-    config = dataclasses.replace(DEFAULT_CONFIG, lora=False)
-    server = VllmGrpcServer(python, tiny_model, config, tmp_path_factory.mktemp("grpc"))
+    server = VllmGrpcServer(python, tiny_model, CONFIG, tmp_path_factory.mktemp("grpc"))
     try:
         server.wait_healthy()
         yield server
@@ -57,7 +59,7 @@ def judge(tiny_model, tmp_path_factory) -> Iterator[VllmGrpcServer]:
 
 @pytest.fixture(scope="module")
 def face(vllm_pool) -> Iterator[TokenkeysServe]:
-    vllm: VllmServer = vllm_pool.get(DEFAULT_CONFIG)
+    vllm: VllmServer = vllm_pool.get(CONFIG)
     process = TokenkeysServe(*sidecar_args(vllm, "--vllm-engine-face"))
     try:
         process.wait_healthy()
