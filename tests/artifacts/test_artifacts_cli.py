@@ -86,6 +86,12 @@ def _written(cache: Path, name: str) -> int:
     return sum(p.stat().st_size for p in cache.rglob(name)) if cache.exists() else 0
 
 
+def _asleep(pid: int) -> bool:
+    """Whether the process's main thread is waiting (state S in ``/proc/PID/stat``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "S"
+
+
 def test_interrupt_leaves_nothing(grpc_server, tmp_path: Path) -> None:  # noqa: ANN001
     tokenizer = Tokenizer.load(default_tokenizer_path())
 
@@ -105,9 +111,13 @@ def test_interrupt_leaves_nothing(grpc_server, tmp_path: Path) -> None:  # noqa:
         text=True,
         env=env,
     )
-    deadline = time.monotonic() + 30
-    while _written(cache, "tokenizer.json") < 131072 and time.monotonic() < deadline:
-        time.sleep(0.02)  # until both chunks before the stall are written
+    deadline = time.monotonic() + 30  # a safety net, not a criterion
+    # Until both chunks before the stall are written and the pull waits for the next one: its
+    # main thread asleep once they are on disk is past its progress report of them (between a
+    # chunk's write and its report it only computes), so the message below is determined.
+    while not (_written(cache, "tokenizer.json") >= 131072 and _asleep(proc.pid)):
+        assert time.monotonic() < deadline, "the pull never reached the stall"
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
