@@ -227,8 +227,10 @@ async def collect(engine: RoutedEngine, ids: list[int], **kw: object):  # noqa: 
     return out, last
 
 
-async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:  # noqa: ANN001
-    """Poll ``predicate()`` (sync or async) every 20 ms until it is true."""
+async def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:  # noqa: ANN001
+    """Poll ``predicate()`` (sync or async) every 20 ms until it is true; ``timeout`` is a
+    safety net for a loaded machine (a hybrid run's events once took over 10 s), never a
+    criterion."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
