@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from router.routing_support import Cluster, engine_run, index_run
+from router.routing_support import Cluster, engine_run, index_run, prompt_ids
 
 from tokenkeys.engine.config import LoraModule
-from tokenkeys.keys import KeyContext, block_keys
+from tokenkeys.keys import Adapter, KeyContext, block_keys
 
 BLOCK = 16  # the cluster's spec hash unit
 SYSTEM = "You are a careful assistant. Answer in one short sentence, please. " * 12
@@ -63,3 +63,21 @@ def held(cluster: Cluster, ids: list[int], i: int, context: KeyContext) -> int:
     """The blocks engine ``i`` holds of ``ids`` under a key context (adapter, salt)."""
     local = cluster.stacks[i].local()
     return len(local.engine.cache.match_prefix(block_keys(ids, local.spec, context)))
+
+
+async def adapter_and_salted_stores(cluster: Cluster) -> tuple[list[int], int]:
+    """One prompt stored under the adapter on engine 0 and under a cache salt on engine 1, each
+    engine holding it whole in its own key space; the prompt's ids and its full blocks."""
+    ids = prompt_ids(cluster, "Shared question. " + SYSTEM)
+    adapter = KeyContext(adapter=Adapter(ADAPTER.name, ADAPTER.path))
+    salted = KeyContext(cache_salt="tenant-7")
+    await cluster.stacks[0].generate(
+        token_ids={"ids": ids}, stopping={"max_tokens": 1}, lora_name=ADAPTER.name
+    )
+    await cluster.stacks[1].generate(
+        token_ids={"ids": ids}, stopping={"max_tokens": 1}, kv={"cache_salt": "tenant-7"}
+    )
+    await cluster.settle()
+    blocks = len(ids) // BLOCK
+    assert held(cluster, ids, 0, adapter) == blocks == held(cluster, ids, 1, salted)
+    return ids, blocks

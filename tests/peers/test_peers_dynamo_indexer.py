@@ -16,12 +16,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dynamo_agreement import ADAPTER, BLOCK, SYSTEM, agree, held, wait_for
+from dynamo_agreement import (
+    ADAPTER,
+    BLOCK,
+    SYSTEM,
+    adapter_and_salted_stores,
+    agree,
+    held,
+    wait_for,
+)
 from dynamo_indexer import DynamoIndexer
 from router.routing_support import Cluster, engine_config, engine_run, prompt_ids, start_cluster
 
 from tokenkeys.engine.config import SimulatedConfig
-from tokenkeys.keys import Adapter, KeyContext
+from tokenkeys.keys import KeyContext
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 pytestmark = pytest.mark.peers
@@ -96,18 +104,7 @@ async def test_dynamo_indexer_keeps_adapters_apart_and_reads_no_salt(
     cluster = await start_cluster(2, settings=settings, configs=configs)
     dynamo = _indexer(dynamo_python, cluster)
     try:
-        ids = prompt_ids(cluster, "Shared question. " + SYSTEM)
-        adapter = KeyContext(adapter=Adapter(ADAPTER.name, ADAPTER.path))
-        salted = KeyContext(cache_salt="tenant-7")
-        await cluster.stacks[0].generate(
-            token_ids={"ids": ids}, stopping={"max_tokens": 1}, lora_name=ADAPTER.name
-        )
-        await cluster.stacks[1].generate(
-            token_ids={"ids": ids}, stopping={"max_tokens": 1}, kv={"cache_salt": "tenant-7"}
-        )
-        await cluster.settle()
-        blocks = len(ids) // BLOCK
-        assert held(cluster, ids, 0, adapter) == blocks == held(cluster, ids, 1, salted)
+        ids, blocks = await adapter_and_salted_stores(cluster)
 
         def answers(**kw: str) -> dict[int, int]:
             return {w: t // BLOCK for w, t in dynamo.matched_tokens(ids, **kw).items()}

@@ -19,11 +19,19 @@ from pathlib import Path
 
 import pytest
 from conftest import PeerDriver
-from dynamo_agreement import ADAPTER, BLOCK, SYSTEM, agree, held, wait_for
+from dynamo_agreement import (
+    ADAPTER,
+    BLOCK,
+    SYSTEM,
+    adapter_and_salted_stores,
+    agree,
+    held,
+    wait_for,
+)
 from router.routing_support import Cluster, engine_config, engine_run, prompt_ids, start_cluster
 
 from tokenkeys.engine.config import SimulatedConfig
-from tokenkeys.keys import Adapter, KeyContext
+from tokenkeys.keys import KeyContext
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 pytestmark = pytest.mark.peers
@@ -128,18 +136,7 @@ async def test_kv_router_keeps_adapters_apart_and_reads_no_salt(
         matched = _router(dynamo_router_peer, cluster)
         for i in range(len(cluster.stacks)):
             await _relaying(cluster, matched, i)
-        ids = prompt_ids(cluster, "Shared question. " + SYSTEM)
-        adapter = KeyContext(adapter=Adapter(ADAPTER.name, ADAPTER.path))
-        salted = KeyContext(cache_salt="tenant-7")
-        await cluster.stacks[0].generate(
-            token_ids={"ids": ids}, stopping={"max_tokens": 1}, lora_name=ADAPTER.name
-        )
-        await cluster.stacks[1].generate(
-            token_ids={"ids": ids}, stopping={"max_tokens": 1}, kv={"cache_salt": "tenant-7"}
-        )
-        await cluster.settle()
-        blocks = len(ids) // BLOCK
-        assert held(cluster, ids, 0, adapter) == blocks == held(cluster, ids, 1, salted)
+        ids, blocks = await adapter_and_salted_stores(cluster)
         assert held(cluster, ids, 0, KeyContext()) == 0 == held(cluster, ids, 1, KeyContext())
         # An adapter's blocks match only a query naming it (Dynamo seeds its hash with it).
         wait_for(lambda: matched(ids, lora_name=ADAPTER.name) == {1: blocks}, "adapter blocks")
