@@ -171,6 +171,7 @@ class CountingLruModel(LruModel):
             super().add(worker, [key], tier)
             self.evictions += new and len(self.entries) == size
 
+
 # Rounds of one update then lookups, over six keys (so that most lookups find a run to touch).
 ROUNDS = st.lists(
     st.tuples(

@@ -17,8 +17,10 @@ of the table per key, as costly as the lookup's own read (at 10M keys, milliseco
 :meth:`lookup` records what it would touch (a copy of the matched keys, in order) and the
 pending touches are applied, in the order the lookups ran, before anything that depends on or
 shows recency order: at the start of every :meth:`add`, :meth:`remove` and :meth:`clear` (so
-before any eviction), when :attr:`_entries` is read, and by the lookup that brings the pending
-amount past :data:`_PENDING_BOUND` keys (its memory bound). Between two mutations the table's
+before any eviction), and when :attr:`_entries` is read; a lookup that brings the pending
+amount past :data:`_PENDING_BOUND` keys applies the oldest ones until it is back within it (a
+memory bound; without updates each lookup then pays about its own touch, as before). Applying
+the oldest first keeps the order the lookups ran. Between two mutations the table's
 keys do not change, so every pending key is still in the table when it is applied, and moving
 keys to the end in the same order later leaves the same order as moving them at once (lookups
 read holder sets, never the order). Every observer of the order therefore sees exactly the
@@ -52,8 +54,9 @@ DEFAULT_CAPACITY = 1_000_000
 _SWEEP_FLOOR = 4096
 # Keys a lookup reads from the table first; each further chunk doubles (it stops at a miss).
 _FIRST_CHUNK = 16
-# Most keys of deferred LRU touches kept before a lookup applies them itself (8 MB of references).
-_PENDING_BOUND = 1 << 20
+# Most keys of deferred LRU touches kept (512 kB of references): past it a lookup applies the
+# oldest pending touches itself, so without updates each lookup pays about its own touch.
+_PENDING_BOUND = 1 << 16
 
 
 class _Holders:
@@ -98,7 +101,7 @@ class MemoryPrefixIndex:
         # touches are applied (read it through `_entries` wherever the order matters).
         self._table: OrderedDict[int, _Holders] = OrderedDict()
         # Lookups' deferred LRU touches, oldest first, and how many keys they hold (module doc).
-        self._pending: list[list[int]] = []
+        self._pending: deque[list[int]] = deque()
         self._pending_keys = 0
         self._by_worker: dict[str, set[int]] = {}
         # One shared tuple per distinct tier set, one shared _Holders per distinct holder set.
@@ -116,14 +119,14 @@ class MemoryPrefixIndex:
         self._apply_touches()
         return self._table
 
-    def _apply_touches(self) -> None:
-        """Apply the lookups' deferred touches in the order the lookups ran (module doc)."""
-        if self._pending:
-            touch = self._table.move_to_end
-            for keys in self._pending:
-                deque(map(touch, keys), maxlen=0)  # the loop runs in C
-            self._pending.clear()
-            self._pending_keys = 0
+    def _apply_touches(self, keep: int = 0) -> None:
+        """Apply the lookups' deferred touches, oldest first (the order the lookups ran), until
+        at most ``keep`` keys are pending (module doc)."""
+        pending, touch = self._pending, self._table.move_to_end
+        while self._pending_keys > keep:
+            keys = pending.popleft()
+            deque(map(touch, keys), maxlen=0)  # the loop runs in C
+            self._pending_keys -= len(keys)
 
     def _tiers(self, tiers: tuple[str, ...]) -> tuple[str, ...]:
         return self._tier_sets.setdefault(tiers, tiers)
@@ -313,7 +316,7 @@ class MemoryPrefixIndex:
             self._pending.append(keys[:longest] if type(keys) is list else [*islice(keys, longest)])
             self._pending_keys += longest
             if self._pending_keys > _PENDING_BOUND:
-                self._apply_touches()
+                self._apply_touches(keep=_PENDING_BOUND)
         return out
 
     def _held_prefix(self, keys: Sequence[int]) -> list[_Holders]:
