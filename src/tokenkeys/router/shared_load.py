@@ -163,7 +163,6 @@ class RedisSharedLoad:
         self._outbox: list[list[Any]] = []
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._deciding = asyncio.Lock()
         self._serials: dict[int, int] = {}  # id(own flight) -> serial
         self._next = 0
         # Own placements not yet claimed by a request: (model, address, keys) -> (serial, when).
@@ -179,10 +178,8 @@ class RedisSharedLoad:
         self.dropped = 0
         #: Whether the stream is followed now (False: local-only).
         self.following = False
-        #: Seconds each placed decision spent agreeing (round trips and decisions made again),
-        #: and each decision waited for this replica's previous ones (they are serialized).
+        #: Seconds each placed decision spent agreeing (round trips and decisions made again).
         self.place_seconds: collections.deque[float] = collections.deque(maxlen=100_000)
-        self.wait_seconds: collections.deque[float] = collections.deque(maxlen=100_000)
         #: Decisions made again after peers' placements, and placed as they stood at the end.
         self.redecided = 0
         self.forced = 0
@@ -196,36 +193,57 @@ class RedisSharedLoad:
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """Decide, then place the decision on the stream (module doc); local-only while the
         stream is not followed or Redis fails."""
-        queued = time.perf_counter()
-        async with self._deciding:
-            started = time.perf_counter()
-            self.wait_seconds.append(started - queued)
-            for attempt in range(self.retries + 1):
-                placement, result = decide()
-                if not self.following:
-                    break
-                force = attempt == self.retries
-                serial = self._next + 1
-                batch = msgpack.packb([self.replica, [[_PLACED, serial, *_fields(placement)]]])
-                args = [self._cursor.id, self.replica, batch, int(force), MAXLEN, READ_LIMIT]
-                try:
-                    appended, news = await self._store.run("place", PLACE, [self.key], args)
-                except Unavailable as exc:
-                    log.debug("shared load: placing on %s failed: %s", self.url, exc.message)
-                    break
-                self._take(news)
-                if appended:
-                    self._next = serial
-                    if self._cursor.read < READ_LIMIT:  # nothing unread up to this entry
-                        self._cursor.advance(appended)
-                    self._placed.setdefault(_claim(placement), []).append((serial, self.clock()))
-                    self.forced += force
-                    self.place_seconds.append(time.perf_counter() - started)
-                    return result
-                self.redecided += 1
-            # Not placed: the decision stands locally, its growth told after the fact.
-            self._post([_GREW, 0, placement.model, placement.worker, placement.growth])
-            return result
+        started = time.perf_counter()
+        for attempt in range(self.retries + 1):
+            placement, result = decide()
+            if not self.following:
+                break
+            force = attempt == self.retries
+            self._next += 1
+            serial = self._next
+            held = self._hold(placement)
+            batch = msgpack.packb([self.replica, [[_PLACED, serial, *_fields(placement)]]])
+            args = [self._cursor.id, self.replica, batch, int(force), MAXLEN, READ_LIMIT]
+            try:
+                appended, news = await self._store.run("place", PLACE, [self.key], args)
+            except Unavailable as exc:
+                log.debug("shared load: placing on %s failed: %s", self.url, exc.message)
+                self._unhold(placement, held, flight=True)
+                break
+            self._take(news)
+            if appended:
+                if self._cursor.read < READ_LIMIT:  # nothing unread up to this entry
+                    self._cursor.advance(appended)
+                # The caller records the growth at once; the flight stays held until sent.
+                self._unhold(placement, held, flight=False)
+                self._placed.setdefault(_claim(placement), []).append((serial, self.clock()))
+                self.forced += force
+                self.place_seconds.append(time.perf_counter() - started)
+                return result
+            self._unhold(placement, held, flight=True)
+            self.redecided += 1
+        # Not placed: the decision stands locally, its growth told after the fact.
+        self._post([_GREW, 0, placement.model, placement.worker, placement.growth])
+        return result
+
+    def _hold(self, placement: Placement) -> bool:
+        """Count the placement here while it is agreed, so that this replica's decisions made
+        meanwhile see it (``LoadView.hold``, ``GrowthLedger.hold``); whether it was."""
+        member = self._member(placement.model, placement.worker)
+        if member is None or self._ledgers is None:
+            return False
+        member.view.hold(placement.keys, placement.fresh)
+        self._ledgers(placement.model).hold(placement.worker, placement.growth)
+        return True
+
+    def _unhold(self, placement: Placement, held: bool, *, flight: bool) -> None:
+        """Withdraw the placement's held growth, and its held flight too if ``flight``."""
+        if not held or self._ledgers is None:
+            return
+        self._ledgers(placement.model).unhold(placement.worker, placement.growth)
+        member = self._member(placement.model, placement.worker)
+        if flight and member is not None:
+            member.view.unhold(placement.keys)
 
     def sent(self, model: str, address: str, flight: Flight) -> None:
         """The flight of a placed decision takes its placement's serial; any other (a retry
@@ -254,12 +272,15 @@ class RedisSharedLoad:
             self._post([_FINISHED, serial])
 
     def _unclaimed(self) -> None:
-        """End, for the peers, placements no request took up in time."""
+        """End, here and for the peers, placements no request took up in time."""
         now = self.clock()
         for key, claims in list(self._placed.items()):
             for serial, when in [c for c in claims if now - c[1] > _CLAIM_SECONDS]:
                 claims.remove((serial, when))
                 self._post([_FINISHED, serial])
+                member = self._member(key[0], key[1])
+                if member is not None:
+                    member.view.unhold(key[2])
             if not claims:
                 del self._placed[key]
 
