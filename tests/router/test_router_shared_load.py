@@ -15,6 +15,7 @@ from typing import Any
 from dataclasses import dataclass, field
 
 import pytest
+import redis.asyncio
 from routing_support import wait_until
 
 from tokenkeys.errors import ConfigError
@@ -140,9 +141,10 @@ async def test_concurrent_decisions_are_made_again_on_the_peers_placement(replic
     assert a.shared.forced == b.shared.forced == 0
 
 
-async def test_a_replicas_own_decisions_are_placed_at_once_each_seeing_the_last(replicas):
-    """Decisions of one replica are not queued behind each other's round trips: each is held
-    in the replica's view while it is placed, so the next decision, made meanwhile, sees it."""
+async def test_decisions_asked_together_are_placed_in_one_round_trip(replicas, redis_url):
+    """Decisions a replica is asked while it places do not queue one round trip each: they
+    are decided in order, each held in the replica's view so the next one sees it, and placed
+    in one entry."""
     a, b = replicas
     seen: list[int] = []
     picked = await asyncio.gather(
@@ -151,6 +153,13 @@ async def test_a_replicas_own_decisions_are_placed_at_once_each_seeing_the_last(
     assert picked == ["w1"] * 3 and seen == [0, 1, 2] and a.shared.redecided == 0
     assert a.view("w1").inflight == 3 and a.ledgers["m"].get("w1") == 0.0
     await wait_until(lambda: b.view("w1").inflight == 3, what="three placed flights")
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        stream = await admin.xrange(a.shared.key)
+    finally:
+        await admin.aclose()
+    mine = [f for _, f in stream if f[b"r"] == a.shared.replica.encode() and f[b"p"] == b"1"]
+    assert len(mine) == 1
 
 
 async def test_a_refused_placement_withdraws_its_hold(replicas):
@@ -256,3 +265,31 @@ async def test_replicas_on_a_cluster_share_through_any_node(redis_cluster):
     finally:
         await a.shared.close()
         await b.shared.close()
+
+
+async def test_a_placement_cancelled_in_its_round_trip_leaves_no_flight(replicas, redis_url):
+    """The client that a decision was for left while it was placed: its hold goes here once
+    the round trip ends, and the peers end its flight if the placement reached the stream."""
+    a, b = replicas
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    # Writes (the placing script among them) wait while the server is paused: the round trip
+    # is still out when the task is cancelled.
+    await admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+    try:
+        task = asyncio.create_task(a.shared.place(_placing(a, "w1", (8, 9), 3.0, [])))
+        await wait_until(lambda: a.view("w1").inflight == 1, what="held while placed")
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+        await admin.aclose()
+    # Its round trip ends (placed, or failed): the hold goes either way.
+    await wait_until(
+        lambda: a.view("w1").inflight == 0 and not a.ledgers["m"].held, what="hold withdrawn"
+    )
+    flight = a.view("w2").begin((5,))
+    a.shared.sent("m", "w2", flight)  # a later entry: B has read past the cancelled one's end
+    await wait_until(lambda: b.view("w2").inflight == 1, what="a later flight")
+    assert b.view("w1").inflight == 0
