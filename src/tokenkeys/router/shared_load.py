@@ -16,16 +16,20 @@ A decision is made on local memory, then placed (``router.policy.placement``): o
 round trip appends it unless a peer placed something since this replica last looked, in which
 case the peer's entries come back, are applied, and the decision is made again (at most
 ``retries`` times, then placed as it stands). A burst routed by several replicas at once is
-thereby decided as one router would decide it, one placement after the other. A replica's own
-decisions do not wait for each other's round trips: while a placement is agreed it is held in
-this replica's load view and growth ledger (``LoadView.hold``, ``GrowthLedger.hold``), so a
-decision made meanwhile sees it as one router sees its previous decision; a refused attempt's
-hold is withdrawn before it is decided again, an agreed one's growth goes to the policy, which
-records it, and its flight stays held until its request goes out (``LoadView.begin`` takes it
-over) or is withdrawn when none does. The store orders the replicas' placements; own ones never
-refuse each other. First outputs, ends and heartbeats are batched by a background task (one
-``XADD`` per batch). What placing costs a decision is kept in
-:attr:`RedisSharedLoad.place_seconds` (bench_routing prints it).
+thereby decided as one router would decide it, one placement after the other.
+
+A replica's own decisions do not queue one round trip each. The decisions it is asked while a
+placement is out form the next group: decided in order, each held in this replica's load view
+and growth ledger (``LoadView.hold``, ``GrowthLedger.hold``) so that the next one sees it as one
+router sees its previous decision, and placed in one round trip (one stream entry); a refused
+group is decided again as a whole on the peers' entries. An agreed placement's growth goes to
+the policy, which records it, and its flight stays held until its request goes out
+(``LoadView.begin`` takes it over) or is withdrawn when none does in time; a caller that
+leaves (cancelled) has its placement withdrawn, and ended for the peers. A burst of N
+decisions thus costs a replica about two round trips, not N. First outputs, ends and
+heartbeats are batched by a background task (one ``XADD`` per batch). What placing cost each
+decision, from being asked to agreed, is kept in :attr:`RedisSharedLoad.place_seconds`
+(bench_routing prints it).
 
 This follows Dynamo's router replica sync (ai-dynamo/dynamo ``lib/llm/src/kv_router/
 sequence.rs``, ``--router-replica-sync``: each replica broadcasts its active-sequence events
