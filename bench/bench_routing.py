@@ -535,8 +535,9 @@ async def _run_async(quick: bool) -> str:
         "capacity costs nothing here, as it costs little on a real engine with short replies "
         "(16 tokens here). Every replica follows every engine's KV events. In the replica rows "
         "the replicas share their requests in flight (blocks in use, queued prefill) and "
-        "their cache growth through one Redis (`--share-load`, router.shared_load: "
-        "pub/sub, the decision itself reads only local memory); in the unshared row each "
+        "their cache growth through one Redis (`--share-load`, router.shared_load: each "
+        "decision made on local memory and placed on a Redis stream, in groups; docs/"
+        "router.md); in the unshared row each "
         "counts only its own, so two new prefixes routed by different replicas can land on "
         "one engine.",
         "",
