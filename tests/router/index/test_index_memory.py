@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenkeys.errors import ConfigError
+from tokenkeys.errors import ConfigError, InvalidArgument
 from tokenkeys.router.index import memory as index_memory
 from tokenkeys.router.index.memory import MemoryPrefixIndex
-from tokenkeys.router.index.model import PrefixMatch
+from tokenkeys.router.index.model import MAX_WORKER_LEN, PrefixMatch
 
 
 async def test_capacity_bounds_the_key_count_evicting_the_least_recently_used():
@@ -226,3 +226,29 @@ async def test_touches_pending_at_an_add_are_applied_in_lookup_order_before_it_e
     assert list(index._table) == [1, 2, 3, 4]  # nothing applied yet
     await index.add("w", [5, 6])  # applies the three touches, then evicts 4, then 2
     assert list(index._entries) == [3, 1, 5, 6] and index.evictions == 2
+
+
+# --------------------------------------------------- the worker filter, checked in one C pass
+
+
+class Name(str):
+    """A str subclass: a worker id check_worker accepts (isinstance), past the C fast path."""
+
+
+@pytest.mark.parametrize(
+    "workers", [[""], ["ok", "x" * 257], ["ok", 5], [["unhashable"]], ("ok", None)]
+)
+async def test_a_filter_with_any_bad_id_is_refused_as_check_worker_refuses_it(workers):
+    index = MemoryPrefixIndex()
+    await index.add("ok", [1])
+    with pytest.raises(InvalidArgument) as info:
+        await index.lookup([1], workers)
+    assert info.value.field == "worker"
+
+
+async def test_a_filter_of_str_subclasses_and_of_the_longest_ids_is_accepted():
+    index = MemoryPrefixIndex()
+    longest = "w" * MAX_WORKER_LEN
+    await index.add(longest, [1])
+    assert set(await index.lookup([1], [Name(longest)])) == {longest}
+    assert set(await index.lookup([1], frozenset({longest, "other"}))) == {longest}
