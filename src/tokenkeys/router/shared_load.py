@@ -18,18 +18,9 @@ case the peer's entries come back, are applied, and the decision is made again (
 ``retries`` times, then placed as it stands). A burst routed by several replicas at once is
 thereby decided as one router would decide it, one placement after the other.
 
-A replica's own decisions do not queue one round trip each. The decisions it is asked while a
-placement is out form the next group: decided in order, each held in this replica's load view
-and growth ledger (``LoadView.hold``, ``GrowthLedger.hold``) so that the next one sees it as one
-router sees its previous decision, and placed in one round trip (one stream entry); a refused
-group is decided again as a whole on the peers' entries. An agreed placement's growth goes to
-the policy, which records it, and its flight stays held until its request goes out
-(``LoadView.begin`` takes it over) or is withdrawn when none does in time; a caller that
-leaves (cancelled) has its placement withdrawn, and ended for the peers. A burst of N
-decisions thus costs a replica about two round trips, not N. First outputs, ends and
-heartbeats are batched by a background task (one ``XADD`` per batch). What placing cost each
-decision, from being asked to agreed, is kept in :attr:`RedisSharedLoad.place_seconds`
-(bench_routing prints it).
+A replica's own decisions do not queue one round trip each: those asked while one of its
+placements is out are decided in order and placed together (``router.placement_groups``).
+First outputs, ends and heartbeats are batched by a background task (one ``XADD`` per batch).
 
 This follows Dynamo's router replica sync (ai-dynamo/dynamo ``lib/llm/src/kv_router/
 sequence.rs``, ``--router-replica-sync``: each replica broadcasts its active-sequence events
@@ -38,8 +29,9 @@ needs nothing else; Dynamo's broadcast is after the fact, the placement here is 
 the request is sent. On a Redis Cluster any node serves as the URL (the stream lives on the
 slot of its hash tag; the cluster client finds it).
 
-A peer's flights are only as good as its entries. A replica that stops appending (crashed,
-cut off) sends a heartbeat no more: after ``peer_timeout`` seconds its flights are ended here.
+A peer's flights are only as good as its entries (``router.peer_flights``). A replica that
+stops appending (crashed, cut off) sends a heartbeat no more: after ``peer_timeout`` seconds
+its flights are ended here.
 When this replica loses the stream it ends every peer flight it holds and routes on its own
 counts (local-only, as with :class:`LocalLoad`: decisions are not placed, a round trip to a
 Redis that is away would only delay them) until it follows the stream again, from its newest
@@ -55,18 +47,24 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import msgpack
 
 from tokenkeys.errors import Unavailable
 from tokenkeys.router.index.redis_store import RedisStore
+from tokenkeys.router.peer_flights import PeerFlights
+from tokenkeys.router.placement_groups import GroupPlacer
 from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.policy.placement import Placement
 from tokenkeys.router.shared_stream import (
+    ALIVE,
+    ANSWERED,
+    FINISHED,
+    GREW,
     MAXLEN,
     PLACE,
+    PLACED,
     READ_LIMIT,
     Cursor,
     stream_key,
@@ -132,31 +130,9 @@ class LocalLoad:
         """Nothing to close."""
 
 
-# Change kinds: [kind, serial, model, address, keys, fresh, growth] / [kind, serial] /
-# growth alone (a decision not placed: local-only) / a sign of life.
-_PLACED, _ANSWERED, _FINISHED, _GREW, _ALIVE = range(5)
 #: Seconds a placement may wait for its request (``sent``) before it is ended for the peers
 #: (its worker left the pool before the request went out).
 _CLAIM_SECONDS = 2.0
-# Where an ask is: waiting for a group, in a group's round trip, placed (held here until its
-# request goes out), or done with here (decided locally, failed, or withdrawn).
-_QUEUED, _PLACING, _PLACED_HERE, _LOCAL = range(4)
-
-
-@dataclass(eq=False)
-class _Ask:
-    """One decision asked of :meth:`RedisSharedLoad.place` and what became of it."""
-
-    decide: Callable[[], tuple[Placement, Any]]
-    done: asyncio.Future[Any]
-    queued: float
-    state: int = _QUEUED
-    placement: Placement = field(init=False)
-    result: Any = None
-    serial: int = 0
-    held: bool = False
-    growth_released: bool = False
-    abandoned: bool = False
 
 
 class RedisSharedLoad:
@@ -193,16 +169,13 @@ class RedisSharedLoad:
         self._outbox: list[list[Any]] = []
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._asks: list[_Ask] = []
-        self._placer: asyncio.Task[None] | None = None
         self._serials: dict[int, int] = {}  # id(own flight) -> serial
         self._next = 0
         # Own placements not yet claimed by a request: (model, address, keys) -> (serial, when).
         self._placed: dict[tuple[str, str, tuple[int, ...]], list[tuple[int, float]]] = {}
         self._cursor = Cursor()
         # Peers' flights applied here: (peer, serial) -> (view's flight, the view's owner).
-        self._peer_flights: dict[tuple[str, int], tuple[Flight, Any]] = {}
-        self._seen: dict[str, float] = {}
+        self._peers = PeerFlights(self.member, self.ledger, timeout=peer_timeout, clock=clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._pools: Mapping[str, Pool] = {}
         self._ledgers: Ledgers | None = None
@@ -210,11 +183,7 @@ class RedisSharedLoad:
         self.dropped = 0
         #: Whether the stream is followed now (False: local-only).
         self.following = False
-        #: Seconds each placed decision spent agreeing (round trips and decisions made again).
-        self.place_seconds: collections.deque[float] = collections.deque(maxlen=100_000)
-        #: Decisions made again after peers' placements, and placed as they stood at the end.
-        self.redecided = 0
-        self.forced = 0
+        self._placer = GroupPlacer(self, retries=retries)
 
     # ------------------------------------------------------------------ this replica's side
 
@@ -223,155 +192,72 @@ class RedisSharedLoad:
         self._wake.set()
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """Decide, then place the decision on the stream with the others asked meanwhile
-        (module doc); local-only while the stream is not followed or Redis fails."""
-        if not self.following:
-            placement, result = decide()
-            self._post([_GREW, 0, placement.model, placement.worker, placement.growth])
-            return result
-        ask = _Ask(decide, asyncio.get_running_loop().create_future(), time.perf_counter())
-        self._asks.append(ask)
-        if self._placer is None or self._placer.done():
-            self._placer = asyncio.create_task(self._place_asks())
-        try:
-            result = await ask.done
-        except asyncio.CancelledError:
-            self._abandon(ask)
-            raise
-        if ask.held:  # agreed: its growth is the caller's to record now; its flight stays held
-            self._unhold(ask, flight=False)
-        return result
+        """Decide, then place the decision on the stream (``router.placement_groups``)."""
+        return await self._placer.place(decide)
 
-    async def _place_asks(self) -> None:
-        """Place what was asked, one group per round trip, until nothing is asked."""
-        while self._asks and not self._stopping.is_set():
-            group, self._asks = self._asks, []
-            for ask in group:
-                ask.state = _PLACING
-            try:
-                await self._place_group(group)
-            except BaseException:
-                for ask in group:
-                    self._give_up(ask, Unavailable("shared load: closed while placing"))
-                raise
+    # The placer's view of the stream (``router.placement_groups.Stream``).
 
-    async def _place_group(self, group: list[_Ask]) -> None:
-        """Decide every ask of ``group`` in order, each seeing the ones before it (held), and
-        place them in one round trip; again on the peers' placements when one came between."""
-        for attempt in range(self.retries + 1):
-            group = [ask for ask in group if self._decide(ask)]
-            if not group:
-                return
-            if not self.following:
-                break
-            force = attempt == self.retries
-            batch = msgpack.packb(
-                [self.replica, [[_PLACED, a.serial, *_fields(a.placement)] for a in group]]
-            )
-            args = [self._cursor.id, self.replica, batch, int(force), MAXLEN, READ_LIMIT]
-            try:
-                appended, news = await self._store.run("place", PLACE, [self.key], args)
-            except Unavailable as exc:
-                log.debug("shared load: placing on %s failed: %s", self.url, exc.message)
-                break
-            self._take(news)
-            if appended:
-                if self._cursor.read < READ_LIMIT:  # nothing unread up to this entry
-                    self._cursor.advance(appended)
-                now = time.perf_counter()
-                for ask in group:
-                    self._placed.setdefault(_claim(ask.placement), []).append(
-                        (ask.serial, self.clock())
-                    )
-                    ask.state = _PLACED_HERE
-                    self.place_seconds.append(now - ask.queued)
-                    if ask.abandoned:
-                        self._abandon(ask)
-                    else:
-                        ask.done.set_result(ask.result)
-                self.forced += force * len(group)
-                return
-            self.redecided += len(group)
-            for ask in group:
-                self._unhold(ask, flight=True)
-        # Not placed: the decisions stand locally, their growth told after the fact (and
-        # their placements ended for the peers, in case the script ran and its reply was lost).
-        for ask in group:
-            self._unhold(ask, flight=True)
-            ask.state = _LOCAL
-            if self.following:
-                self._post([_FINISHED, ask.serial])
-            if not ask.abandoned:
-                p = ask.placement
-                self._post([_GREW, 0, p.model, p.worker, p.growth])
-                ask.done.set_result(ask.result)
-
-    def _decide(self, ask: _Ask) -> bool:
-        """Make the ask's decision and hold it here; False when it is gone (abandoned, or the
-        decision failed: the error is its caller's)."""
-        if ask.abandoned:
-            return False
-        try:
-            ask.placement, ask.result = ask.decide()
-        except Exception as exc:
-            ask.state = _LOCAL
-            ask.done.set_exception(exc)
-            return False
+    def next_serial(self) -> int:
+        """A new serial for one of this replica's flights."""
         self._next += 1
-        ask.serial = self._next
-        ask.held, ask.growth_released = self._hold(ask.placement), False
-        return True
+        return self._next
 
-    def _abandon(self, ask: _Ask) -> None:
-        """The caller of ``ask`` left (cancelled): whatever of it is here or placed goes."""
-        ask.abandoned = True
-        if ask.state == _QUEUED:
-            self._asks.remove(ask)
-        elif ask.state == _PLACED_HERE:
-            self._unhold(ask, flight=True)
-            claims = self._placed.get(_claim(ask.placement), [])
-            for claim in [c for c in claims if c[0] == ask.serial]:
-                claims.remove(claim)
-            if not claims:
-                self._placed.pop(_claim(ask.placement), None)
-            self._post([_FINISHED, ask.serial])
-            ask.state = _LOCAL
-        # _PLACING: the group's reply decides (above); _LOCAL: nothing is left.
+    async def append(self, placements: list[tuple[int, Placement]], force: bool) -> bool:
+        """One ``PLACE`` round trip for ``placements``; the peers' entries it brings back are
+        applied here. Raises Unavailable when Redis fails."""
+        changes = [[PLACED, serial, *_fields(p)] for serial, p in placements]
+        batch = msgpack.packb([self.replica, changes])
+        args = [self._cursor.id, self.replica, batch, int(force), MAXLEN, READ_LIMIT]
+        appended, news = await self._store.run("place", PLACE, [self.key], args)
+        self._take(news)
+        if appended and self._cursor.read < READ_LIMIT:  # nothing unread up to this entry
+            self._cursor.advance(appended)
+        return bool(appended)
 
-    def _give_up(self, ask: _Ask, error: Exception) -> None:
-        """The placer stopped with ``ask`` in hand: withdraw it and fail its caller."""
-        if ask.state != _PLACING:
-            return
-        self._unhold(ask, flight=True)
-        if ask.serial:
-            self._post([_FINISHED, ask.serial])  # ended for the peers if the script ran
-        ask.state = _LOCAL
-        if not ask.done.done():
-            ask.done.set_exception(error)
+    def claim(self, serial: int, placement: Placement) -> None:
+        """The placement is agreed: its request, when sent, takes its serial."""
+        self._placed.setdefault(_claim(placement), []).append((serial, self.clock()))
 
-    def _hold(self, placement: Placement) -> bool:
-        """Count the placement here while it is agreed, so that this replica's decisions made
-        meanwhile see it (``LoadView.hold``, ``GrowthLedger.hold``); whether it was."""
-        member = self._member(placement.model, placement.worker)
-        if member is None or self._ledgers is None:
-            return False
-        member.view.hold(placement.keys, placement.fresh)
-        self._ledgers(placement.model).hold(placement.worker, placement.growth)
-        return True
+    def withdraw(self, serial: int, placement: Placement) -> None:
+        """An agreed placement no request will take: unclaimed, and ended for the peers."""
+        claims = self._placed.get(_claim(placement), [])
+        for claim in [c for c in claims if c[0] == serial]:
+            claims.remove(claim)
+        if not claims:
+            self._placed.pop(_claim(placement), None)
+        self.ended(serial)
 
-    def _unhold(self, ask: _Ask, *, flight: bool) -> None:
-        """Withdraw the ask's held growth, and its held flight too if ``flight`` (once each)."""
-        if not ask.held or self._ledgers is None:
-            return
-        p = ask.placement
-        if not ask.growth_released:
-            self._ledgers(p.model).unhold(p.worker, p.growth)
-            ask.growth_released = True
-        if flight:
-            ask.held = False
-            member = self._member(p.model, p.worker)
-            if member is not None:
-                member.view.unhold(p.keys)
+    def ended(self, serial: int) -> None:
+        """Tell the peers that ``serial`` ended."""
+        self._post([FINISHED, serial])
+
+    def grew(self, placement: Placement) -> None:
+        """Tell the peers the growth of a decision that stands unplaced."""
+        self._post([GREW, 0, placement.model, placement.worker, placement.growth])
+
+    def member(self, model: str, address: str) -> Any:
+        """The pool member at ``address`` of ``model``, or None."""
+        pool = self._pools.get(model)
+        return None if pool is None else pool.members.get(address)
+
+    def ledger(self, model: str) -> GrowthLedger | None:
+        """The growth ledger of ``model``'s pool (None before :meth:`start`)."""
+        return None if self._ledgers is None or model not in self._pools else self._ledgers(model)
+
+    @property
+    def place_seconds(self) -> collections.deque[float]:
+        """Seconds each placed decision took from being asked to agreed."""
+        return self._placer.place_seconds
+
+    @property
+    def redecided(self) -> int:
+        """Decisions made again after peers' placements."""
+        return self._placer.redecided
+
+    @property
+    def forced(self) -> int:
+        """Decisions placed as they stood after every retry."""
+        return self._placer.forced
 
     def sent(self, model: str, address: str, flight: Flight) -> None:
         """The flight of a placed decision takes its placement's serial; any other (a retry
@@ -384,20 +270,20 @@ class RedisSharedLoad:
         else:
             self._next += 1
             serial = self._next
-            self._post([_PLACED, serial, model, address, list(flight.keys), list(flight.fresh), 0])
+            self._post([PLACED, serial, model, address, list(flight.keys), list(flight.fresh), 0])
         self._serials[id(flight)] = serial
 
     def answered(self, flight: Flight) -> None:
         """Tell the end of the flight's prefill."""
         serial = self._serials.get(id(flight))
         if serial is not None:
-            self._post([_ANSWERED, serial])
+            self._post([ANSWERED, serial])
 
     def finished(self, flight: Flight) -> None:
         """Tell the flight's end."""
         serial = self._serials.pop(id(flight), None)
         if serial is not None:
-            self._post([_FINISHED, serial])
+            self._post([FINISHED, serial])
 
     def _unclaimed(self) -> None:
         """End, here and for the peers, placements no request took up in time."""
@@ -405,8 +291,8 @@ class RedisSharedLoad:
         for key, claims in list(self._placed.items()):
             for serial, when in [c for c in claims if now - c[1] > _CLAIM_SECONDS]:
                 claims.remove((serial, when))
-                self._post([_FINISHED, serial])
-                member = self._member(key[0], key[1])
+                self._post([FINISHED, serial])
+                member = self.member(key[0], key[1])
                 if member is not None:
                     member.view.unhold(key[2])
             if not claims:
@@ -424,8 +310,8 @@ class RedisSharedLoad:
             self._wake.clear()
             self._unclaimed()
             batch, self._outbox = self._outbox, []
-            placing = int(any(change[0] == _PLACED for change in batch))
-            batch.append([_ALIVE, 0])
+            placing = int(any(change[0] == PLACED for change in batch))
+            batch.append([ALIVE, 0])
             data = msgpack.packb([self.replica, batch])
             fields = ("r", self.replica, "p", placing, "d", data)  # the order PLACE reads
             command = ("XADD", self.key, "MAXLEN", "~", MAXLEN, "*", *fields)
@@ -451,7 +337,7 @@ class RedisSharedLoad:
                     reply = await self._store.command("follow", *read, self._cursor.id)
                     for _, raw in reply or ():
                         self._take(raw)
-                    self._expire()
+                    self._peers.expire()
             except Unavailable as exc:
                 log.warning(
                     "shared load: stream at %s lost, routing on own counts: %s",
@@ -460,7 +346,7 @@ class RedisSharedLoad:
                 )
             finally:
                 self.following = False
-                self._end_peers(lambda peer: True)
+                self._peers.end_all()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             delay = min(delay * 2, 2.0)
@@ -473,53 +359,13 @@ class RedisSharedLoad:
     def apply(self, message: list[Any]) -> None:
         """Apply one appended batch (``[replica, changes]``); this replica's own is skipped."""
         peer, changes = message
-        if peer == self.replica:
-            return
-        self._seen[peer] = self.clock()
-        for change in changes:
-            kind, serial = change[0], change[1]
-            if kind == _PLACED:
-                model, address, keys, fresh, blocks = change[2:7]
-                member = self._member(model, address)
-                if member is not None:
-                    flight = member.view.adopt(keys, fresh)
-                    self._peer_flights[(peer, serial)] = (flight, member.view)
-                    if blocks and self._ledgers is not None:
-                        self._ledgers(model).record(address, blocks)
-            elif kind == _ANSWERED:
-                held = self._peer_flights.get((peer, serial))
-                if held is not None:
-                    held[1].first_output(held[0])
-            elif kind == _FINISHED:
-                held = self._peer_flights.pop((peer, serial), None)
-                if held is not None:
-                    held[1].end(held[0])
-            elif kind == _GREW and self._ledgers is not None:
-                model, address, blocks = change[2:5]
-                if model in self._pools:
-                    self._ledgers(model).record(address, blocks)
-
-    def _member(self, model: str, address: str) -> Any:
-        pool = self._pools.get(model)
-        return None if pool is None else pool.members.get(address)
-
-    def _expire(self) -> None:
-        now = self.clock()
-        gone = {p for p, seen in self._seen.items() if now - seen > self.peer_timeout}
-        if gone:
-            self._end_peers(gone.__contains__)
-            for peer in gone:
-                del self._seen[peer]
-
-    def _end_peers(self, which: Callable[[str], bool]) -> None:
-        for key in [k for k in self._peer_flights if which(k[0])]:
-            flight, view = self._peer_flights.pop(key)
-            view.end(flight)
+        if peer != self.replica:
+            self._peers.apply(peer, changes)
 
     @property
     def peer_flights(self) -> int:
         """Peers' requests in flight applied here now."""
-        return len(self._peer_flights)
+        return len(self._peers)
 
     async def close(self) -> None:
         """Stop appending and following; peers' flights are ended here."""
@@ -528,20 +374,12 @@ class RedisSharedLoad:
         self._stopping.set()
         self._wake.set()
         tasks, self._tasks = self._tasks, []
-        if self._placer is not None:
-            tasks.append(self._placer)  # its round trip ends within the call timeout
+        timeout = 2 * self._timeout + self._block_ms / 1000
+        await self._placer.close(timeout)  # its round trip ends within the call timeout
         if tasks:
-            _, late = await asyncio.wait(tasks, timeout=2 * self._timeout + self._block_ms / 1000)
+            _, late = await asyncio.wait(tasks, timeout=timeout)
             for task in late:
                 task.cancel()
-        # Asked while closing: decided here, as one router decides.
-        asks, self._asks = self._asks, []
-        for ask in asks:
-            ask.state = _LOCAL
-            try:
-                ask.done.set_result(ask.decide()[1])
-            except Exception as exc:
-                ask.done.set_exception(exc)
         await self._store.close()
 
 

@@ -22,6 +22,11 @@ from typing import Any
 
 from tokenkeys.router.index.redis_store import Script
 
+#: Kinds of change in an entry's batch: ``[PLACED, serial, model, address, keys, fresh,
+#: growth]``, ``[ANSWERED, serial]``, ``[FINISHED, serial]``, ``[GREW, 0, model, address,
+#: growth]`` (a decision not placed: local-only), ``[ALIVE, 0]`` (a sign of life).
+PLACED, ANSWERED, FINISHED, GREW, ALIVE = range(5)
+
 #: Entries the stream keeps (about; Redis trims whole nodes): seconds of a busy pool, which
 #: its replicas read as they come. An entry carries its prompt's block keys (9 B each).
 MAXLEN = 10_000
