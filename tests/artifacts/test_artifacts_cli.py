@@ -149,14 +149,20 @@ def test_interrupt_leaves_nothing(grpc_server, tmp_path: Path) -> None:  # noqa:
     # A safety net, not a criterion: at a load of about 10 on two cores the CLI's start and the
     # first two chunks once took over 30 s. The stall's 60 s count from the server's call.
     deadline = time.monotonic() + 90
-    # Until both chunks before the stall are written and the pull waits for the next one: its
-    # main thread asleep once they are on disk is past its progress report of them (between a
-    # chunk's write and its report it only computes), so the message below is determined.
-    while not (_written(cache, "tokenizer.json") >= 131072 and _asleep(proc.pid)):
-        assert time.monotonic() < deadline, "the pull never reached the stall"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        # Until both chunks before the stall are written and the pull waits for the next one:
+        # its main thread asleep once they are on disk is past its progress report of them
+        # (between a chunk's write and its report it only computes), so the message below is
+        # determined.
+        while not (_written(cache, "tokenizer.json") >= 131072 and _asleep(proc.pid)):
+            assert time.monotonic() < deadline, "the pull never reached the stall"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # failed: no pull outlives the test
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130
     assert out == ""
     assert err == (
