@@ -92,11 +92,49 @@ def _asleep(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] == "S"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known fault under investigation: in 2 of the last 3 clean-clone runs the pull did "
-    "not exit within 30 s of a SIGINT at the stall (passes when run alone)",
-)
+#: Runs the CLI as a terminal's shell starts a foreground command: with SIGINT at its default.
+#: A child inherits an ignored SIGINT, and a suite started as a background job of a
+#: non-interactive shell (``pytest &`` in a script) has it ignored: the pull would then rightly
+#: keep ignoring Ctrl-C (tokenkeys.cli.interrupts) and this test would wait for nothing.
+_AS_FROM_A_TERMINAL = """
+import runpy, signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
+{prelude}
+runpy.run_module("tokenkeys.cli", run_name="__main__", alter_sys=True)
+"""
+
+#: Sends SIGINT from inside a weakref callback as soon as the CLI imports grpc, where Python's
+#: own handler would raise KeyboardInterrupt into the callback and the interpreter would drop it
+#: ("Exception ignored in ..."): the moment a hung pull had been interrupted at.
+_SIGINT_IN_A_CALLBACK_DURING_IMPORTS = """
+import sys, weakref
+
+class SigintOnImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "grpc":
+            sys.meta_path.remove(self)
+            dropped = type("Dropped", (), {})()
+            held = weakref.ref(dropped, lambda _: signal.raise_signal(signal.SIGINT))  # called once
+            del dropped
+        return None
+
+sys.meta_path.insert(0, SigintOnImport())
+"""
+
+
+def _pull(target: str, cache: Path, prelude: str = "") -> subprocess.Popen:
+    """``tokenkeys pull TARGET`` in 64 KiB chunks into ``cache``, its output piped."""
+    script = _AS_FROM_A_TERMINAL.format(prelude=prelude)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, "pull", target, "--cache", str(cache)]
+        + ["--chunk-size", "65536"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
+
+
 def test_interrupt_leaves_nothing(grpc_server, tmp_path: Path) -> None:  # noqa: ANN001
     tokenizer = Tokenizer.load(default_tokenizer_path())
 
@@ -107,28 +145,45 @@ def test_interrupt_leaves_nothing(grpc_server, tmp_path: Path) -> None:  # noqa:
     registry, _ = served(tokenizer, stall)
     target = grpc_server(registry).target
     cache = tmp_path / "cache"
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenkeys.cli", "pull", target, "--cache", str(cache)]
-        + ["--chunk-size", "65536"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    deadline = time.monotonic() + 30  # a safety net, not a criterion
-    # Until both chunks before the stall are written and the pull waits for the next one: its
-    # main thread asleep once they are on disk is past its progress report of them (between a
-    # chunk's write and its report it only computes), so the message below is determined.
-    while not (_written(cache, "tokenizer.json") >= 131072 and _asleep(proc.pid)):
-        assert time.monotonic() < deadline, "the pull never reached the stall"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    proc = _pull(target, cache)
+    # A safety net, not a criterion: at a load of about 10 on two cores the CLI's start and the
+    # first two chunks once took over 30 s. The stall's 60 s count from the server's call.
+    deadline = time.monotonic() + 90
+    try:
+        # Until both chunks before the stall are written and the pull waits for the next one:
+        # its main thread asleep once they are on disk is past its progress report of them
+        # (between a chunk's write and its report it only computes), so the message below is
+        # determined.
+        while not (_written(cache, "tokenizer.json") >= 131072 and _asleep(proc.pid)):
+            assert time.monotonic() < deadline, "the pull never reached the stall"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # failed: no pull outlives the test
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130
     assert out == ""
     assert err == (
         "tokenkeys pull: interrupted at tokenizer.json (131072 of 1760640 bytes); "
         "nothing was installed\n"
     )
+    assert leftovers(cache) == []
+
+
+def test_interrupt_dropped_by_a_callback_during_startup_still_counts(
+    grpc_server,  # noqa: ANN001
+    tmp_path: Path,
+) -> None:
+    # The server stalls before its first chunk, so a pull that lost the Ctrl-C would wait there
+    # (the safety net below), and one that ignored it would install the tokenizer.
+    tokenizer = Tokenizer.load(default_tokenizer_path())
+    registry, streamer = served(tokenizer, lambda messages, call: [Stall(60), *messages])
+    target = grpc_server(registry).target
+    cache = tmp_path / "cache"
+    proc = _pull(target, cache, prelude=_SIGINT_IN_A_CALLBACK_DURING_IMPORTS)
+    out, err = proc.communicate(timeout=60)  # a safety net, not a criterion
+    assert (proc.returncode, out, err) == (130, "", "")
+    assert streamer.calls == 0, "the pull started its transfer after the Ctrl-C"
     assert leftovers(cache) == []

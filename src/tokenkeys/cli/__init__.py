@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 
-from tokenkeys.cli import keys, pull, route, serve, tokens
-from tokenkeys.errors import TokenkeysError
-from tokenkeys.process.allocator import restart_tuned
-from tokenkeys.terminal import printable
+from tokenkeys.cli import interrupts
 
 # Each module exposes register(subparsers); a subcommand's parser sets ``func(args) -> int``.
-_MODULES = (serve, route, tokens, pull, keys)
+# Imported by build_parser, not here: they take seconds to import (FastAPI, gRPC, tokenizers),
+# and main() latches Ctrl-C first (tokenkeys.cli.interrupts) so one pressed meanwhile counts.
+_MODULES = ("serve", "route", "tokens", "pull", "keys")
 #: Exit status when the reader of stdout went away (``tokenkeys keys --list | head``): what a
 #: shell reports for a program ended by SIGPIPE, 128 + 13.
 EXIT_BROKEN_PIPE = 141
@@ -26,15 +26,30 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tokenizer and KV prefix-cache key interoperability for LLM serving.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in _MODULES:
-        module.register(sub)
+    for name in _MODULES:
+        importlib.import_module(f"tokenkeys.cli.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; errors print one clear line and exit 2."""
+    interrupts.latch()
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # one latched (or a second one) before the command started
+        return 130
+    finally:
+        interrupts.unlatch()
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    from tokenkeys.errors import TokenkeysError
+    from tokenkeys.process.allocator import restart_tuned
+    from tokenkeys.terminal import printable
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    interrupts.release()  # a Ctrl-C during the imports and parsing ends the command here
     if argv is None and args.command == "serve":
         restart_tuned()  # the serving process's allocator (tokenkeys.process.allocator)
     try:
