@@ -72,7 +72,9 @@ class IngestMetrics:
       the worker registry ``worker_joined``, ``worker_down``, ``worker_restarted``,
       ``worker_refused``.
 
-    ``registry`` defaults to a private one (see :attr:`registry`).
+    ``registry`` defaults to a private one (see :attr:`registry`). Increment per batch through
+    the ``*_counts`` children (``batch_counts[worker, "applied"]``) rather than ``labels()``;
+    both reach the same child.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
