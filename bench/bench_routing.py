@@ -326,7 +326,6 @@ async def _run_policy(
         # What placing a decision through the store cost, per decision (replica rows only).
         shared = [s.shared for s in services if isinstance(s.shared, RedisSharedLoad)]
         result["place"] = [t for shared_load in shared for t in shared_load.place_seconds]
-        result["wait"] = [t for shared_load in shared for t in shared_load.wait_seconds]
         result["redecided"] = sum(shared_load.redecided for shared_load in shared)
         result["forced"] = sum(shared_load.forced for shared_load in shared)
         return _finish(result, result["served"])
@@ -536,8 +535,9 @@ async def _run_async(quick: bool) -> str:
         "capacity costs nothing here, as it costs little on a real engine with short replies "
         "(16 tokens here). Every replica follows every engine's KV events. In the replica rows "
         "the replicas share their requests in flight (blocks in use, queued prefill) and "
-        "their cache growth through one Redis (`--share-load`, router.shared_load: "
-        "pub/sub, the decision itself reads only local memory); in the unshared row each "
+        "their cache growth through one Redis (`--share-load`, router.shared_load: each "
+        "decision made on local memory and placed on a Redis stream, in groups; docs/"
+        "router.md); in the unshared row each "
         "counts only its own, so two new prefixes routed by different replicas can land on "
         "one engine.",
         "",
@@ -588,12 +588,11 @@ def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
         r = res[n]
         cost = ""
         if r["place"]:
-            place, wait = r["place"], r["wait"]
+            place = r["place"]
             cost = (
-                f" (placing {_us(place, 50)} / {_us(place, 99)} per decision p50 / p99, "
-                f"after waiting {_us(wait, 50)} / {_us(wait, 99)} for the replica's previous "
-                f"decisions; {r['redecided']} decided again, {r['forced']} of {len(place)} "
-                "placed as they stood after 8)"
+                f" (placing {_us(place, 50)} / {_us(place, 99)} per decision p50 / p99; "
+                f"{r['redecided']} decided again, {r['forced']} of {len(place)} placed as they "
+                "stood after 8)"
             )
         parts.append(f"{n.split(', ')[1]} **{r['hit'] / res['precise']['hit']:.2f}x**{cost}")
     return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."

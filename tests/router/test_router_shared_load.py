@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 from dataclasses import dataclass, field
 
 import pytest
+import redis.asyncio
 from routing_support import wait_until
 
 from tokenkeys.errors import ConfigError
@@ -22,6 +24,16 @@ from tokenkeys.router.policy.placement import Placement
 from tokenkeys.router.service import RouterConfig
 from tokenkeys.router.shared_load import LocalLoad, RedisSharedLoad
 from tokenkeys.router.workers.load_view import LoadView
+
+
+class Clock:
+    """A clock the test moves by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @dataclass
@@ -37,7 +49,7 @@ class Pool:
 class Replica:
     """One replica's side: its pools' views, its growth ledgers, its shared load."""
 
-    def __init__(self, url: str, namespace: str, **options: float) -> None:
+    def __init__(self, url: str, namespace: str, **options: Any) -> None:
         self.pools = {"m": Pool({"w1": Member(), "w2": Member()})}
         self.ledgers: dict[str, GrowthLedger] = {}
         self.shared = RedisSharedLoad(url, namespace=namespace, **options)
@@ -99,10 +111,13 @@ async def test_a_placement_reaches_every_replica_once(replicas):
     assert await a.shared.place(_placing(a, "w2", (4, 5, 6), 12.0, seen)) == "w2"
     await wait_until(lambda: b.view("w2").inflight == 1, what="placed flight")
     assert "m" in b.ledgers and b.ledgers["m"].get("w2") == 12.0  # the placement's growth
-    assert "m" not in a.ledgers  # own placements are not replayed here
+    # Own placements are not replayed here (the policy records their growth itself); the
+    # placement is held in A's view until its request goes out.
+    assert a.ledgers["m"].get("w2") == 0.0 and a.view("w2").inflight == 1
     assert b.view("w2").queued_prefill(frozenset()) == 3
-    # The request of that decision takes the placement over: no second flight at B.
+    # The request of that decision takes the placement over: no second flight at A or B.
     flight = a.view("w2").begin((4, 5, 6))
+    assert a.view("w2").inflight == 1 and flight.fresh == (4, 5, 6)
     a.shared.sent("m", "w2", flight)
     a.shared.finished(flight)
     await wait_until(lambda: b.shared.peer_flights == 0, what="placed flight ended")
@@ -124,6 +139,60 @@ async def test_concurrent_decisions_are_made_again_on_the_peers_placement(replic
     again = seen_a if len(seen_a) == 2 else seen_b
     assert sorted([len(seen_a), len(seen_b)]) == [1, 2] and again == [0, 1]
     assert a.shared.forced == b.shared.forced == 0
+
+
+async def test_decisions_asked_together_are_placed_in_one_round_trip(replicas, redis_url):
+    """Decisions a replica is asked while it places do not queue one round trip each: they
+    are decided in order, each held in the replica's view so the next one sees it, and placed
+    in one entry."""
+    a, b = replicas
+    seen: list[int] = []
+    picked = await asyncio.gather(
+        *(a.shared.place(_placing(a, "w1", (10 + i,), 1.0, seen)) for i in range(3))
+    )
+    assert picked == ["w1"] * 3 and seen == [0, 1, 2] and a.shared.redecided == 0
+    assert a.view("w1").inflight == 3 and a.ledgers["m"].get("w1") == 0.0
+    await wait_until(lambda: b.view("w1").inflight == 3, what="three placed flights")
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        stream = await admin.xrange(a.shared.key)
+    finally:
+        await admin.aclose()
+    mine = [f for _, f in stream if f[b"r"] == a.shared.replica.encode() and f[b"p"] == b"1"]
+    assert len(mine) == 1
+
+
+async def test_a_refused_placement_withdraws_its_hold(replicas):
+    a, b = replicas
+    await asyncio.gather(
+        a.shared.place(_placing(a, "w1", (1, 2), 2.0, [])),
+        b.shared.place(_placing(b, "w1", (1, 2), 2.0, [])),
+    )
+    # Each holds its own placement once and counts the peer's: a refused attempt's hold
+    # (the second placed decided twice) is gone.
+    await wait_until(
+        lambda: a.view("w1").inflight == b.view("w1").inflight == 2, what="both placements"
+    )
+    assert [len(r.view("w1").holds[(1, 2)]) for r in (a, b)] == [1, 1]
+    assert not a.ledgers["m"].held and not b.ledgers["m"].held
+
+
+async def test_a_placement_no_request_takes_up_is_withdrawn(redis_url):
+    namespace = f"t-{uuid.uuid4().hex[:12]}"
+    clock = Clock()
+    a = await Replica(redis_url, namespace, heartbeat=0.05, clock=clock).start()
+    b = await Replica(redis_url, namespace).start()
+    try:
+        await a.shared.place(_placing(a, "w2", (3,), 1.0, []))
+        await wait_until(lambda: b.view("w2").inflight == 1, what="placed flight")
+        assert a.view("w2").inflight == 1
+        clock.now += 3.0  # past the claim window: its worker left before it went out
+        await wait_until(lambda: a.view("w2").inflight == 0, what="hold withdrawn")
+        await wait_until(lambda: b.view("w2").inflight == 0, what="ended for the peer")
+        assert not a.view("w2").holds and a.view("w2").request_seconds is None
+    finally:
+        await a.shared.close()
+        await b.shared.close()
 
 
 async def test_a_silent_peers_flights_expire(redis_url):
@@ -196,3 +265,31 @@ async def test_replicas_on_a_cluster_share_through_any_node(redis_cluster):
     finally:
         await a.shared.close()
         await b.shared.close()
+
+
+async def test_a_placement_cancelled_in_its_round_trip_leaves_no_flight(replicas, redis_url):
+    """The client that a decision was for left while it was placed: its hold goes here once
+    the round trip ends, and the peers end its flight if the placement reached the stream."""
+    a, b = replicas
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    # Writes (the placing script among them) wait while the server is paused: the round trip
+    # is still out when the task is cancelled.
+    await admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+    try:
+        task = asyncio.create_task(a.shared.place(_placing(a, "w1", (8, 9), 3.0, [])))
+        await wait_until(lambda: a.view("w1").inflight == 1, what="held while placed")
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+        await admin.aclose()
+    # Its round trip ends (placed, or failed): the hold goes either way.
+    await wait_until(
+        lambda: a.view("w1").inflight == 0 and not a.ledgers["m"].held, what="hold withdrawn"
+    )
+    flight = a.view("w2").begin((5,))
+    a.shared.sent("m", "w2", flight)  # a later entry: B has read past the cancelled one's end
+    await wait_until(lambda: b.view("w2").inflight == 1, what="a later flight")
+    assert b.view("w1").inflight == 0

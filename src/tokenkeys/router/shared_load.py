@@ -16,10 +16,20 @@ A decision is made on local memory, then placed (``router.policy.placement``): o
 round trip appends it unless a peer placed something since this replica last looked, in which
 case the peer's entries come back, are applied, and the decision is made again (at most
 ``retries`` times, then placed as it stands). A burst routed by several replicas at once is
-thereby decided as one router would decide it, one placement after the other; a replica's own
-decisions are serialized (one round trip each) for the same reason. First outputs, ends and
-heartbeats are batched by a background task (one ``XADD`` per batch). What placing costs a
-decision is kept in :attr:`RedisSharedLoad.place_seconds` (bench_routing prints it).
+thereby decided as one router would decide it, one placement after the other.
+
+A replica's own decisions do not queue one round trip each. The decisions it is asked while a
+placement is out form the next group: decided in order, each held in this replica's load view
+and growth ledger (``LoadView.hold``, ``GrowthLedger.hold``) so that the next one sees it as one
+router sees its previous decision, and placed in one round trip (one stream entry); a refused
+group is decided again as a whole on the peers' entries. An agreed placement's growth goes to
+the policy, which records it, and its flight stays held until its request goes out
+(``LoadView.begin`` takes it over) or is withdrawn when none does in time; a caller that
+leaves (cancelled) has its placement withdrawn, and ended for the peers. A burst of N
+decisions thus costs a replica about two round trips, not N. First outputs, ends and
+heartbeats are batched by a background task (one ``XADD`` per batch). What placing cost each
+decision, from being asked to agreed, is kept in :attr:`RedisSharedLoad.place_seconds`
+(bench_routing prints it).
 
 This follows Dynamo's router replica sync (ai-dynamo/dynamo ``lib/llm/src/kv_router/
 sequence.rs``, ``--router-replica-sync``: each replica broadcasts its active-sequence events
@@ -45,6 +55,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import msgpack
@@ -127,6 +138,25 @@ _PLACED, _ANSWERED, _FINISHED, _GREW, _ALIVE = range(5)
 #: Seconds a placement may wait for its request (``sent``) before it is ended for the peers
 #: (its worker left the pool before the request went out).
 _CLAIM_SECONDS = 2.0
+# Where an ask is: waiting for a group, in a group's round trip, placed (held here until its
+# request goes out), or done with here (decided locally, failed, or withdrawn).
+_QUEUED, _PLACING, _PLACED_HERE, _LOCAL = range(4)
+
+
+@dataclass(eq=False)
+class _Ask:
+    """One decision asked of :meth:`RedisSharedLoad.place` and what became of it."""
+
+    decide: Callable[[], tuple[Placement, Any]]
+    done: asyncio.Future[Any]
+    queued: float
+    state: int = _QUEUED
+    placement: Placement = field(init=False)
+    result: Any = None
+    serial: int = 0
+    held: bool = False
+    growth_released: bool = False
+    abandoned: bool = False
 
 
 class RedisSharedLoad:
@@ -163,7 +193,8 @@ class RedisSharedLoad:
         self._outbox: list[list[Any]] = []
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._deciding = asyncio.Lock()
+        self._asks: list[_Ask] = []
+        self._placer: asyncio.Task[None] | None = None
         self._serials: dict[int, int] = {}  # id(own flight) -> serial
         self._next = 0
         # Own placements not yet claimed by a request: (model, address, keys) -> (serial, when).
@@ -179,10 +210,8 @@ class RedisSharedLoad:
         self.dropped = 0
         #: Whether the stream is followed now (False: local-only).
         self.following = False
-        #: Seconds each placed decision spent agreeing (round trips and decisions made again),
-        #: and each decision waited for this replica's previous ones (they are serialized).
+        #: Seconds each placed decision spent agreeing (round trips and decisions made again).
         self.place_seconds: collections.deque[float] = collections.deque(maxlen=100_000)
-        self.wait_seconds: collections.deque[float] = collections.deque(maxlen=100_000)
         #: Decisions made again after peers' placements, and placed as they stood at the end.
         self.redecided = 0
         self.forced = 0
@@ -194,38 +223,155 @@ class RedisSharedLoad:
         self._wake.set()
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """Decide, then place the decision on the stream (module doc); local-only while the
-        stream is not followed or Redis fails."""
-        queued = time.perf_counter()
-        async with self._deciding:
-            started = time.perf_counter()
-            self.wait_seconds.append(started - queued)
-            for attempt in range(self.retries + 1):
-                placement, result = decide()
-                if not self.following:
-                    break
-                force = attempt == self.retries
-                serial = self._next + 1
-                batch = msgpack.packb([self.replica, [[_PLACED, serial, *_fields(placement)]]])
-                args = [self._cursor.id, self.replica, batch, int(force), MAXLEN, READ_LIMIT]
-                try:
-                    appended, news = await self._store.run("place", PLACE, [self.key], args)
-                except Unavailable as exc:
-                    log.debug("shared load: placing on %s failed: %s", self.url, exc.message)
-                    break
-                self._take(news)
-                if appended:
-                    self._next = serial
-                    if self._cursor.read < READ_LIMIT:  # nothing unread up to this entry
-                        self._cursor.advance(appended)
-                    self._placed.setdefault(_claim(placement), []).append((serial, self.clock()))
-                    self.forced += force
-                    self.place_seconds.append(time.perf_counter() - started)
-                    return result
-                self.redecided += 1
-            # Not placed: the decision stands locally, its growth told after the fact.
+        """Decide, then place the decision on the stream with the others asked meanwhile
+        (module doc); local-only while the stream is not followed or Redis fails."""
+        if not self.following:
+            placement, result = decide()
             self._post([_GREW, 0, placement.model, placement.worker, placement.growth])
             return result
+        ask = _Ask(decide, asyncio.get_running_loop().create_future(), time.perf_counter())
+        self._asks.append(ask)
+        if self._placer is None or self._placer.done():
+            self._placer = asyncio.create_task(self._place_asks())
+        try:
+            result = await ask.done
+        except asyncio.CancelledError:
+            self._abandon(ask)
+            raise
+        if ask.held:  # agreed: its growth is the caller's to record now; its flight stays held
+            self._unhold(ask, flight=False)
+        return result
+
+    async def _place_asks(self) -> None:
+        """Place what was asked, one group per round trip, until nothing is asked."""
+        while self._asks and not self._stopping.is_set():
+            group, self._asks = self._asks, []
+            for ask in group:
+                ask.state = _PLACING
+            try:
+                await self._place_group(group)
+            except BaseException:
+                for ask in group:
+                    self._give_up(ask, Unavailable("shared load: closed while placing"))
+                raise
+
+    async def _place_group(self, group: list[_Ask]) -> None:
+        """Decide every ask of ``group`` in order, each seeing the ones before it (held), and
+        place them in one round trip; again on the peers' placements when one came between."""
+        for attempt in range(self.retries + 1):
+            group = [ask for ask in group if self._decide(ask)]
+            if not group:
+                return
+            if not self.following:
+                break
+            force = attempt == self.retries
+            batch = msgpack.packb(
+                [self.replica, [[_PLACED, a.serial, *_fields(a.placement)] for a in group]]
+            )
+            args = [self._cursor.id, self.replica, batch, int(force), MAXLEN, READ_LIMIT]
+            try:
+                appended, news = await self._store.run("place", PLACE, [self.key], args)
+            except Unavailable as exc:
+                log.debug("shared load: placing on %s failed: %s", self.url, exc.message)
+                break
+            self._take(news)
+            if appended:
+                if self._cursor.read < READ_LIMIT:  # nothing unread up to this entry
+                    self._cursor.advance(appended)
+                now = time.perf_counter()
+                for ask in group:
+                    self._placed.setdefault(_claim(ask.placement), []).append(
+                        (ask.serial, self.clock())
+                    )
+                    ask.state = _PLACED_HERE
+                    self.place_seconds.append(now - ask.queued)
+                    if ask.abandoned:
+                        self._abandon(ask)
+                    else:
+                        ask.done.set_result(ask.result)
+                self.forced += force * len(group)
+                return
+            self.redecided += len(group)
+            for ask in group:
+                self._unhold(ask, flight=True)
+        # Not placed: the decisions stand locally, their growth told after the fact (and
+        # their placements ended for the peers, in case the script ran and its reply was lost).
+        for ask in group:
+            self._unhold(ask, flight=True)
+            ask.state = _LOCAL
+            if self.following:
+                self._post([_FINISHED, ask.serial])
+            if not ask.abandoned:
+                p = ask.placement
+                self._post([_GREW, 0, p.model, p.worker, p.growth])
+                ask.done.set_result(ask.result)
+
+    def _decide(self, ask: _Ask) -> bool:
+        """Make the ask's decision and hold it here; False when it is gone (abandoned, or the
+        decision failed: the error is its caller's)."""
+        if ask.abandoned:
+            return False
+        try:
+            ask.placement, ask.result = ask.decide()
+        except Exception as exc:
+            ask.state = _LOCAL
+            ask.done.set_exception(exc)
+            return False
+        self._next += 1
+        ask.serial = self._next
+        ask.held, ask.growth_released = self._hold(ask.placement), False
+        return True
+
+    def _abandon(self, ask: _Ask) -> None:
+        """The caller of ``ask`` left (cancelled): whatever of it is here or placed goes."""
+        ask.abandoned = True
+        if ask.state == _QUEUED:
+            self._asks.remove(ask)
+        elif ask.state == _PLACED_HERE:
+            self._unhold(ask, flight=True)
+            claims = self._placed.get(_claim(ask.placement), [])
+            for claim in [c for c in claims if c[0] == ask.serial]:
+                claims.remove(claim)
+            if not claims:
+                self._placed.pop(_claim(ask.placement), None)
+            self._post([_FINISHED, ask.serial])
+            ask.state = _LOCAL
+        # _PLACING: the group's reply decides (above); _LOCAL: nothing is left.
+
+    def _give_up(self, ask: _Ask, error: Exception) -> None:
+        """The placer stopped with ``ask`` in hand: withdraw it and fail its caller."""
+        if ask.state != _PLACING:
+            return
+        self._unhold(ask, flight=True)
+        if ask.serial:
+            self._post([_FINISHED, ask.serial])  # ended for the peers if the script ran
+        ask.state = _LOCAL
+        if not ask.done.done():
+            ask.done.set_exception(error)
+
+    def _hold(self, placement: Placement) -> bool:
+        """Count the placement here while it is agreed, so that this replica's decisions made
+        meanwhile see it (``LoadView.hold``, ``GrowthLedger.hold``); whether it was."""
+        member = self._member(placement.model, placement.worker)
+        if member is None or self._ledgers is None:
+            return False
+        member.view.hold(placement.keys, placement.fresh)
+        self._ledgers(placement.model).hold(placement.worker, placement.growth)
+        return True
+
+    def _unhold(self, ask: _Ask, *, flight: bool) -> None:
+        """Withdraw the ask's held growth, and its held flight too if ``flight`` (once each)."""
+        if not ask.held or self._ledgers is None:
+            return
+        p = ask.placement
+        if not ask.growth_released:
+            self._ledgers(p.model).unhold(p.worker, p.growth)
+            ask.growth_released = True
+        if flight:
+            ask.held = False
+            member = self._member(p.model, p.worker)
+            if member is not None:
+                member.view.unhold(p.keys)
 
     def sent(self, model: str, address: str, flight: Flight) -> None:
         """The flight of a placed decision takes its placement's serial; any other (a retry
@@ -254,12 +400,15 @@ class RedisSharedLoad:
             self._post([_FINISHED, serial])
 
     def _unclaimed(self) -> None:
-        """End, for the peers, placements no request took up in time."""
+        """End, here and for the peers, placements no request took up in time."""
         now = self.clock()
         for key, claims in list(self._placed.items()):
             for serial, when in [c for c in claims if now - c[1] > _CLAIM_SECONDS]:
                 claims.remove((serial, when))
                 self._post([_FINISHED, serial])
+                member = self._member(key[0], key[1])
+                if member is not None:
+                    member.view.unhold(key[2])
             if not claims:
                 del self._placed[key]
 
@@ -379,10 +528,20 @@ class RedisSharedLoad:
         self._stopping.set()
         self._wake.set()
         tasks, self._tasks = self._tasks, []
+        if self._placer is not None:
+            tasks.append(self._placer)  # its round trip ends within the call timeout
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=2 * self._timeout + self._block_ms / 1000)
             for task in late:
                 task.cancel()
+        # Asked while closing: decided here, as one router decides.
+        asks, self._asks = self._asks, []
+        for ask in asks:
+            ask.state = _LOCAL
+            try:
+                ask.done.set_result(ask.decide()[1])
+            except Exception as exc:
+                ask.done.set_exception(exc)
         await self._store.close()
 
 

@@ -40,8 +40,10 @@ class Placements(Protocol):
         """Run ``decide`` (local, no awaits) until its placement is agreed; its last result.
 
         ``decide`` is called again after peers' placements were applied to this router's
-        memory. When it returns, the placement is this router's to act on at once (before
-        its next await): its growth recorded, its request sent.
+        memory. Several calls may be agreeing at once: each decision made meanwhile sees the
+        placements still being agreed as this router's own (held in its memory). When it
+        returns, the placement is this router's to act on at once (before its next await):
+        its growth recorded, its request sent.
         """
         ...
 

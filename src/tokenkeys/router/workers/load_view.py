@@ -14,9 +14,17 @@ arrives, as Dynamo counts a request's prefill tokens until it is marked prefill-
 its first streamed item (``lib/llm/src/kv_router.rs`` ``KvPushRouter``). The worker's KV
 capacity comes with each poll.
 
-The same counts check the worker (``trust``): one that reports fewer requests than this router
-has in flight there is not believed (:attr:`LoadView.load` takes the larger), and the polls
-that did so are counted; requests sent since its last event batch tell a silent worker.
+Router replicas sharing their load (``router.shared_load``) add two kinds of flights to the same
+counts: a peer's requests (:meth:`LoadView.adopt`), and this router's own placements still
+being agreed or not yet sent (:meth:`LoadView.hold`), so that its next decisions see them at
+once; :meth:`LoadView.begin` takes over a hold of the same prompt.
+
+The counts of this router's own requests check the worker (``trust``): one that reports fewer
+requests than this router itself has sent there and not seen end is not believed
+(:attr:`LoadView.load` takes the larger), and the polls that did so are counted; requests sent
+since its last event batch tell a silent worker. Peers' flights and holds never enter that
+check: whether a peer's request reached the worker, or ended, is only as timely as the peer's
+stream entries, and a hold was not sent at all.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ class Flight:
     fresh: tuple[int, ...]
     started: float
     prefilling: bool = True
+    #: Sent by this router (:meth:`LoadView.begin`), not a peer's or a hold.
+    own: bool = False
 
 
 @dataclass
@@ -64,6 +74,10 @@ class LoadView:
     #: request using a key).
     inflight: int = 0
     inflight_keys: Counter[int] = field(default_factory=Counter)
+    #: Of those, the requests this router itself sent (what the worker must at least report).
+    sent: int = 0
+    #: Holds not yet taken over by a request, by prompt (oldest first).
+    holds: dict[tuple[int, ...], list[Flight]] = field(default_factory=dict)
     #: The fresh blocks of those requests still in prefill (one count per request).
     prefilling_keys: Counter[int] = field(default_factory=Counter)
     #: Running mean of how long this router's requests there took (None before the first).
@@ -117,9 +131,9 @@ class LoadView:
         self.capacity = total_kv_blocks
         self.polled_at = self.clock()
         self.own_blocks_at_poll = self.own_blocks
-        if running_and_queued < self.inflight:
+        if running_and_queued < self.sent:
             self.underreports += 1
-            self.last_claim = (running_and_queued, self.inflight)
+            self.last_claim = (running_and_queued, self.sent)
         else:
             self.underreports = 0
 
@@ -155,22 +169,51 @@ class LoadView:
 
     def begin(self, keys: Sequence[int], cached: int = 0) -> Flight:
         """A request with these prompt block keys was sent there, its first ``cached`` blocks
-        cached there as far as the index knew; returns its :class:`Flight`."""
+        cached there as far as the index knew; returns its :class:`Flight`. It takes over the
+        oldest hold of the same prompt, if any (its placement's)."""
         keys = tuple(keys)
+        self.unhold(keys)
         fresh = self.fresh(keys, cached)
-        self.inflight += 1
-        self.inflight_keys.update(keys)
-        self.prefilling_keys.update(fresh)
+        flight = self._count(keys, fresh)
+        flight.own = True
+        self.sent += 1
         self.last_sent = self.wall()
         if self.waiting_since is None:
             self.waiting_since = self.last_sent
-        return Flight(keys, fresh, self.clock())
+        return flight
 
     def adopt(self, keys: Sequence[int], fresh: Sequence[int]) -> Flight:
         """A request another router replica sent there (``shared_load``), counted with this
         router's own: its blocks are in use, its ``fresh`` blocks queued to prefill. (Silence
-        is judged by this router's own requests only: it knows when it sent them.)"""
-        keys, fresh = tuple(keys), tuple(fresh)
+        and under-reporting are judged by this router's own requests only: it knows when it
+        sent them and when they ended.)"""
+        return self._count(tuple(keys), tuple(fresh))
+
+    def hold(self, keys: Sequence[int], fresh: Sequence[int]) -> None:
+        """This router placed (or is placing) a request of these prompt block keys there and
+        has not sent it yet: counted as a flight until :meth:`begin` takes it over or
+        :meth:`unhold` withdraws it. Holds of one prompt are alike but for their ``fresh``
+        blocks, so each is withdrawn exactly once, oldest first."""
+        keys = tuple(keys)
+        self.holds.setdefault(keys, []).append(self._count(keys, tuple(fresh)))
+
+    def unhold(self, keys: Sequence[int]) -> bool:
+        """Withdraw the oldest hold of this prompt (its placement refused, or never sent);
+        whether there was one. Request durations are not touched: nothing ran."""
+        keys = tuple(keys)
+        held = self.holds.get(keys)
+        if not held:
+            return False
+        flight = held.pop(0)
+        if not held:
+            del self.holds[keys]
+        self.inflight -= 1
+        _take(self.inflight_keys, flight.keys)
+        if flight.prefilling:
+            _take(self.prefilling_keys, flight.fresh)
+        return True
+
+    def _count(self, keys: tuple[int, ...], fresh: tuple[int, ...]) -> Flight:
         self.inflight += 1
         self.inflight_keys.update(keys)
         self.prefilling_keys.update(fresh)
@@ -186,6 +229,7 @@ class LoadView:
         """The request finished (or failed)."""
         self.first_output(flight)
         self.inflight -= 1
+        self.sent -= flight.own
         _take(self.inflight_keys, flight.keys)
         took = max(self.clock() - flight.started, 0.0)
         mean = self.request_seconds
