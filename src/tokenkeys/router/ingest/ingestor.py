@@ -45,6 +45,7 @@ from tokenkeys.events.model import (
 from tokenkeys.router.index.hybrid import GroupLayout, group_key
 from tokenkeys.router.index.model import PrefixIndex, check_worker, index_keys, medium_tier
 from tokenkeys.router.ingest.backoff import WriteBackoff
+from tokenkeys.router.metrics import Children
 
 log = logging.getLogger(__name__)
 
@@ -108,27 +109,6 @@ class IngestMetrics:
         self.event_counts = Children(self.events)
         self.ignored_counts = Children(self.ignored)
         self.clear_counts = Children(self.clears)
-
-
-class Children(dict[tuple[str, ...], Counter]):
-    """A labelled counter's children by their label values, ``labels()`` called once for each.
-
-    ``labels()`` takes the counter's lock and builds its key on every call, which cost ingest
-    more than the increment itself. Exact by construction: a child is created on its first use,
-    when ``labels()`` would have created it (so the exported series are the same), and the
-    ingest counters' children are never removed, so the kept child is the one exported (code
-    that ever prunes a worker's series must drop its entries here too).
-    """
-
-    __slots__ = ("counter",)
-
-    def __init__(self, counter: Counter) -> None:
-        super().__init__()
-        self.counter = counter
-
-    def __missing__(self, labels: tuple[str, ...]) -> Counter:
-        child = self[labels] = self.counter.labels(*labels)
-        return child
 
 
 class EventIngestor:
