@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenkeys.errors import ConfigError
+from tokenkeys.errors import ConfigError, InvalidArgument
 from tokenkeys.router.index import memory as index_memory
 from tokenkeys.router.index.memory import MemoryPrefixIndex
-from tokenkeys.router.index.model import PrefixMatch
+from tokenkeys.router.index.model import MAX_WORKER_LEN, PrefixMatch
 
 
 async def test_capacity_bounds_the_key_count_evicting_the_least_recently_used():
@@ -155,3 +155,100 @@ async def test_lookups_and_evictions_match_a_dict_per_key_index(capacity, update
             assert list(index._entries) == list(model.entries)  # same recency order
         expected = {w for holders in model.entries.values() for w in holders}
         assert await index.workers() == expected
+
+
+# ------------------------------------------------ deferred LRU touches against an eager touch
+
+
+class CountingLruModel(LruModel):
+    """The eager model, counting what it evicts."""
+
+    evictions = 0
+
+    def add(self, worker: str, keys: list[int], tier: str) -> None:
+        for key in keys:  # one key evicts at most one: a new key that leaves the size unchanged
+            new, size = key not in self.entries, len(self.entries)
+            super().add(worker, [key], tier)
+            self.evictions += new and len(self.entries) == size
+
+
+# Rounds of one update then lookups, over six keys (so that most lookups find a run to touch).
+ROUNDS = st.lists(
+    st.tuples(
+        st.one_of(
+            st.tuples(st.just("add"), NAMES, st.lists(st.integers(0, 5), min_size=1, max_size=6)),
+            st.tuples(st.just("remove"), NAMES, st.lists(st.integers(0, 5), max_size=3)),
+            st.tuples(st.just("clear"), NAMES, st.just([])),
+        ),
+        st.lists(
+            st.tuples(
+                st.none() | st.sets(NAMES, min_size=1, max_size=3),
+                st.lists(st.integers(0, 5), min_size=1, max_size=6),
+            ),
+            max_size=4,
+        ),
+    ),
+    max_size=15,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(1, 8), bound=st.integers(0, 6), rounds=ROUNDS)
+async def test_deferred_touches_evict_in_the_order_eager_touches_do(capacity, bound, rounds):
+    # Lookups run back to back between mutations, so several touches are pending at an update;
+    # a small pending bound makes some lookups apply them themselves. What is evicted shows the
+    # order: after every step the index holds the same keys as the eager model (read from the
+    # table itself, which applies nothing) and has evicted as many.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(index_memory, "_PENDING_BOUND", bound)
+        index, model = MemoryPrefixIndex(capacity=capacity), CountingLruModel(capacity)
+        for (kind, worker, keys), lookups in rounds:
+            if kind == "clear":
+                await index.clear(worker)
+            else:
+                await getattr(index, kind)(worker, keys)
+            getattr(model, kind)(worker, keys, "gpu")
+            assert not index._pending  # an update applies every pending touch first
+            assert set(index._table) == set(model.entries)
+            assert index.evictions == model.evictions
+            for allowed, prompt in lookups:
+                assert await index.lookup(prompt, allowed) == model.lookup(prompt, allowed)
+                assert index._pending_keys <= bound
+        assert list(index._entries) == list(model.entries) and not index._pending
+
+
+async def test_touches_pending_at_an_add_are_applied_in_lookup_order_before_it_evicts():
+    index = MemoryPrefixIndex(capacity=4)
+    await index.add("w", [1, 2, 3, 4])  # recency, oldest first: 1 2 3 4
+    await index.lookup([1])  # 2 3 4 1
+    await index.lookup([2])  # 3 4 1 2
+    await index.lookup([3, 1])  # 4 2 3 1 (applied the other way round: 4 3 2 1)
+    assert list(index._table) == [1, 2, 3, 4]  # nothing applied yet
+    await index.add("w", [5, 6])  # applies the three touches, then evicts 4, then 2
+    assert list(index._entries) == [3, 1, 5, 6] and index.evictions == 2
+
+
+# --------------------------------------------------- the worker filter, checked in one C pass
+
+
+class Name(str):
+    """A str subclass: a worker id check_worker accepts (isinstance), past the C fast path."""
+
+
+@pytest.mark.parametrize(
+    "workers", [[""], ["ok", "x" * 257], ["ok", 5], [["unhashable"]], ("ok", None)]
+)
+async def test_a_filter_with_any_bad_id_is_refused_as_check_worker_refuses_it(workers):
+    index = MemoryPrefixIndex()
+    await index.add("ok", [1])
+    with pytest.raises(InvalidArgument) as info:
+        await index.lookup([1], workers)
+    assert info.value.field == "worker"
+
+
+async def test_a_filter_of_str_subclasses_and_of_the_longest_ids_is_accepted():
+    index = MemoryPrefixIndex()
+    longest = "w" * MAX_WORKER_LEN
+    await index.add(longest, [1])
+    assert set(await index.lookup([1], [Name(longest)])) == {longest}
+    assert set(await index.lookup([1], frozenset({longest, "other"}))) == {longest}

@@ -10,6 +10,21 @@ rather than to a dict of its own. A prompt's consecutive keys are mostly held by
 workers, so they share one object, and a lookup finds where the holders change by comparing
 identities in C (``itertools.groupby``) instead of asking every worker about every key in Python:
 the work per key no longer grows with the number of workers.
+
+A lookup's LRU touch is deferred, exactly. Moving each matched key to the newest end is a probe
+of the table per key, as costly as the lookup's own read (at 10M keys, milliseconds for a
+128k-token prompt), and nothing a lookup answers depends on it: only eviction order does. So
+:meth:`lookup` records what it would touch (a copy of the matched keys, in order) and the
+pending touches are applied, in the order the lookups ran, before anything that depends on or
+shows recency order: at the start of every :meth:`add`, :meth:`remove` and :meth:`clear` (so
+before any eviction), and when :attr:`_entries` is read; a lookup that brings the pending
+amount past :data:`_PENDING_BOUND` keys applies the oldest ones until it is back within it (a
+memory bound; without updates each lookup then pays about its own touch, as before). Applying
+the oldest first keeps the order the lookups ran. Between two mutations the table's
+keys do not change, so every pending key is still in the table when it is applied, and moving
+keys to the end in the same order later leaves the same order as moving them at once (lookups
+read holder sets, never the order). Every observer of the order therefore sees exactly the
+order an eager touch gives; the tests compare it with an eager reference model.
 """
 
 from __future__ import annotations
@@ -39,6 +54,9 @@ DEFAULT_CAPACITY = 1_000_000
 _SWEEP_FLOOR = 4096
 # Keys a lookup reads from the table first; each further chunk doubles (it stops at a miss).
 _FIRST_CHUNK = 16
+# Most keys of deferred LRU touches kept (512 kB of references): past it a lookup applies the
+# oldest pending touches itself, so without updates each lookup pays about its own touch.
+_PENDING_BOUND = 1 << 16
 
 
 class _Holders:
@@ -79,8 +97,12 @@ class MemoryPrefixIndex:
             )
         self.capacity = capacity
         self.evictions = 0
-        # key -> its holders; insertion order is recency order (oldest first).
-        self._entries: OrderedDict[int, _Holders] = OrderedDict()
+        # key -> its holders; insertion order is recency order (oldest first) once the pending
+        # touches are applied (read it through `_entries` wherever the order matters).
+        self._table: OrderedDict[int, _Holders] = OrderedDict()
+        # Lookups' deferred LRU touches, oldest first, and how many keys they hold (module doc).
+        self._pending: deque[list[int]] = deque()
+        self._pending_keys = 0
         self._by_worker: dict[str, set[int]] = {}
         # One shared tuple per distinct tier set, one shared _Holders per distinct holder set.
         self._tier_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -89,7 +111,22 @@ class MemoryPrefixIndex:
 
     def __len__(self) -> int:
         """The number of block keys held."""
-        return len(self._entries)
+        return len(self._table)
+
+    @property
+    def _entries(self) -> OrderedDict[int, _Holders]:
+        """The table in exact recency order: the pending touches applied first."""
+        self._apply_touches()
+        return self._table
+
+    def _apply_touches(self, keep: int = 0) -> None:
+        """Apply the lookups' deferred touches, oldest first (the order the lookups ran), until
+        at most ``keep`` keys are pending (module doc)."""
+        pending, touch = self._pending, self._table.move_to_end
+        while self._pending_keys > keep:
+            keys = pending.popleft()
+            deque(map(touch, keys), maxlen=0)  # the loop runs in C
+            self._pending_keys -= len(keys)
 
     def _tiers(self, tiers: tuple[str, ...]) -> tuple[str, ...]:
         return self._tier_sets.setdefault(tiers, tiers)
@@ -111,7 +148,7 @@ class MemoryPrefixIndex:
         """
         if len(self._holder_sets) <= self._sweep_at:
             return
-        live = set(self._entries.values())
+        live = set(self._table.values())
         self._holder_sets = {t: h for t, h in self._holder_sets.items() if h in live}
         for holders in self._holder_sets.values():
             holders.added.clear()
@@ -139,8 +176,9 @@ class MemoryPrefixIndex:
         check_worker(worker)
         check_tier(tier)
         check_keys(keys)
+        self._apply_touches()  # before any eviction: it takes the least recently used
         self._sweep()
-        entries, change = self._entries, (worker, tier)
+        entries, change = self._table, (worker, tier)
         single = self._holders({worker: self._tiers((tier,))})
         held = self._by_worker.setdefault(worker, set())
         if len(entries) + len(keys) <= self.capacity:
@@ -169,7 +207,7 @@ class MemoryPrefixIndex:
 
     def _touch(self, holders: _Holders, key: int, change: tuple[str, str]) -> None:
         """A key held already is added again: newest now, and held by ``change`` too."""
-        entries = self._entries
+        entries = self._table
         entries.move_to_end(key)
         after = holders.added.get(change)
         if after is None:
@@ -178,7 +216,7 @@ class MemoryPrefixIndex:
             entries[key] = after
 
     def _evict_oldest(self) -> None:
-        key, holders = self._entries.popitem(last=False)
+        key, holders = self._table.popitem(last=False)
         for worker in holders.tiers:
             held = self._by_worker.get(worker)
             if held is not None:
@@ -192,11 +230,12 @@ class MemoryPrefixIndex:
         check_worker(worker)
         check_tier(tier)
         check_keys(keys)
+        self._apply_touches()
         held = self._by_worker.get(worker)
         if held is None:
             return
         self._sweep()
-        entries, change = self._entries, (worker, tier)
+        entries, change = self._table, (worker, tier)
         for key in keys:
             holders = entries.get(key)
             tiers = None if holders is None else holders.tiers.get(worker)
@@ -218,7 +257,8 @@ class MemoryPrefixIndex:
     async def clear(self, worker: str) -> None:
         """Forget all of ``worker``'s blocks."""
         check_worker(worker)
-        entries = self._entries
+        self._apply_touches()
+        entries = self._table
         for key in self._by_worker.pop(worker, ()):
             holders = entries[key]
             try:
@@ -270,8 +310,13 @@ class MemoryPrefixIndex:
             segments.append((end - start, tiers))
             out[worker] = PrefixMatch(worker, tuple(segments))
             longest = end
-        # What a lookup used is recently used (the loop runs in C).
-        deque(map(self._entries.move_to_end, islice(keys, longest)), maxlen=0)
+        # What a lookup used is recently used: touched later, exactly (module doc). A copy, so
+        # that a caller changing its list afterwards cannot change what is touched.
+        if longest:
+            self._pending.append(keys[:longest] if type(keys) is list else [*islice(keys, longest)])
+            self._pending_keys += longest
+            if self._pending_keys > _PENDING_BOUND:
+                self._apply_touches(keep=_PENDING_BOUND)
         return out
 
     def _held_prefix(self, keys: Sequence[int]) -> list[_Holders]:
@@ -280,7 +325,7 @@ class MemoryPrefixIndex:
         Read in chunks that double from :data:`_FIRST_CHUNK` (each chunk in C), so a prompt
         held only at its start, or not at all, costs few reads past its held part.
         """
-        get, rest, rows, size = self._entries.get, iter(keys), [], _FIRST_CHUNK
+        get, rest, rows, size = self._table.get, iter(keys), [], _FIRST_CHUNK
         while part := list(map(get, islice(rest, size))):
             if not all(part):  # holder sets are always true; None is a key nobody holds
                 rows += islice(part, part.index(None))
