@@ -225,3 +225,82 @@ async def test_coalesced_batches_equal_events_applied_one_by_one(batches):
         got = await index.lookup([key])
         want = tuple(sorted(t for t, k in facts if k == key))
         assert (got["w"].segments[0][1] if got else ()) == want
+
+
+# ----------------------------------------------------------------------------- metrics, media
+
+
+def exported(metrics: IngestMetrics) -> set[tuple[str, tuple, float]]:
+    """Every counter sample in the registry: (name, sorted labels, value)."""
+    return {
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+
+async def test_only_the_series_ingest_used_are_exported():
+    # The counters' children are kept per (worker, label) once used: none exists before.
+    ing = EventIngestor(MemoryPrefixIndex(), SPEC)
+    await ing.apply("w", batch(stored(1), BlockRemoved((1,), "GPU")))
+    await ing.apply("w", batch(stored(2)))
+    await ing.apply("v", batch(stored(1), spec=OTHER))
+    await ing.apply("v", batch(stored(3, medium="GPU,CPU")))
+    assert exported(ing.metrics) == {
+        ("tokenkeys_router_kv_batches_total", (("outcome", "applied"), ("worker", "w")), 2.0),
+        ("tokenkeys_router_kv_events_total", (("type", "BlockStored"), ("worker", "w")), 2.0),
+        ("tokenkeys_router_kv_events_total", (("type", "BlockRemoved"), ("worker", "w")), 1.0),
+        ("tokenkeys_router_kv_batches_total", (("outcome", "ignored"), ("worker", "v")), 1.0),
+        (
+            "tokenkeys_router_kv_events_ignored_total",
+            (("reason", "foreign_spec"), ("worker", "v")),
+            1.0,
+        ),
+        ("tokenkeys_router_kv_batches_total", (("outcome", "applied"), ("worker", "v")), 1.0),
+        (
+            "tokenkeys_router_kv_events_ignored_total",
+            (("reason", "bad_medium"), ("worker", "v")),
+            1.0,
+        ),
+    }
+
+
+async def test_ingestors_sharing_metrics_and_direct_increments_count_into_one_series():
+    # One IngestMetrics serves every pool's ingestor, and the consumers count "dropped" and
+    # "undecodable" batches through the counters themselves.
+    metrics = IngestMetrics()
+    first = EventIngestor(MemoryPrefixIndex(), SPEC, metrics=metrics)
+    second = EventIngestor(MemoryPrefixIndex(), SPEC, metrics=metrics)
+    await first.apply("w", batch(stored(1)))
+    metrics.batches.labels("w", "applied").inc()
+    await second.apply("w", batch(stored(2), stored(3, medium="CPU")))
+    await first.reset("w", "worker_joined")
+    await second.reset("w", "worker_joined")
+    assert exported(metrics) == {
+        ("tokenkeys_router_kv_batches_total", (("outcome", "applied"), ("worker", "w")), 3.0),
+        ("tokenkeys_router_kv_events_total", (("type", "BlockStored"), ("worker", "w")), 3.0),
+        (
+            "tokenkeys_router_worker_clears_total",
+            (("reason", "worker_joined"), ("worker", "w")),
+            2.0,
+        ),
+    }
+
+
+async def test_each_medium_maps_to_its_tier_beyond_the_media_an_ingestor_remembers():
+    # An ingestor remembers the tiers of the first media it sees; every other medium, and every
+    # invalid one, is still mapped (or refused) on its own, each time.
+    index = CountingIndex()
+    ing = EventIngestor(index, SPEC)
+    media = [f"Tier{i}" for i in range(100)]
+    for _ in range(2):
+        for i, medium in enumerate(media):
+            await ing.apply("w", batch(stored(i, medium=medium), stored(i, medium="GPU|CPU")))
+        await ing.apply("w", batch(stored(7, medium="gpu"), stored(8, medium="GPU")))
+    want = [("add", "w", (i,), f"tier{i}") for i in range(100)] + [("add", "w", (7, 8), "gpu")]
+    assert index.calls == want * 2
+    assert (
+        sample(ing, "tokenkeys_router_kv_events_ignored_total", worker="w", reason="bad_medium")
+        == 200
+    )

@@ -29,6 +29,7 @@ workers may be applied concurrently.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -44,12 +45,18 @@ from tokenkeys.events.model import (
 from tokenkeys.router.index.hybrid import GroupLayout, group_key
 from tokenkeys.router.index.model import PrefixIndex, check_worker, index_keys, medium_tier
 from tokenkeys.router.ingest.backoff import WriteBackoff
+from tokenkeys.router.metrics import Children
 
 log = logging.getLogger(__name__)
 
 #: ``kv_cache_spec_kind`` values whose blocks a later request reuses by prefix (llm-d-router
 #: ``pool.go``); stores of other kinds (sliding_window, mamba, ...) are not indexed.
 PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+
+#: The operation of every ``AllBlocksCleared`` (see ``EventIngestor._operation``).
+_CLEAR = ("clear", "", (), None)
+#: Distinct media whose tier an ingestor remembers.
+_TIERS_KEPT = 64
 
 
 class IngestMetrics:
@@ -66,7 +73,9 @@ class IngestMetrics:
       the worker registry ``worker_joined``, ``worker_down``, ``worker_restarted``,
       ``worker_refused``.
 
-    ``registry`` defaults to a private one (see :attr:`registry`).
+    ``registry`` defaults to a private one (see :attr:`registry`). Increment per batch through
+    the ``*_counts`` children (``batch_counts[worker, "applied"]``) rather than ``labels()``;
+    both reach the same child.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -95,6 +104,11 @@ class IngestMetrics:
             ("worker", "reason"),
             registry=self.registry,
         )
+        #: The counters' children by ``(worker, label)``, for the increments made per batch.
+        self.batch_counts = Children(self.batches)
+        self.event_counts = Children(self.events)
+        self.ignored_counts = Children(self.ignored)
+        self.clear_counts = Children(self.clears)
 
 
 class EventIngestor:
@@ -123,12 +137,16 @@ class EventIngestor:
         #: Sliding-window groups indexed under keys of their own.
         self.windows = frozenset(w.index for w in layout.windows) if layout is not None else ()
         self.metrics = metrics if metrics is not None else IngestMetrics()
+        # medium_tier of the str media seen (a pure function of the string; engines send a
+        # few, "GPU", "CPU"), so the tier name's pattern is matched once per medium. Bounded:
+        # media beyond the first _TIERS_KEPT are mapped on each event.
+        self._tiers: dict[str, str] = {}
 
     async def reset(self, worker: str, reason: str) -> None:
         """Clear ``worker`` from the index and count it under ``reason``."""
         check_worker(worker)
         await self.index.clear(worker)
-        self.metrics.clears.labels(worker, reason).inc()
+        self.metrics.clear_counts[worker, reason].inc()
         log.info("prefix index: cleared worker %s (%s)", worker, reason)
 
     async def write_failed(self, worker: str, backoff: WriteBackoff, error: str) -> bool:
@@ -170,69 +188,77 @@ class EventIngestor:
             await self.reset(worker, "publisher_restart")
         elif lost_before > 0:
             await self.reset(worker, "events_lost")
-        if batch.spec != self.spec:
-            reason = "no_spec" if batch.spec is None else "foreign_spec"
+        spec = batch.spec
+        if spec is not self.spec and spec != self.spec:  # `is`: the same object is equal
+            reason = "no_spec" if spec is None else "foreign_spec"
             if batch.events:
-                self.metrics.ignored.labels(worker, reason).inc(len(batch.events))
-            self.metrics.batches.labels(worker, "ignored").inc()
+                self.metrics.ignored_counts[worker, reason].inc(len(batch.events))
+            self.metrics.batch_counts[worker, "ignored"].inc()
             log.debug(
                 "ignoring a KV-event batch of %s: spec %s, expected %s",
                 worker,
-                batch.spec,
+                spec,
                 self.spec,
             )
             return False
         try:
             applied = await self._apply_events(worker, batch.events)
         except TokenkeysError:
-            self.metrics.batches.labels(worker, "failed").inc()
+            self.metrics.batch_counts[worker, "failed"].inc()
             raise
+        counts = self.metrics.event_counts
         for kind, count in applied.items():
-            self.metrics.events.labels(worker, kind).inc(count)
-        self.metrics.batches.labels(worker, "applied").inc()
+            counts[worker, kind].inc(count)
+        self.metrics.batch_counts[worker, "applied"].inc()
         return True
 
     async def _apply_events(self, worker: str, events: tuple[KvEvent, ...]) -> dict[str, int]:
         """Apply events in order, coalescing runs of one kind and tier into one index call."""
         applied: dict[str, int] = {}
-        pending: tuple[str, str] | None = None  # (kind, tier) of the keys collected so far
+        # The operation and tier of the keys collected so far (the run not yet written).
+        run: str | None = None
+        run_tier = ""
         keys: list[int] = []
         for event in events:
             op = self._operation(worker, event)
             if op is None:
                 continue
             kind, tier, hashes, group = op
-            applied[type(event).__name__] = applied.get(type(event).__name__, 0) + 1
-            if pending != (kind, tier) and keys:
-                await self._flush(worker, pending, keys)
+            name = type(event).__name__
+            applied[name] = applied.get(name, 0) + 1
+            if keys and (kind != run or tier != run_tier):
+                await self._flush(worker, run, run_tier, keys)
                 keys = []
-            pending = (kind, tier)
             if kind == "clear":
                 await self.reset(worker, "all_blocks_cleared")
-                pending = None
+                run = None
                 continue
-            if group is None:
-                keys.extend(index_keys(hashes))
-            else:
+            run, run_tier = kind, tier
+            if group is not None:
                 routing = self.group_idx
                 keys.extend(group_key(k, group, routing) for k in index_keys(hashes))
+            elif keys:
+                keys.extend(index_keys(hashes))
+            else:  # index_keys returns a new list: the run's first event needs no copy
+                keys = index_keys(hashes)
         if keys:
-            await self._flush(worker, pending, keys)
+            await self._flush(worker, run, run_tier, keys)
         return applied
 
-    async def _flush(self, worker: str, pending: tuple[str, str] | None, keys: list[int]) -> None:
-        assert pending is not None
-        kind, tier = pending
+    def _flush(self, worker: str, kind: str | None, tier: str, keys: list[int]) -> Awaitable[None]:
+        """The index call writing a run (a coroutine to await; no frame of its own)."""
         if kind == "add":
-            await self.index.add(worker, keys, tier)
-        else:
-            await self.index.remove(worker, keys, tier)
+            return self.index.add(worker, keys, tier)
+        return self.index.remove(worker, keys, tier)
 
     def _operation(self, worker: str, event: KvEvent) -> tuple[str, str, tuple, int | None] | None:
         """(index operation, tier, hashes, window group or None) for one event, or None when it
         is skipped."""
-        if isinstance(event, AllBlocksCleared):
-            return "clear", "", (), None
+        # `type(...) is` first: a BlockStored is no AllBlocksCleared, and the exact class, by far
+        # the most common event, needs no isinstance walk.
+        stored = type(event) is BlockStored
+        if not stored and isinstance(event, AllBlocksCleared):
+            return _CLEAR
         window = event.group_idx if event.group_idx in self.windows else None
         if (
             window is None
@@ -240,7 +266,7 @@ class EventIngestor:
             and event.group_idx not in (None, self.group_idx)
         ):
             return self._skip(worker, "other_group")
-        if isinstance(event, BlockStored):
+        if stored or isinstance(event, BlockStored):
             kind = event.kv_cache_spec_kind
             if window is None and kind is not None and kind not in PREFIX_KINDS:
                 return self._skip(worker, "not_prefix_kind")
@@ -249,12 +275,17 @@ class EventIngestor:
             operation = "remove"
         else:  # the model has three event kinds; anything else is a caller's bug
             raise InvalidArgument(f"not a KV event: {type(event).__name__}", field="events")
-        try:
-            tier = medium_tier(event.medium)
-        except InvalidArgument:
-            return self._skip(worker, "bad_medium")
+        medium = event.medium
+        tier = self._tiers.get(medium) if type(medium) is str else None
+        if tier is None:
+            try:
+                tier = medium_tier(medium)
+            except InvalidArgument:
+                return self._skip(worker, "bad_medium")
+            if type(medium) is str and len(self._tiers) < _TIERS_KEPT:
+                self._tiers[medium] = tier
         return operation, tier, event.block_hashes, window
 
     def _skip(self, worker: str, reason: str) -> None:
-        self.metrics.ignored.labels(worker, reason).inc()
+        self.metrics.ignored_counts[worker, reason].inc()
         return None
