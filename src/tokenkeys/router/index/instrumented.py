@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from tokenkeys.errors import TokenkeysError
 from tokenkeys.router.index.model import DEFAULT_TIER, PrefixIndex, PrefixMatch
+from tokenkeys.router.metrics import Children
 
 T = TypeVar("T")
 
@@ -74,6 +75,11 @@ class InstrumentedIndex:
             ("backend",),
             registry=self.registry,
         )
+        # Every call records into these: their children kept, not looked up per call.
+        self._seconds_of = Children(self._seconds)
+        self._requests_of = Children(self._requests)
+        self._keys_of = Children(self._keys)
+        self._matched_of = Children(self._matched)
 
     async def _observe(self, op: str, keys: int, call: Awaitable[T]) -> T:
         started = time.perf_counter()
@@ -87,10 +93,10 @@ class InstrumentedIndex:
             outcome = "internal"
             raise
         finally:
-            self._seconds.labels(self.backend, op).observe(time.perf_counter() - started)
-            self._requests.labels(self.backend, op, outcome).inc()
+            self._seconds_of[self.backend, op].observe(time.perf_counter() - started)
+            self._requests_of[self.backend, op, outcome].inc()
             if keys:
-                self._keys.labels(self.backend, op).inc(keys)
+                self._keys_of[self.backend, op].inc(keys)
 
     @staticmethod
     def _count(keys: Sequence[int]) -> int:
@@ -116,7 +122,7 @@ class InstrumentedIndex:
     ) -> dict[str, PrefixMatch]:
         """Forwarded to the wrapped index, measured."""
         found = await self._observe("lookup", self._count(keys), self.inner.lookup(keys, workers))
-        self._matched.labels(self.backend).inc(max((m.blocks for m in found.values()), default=0))
+        self._matched_of[(self.backend,)].inc(max((m.blocks for m in found.values()), default=0))
         return found
 
     async def workers(self) -> frozenset[str]:
