@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import redis.asyncio
