@@ -160,8 +160,6 @@ class RedisSharedLoad:
         self.key = stream_key(namespace)
         self.replica = uuid.uuid4().hex
         self.heartbeat = heartbeat
-        self.peer_timeout = peer_timeout
-        self.retries = retries
         self.clock = clock
         self._timeout = timeout
         self._store = RedisStore.from_url(url, timeout=timeout, label="shared load")
@@ -174,7 +172,7 @@ class RedisSharedLoad:
         # Own placements not yet claimed by a request: (model, address, keys) -> (serial, when).
         self._placed: dict[tuple[str, str, tuple[int, ...]], list[tuple[int, float]]] = {}
         self._cursor = Cursor()
-        # Peers' flights applied here: (peer, serial) -> (view's flight, the view's owner).
+        # Peers' flights applied here (their timeout and clock are this replica's).
         self._peers = PeerFlights(self.member, self.ledger, timeout=peer_timeout, clock=clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._pools: Mapping[str, Pool] = {}
@@ -220,12 +218,21 @@ class RedisSharedLoad:
 
     def withdraw(self, serial: int, placement: Placement) -> None:
         """An agreed placement no request will take: unclaimed, and ended for the peers."""
-        claims = self._placed.get(_claim(placement), [])
-        for claim in [c for c in claims if c[0] == serial]:
+        self._unclaim(_claim(placement), lambda claim: claim[0] == serial)
+
+    def _unclaim(
+        self, key: tuple[str, str, tuple[int, ...]], which: Callable[[tuple[int, float]], bool]
+    ) -> int:
+        """Drop the claims of ``key`` that ``which`` picks, ending each for the peers; how
+        many were dropped."""
+        claims = self._placed.get(key, [])
+        gone = [c for c in claims if which(c)]
+        for claim in gone:
             claims.remove(claim)
+            self.ended(claim[0])
         if not claims:
-            self._placed.pop(_claim(placement), None)
-        self.ended(serial)
+            self._placed.pop(key, None)
+        return len(gone)
 
     def ended(self, serial: int) -> None:
         """Tell the peers that ``serial`` ended."""
@@ -268,8 +275,7 @@ class RedisSharedLoad:
             if not claims:
                 del self._placed[(model, address, flight.keys)]
         else:
-            self._next += 1
-            serial = self._next
+            serial = self.next_serial()
             self._post([PLACED, serial, model, address, list(flight.keys), list(flight.fresh), 0])
         self._serials[id(flight)] = serial
 
@@ -288,15 +294,12 @@ class RedisSharedLoad:
     def _unclaimed(self) -> None:
         """End, here and for the peers, placements no request took up in time."""
         now = self.clock()
-        for key, claims in list(self._placed.items()):
-            for serial, when in [c for c in claims if now - c[1] > _CLAIM_SECONDS]:
-                claims.remove((serial, when))
-                self._post([FINISHED, serial])
-                member = self.member(key[0], key[1])
-                if member is not None:
+        for key in list(self._placed):
+            expired = self._unclaim(key, lambda claim: now - claim[1] > _CLAIM_SECONDS)
+            member = self.member(key[0], key[1]) if expired else None
+            if member is not None:
+                for _ in range(expired):  # their holds here go too
                     member.view.unhold(key[2])
-            if not claims:
-                del self._placed[key]
 
     async def start(self, pools: Mapping[str, Pool], ledgers: Ledgers) -> None:
         """Start appending and following (in the background; Redis may be away)."""

@@ -140,7 +140,21 @@ def prompt_keys(keys: Iterable[BlockKey]) -> list[int]:
 
 def medium_tier(medium: str | None) -> str:
     """The tier of an event's ``medium``: lowercased, ``None`` meaning "gpu" (vLLM, llm-d)."""
-    return DEFAULT_TIER if medium is None else check_tier(medium.lower())
+    if medium is None:
+        return DEFAULT_TIER
+    tier = _MEDIUM_TIERS.get(medium) if type(medium) is str else None
+    if tier is None:
+        tier = check_tier(medium.lower())
+        if type(medium) is str and len(_MEDIUM_TIERS) < _MEDIA_KEPT:
+            _MEDIUM_TIERS[medium] = tier
+    return tier
+
+
+# The tiers of the str media seen: a pure function of the string, asked once per ingested
+# event, and engines send a few ("GPU", "CPU"), so the pattern is matched once per medium.
+# Bounded: media beyond the first _MEDIA_KEPT are mapped on every call.
+_MEDIA_KEPT = 64
+_MEDIUM_TIERS: dict[str, str] = {}
 
 
 def check_worker(worker: str) -> str:

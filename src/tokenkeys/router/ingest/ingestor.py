@@ -55,8 +55,6 @@ PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attentio
 
 #: The operation of every ``AllBlocksCleared`` (see ``EventIngestor._operation``).
 _CLEAR = ("clear", "", (), None)
-#: Distinct media whose tier an ingestor remembers.
-_TIERS_KEPT = 64
 
 
 class IngestMetrics:
@@ -137,10 +135,6 @@ class EventIngestor:
         #: Sliding-window groups indexed under keys of their own.
         self.windows = frozenset(w.index for w in layout.windows) if layout is not None else ()
         self.metrics = metrics if metrics is not None else IngestMetrics()
-        # medium_tier of the str media seen (a pure function of the string; engines send a
-        # few, "GPU", "CPU"), so the tier name's pattern is matched once per medium. Bounded:
-        # media beyond the first _TIERS_KEPT are mapped on each event.
-        self._tiers: dict[str, str] = {}
 
     async def reset(self, worker: str, reason: str) -> None:
         """Clear ``worker`` from the index and count it under ``reason``."""
@@ -275,15 +269,10 @@ class EventIngestor:
             operation = "remove"
         else:  # the model has three event kinds; anything else is a caller's bug
             raise InvalidArgument(f"not a KV event: {type(event).__name__}", field="events")
-        medium = event.medium
-        tier = self._tiers.get(medium) if type(medium) is str else None
-        if tier is None:
-            try:
-                tier = medium_tier(medium)
-            except InvalidArgument:
-                return self._skip(worker, "bad_medium")
-            if type(medium) is str and len(self._tiers) < _TIERS_KEPT:
-                self._tiers[medium] = tier
+        try:
+            tier = medium_tier(event.medium)
+        except InvalidArgument:
+            return self._skip(worker, "bad_medium")
         return operation, tier, event.block_hashes, window
 
     def _skip(self, worker: str, reason: str) -> None:
