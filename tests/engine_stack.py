@@ -166,8 +166,8 @@ async def zmq_batches_until(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     try:
-        # A live batch must arrive for the subscriber to notice what it missed (slow joiner);
-        # publish empty probe batches until one does. Probes are numbered like any batch.
+        # The subscriber catches up when it connects; empty probe batches, numbered like any
+        # batch, are a safety net for a catch-up replay that failed (a gap shows at a later one).
         while seen < last_seq:
             assert loop.time() < deadline, f"ZMQ batches up to {last_seq} not received"
             try:

@@ -273,18 +273,79 @@ async def test_gap_is_repaired_by_replaying_exactly_the_missed_batches():
 
 
 async def test_catch_up_from_start_seq_replays_what_was_published_before_connecting():
+    # An idle publisher: nothing is published after the subscriber starts, so no live batch
+    # can reveal a gap. The handshake alone starts the catch-up.
     async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0") as pub:
         for i in range(4):
             pub.publish(b"early-%d" % i)
-        sub = ZmqEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint, start_seq=0)
+        sub = ZmqEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint, start_seq=1)
         await sub.start()
         try:
-            last = await _warm(pub, sub)
+            early = [await asyncio.wait_for(sub.recv(), 30) for _ in range(3)]
+            live = await _first_while_probing(lambda: pub.publish(b"live"), sub.recv)
         finally:
             await sub.close()
-    # _warm consumed the deliveries; the subscriber's own counters tell what happened.
-    assert sub.last_seq == last
-    assert sub.stats.replayed >= 4 and sub.stats.lost == 0
+    assert [(d.seq, d.payload, d.replayed, d.lost_before) for d in early] == [
+        (1, b"early-1", True, 0),
+        (2, b"early-2", True, 0),
+        (3, b"early-3", True, 0),
+    ]
+    assert (live.seq, live.replayed, live.lost_before, live.restarted) == (4, False, 0, False)
+    assert sub.stats.replayed == 3 and sub.stats.lost == 0 and sub.stats.restarts == 0
+
+
+async def test_a_batch_both_replayed_by_the_catch_up_and_received_live_is_delivered_once():
+    # An XPUB shows when the subscription reached the publisher, so the live batch is sent
+    # while the catch-up's replay request waits: it arrives live and replayed, as when a
+    # publisher sends between reading the replay request and the subscription taking effect.
+    xpub = _ctx().socket(zmq.XPUB)
+    xpub.setsockopt(zmq.LINGER, 0)
+    xpub.bind("tcp://127.0.0.1:0")
+    router = _actx().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind("tcp://127.0.0.1:0")
+    endpoint = xpub.getsockopt(zmq.LAST_ENDPOINT).decode()
+    replay = router.getsockopt(zmq.LAST_ENDPOINT).decode()
+    sub = ZmqEventSubscriber(endpoint, replay_endpoint=replay, topic="t", start_seq=0)
+    axpub = zmq.asyncio.Socket.shadow(xpub.underlying)
+    await sub.start()
+    try:
+        first = asyncio.ensure_future(sub.recv())
+        subscription, request = await asyncio.wait_for(
+            asyncio.gather(axpub.recv(), router.recv_multipart()), 30
+        )
+        assert subscription == b"\x01t"
+        client, empty, start = request
+        assert empty == b"" and int.from_bytes(start, "big") == 0
+        for seq, payload in ((0, b"zero"), (1, b"one")):
+            xpub.send_multipart([b"t", seq.to_bytes(8, "big"), payload])
+        await router.send_multipart([client, b"", b"t", (0).to_bytes(8, "big"), b"zero"])
+        await router.send_multipart([client, b"", b"", END_SEQ, b""])
+        got = [await asyncio.wait_for(first, 30), await asyncio.wait_for(sub.recv(), 30)]
+        xpub.send_multipart([b"t", (2).to_bytes(8, "big"), b"two"])
+        got.append(await asyncio.wait_for(sub.recv(), 30))
+    finally:
+        await sub.close()
+        xpub.close(linger=0)
+        router.close(linger=0)
+    assert [(d.seq, d.payload, d.replayed) for d in got] == [
+        (0, b"zero", True),
+        (1, b"one", False),
+        (2, b"two", False),
+    ]
+    assert sub.stats.restarts == 0 and sub.stats.lost == 0 and sub.stats.replay_requests == 1
+
+
+async def test_without_a_position_nothing_is_caught_up():
+    async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0") as pub:
+        pub.publish(b"before")
+        sub = ZmqEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint)
+        await sub.start()
+        try:
+            got = await _first_while_probing(lambda: pub.publish(b"probe"), sub.recv)
+        finally:
+            await sub.close()
+    assert got.seq > 0 and not got.replayed and sub.stats.replay_requests == 0
 
 
 async def test_rewind_redelivers_from_a_seq_through_replay():

@@ -141,8 +141,9 @@ class Cluster:
         """Wait until the router applied every batch each live engine published so far
         (but those of the engines numbered in ``ignore``).
 
-        A ZMQ subscriber notices what it missed only when a later batch arrives (slow joiner),
-        so an empty probe batch is published when a follower made no progress for a while.
+        A follower catches up when it connects, but a batch lost later (or a catch-up replay
+        that failed) shows only when a later batch arrives, so an empty probe batch is
+        published when a follower made no progress for a while.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

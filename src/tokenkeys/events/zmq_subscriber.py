@@ -16,6 +16,14 @@ Sequence handling, per publisher:
   starts at 0 again). The next delivery has ``restarted=True``: forget everything this source
   said before. Batches 0..seq-1 of the new run are replayed if still buffered.
 
+Catching up (``start_seq`` given): ZMQ's subscriber joins late, so what the publisher sends
+between ``connect()`` and the moment its PUB socket has the subscription is dropped without a
+trace, and a gap shows only at the next live batch, which an idle engine may not send for a long
+time. So once the connection's handshake succeeds (a socket monitor reports it; the subscription
+goes out on that same connection at that moment), ``start_seq`` onwards is asked of the replay
+socket and delivered first. Live batches that the replay already delivered (the same sequence
+number and the same bytes) are dropped; any other live batch ends that window.
+
 Limit of the protocol: a publisher that restarts and publishes more than ``last + 1`` batches
 before the subscriber sees one is indistinguishable from a gap (vLLM's stream has no epoch).
 
@@ -38,6 +46,9 @@ from tokenkeys.events.zmq_endpoint import check_endpoint
 from tokenkeys.events.zmq_publisher import END_SEQ
 
 log = logging.getLogger(__name__)
+
+#: Past any sequence number: a catch-up replay asks for everything from its start on.
+_NO_END = 1 << 64
 
 
 @dataclass(frozen=True)
@@ -73,8 +84,8 @@ class ZmqEventSubscriber:
     """SUB + DEALER client of one KV-event publisher; iterate it for :class:`Delivery` items.
 
     ``topic`` is the SUB prefix filter ("" = everything). ``start_seq``: when given, the first
-    live batch triggers a replay of ``start_seq`` onwards (catching up on what was published
-    before this subscriber connected). ``hwm`` is the SUB receive high-water mark (vLLM's
+    connection's handshake triggers a replay of ``start_seq`` onwards (catching up on what was
+    published before this subscriber connected; see the module doc). ``hwm`` is the SUB receive high-water mark (vLLM's
     publisher default is 100,000 batches). ``bind=True`` binds ``endpoint`` for publishers that
     connect (vLLM connects when its endpoint has no wildcard).
     """
@@ -109,6 +120,9 @@ class ZmqEventSubscriber:
         self._sub: zmq.asyncio.Socket | None = None
         self._dealer: zmq.asyncio.Socket | None = None
         self._accepting: asyncio.Future[None] | None = None
+        #: Payloads by seq that the catch-up replay delivered; the same batch arriving live
+        #: afterwards is not delivered twice (see the module doc).
+        self._echo: dict[int, bytes] = {}
         self.stats = SubscriberStats()
 
     async def start(self) -> None:
@@ -119,18 +133,49 @@ class ZmqEventSubscriber:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, self._hwm)
         sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode("utf-8"))
+        # Watched before connecting, so the first handshake cannot pass unseen.
+        monitor = self._catch_up_monitor(sock)
         try:
             if self._bind:
                 sock.bind(self.endpoint)
             else:
                 sock.connect(self.endpoint)
         except zmq.ZMQError as exc:
+            if monitor is not None:
+                monitor.close(linger=0)
             sock.close(linger=0)
             raise Unavailable(
                 f"cannot open KV-event subscription at {self.endpoint!r}: {exc}",
                 field="endpoint",
             ) from exc
         self._sub = sock
+        if monitor is not None:
+            # recv() waits for this first, as for any replay in flight; live batches queue in
+            # the SUB socket meanwhile.
+            self._accepting = asyncio.ensure_future(self._catch_up(monitor))
+
+    def _catch_up_monitor(self, sock: zmq.asyncio.Socket) -> zmq.asyncio.Socket | None:
+        """A monitor of ``sock``'s handshakes when there is a position to catch up from."""
+        if self._last is None or self.replay_endpoint is None:
+            return None
+        return sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+
+    async def _catch_up(self, monitor: zmq.asyncio.Socket) -> None:
+        """After the first handshake, deliver what was published from ``last + 1`` on."""
+        try:
+            await monitor.recv_multipart()
+        finally:
+            if self._sub is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._sub.disable_monitor()
+            monitor.close(linger=0)
+        start = 0 if self._last is None else self._last + 1
+        replayed = await self._replay(start, _NO_END, self.topic)
+        if not replayed:
+            return
+        topic, seq, payload = replayed[-1]
+        self._deliver(topic, seq, payload, False, start, replayed[:-1], replayed_last=True)
+        self._echo = {r_seq: r_payload for _, r_seq, r_payload in replayed}
 
     @property
     def last_seq(self) -> int | None:
@@ -165,6 +210,10 @@ class ZmqEventSubscriber:
                     self.stats.malformed_messages += 1
                     continue
                 seq = int.from_bytes(frames[1], "big")
+                if self._echo:
+                    if self._echo.get(seq) == frames[2]:
+                        continue  # published after the subscription took effect: replayed too
+                    self._echo.clear()
                 restarted, expected = self._position(seq)
                 if seq <= expected or self.replay_endpoint is None:
                     self._deliver(topic, seq, frames[2], restarted, expected, [])
@@ -209,8 +258,11 @@ class ZmqEventSubscriber:
         restarted: bool,
         expected: int,
         replayed: list[tuple[str, int, bytes]],
+        *,
+        replayed_last: bool = False,
     ) -> None:
-        """Queue the replayed batches, then the live one, noting what stayed missing."""
+        """Queue the replayed batches, then the last one (live, or itself replayed when
+        ``replayed_last``), noting what stayed missing."""
         prev = expected - 1
         if not self._positioned:
             # The first delivery since start (or a rewind): this subscriber held no position,
@@ -227,8 +279,13 @@ class ZmqEventSubscriber:
             restarted = False
             prev = r_seq
         self.stats.lost += seq - prev - 1
-        self.stats.received += 1
-        self._pending.append(Delivery(topic, seq, payload, False, restarted, seq - prev - 1))
+        self._pending.append(
+            Delivery(topic, seq, payload, replayed_last, restarted, seq - prev - 1)
+        )
+        if replayed_last:
+            self.stats.replayed += 1
+        else:
+            self.stats.received += 1
         self._last = seq
 
     async def _replay(self, start: int, stop: int, topic: str) -> list[tuple[str, int, bytes]]:

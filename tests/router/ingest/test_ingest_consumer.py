@@ -132,6 +132,25 @@ async def test_events_published_before_and_after_connecting_all_land_in_order():
         assert (await index.lookup(PROMPTS[0]))[WORKER].blocks == 3  # 104 was evicted
 
 
+async def test_an_idle_engine_s_events_from_before_the_subscription_land_without_a_later_batch():
+    # Nothing is published once the router follows: the index must still get every batch
+    # (the subscriber catches up when its connection is made, not at a next live batch).
+    async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0", topic=TOPIC) as pub:
+        engine = Engine(pub)
+        for events in engine_steps():
+            engine.step(*events)
+        last = pub.next_seq - 1
+        index = MemoryPrefixIndex()
+        consumer = make_consumer(pub.endpoint, pub.replay_endpoint, index)
+        async with running(consumer):
+            for _ in range(3000):  # a safety net, never a criterion: no batch is sent meanwhile
+                if consumer.last_seq == last:
+                    break
+                await asyncio.sleep(0.01)
+            assert consumer.last_seq == last and pub.next_seq == last + 1
+        await assert_same(index, await oracle(engine.sent))
+
+
 async def test_a_sequence_gap_is_replayed_and_the_index_is_correct():
     async with ZmqEventPublisher(replay_endpoint="tcp://127.0.0.1:0", topic=TOPIC) as pub:
         relay = LossyRelay(pub.endpoint)

@@ -126,13 +126,13 @@ async def probe_stores(
     ``BlockStored`` events of the first batch with any of a probe's own, or ConfigError when
     vLLM publishes none within ``timeout``.
 
-    A batch vLLM publishes before the subscription reaches it is lost without a trace (ZMQ's
-    late joiner: the replay is asked for only when a later batch shows the gap), so a probe
-    unanswered for :data:`PROBE_RESEND` seconds is sent again with fresh content, never cached,
-    so vLLM stores and publishes it anew.
+    The subscriber catches up from vLLM's replay buffer once connected, so a batch published
+    before the subscription took effect is not lost; a probe unanswered for
+    :data:`PROBE_RESEND` seconds is still sent again with fresh content, never cached, so vLLM
+    stores and publishes it anew (a safety net for a replay that failed or timed out).
     """
-    # Replayed from the start of vLLM's buffer, so no event published before the subscription
-    # settles is missed once a later batch arrives.
+    # From the start of vLLM's buffer: nothing published before the subscription settled is
+    # missed.
     subscriber = ZmqEventSubscriber(
         config.kv_events, replay_endpoint=config.kv_replay, topic=config.kv_topic, start_seq=0
     )
