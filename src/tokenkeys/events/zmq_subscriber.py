@@ -86,8 +86,8 @@ class ZmqEventSubscriber:
     ``topic`` is the SUB prefix filter ("" = everything). ``start_seq``: when given, the first
     connection's handshake triggers a replay of ``start_seq`` onwards (catching up on what was
     published before this subscriber connected; see the module doc). ``hwm`` is the SUB
-    receive high-water mark (vLLM's publisher default is 100,000 batches). ``bind=True`` binds ``endpoint`` for publishers that
-    connect (vLLM connects when its endpoint has no wildcard).
+    receive high-water mark (vLLM's publisher default is 100,000 batches). ``bind=True`` binds
+    ``endpoint`` for publishers that connect (vLLM connects when its endpoint has no wildcard).
     """
 
     def __init__(
