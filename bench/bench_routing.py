@@ -39,6 +39,10 @@ score latency are in the ``bench_router_index`` section.
 
 A last, small section routes over two real vLLM 0.32 servers behind sidecars
 (``routing_vllm``): vLLM's own ``cached_tokens``, precise against round robin.
+
+``--replicas N`` runs only the concurrent workload's one-router and sharing-replica rows, N
+times, with what placing costs (``_place_cost``, ``placing_processes``); ``--processes`` runs
+each of those routers in a process of its own, as an operator does (``routing_processes``).
 """
 
 from __future__ import annotations
@@ -644,6 +648,7 @@ async def _replica_rows(repeat: int, processes: bool) -> str:
     """The concurrent workload's one-router and sharing-replica rows, ``repeat`` times each
     (``--replicas N``: whether the ratio holds, not one lucky run); with ``processes``
     (``--processes``) every router runs in a process of its own (``routing_processes``)."""
+    # Imported here: routing_processes imports this module (its workload and driver).
     from placing_processes import burst_note
     from routing_processes import run_policy_processes
 
