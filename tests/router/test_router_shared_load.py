@@ -293,3 +293,41 @@ async def test_a_placement_cancelled_in_its_round_trip_leaves_no_flight(replicas
     a.shared.sent("m", "w2", flight)  # a later entry: B has read past the cancelled one's end
     await wait_until(lambda: b.view("w2").inflight == 1, what="a later flight")
     assert b.view("w1").inflight == 0
+
+
+async def test_a_group_goes_out_while_an_earlier_one_is_still_out(replicas, redis_url):
+    """A decision asked while the replica's previous group is out is not kept waiting for
+    that group's round trip: it is decided on the earlier one's hold and placed at once, and
+    both are placed (the replica's own entry never refuses its next group)."""
+    a, b = replicas
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    out = {"now": 0, "most": 0}  # round trips out (the real ones, counted on their way)
+    append = a.shared.append
+
+    async def counted(placements: list[tuple[int, Placement]], force: bool) -> bool:
+        out["now"] += 1
+        out["most"] = max(out["most"], out["now"])
+        try:
+            return await append(placements, force)
+        finally:
+            out["now"] -= 1
+
+    a.shared.append = counted  # type: ignore[method-assign]
+    seen: list[int] = []
+    # The placing script waits while the server is paused: the first group is still out
+    # when the second decision is asked.
+    await admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+    try:
+        first = asyncio.create_task(a.shared.place(_placing(a, "w1", (21,), 1.0, seen)))
+        await wait_until(lambda: len(seen) == 1, what="first group out")
+        second = asyncio.create_task(a.shared.place(_placing(a, "w1", (22,), 1.0, seen)))
+        await wait_until(lambda: len(seen) == 2, what="second group out")
+        assert seen == [0, 1]  # decided on the first's hold
+        await wait_until(lambda: out["most"] == 2, what="two groups out at once")
+        assert not first.done() and not second.done()
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+        await admin.aclose()
+    assert await asyncio.gather(first, second) == ["w1", "w1"]
+    assert a.shared.redecided == 0 and a.shared.forced == 0
+    await wait_until(lambda: b.view("w1").inflight == 2, what="both placed")
