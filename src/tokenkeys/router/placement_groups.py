@@ -1,23 +1,16 @@
 """A router replica's decisions placed in groups on the shared stream (``router.shared_load``).
 
 A decision placed alone would cost a round trip, and a burst's decisions would queue one round
-trip each behind each other. Instead, the decisions a replica is asked in one turn of its event
-loop form a group: decided in order, each held in this replica's load view and growth ledger
-(``LoadView.hold``, ``GrowthLedger.hold``) so that the next one sees it as one router sees its
-previous decision, and placed in one round trip (one stream entry); a refused group (a peer
-placed something in between) is decided again as a whole on the peers' entries, at most
-``retries`` times, then placed as it stands. An agreed placement's growth goes to the policy,
-which records it at once, and its flight stays held until its request goes out
+trip each behind each other. Instead, the decisions a replica is asked while one of its
+placements is out form the next group: decided in order, each held in this replica's load view
+and growth ledger (``LoadView.hold``, ``GrowthLedger.hold``) so that the next one sees it as
+one router sees its previous decision, and placed in one round trip (one stream entry); a
+refused group (a peer placed something in between) is decided again as a whole on the peers'
+entries, at most ``retries`` times, then placed as it stands. An agreed placement's growth goes
+to the policy, which records it at once, and its flight stays held until its request goes out
 (``LoadView.begin`` takes it over) or is withdrawn when none does in time; a caller that leaves
-(cancelled) has its placement withdrawn, and ended for the peers.
-
-A group does not wait for the groups still out before it: it is decided on their holds and
-sent at once. Waiting cost a burst's later decisions the earlier group's whole round trip,
-which on a router busy with the burst's other requests is many times Redis's own (measured in
-docs/benchmarks.md). It stays exact: a group's decisions and the stream position it was decided
-at are taken in one step with no await between, and ``PLACE`` refuses it if any peer placed
-after that position; this replica's own entries never refuse it, and were held here when it
-was decided. A refused group was decided with more held here than will stand, never less.
+(cancelled) has its placement withdrawn, and ended for the peers. A burst of N decisions thus
+costs a replica about two round trips, not N.
 """
 
 from __future__ import annotations
@@ -107,10 +100,7 @@ class GroupPlacer:
         self.stream = stream
         self.retries = retries
         self._asks: list[_Ask] = []
-        #: The task that will take the asks of this loop turn as a group (None: no ask waits).
-        self._next: asyncio.Task[None] | None = None
-        #: Groups out (their round trips, retries included).
-        self._groups: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
         self._closing = False
         #: Seconds each placed decision took from being asked to agreed (its group's wait
         #: included), decisions made again on peers' placements, and placed as they stood.
@@ -127,10 +117,8 @@ class GroupPlacer:
             return result
         ask = _Ask(decide, asyncio.get_running_loop().create_future(), time.perf_counter())
         self._asks.append(ask)
-        if self._next is None:  # the asks of this loop turn go together, once it yields
-            self._next = asyncio.create_task(self._place_asks())
-            self._groups.add(self._next)
-            self._next.add_done_callback(self._groups.discard)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._place_asks())
         try:
             result = await ask.done
         except asyncio.CancelledError:
@@ -140,19 +128,16 @@ class GroupPlacer:
         return result
 
     async def _place_asks(self) -> None:
-        """Place the asks queued so far as one group (the next asks start the next group)."""
-        self._next = None
-        if self._closing:  # close() decides them
-            return
-        group, self._asks = self._asks, []
-        for ask in group:
-            ask.state = _PLACING
-        try:
-            await self._place_group(group)
-        except BaseException:
+        while self._asks and not self._closing:
+            group, self._asks = self._asks, []
             for ask in group:
-                self._give_up(ask, Unavailable("shared load: closed while placing"))
-            raise
+                ask.state = _PLACING
+            try:
+                await self._place_group(group)
+            except BaseException:
+                for ask in group:
+                    self._give_up(ask, Unavailable("shared load: closed while placing"))
+                raise
 
     async def _place_group(self, group: list[_Ask]) -> None:
         for attempt in range(self.retries + 1):
@@ -252,11 +237,11 @@ class GroupPlacer:
             ask.done.set_exception(error)
 
     async def close(self, timeout: float) -> None:
-        """Stop placing: the groups out finish within ``timeout`` seconds (else they are
+        """Stop placing: the group out finishes within ``timeout`` seconds (else it is
         cancelled); decisions still asked are decided here, as one router decides them."""
         self._closing = True
-        if self._groups:
-            _, late = await asyncio.wait(list(self._groups), timeout=timeout)
+        if self._task is not None:
+            _, late = await asyncio.wait([self._task], timeout=timeout)
             for task in late:
                 task.cancel()
         asks, self._asks = self._asks, []

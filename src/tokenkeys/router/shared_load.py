@@ -18,9 +18,8 @@ case the peer's entries come back, are applied, and the decision is made again (
 ``retries`` times, then placed as it stands). A burst routed by several replicas at once is
 thereby decided as one router would decide it, one placement after the other.
 
-A replica's own decisions do not queue one round trip each: those asked in one turn of its
-event loop are decided in order and placed together, without waiting for its groups still out
-(``router.placement_groups``).
+A replica's own decisions do not queue one round trip each: those asked while one of its
+placements is out are decided in order and placed together (``router.placement_groups``).
 First outputs, ends and heartbeats are batched by a background task (one ``XADD`` per batch).
 
 This follows Dynamo's router replica sync (ai-dynamo/dynamo ``lib/llm/src/kv_router/
