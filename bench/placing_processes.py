@@ -40,6 +40,12 @@ async def _replica(
     period: float,
     blocks: int,
 ) -> dict[str, Any]:
+    """One replica process: ``bursts`` bursts of ``burst`` decisions on the shared clock.
+
+    Its pools are empty (no load view holds the placements: what is measured is the stream's
+    protocol, not the policy); each decision's ``PLACE`` round trips are timed around the real
+    ``append``, and its request is sent, answered and finished as a router tells them.
+    """
     shared = RedisSharedLoad(url, namespace=namespace)
     rtt: list[float] = []
     append = shared.append
@@ -58,6 +64,7 @@ async def _replica(
     counter = 0
 
     async def one(n: int) -> None:
+        # Keys of their own per replica and decision (no two prompts alike).
         keys = tuple(range(1_000_000 * index + 1000 * n, 1_000_000 * index + 1000 * n + blocks))
         placement = Placement("m", WORKERS[n % len(WORKERS)], keys, keys[-4:], 4.0)
         await shared.place(lambda: (placement, None))
