@@ -145,7 +145,7 @@ def burst_note(url: str, counts: tuple[int, ...] = (1, 2, 4)) -> str:
         )
     return (
         "Placing bursts from replicas in processes of their own and nothing else in them "
-        f"(``placing_processes``: every {PERIOD * 1000:.0f} ms each replica is asked "
+        f"(`bench/placing_processes.py`: every {PERIOD * 1000:.0f} ms each replica is asked "
         f"{BURST} decisions at once, {BURSTS} bursts; one redis-server on loopback): "
         + "; ".join(parts)
         + "."
