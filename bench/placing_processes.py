@@ -1,7 +1,7 @@
 """Placing bursts of decisions from router replicas that each run in a process of their own.
 
 ``bench_routing --replicas`` runs its replicas, their event followers and the clients in one
-process, so a replica's placement waits behind the others' work on one event loop. Here each
+process and measures placing inside routing; here the protocol is measured alone. Each
 replica is a process with its own event loop and its own ``RedisSharedLoad`` against one
 redis-server, and nothing else runs in it: every ``period`` seconds (on a shared clock) each
 replica is asked a burst of decisions at once, places them (``router.placement_groups``),

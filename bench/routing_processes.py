@@ -1,8 +1,8 @@
 """The concurrent workload's routers as an operator runs them: each in a process of its own.
 
 ``bench_routing`` runs its routers in the bench's own process and event loop, beside the
-clients: a sharing replica's placement round trip then waits behind the other replicas'
-routing, event following and load polls. Here every router (the one router of the reference
+clients, so a sharing replica's placement could wait behind the other replicas' work (it was
+measured not to be the cause: docs/benchmarks.md). Here every router (the one router of the reference
 row, or each of 2-4 sharing replicas) is a process of its own (``RouteServer`` with its HTTP
 frontend, as ``tokenkeys route`` runs), the bench process only plays the conversations over
 HTTP (``/v1/chat/completions``: the router tokenizes, as it does for a client) to a replica
