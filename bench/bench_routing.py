@@ -39,6 +39,10 @@ score latency are in the ``bench_router_index`` section.
 
 A last, small section routes over two real vLLM 0.32 servers behind sidecars
 (``routing_vllm``): vLLM's own ``cached_tokens``, precise against round robin.
+
+``--replicas N`` runs only the concurrent workload's one-router and sharing-replica rows, N
+times, with what placing costs (``_place_cost``, ``placing_processes``); ``--processes`` runs
+each of those routers in a process of its own, as an operator does (``routing_processes``).
 """
 
 from __future__ import annotations
@@ -592,8 +596,11 @@ def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
             cost = (
                 f" (placing {_us(place, 50)} / {_us(place, 99)} per decision p50 / p99; "
                 f"{r['redecided']} decided again, {r['forced']} of {len(place)} placed as they "
-                "stood after 8)"
+                "stood after 8"
             )
+            if r.get("took"):  # routers in processes of their own (routing_processes)
+                cost += f"; {_took(r)}"
+            cost += ")"
         parts.append(f"{n.split(', ')[1]} **{r['hit'] / res['precise']['hit']:.2f}x**{cost}")
     return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."
 
@@ -627,30 +634,50 @@ async def _place_cost(url: str, decisions: int = 2000) -> str:
         await b.close()
 
 
+def _took(r: dict) -> str:
+    """A process-mode row's request time (sent to answered) and its routers' loop lag."""
+    took, lag = r["took"], r["lag"]
+    return f"request {_us(took, 50)} p50, loop lag {_us(lag, 50)} / {_us(lag, 99)} p50 / p99"
+
+
 def _us(values: list[float], q: float) -> str:
     return f"{1e6 * pct(values, q):,.0f} µs"
 
 
-async def _replica_rows(repeat: int) -> str:
+async def _replica_rows(repeat: int, processes: bool) -> str:
     """The concurrent workload's one-router and sharing-replica rows, ``repeat`` times each
-    (``--replicas N``: whether the ratio holds, not one lucky run)."""
+    (``--replicas N``: whether the ratio holds, not one lucky run); with ``processes``
+    (``--processes``) every router runs in a process of its own (``routing_processes``)."""
+    # Imported here: routing_processes imports this module (its workload and driver).
+    from placing_processes import burst_note
+    from routing_processes import run_policy_processes
+
     w = next(w for w in _workloads(False) if w.name == "concurrent")
     shared = LocalRedis()
     lines = []
     try:
         lines.append("- " + await _place_cost(shared.url))
+        lines.append("- " + await asyncio.to_thread(burst_note, shared.url))
         with tempfile.TemporaryDirectory() as cache:
             for i in range(repeat):
                 res = {}
                 for name, policy, cost, replicas, share in POLICIES[:3]:
                     url = shared.url if share else None
-                    res[name] = await _run_policy(policy, cost, w, cache, replicas, url)
+                    if processes:
+                        res[name] = await run_policy_processes(cost, w, cache, replicas, url)
+                    else:
+                        res[name] = await _run_policy(policy, cost, w, cache, replicas, url)
                 rows = ["precise, 2 replicas", "precise, 4 replicas"]
                 load = os.getloadavg()[0]
                 one = 100 * res["precise"]["hit"]
+                if processes:
+                    one_took = f" ({_took(res['precise'])})"
+                else:
+                    one_took = ""
                 note = _replica_note(res, rows).split(": ", 1)[1]
                 lines.append(
-                    f"- run {i + 1} (load average {load:.1f}): one router {one:.1f} %; {note}"
+                    f"- run {i + 1} (load average {load:.1f}): one router {one:.1f} %"
+                    f"{one_took}; {note}"
                 )
     finally:
         shared.close()
@@ -675,6 +702,7 @@ def run(quick: bool) -> str:
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT / "src"))
     if "--replicas" in sys.argv:
-        print(asyncio.run(_replica_rows(int(sys.argv[sys.argv.index("--replicas") + 1]))))
+        repeat = int(sys.argv[sys.argv.index("--replicas") + 1])
+        print(asyncio.run(_replica_rows(repeat, "--processes" in sys.argv)))
     else:
         print(run("--quick" in sys.argv))

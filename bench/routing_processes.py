@@ -1,0 +1,164 @@
+"""The concurrent workload's routers as an operator runs them: each in a process of its own.
+
+``bench_routing`` runs its routers in the bench's own process and event loop, beside the
+clients, so a sharing replica's placement could wait behind the other replicas' work (it was
+measured not to be the cause: docs/benchmarks.md). Here every router (the one router of the reference
+row, or each of 2-4 sharing replicas) is a process of its own (``RouteServer`` with its HTTP
+frontend, as ``tokenkeys route`` runs), the bench process only plays the conversations over
+HTTP (``/v1/chat/completions``: the router tokenizes, as it does for a client) to a replica
+picked at random per request, as a load balancer does. The served worker comes from the
+router's ``x-tokenkeys-worker`` header, the counts from the engines' usage; each replica
+reports its placing figures over a pipe when the run ends, with its event loop's lag (how late
+a 5 ms sleep wakes: how long a ready callback, such as a placement's reply, waits behind the
+loop's other work). The bench also times each request from sent to answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+from bench_routing import MAX_TOKENS, MODEL, Workload, _drive, _finish, _quiet, _start_engines
+
+from tokenkeys.router.assembly import RouteConfig, RouteServer
+from tokenkeys.router.frontend import HEADER_WORKER
+from tokenkeys.router.policy.cost import CostWeights
+from tokenkeys.router.service import RouterConfig
+from tokenkeys.router.shared_load import RedisSharedLoad
+from tokenkeys.router.workers.pool_setup import PoolSettings
+
+#: Seconds between the loop-lag probe's wake-ups.
+_TICK = 0.005
+
+
+async def _lag(lags: list[float]) -> None:
+    """Record how late each ``_TICK`` sleep wakes (the loop busy with other work)."""
+    while True:
+        began = time.perf_counter()
+        await asyncio.sleep(_TICK)
+        lags.append(time.perf_counter() - began - _TICK)
+
+
+async def _serve(config: RouterConfig, conn: Any) -> None:
+    """One router process: start, say its port, then answer the bench's commands."""
+    server = await RouteServer(RouteConfig(config, http_port=0)).start()
+    service = server.service
+    lags: list[float] = []
+    probe = asyncio.create_task(_lag(lags))
+    try:
+        for _ in range(200):  # a sharing replica follows the stream before it is used
+            if getattr(service.shared, "following", True):
+                break
+            await asyncio.sleep(0.02)
+        conn.send(server.http_port)
+        loop = asyncio.get_running_loop()
+        while True:
+            command = await loop.run_in_executor(None, conn.recv)
+            if command == "begin":  # the workload starts: lag from here on
+                lags.clear()
+            elif command == "settle":  # the round's engine events applied here
+                await _quiet(service)
+                conn.send("settled")
+            elif command == "stats":
+                shared = service.shared
+                placed = isinstance(shared, RedisSharedLoad)
+                conn.send(
+                    {
+                        "place": list(shared.place_seconds) if placed else [],
+                        "redecided": shared.redecided if placed else 0,
+                        "forced": shared.forced if placed else 0,
+                        "lag": lags[:],
+                    }
+                )
+            else:
+                break
+    finally:
+        probe.cancel()
+        await server.stop()
+
+
+def _router_process(config: RouterConfig, conn: Any) -> None:
+    asyncio.run(_serve(config, conn))
+
+
+async def run_policy_processes(
+    cost: CostWeights, w: Workload, cache: str, replicas: int, share_url: str | None
+) -> dict:
+    """The precise policy with ``replicas`` routers, each in its own process; with
+    ``share_url`` they share their load through it."""
+    engines = await _start_engines(w)
+    config = RouterConfig(
+        workers=tuple(e.address for e in engines),
+        policy="precise",
+        poll_interval=0.2,
+        pools=PoolSettings(cache=cache),
+        cost=cost,
+        redis_url=share_url,
+        redis_namespace=f"bench-{random.getrandbits(32):08x}",
+        share_load=share_url is not None,
+    )
+    ctx = multiprocessing.get_context("spawn")
+    pipes, procs = [], []
+    try:
+        for _ in range(replicas):
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_router_process, args=(config, there), daemon=True)
+            proc.start()
+            pipes.append(here)
+            procs.append(proc)
+        ports = [await asyncio.to_thread(p.recv) for p in pipes]
+        for pipe in pipes:
+            pipe.send("begin")
+        took: list[float] = []
+        balancer = random.Random(11)  # the load balancer's picks, as in bench_routing
+        timeout = httpx.Timeout(60.0)
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+
+            async def send(messages: list[dict]) -> tuple[int, int, str, str | None]:
+                port = balancer.choice(ports)
+                body = {"model": MODEL, "messages": messages, "max_tokens": MAX_TOKENS}
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                began = time.perf_counter()
+                response = await client.post(url, json=body)
+                took.append(time.perf_counter() - began)
+                response.raise_for_status()
+                answer = response.json()
+                usage = answer["usage"]
+                cached = usage["prompt_tokens_details"]["cached_tokens"]
+                reply = answer["choices"][0]["message"]["content"]
+                return usage["prompt_tokens"], cached, reply, response.headers[HEADER_WORKER]
+
+            async def settle() -> None:
+                for pipe in pipes:
+                    pipe.send("settle")
+                for pipe in pipes:
+                    await asyncio.to_thread(pipe.recv)
+
+            async def restart() -> None:
+                raise NotImplementedError("the process mode runs the concurrent workload")
+
+            result = await _drive(w, send, restart, settle)
+        result.update(place=[], redecided=0, forced=0, lag=[], took=took)
+        for pipe in pipes:
+            pipe.send("stats")
+            stats = await asyncio.to_thread(pipe.recv)
+            for name in ("place", "redecided", "forced", "lag"):
+                result[name] += stats[name]
+        return _finish(result, Counter(result["served"]))
+    finally:
+        for pipe in pipes:
+            try:
+                pipe.send("stop")
+            except OSError:
+                pass
+        for proc in procs:
+            await asyncio.to_thread(proc.join, 20)
+            if proc.is_alive():
+                proc.kill()
+        for engine in engines:
+            engine.stop()
