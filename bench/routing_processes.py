@@ -2,15 +2,15 @@
 
 ``bench_routing`` runs its routers in the bench's own process and event loop, beside the
 clients, so a sharing replica's placement could wait behind the other replicas' work (it was
-measured not to be the cause: docs/benchmarks.md). Here every router (the one router of the reference
-row, or each of 2-4 sharing replicas) is a process of its own (``RouteServer`` with its HTTP
-frontend, as ``tokenkeys route`` runs), the bench process only plays the conversations over
-HTTP (``/v1/chat/completions``: the router tokenizes, as it does for a client) to a replica
-picked at random per request, as a load balancer does. The served worker comes from the
-router's ``x-tokenkeys-worker`` header, the counts from the engines' usage; each replica
-reports its placing figures over a pipe when the run ends, with its event loop's lag (how late
-a 5 ms sleep wakes: how long a ready callback, such as a placement's reply, waits behind the
-loop's other work). The bench also times each request from sent to answered.
+measured not to be the cause: docs/benchmarks.md). Here every router (the one router of the
+reference row, or each of 2-4 sharing replicas) is a process of its own (``RouteServer`` with
+its HTTP frontend, as ``tokenkeys route`` runs), the bench process only plays the conversations
+over HTTP (``/v1/chat/completions``: the router tokenizes, as it does for a client) to a replica
+picked at random per request, as a load balancer does. The served worker comes from the router's
+``x-tokenkeys-worker`` header, the counts from the engines' usage; each replica reports its
+placing figures over a pipe when the run ends, with its event loop's lag (how late a 5 ms sleep
+wakes: how long a ready callback, such as a placement's reply, waits behind the loop's other
+work). The bench also times each request from sent to answered.
 """
 
 from __future__ import annotations
