@@ -36,6 +36,7 @@ require_smg_stubs()
 
 from tokenkeys._gen_smg import common_pb2, vllm_engine_pb2_grpc  # noqa: E402
 from tokenkeys._gen_smg import vllm_engine_pb2 as pb  # noqa: E402
+from tokenkeys.server.grpc.vllm_engine.servicer import VllmEngineService  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 8
 
@@ -150,6 +151,37 @@ async def test_abort_ends_a_running_request_with_finish_reason_abort():
         assert len(rest) < 199
     finally:
         await s.stop()
+
+
+async def test_an_abort_while_grpc_writes_a_chunk_still_ends_with_finish_reason_abort():
+    # grpc.aio runs a streaming handler in its call's task and writes each chunk outside the
+    # handler's frame; an Abort arriving then used to cancel that task in grpc's own write, and
+    # the call ended with no status at all (the client waited for its deadline: seen once
+    # against a real vLLM). Driven here without grpc, the handler is held at a chunk as grpc
+    # holds it while writing, and Abort comes from another task; the test's own task is the
+    # call's, so a cancel of it fails the test.
+    slow = EngineConfig(
+        engine=SimulatedConfig(latency=LatencyModel(decode_s_per_token=0.05, sleep=True))
+    )
+    s = await start_stack(slow, vllm_engine_face=True)
+    try:
+        service = VllmEngineService(s.models, s.runtime)
+        request = pb.GenerateRequest(
+            request_id="held",
+            tokenized=pb.TokenizedInput(input_ids=ids_of(s)),
+            sampling_params=pb.SamplingParams(max_tokens=200, ignore_eos=True),
+            stream=True,
+        )
+        responses = service.Generate(request, None)
+        first = await anext(responses)
+        assert first.WhichOneof("response") == "chunk"
+        await asyncio.ensure_future(service.Abort(pb.AbortRequest(request_ids=["held"]), None))
+        rest = [m async for m in responses]
+    finally:
+        await s.stop()
+    assert [m.WhichOneof("response") for m in rest] == ["chunk", "complete"]
+    assert not rest[0].chunk.token_ids
+    assert rest[1].complete.finish_reason == "abort"
 
 
 async def test_model_info_names_the_served_tokenizer(stack):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 
@@ -37,6 +38,18 @@ from tokenkeys.serving.models import ModelRegistry, ServedModel
 pb = vllm_engine_pb2
 
 
+class _Aborted(Exception):
+    """Generate saw its request aborted between two outputs of the engine."""
+
+
+@dataclass
+class _Running:
+    """A running Generate: its task, and whether it is awaiting the engine's next output."""
+
+    task: asyncio.Task
+    at_engine: bool = False
+
+
 class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
     """``VllmEngine`` for the one model of ``models``; see the module doc."""
 
@@ -46,8 +59,8 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
         self._runtime = runtime
         self._estimate = LoadEstimate()
         self._bundle: TokenizerBundle | None = None
-        # request id -> the task serving its Generate, for Abort
-        self._running: dict[str, asyncio.Task] = {}
+        # request id -> the Generate serving it, for Abort
+        self._running: dict[str, _Running] = {}
         self._aborted: set[str] = set()
 
     def _model(self) -> ServedModel:
@@ -70,7 +83,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
             raise InvalidArgument(f"request_id {rid!r} is already running", field="request_id")
         task = asyncio.current_task()
         assert task is not None
-        self._running[rid] = task
+        running = self._running[rid] = _Running(task)
         prompt_tokens = len(inputs.token_ids)
         tokens: list[int] = []
         estimate = self._estimate
@@ -78,7 +91,16 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
         try:
             outputs = engine.generate(inputs.token_ids, inputs.params, request_id=rid)
             async with contextlib.aclosing(outputs) as stream:
-                async for output in stream:
+                while True:
+                    if rid in self._aborted:
+                        raise _Aborted  # while grpc was writing the last chunk (see Abort)
+                    running.at_engine = True
+                    try:
+                        output = await anext(stream)
+                    except StopAsyncIteration:
+                        break
+                    finally:
+                        running.at_engine = False
                     tokens.extend(output.token_ids)
                     estimate.generated(rid, len(output.token_ids))
                     if inputs.stream:
@@ -96,7 +118,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
             raise Unavailable(
                 f"the engine of {model.name!r} ended without finishing", field="model"
             )
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, _Aborted):
             if rid not in self._aborted:
                 raise
             # Abort ends the request as vLLM ends an aborted one: finish reason "abort", after
@@ -114,10 +136,15 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
         self, request: vllm_engine_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> vllm_engine_pb2.AbortResponse:
         for rid in request.request_ids:  # ids not running (any more) are ignored, as vLLM does
-            task = self._running.get(rid)
-            if task is not None and rid not in self._aborted:
+            running = self._running.get(rid)
+            if running is not None and rid not in self._aborted:
                 self._aborted.add(rid)
-                task.cancel()
+                # Cancelled only while it awaits the engine: a cancel that lands in grpc's own
+                # write of a streamed chunk would end the call with no status at all (the
+                # client waits for its deadline). Otherwise Generate sees the abort when grpc
+                # resumes it after the write, before it awaits the engine again.
+                if running.at_engine:
+                    running.task.cancel()
         return pb.AbortResponse()
 
     @grpc_status.unary
