@@ -43,7 +43,7 @@ class _Aborted(Exception):
 
 
 @dataclass
-class _Running:
+class _Generating:
     """A running Generate: its task, and whether it is awaiting the engine's next output."""
 
     task: asyncio.Task
@@ -60,7 +60,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
         self._estimate = LoadEstimate()
         self._bundle: TokenizerBundle | None = None
         # request id -> the Generate serving it, for Abort
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, _Generating] = {}
         self._aborted: set[str] = set()
 
     def _model(self) -> ServedModel:
@@ -83,7 +83,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
             raise InvalidArgument(f"request_id {rid!r} is already running", field="request_id")
         task = asyncio.current_task()
         assert task is not None
-        running = self._running[rid] = _Running(task)
+        running = self._running[rid] = _Generating(task)
         prompt_tokens = len(inputs.token_ids)
         tokens: list[int] = []
         estimate = self._estimate
