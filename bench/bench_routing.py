@@ -270,6 +270,23 @@ def _finish(result: dict, served: Counter[str]) -> dict:
     return result
 
 
+def router_config(
+    engines: list, policy: str, cost: CostWeights, cache: str, share_url: str | None
+) -> RouterConfig:
+    """The routers' configuration over ``engines``; with ``share_url`` they share their load
+    through it, in a namespace of their own."""
+    return RouterConfig(
+        workers=tuple(e.address for e in engines),
+        policy=policy,
+        poll_interval=0.2,
+        pools=PoolSettings(cache=cache),
+        cost=cost,
+        redis_url=share_url,
+        redis_namespace=f"bench-{uuid.uuid4().hex[:8]}",
+        share_load=share_url is not None,
+    )
+
+
 async def _run_policy(
     policy: str,
     cost: CostWeights,
@@ -281,16 +298,7 @@ async def _run_policy(
     """A tokenkeys policy: in-process routers (``replicas`` of them) forwarding token ids over
     gRPC; with ``share_url`` they share their requests in flight and growth through it."""
     engines = await _start_engines(w)
-    config = RouterConfig(
-        workers=tuple(e.address for e in engines),
-        policy=policy,
-        poll_interval=0.2,
-        pools=PoolSettings(cache=cache),
-        cost=cost,
-        redis_url=share_url,
-        redis_namespace=f"bench-{uuid.uuid4().hex[:8]}",
-        share_load=share_url is not None,
-    )
+    config = router_config(engines, policy, cost, cache, share_url)
     # Each replica follows every engine's events (an in-memory index each); what it sent, its
     # requests in flight and its cache-growth counts are its own unless shared.
     routers = [await RouteServer(RouteConfig(config)).start() for _ in range(replicas)]

@@ -23,14 +23,22 @@ from collections import Counter
 from typing import Any
 
 import httpx
-from bench_routing import MAX_TOKENS, MODEL, Workload, _drive, _finish, _quiet, _start_engines
+from bench_routing import (
+    MAX_TOKENS,
+    MODEL,
+    Workload,
+    _drive,
+    _finish,
+    _quiet,
+    _start_engines,
+    router_config,
+)
 
 from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.frontend import HEADER_WORKER
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.service import RouterConfig
 from tokenkeys.router.shared_load import RedisSharedLoad
-from tokenkeys.router.workers.pool_setup import PoolSettings
 
 #: Seconds between the loop-lag probe's wake-ups.
 _TICK = 0.005
@@ -92,16 +100,7 @@ async def run_policy_processes(
     """The precise policy with ``replicas`` routers, each in its own process; with
     ``share_url`` they share their load through it."""
     engines = await _start_engines(w)
-    config = RouterConfig(
-        workers=tuple(e.address for e in engines),
-        policy="precise",
-        poll_interval=0.2,
-        pools=PoolSettings(cache=cache),
-        cost=cost,
-        redis_url=share_url,
-        redis_namespace=f"bench-{random.getrandbits(32):08x}",
-        share_load=share_url is not None,
-    )
+    config = router_config(engines, "precise", cost, cache, share_url)
     ctx = multiprocessing.get_context("spawn")
     pipes, procs = [], []
     try:
