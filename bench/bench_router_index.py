@@ -18,7 +18,9 @@ Keys are random u64 values: computing them is measured by ``bench_keys``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
+import statistics
 import time
 from collections.abc import Callable
 
@@ -27,6 +29,7 @@ from redis_local import LocalRedis
 from timing import load_note, pct, sample
 
 from tokenkeys.events.model import BlockStored, EventBatch, SpecRef
+from tokenkeys.process.run import freeze_started
 from tokenkeys.router.index.memory import MemoryPrefixIndex
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.index.redis import RedisPrefixIndex
@@ -137,6 +140,43 @@ def _redis_lookup_floor(loop, url: str, namespace: str, prompt: list[int]):
     return (lambda: loop.run_until_complete(go())), client
 
 
+def _pause() -> float:
+    """Seconds of one full collection (the median of three)."""
+    gc.collect()
+    return statistics.median(sample(gc.collect, 3, warmup=0))
+
+
+def _collection_rows(loop, keys: int, workers: int, rng: random.Random) -> list[str]:
+    """A full collection's pause beside an index of ``keys`` keys held by ``workers`` workers:
+    as served (frozen at start), not frozen, and with the reference beside it."""
+    index = MemoryPrefixIndex(capacity=keys)
+    held: dict[str, list[int]] = {f"w{i}": [] for i in range(workers)}
+
+    async def fill() -> None:
+        for i in range(keys // STEP_BLOCKS):
+            worker, step = f"w{i % workers}", [rng.getrandbits(64) for _ in range(STEP_BLOCKS)]
+            held[worker] += step
+            await index.add(worker, step)
+
+    loop.run_until_complete(fill())
+    alone = _pause()
+    # The reverse map as the index kept it before: a set of keys per worker (tracked).
+    sets = [set(k) for k in held.values()]
+    with_sets = _pause()
+    del sets
+    freeze_started()
+    try:
+        frozen = _pause()
+    finally:
+        gc.unfreeze()
+    return [
+        f"| frozen at start (`tokenkeys route`) | {_ms(frozen)} | {_ms(with_sets)} | "
+        f"{frozen / with_sets:.3f} |",
+        f"| not frozen (the index in a process of your own) | {_ms(alone)} | {_ms(with_sets)} | "
+        f"{alone / with_sets:.2f} |",
+    ]
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.2f} ms"
 
@@ -149,6 +189,7 @@ def run(quick: bool) -> str:
     total = sum(len(b.events[0].block_hashes) for _, b in batches)
     prompt = [rng.getrandbits(64) for _ in range(PROMPT_BLOCKS)]
     n_score = 10 if quick else 40
+    gc_keys, gc_workers = (200_000 if quick else 2_000_000), 200
     loop = asyncio.new_event_loop()
     ingest_rows, score_rows, notes = [], [], []
     server = LocalRedis()
@@ -167,6 +208,7 @@ def run(quick: bool) -> str:
             f"| memory | {_ms(pct(got, 50))} | {_ms(pct(got, 90))} | "
             f"{_ms(pct(ref, 50))} (dict gets) | {pct(got, 50) / pct(ref, 50):.1f}x |"
         )
+        gc_rows = _collection_rows(loop, gc_keys, gc_workers, rng)
         if server.url is None:
             notes.append("Redis rows skipped: no `REDIS_URL` and no `redis-server` binary.")
         else:
@@ -225,6 +267,18 @@ def run(quick: bool) -> str:
             "worker's run was walked key by key in Python (5.1 ms here, 4 ms of it that walk). "
             "Computing the prompt's keys is not in these figures (`bench_keys`: "
             "`vllm/xxhash_cbor` 128k tokens in about 5 ms).",
+            "",
+            f"Full collection: the pause of one `gc.collect()` (median of 3) in a process "
+            f"holding a memory index of {gc_keys:,} keys over {gc_workers} workers; reference: "
+            "the same process with a set of keys per worker beside it, the reverse map the "
+            "index kept before (CPython tracks every set, and a full pass walks each entry; a "
+            "dict holding only ints is never tracked). The table is tracked: "
+            "the serving commands freeze what they built at start (`gc.freeze`), the table "
+            "with it, however far it grows.",
+            "",
+            "| index | pause | reference pause | pause / reference |",
+            "|---|---:|---:|---:|",
+            *gc_rows,
             "",
             load_note(),
             *(["", *notes] if notes else []),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import logging
 import os
 import signal
@@ -84,9 +85,22 @@ async def serve_until_signal(
 ) -> int:
     """Start the server, announce it (to the supervisor, in a worker), run until drained."""
     server, lines = await start(args, link is not None)
+    freeze_started()
     announce(lines, link)
     await until_drained(server, args.shutdown_timeout, link)
     return 0
+
+
+def freeze_started() -> None:
+    """Take what a started server holds out of the cycle collector's full passes.
+
+    What exists once a server has started (modules, tokenizers, a router's prefix index) lives
+    as long as the process, yet every full collection would walk it again: a router's index
+    table of 10M keys is about 0.3 s of stall each time (``router/index/memory.py``'s module
+    doc). Collected first, so no garbage of the start is frozen with it.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _configure_logging() -> None:

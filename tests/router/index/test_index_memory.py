@@ -3,6 +3,7 @@ shared holder sets answering exactly as one dict per key would."""
 
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
 
 import pytest
@@ -252,3 +253,43 @@ async def test_a_filter_of_str_subclasses_and_of_the_longest_ids_is_accepted():
     await index.add(longest, [1])
     assert set(await index.lookup([1], [Name(longest)])) == {longest}
     assert set(await index.lookup([1], frozenset({longest, "other"}))) == {longest}
+
+
+def _walked(index: MemoryPrefixIndex) -> int:
+    """The references a full collection follows among the collector-tracked objects of
+    ``index`` (``gc.get_referents`` is each object's traverse, what the pass walks), its table
+    left out."""
+    seen, edges = set(), 0
+    todo = [v for v in vars(index).values() if v is not index._table]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or not gc.is_tracked(obj) or isinstance(obj, type):
+            continue
+        seen.add(id(obj))
+        refs = gc.get_referents(obj)
+        edges += len(refs)
+        todo += refs
+    return edges
+
+
+async def _served(n: int) -> MemoryPrefixIndex:
+    """An index through every update path (adds within and past capacity, removes, clears, a
+    lookup's touches applied): the same holder sets and transitions for every ``n``."""
+    index = MemoryPrefixIndex(capacity=3 * n)
+    await index.add("a", list(range(n)))
+    await index.add("b", list(range(n // 2, 2 * n)))
+    await index.add("c", list(range(2 * n, 4 * n)))  # past capacity: the evicting path
+    await index.remove("b", list(range(n, n + n // 4)))
+    assert await index.lookup(list(range(2 * n, 3 * n)))
+    await index.clear("a")
+    await index.add("a", [4 * n])  # applies the lookup's pending touches
+    assert index.evictions == n
+    return index
+
+
+async def test_a_full_collection_walks_no_more_of_a_larger_index_but_its_table():
+    # The per-worker maps hold ints only, so the collector never tracks them; sets would be
+    # walked entry by entry (module doc). The table is left to a process freeze.
+    small, large = await _served(1_000), await _served(20_000)
+    assert len(large) - 1 == 20 * (len(small) - 1)  # 2.75 n keys, and the last add's one
+    assert _walked(large) == _walked(small)
