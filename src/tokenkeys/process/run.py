@@ -97,7 +97,9 @@ def freeze_started() -> None:
     What exists once a server has started (modules, tokenizers, a router's prefix index) lives
     as long as the process, yet every full collection would walk it again: a router's index
     table of 10M keys is about 0.3 s of stall each time (``router/index/memory.py``'s module
-    doc). Collected first, so no garbage of the start is frozen with it.
+    doc). Collected first, so no garbage of the start is frozen with it. The price: an object
+    of the start that later dies in a reference cycle is never reclaimed (freed by reference
+    counting it still is), a bound of what existed at start, paid at most once.
     """
     gc.collect()
     gc.freeze()
