@@ -3,9 +3,9 @@
 Six ``redis-server`` processes in cluster mode (Debian's redis-server 7.0 supports
 ``--cluster-enabled yes``), joined by ``redis-cli --cluster create ... --cluster-replicas 1``
 (Debian's package ships redis-cli beside the server), each with a data port and a cluster-bus
-port picked by ``free_port`` (``cluster-port``, Redis 7.0+, so the bus never lands on
-``port + 10000`` inside the ephemeral range). No persistence; everything lives in one temporary
-directory removed afterwards.
+port, all distinct, picked by ``free_port`` (``cluster-port``, Redis 7.0+, so the bus never
+lands on ``port + 10000`` inside the ephemeral range). No persistence; everything lives in one
+temporary directory removed afterwards.
 """
 
 from __future__ import annotations
@@ -22,6 +22,16 @@ from ports import free_port
 MASTERS = 3
 
 
+def _distinct_ports(n: int) -> list[int]:
+    """``n`` different ports, each free now."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 class RedisClusterServers:
     """Six cluster-mode servers (3 masters + 3 replicas) and the cluster they form."""
 
@@ -29,7 +39,10 @@ class RedisClusterServers:
         self.server = server
         self.cli = cli
         self.dir = tempfile.mkdtemp(prefix="tokenkeys-cluster-")
-        self.ports = [free_port() for _ in range(2 * MASTERS)]
+        # Data and cluster-bus ports, all distinct: picked one by one, a bus port once equalled
+        # another node's data port, which then failed to start ("Address already in use").
+        picked = _distinct_ports(4 * MASTERS)
+        self.ports, self._bus_ports = picked[: 2 * MASTERS], picked[2 * MASTERS :]
         self.procs: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -41,26 +54,32 @@ class RedisClusterServers:
         return [f"redis://127.0.0.1:{port}/0" for port in self.ports]
 
     def start(self) -> RedisClusterServers:
-        for port in self.ports:
-            node_dir = os.path.join(self.dir, str(port))
-            os.mkdir(node_dir)
-            args = [self.server, "--port", str(port), "--bind", "127.0.0.1"]
-            args += ["--cluster-enabled", "yes", "--cluster-port", str(free_port())]
-            args += ["--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "3000"]
-            args += ["--save", "", "--appendonly", "no", "--dir", node_dir]
-            with open(os.path.join(node_dir, "redis.log"), "ab") as out:
-                self.procs.append(subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT))
-        for port in self.ports:
-            self._wait(lambda c: c.ping(), port, "start")
-        nodes = [f"127.0.0.1:{port}" for port in self.ports]
-        subprocess.run(
-            [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        for port in self.ports:
-            self._wait(self._ready, port, "form")
+        """Start the six nodes and form the cluster; on any failure none stays running."""
+        try:
+            for port, bus_port in zip(self.ports, self._bus_ports, strict=True):
+                node_dir = os.path.join(self.dir, str(port))
+                os.mkdir(node_dir)
+                args = [self.server, "--port", str(port), "--bind", "127.0.0.1"]
+                args += ["--cluster-enabled", "yes", "--cluster-port", str(bus_port)]
+                args += ["--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "3000"]
+                args += ["--save", "", "--appendonly", "no", "--dir", node_dir]
+                with open(os.path.join(node_dir, "redis.log"), "ab") as out:
+                    self.procs.append(subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT))
+            for port in self.ports:
+                self._wait(lambda c: c.ping(), port, "start")
+            nodes = [f"127.0.0.1:{port}" for port in self.ports]
+            create = [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1"]
+            subprocess.run(
+                [*create, "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            for port in self.ports:
+                self._wait(self._ready, port, "form")
+        except BaseException:
+            self.remove()
+            raise
         return self
 
     @staticmethod
