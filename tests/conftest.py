@@ -1,10 +1,12 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures and hooks shared by the whole suite."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
 import pytest
+from evidence import under_ci
+from vllm_schedule import MARKER, Schedule, check_declared, order
 
 from tokenkeys.limits import Limits
 from tokenkeys.serving.models import ModelRegistry
@@ -13,7 +15,72 @@ from support import ServerThread
 
 # The real-vLLM session fixtures (environment, tiny model, server pool), here so that every
 # suite shares one pool: tests/realengine and the Engine conformance suite's vLLM case.
-from vllm_fixtures import tiny_model, vllm_pool, vllm_python  # noqa: F401
+from vllm_fixtures import SCHEDULE, tiny_model, vllm_pool, vllm_python  # noqa: F401
+
+#: The tiers whose tests are the run's evidence, counted at the end (marker: what it proves).
+EVIDENCE = {"realengine": "with a real vLLM", "peers": "against the peers' own code"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(*configs): the vLLM server configurations (vllm_server.ServerConfig) the "
+        "test asks the shared pool for; the run is ordered and its servers started by them",
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: plan what will run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    check_declared(items)
+    order(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    factory = session.config._tmp_path_factory  # the run's basetemp, kept like tmp_path's
+    schedule = Schedule(session.items, factory.mktemp("vllm-schedule", numbered=True))
+    session.config.stash[SCHEDULE] = schedule
+    if not session.config.option.collectonly:
+        schedule.begin()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    schedule = item.config.stash.get(SCHEDULE, None)
+    if schedule is not None:
+        schedule.at(item)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    schedule = session.config.stash.get(SCHEDULE, None)
+    if schedule is not None:
+        schedule.close()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """How many tests of each evidence tier ran, and every vLLM start with its seconds."""
+    if config.option.collectonly:
+        return
+    reporter = terminalreporter
+    counts = {name: {"passed": 0, "failed": 0, "skipped": 0} for name in EVIDENCE}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        for report in reporter.stats.get(outcome, []):
+            if report.when != "call" and outcome == "passed":
+                continue
+            for name in EVIDENCE:
+                if name in report.keywords:
+                    counts[name]["failed" if outcome == "error" else outcome] += 1
+    reporter.section("engine evidence")
+    for name, what in EVIDENCE.items():
+        c = counts[name]
+        reporter.line(
+            f"{name}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped ({what})"
+        )
+    schedule = config.stash.get(SCHEDULE, None)
+    starts = schedule.starts() if schedule is not None else []
+    if starts:
+        listed = ", ".join(f"{label} {s:.0f} s" if s else label for label, s in starts)
+        reporter.line(f"vLLM servers started: {len(starts)} ({listed})")
+    if under_ci():
+        reporter.line("CI=true: a missing engine or peer environment fails its tests")
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-import pytest
+from evidence import unavailable
 
 from support import REPO
 
@@ -19,7 +19,7 @@ JS = REPO / "clients" / "js"
 def test_node_suite_passes() -> None:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
-        pytest.skip("Node.js 20+ and npm are needed to run clients/js")
+        unavailable("Node.js 20+ and npm are needed to run clients/js")
     if not (JS / "node_modules").exists():
         subprocess.run(
             [npm, "ci", "--no-audit", "--no-fund"],

@@ -33,6 +33,8 @@ from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
 
+from vllm_server import DEFAULT_CONFIG
+
 #: The context the simulated engines under test accept (prompt plus output, in tokens).
 MAX_MODEL_LEN = 256
 PROMPT = list(range(1000, 1100))  # 100 tokens: six full 16-token blocks, three of 32
@@ -96,9 +98,9 @@ async def routed_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject
 async def vllm_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
     """The sidecar's engine, built by the same assembly as ``tokenkeys serve --engine vllm+…``
     (start checks, event relay, key check), in front of the pool's default vLLM server: the
-    one the real-engine parity modules use, so this case starts no vLLM of its own."""
+    one the real-engine parity modules use (it is planned there: ``VLLM_MARKS``)."""
     from served_pair import EMBEDDED
-    from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME
+    from vllm_server import BLOCK_SIZE, MODEL_NAME
 
     server = request.getfixturevalue("vllm_pool").get(DEFAULT_CONFIG)
     models = load_models(
@@ -124,6 +126,9 @@ async def vllm_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
         await stack.stop()
 
 
+#: The vLLM case runs on the pool's default server (``vllm_schedule`` plans it there).
+VLLM_MARKS = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
+
 KINDS: dict[str, Callable[[pytest.FixtureRequest], contextlib.AbstractAsyncContextManager]] = {
     "simulated": local_engine,
     "remote": remote_engine,
@@ -139,8 +144,7 @@ def test_every_registered_kind_is_in_the_suite() -> None:
 
 @pytest.fixture(
     params=[
-        pytest.param(kind, marks=pytest.mark.realengine) if kind == "vllm" else kind
-        for kind in sorted(KINDS)
+        pytest.param(kind, marks=VLLM_MARKS) if kind == "vllm" else kind for kind in sorted(KINDS)
     ]
 )
 async def subject(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from evidence import unavailable
 
 from cached_venv import PipInstall, RunPython, VenvRecipe, VenvUnavailable, ensure_venv
 
@@ -97,12 +98,6 @@ SMG_RELAY = VenvRecipe(
 ANSWER_TIMEOUT_S = 300.0
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "peers: compares tokenkeys with peers' released code (own cached venvs)"
-    )
-
-
 class PeerDriver:
     """One driver process in a peer's virtualenv; :meth:`call` sends a request, returns the
     result, and raises with the driver's traceback if the peer failed."""
@@ -153,7 +148,7 @@ def _driver(recipe: VenvRecipe, script: str, package_version: str) -> Iterator[P
     try:
         python = ensure_venv(recipe)
     except VenvUnavailable as exc:
-        pytest.skip(f"{recipe.name}: {exc}")
+        unavailable(f"{recipe.name}: {exc}")
     driver = PeerDriver(python, script)
     try:
         # The environment is the release the profile names, or the comparison means nothing.
@@ -202,4 +197,4 @@ def dynamo_python() -> Path:
     try:
         return ensure_venv(DYNAMO)
     except VenvUnavailable as exc:
-        pytest.skip(f"{DYNAMO.name}: {exc}")
+        unavailable(f"{DYNAMO.name}: {exc}")

@@ -36,7 +36,11 @@ from smg_kv_relay import Subscription
 from served_pair import TokenkeysServe, sidecar_args
 from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME, VllmServer
 
-pytestmark = [pytest.mark.peers, pytest.mark.realengine]
+pytestmark = [
+    pytest.mark.peers,
+    pytest.mark.realengine,
+    pytest.mark.vllm_servers(DEFAULT_CONFIG),
+]
 
 VOCAB = 49152
 SYSTEM_BLOCKS = 4

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from engine_stack import EngineStack, start_stack
+from evidence import unavailable
 from smg_gateway import SmgRouter, chat, smg_executable, smg_router
 
 from tokenkeys.engine.config import EngineConfig
@@ -55,7 +56,7 @@ def system_prompt(n: int) -> str:
 def smg() -> Path:
     executable, note = smg_executable()
     if executable is None:
-        pytest.skip(note)
+        unavailable(note)
     return executable
 
 

@@ -13,14 +13,10 @@ import json
 
 import pytest
 
-# The pair of servers comes with the real-engine harness (tests/realengine, branch
-# vllm-harness); until it is merged this module has nothing to run against.
-served_pair = pytest.importorskip("served_pair", reason="the real-engine harness is not here")
+from served_pair import ok
+from vllm_server import DEFAULT_CONFIG, MAX_MODEL_LEN
 
-from served_pair import ok  # noqa: E402
-from vllm_server import MAX_MODEL_LEN  # noqa: E402
-
-pytestmark = pytest.mark.realengine
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
 USER = [{"role": "user", "content": "Bonjour! 東京 🎌"}]
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from evidence import unavailable
 from google.protobuf.json_format import MessageToDict
 
 from cached_venv import VenvUnavailable
@@ -31,8 +32,6 @@ require_smg_stubs()
 
 from tokenkeys._gen_smg import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc  # noqa: E402
 
-pytestmark = pytest.mark.realengine
-
 pb = vllm_engine_pb2
 VOCAB = 49152
 READ_LIMIT_S = 120.0  # a guard against a wedged stream, never a criterion
@@ -42,13 +41,15 @@ READ_LIMIT_S = 120.0  # a guard against a wedged stream, never a criterion
 #: test files have used: the two engines start alike, so an idle one's loads compare.
 CONFIG = dataclasses.replace(DEFAULT_CONFIG, lora=False)
 
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(CONFIG)]
+
 
 @pytest.fixture(scope="module")
 def judge(tiny_model, tmp_path_factory) -> Iterator[VllmGrpcServer]:
     try:
         python = vllm_grpc_python()
     except VenvUnavailable as exc:
-        pytest.skip(f"no vLLM --grpc environment: {exc}")
+        unavailable(f"no vLLM --grpc environment: {exc}")
     server = VllmGrpcServer(python, tiny_model, CONFIG, tmp_path_factory.mktemp("grpc"))
     try:
         server.wait_healthy()

@@ -74,6 +74,12 @@ class Layout:
         return ServerConfig(hybrid=self.name, num_blocks=self.num_blocks, prompt_embeds=embeds)
 
     @property
+    def vllm_servers(self) -> tuple[ServerConfig, ServerConfig]:
+        """The servers a test of this layout asks the pool for (``vllm_schedule``): the
+        layout's, and a second one to route over."""
+        return (self.config, self.config.second())
+
+    @property
     def full(self) -> int:
         return next(i for i, (kind, _) in enumerate(self.groups) if kind == "full_attention")
 
@@ -287,11 +293,8 @@ def test_key_check_is_exact_for_every_group_while_vllm_evicts(
 
 
 @pytest.fixture(scope="module")
-def engines(vllm, vllm_python, tiny_model, tmp_path_factory, layout) -> Iterator[list[VllmServer]]:
-    folder = tmp_path_factory.mktemp("vllm-hybrid")
-    second = VllmServer(vllm_python, tiny_model, layout.config, folder)
-    with running(second):
-        yield [vllm, second]
+def engines(vllm, vllm_pool, layout) -> list[VllmServer]:
+    return [vllm, vllm_pool.get(layout.config.second())]
 
 
 @pytest.fixture(scope="module")

@@ -28,9 +28,9 @@ from served_pair import TokenkeysServe, sidecar_args
 from vllm_events import EventCollector
 from vllm_server import MODEL_NAME, ServerConfig
 
-pytestmark = pytest.mark.realengine
-
 LINEAR = ServerConfig(hybrid="gdn-lflf")
+
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(LINEAR)]
 #: Tokens of the probe that shows vLLM's raised block size: a full block at any alignment here.
 PROBE_TOKENS = 1025
 

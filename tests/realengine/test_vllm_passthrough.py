@@ -25,7 +25,7 @@ from route_process import RouteProcess
 from served_pair import TokenkeysServe, sidecar_args
 from vllm_server import DEFAULT_CONFIG, MAX_MODEL_LEN, MODEL_NAME, VllmServer
 
-pytestmark = pytest.mark.realengine
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
 WORDS = "The sidecar forwards every field of the request to the engine behind it. " * 3
 CHAT = [

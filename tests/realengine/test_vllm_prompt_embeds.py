@@ -39,9 +39,9 @@ from served_pair import TokenkeysServe, running, sidecar_args
 from vllm_events import EventCollector
 from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME, VllmServer
 
-pytestmark = pytest.mark.realengine
-
 LAYOUT: Layout = LAYOUTS[1]
+
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(LAYOUT.config)]
 HIDDEN = 128  # build_tiny_model's hidden size
 
 _WRITE = """
@@ -165,6 +165,7 @@ def test_what_cannot_be_keyed_exactly_is_refused_naming_the_field(sidecar, vllm_
     assert garbled.status_code == 400 and "zip-format torch.save" in garbled.text
 
 
+@pytest.mark.vllm_servers(DEFAULT_CONFIG)
 def test_in_front_of_a_vllm_without_the_flag_they_are_refused_naming_it(
     vllm_pool, vllm_python
 ) -> None:

@@ -13,9 +13,9 @@ import pytest
 
 from chat_fixtures import TOOL_CONVERSATION
 from served_pair import ok
-from vllm_server import MAX_MODEL_LEN
+from vllm_server import DEFAULT_CONFIG, MAX_MODEL_LEN
 
-pytestmark = pytest.mark.realengine
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
 TURN = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
 # vLLM answers a request that fails its pydantic schema with type "Bad Request" (the HTTP

@@ -31,7 +31,10 @@ from tokenkeys._gen.openengine.v1 import model_pb2, openengine_pb2_grpc
 from served_pair import TokenkeysServe, sidecar_args
 from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME, VllmServer
 
-pytestmark = pytest.mark.realengine
+pytestmark = [
+    pytest.mark.realengine,
+    pytest.mark.vllm_servers(DEFAULT_CONFIG, DEFAULT_CONFIG.second()),
+]
 
 VOCAB = 49152
 PREFIX_BLOCKS = 12  # long shared system prompts: 384 tokens
@@ -47,14 +50,13 @@ REPEATS = 10  # more identical blocks than the old check kept candidates for (8)
 
 
 @pytest.fixture(scope="module")
-def engines(vllm_pool, vllm_python, tiny_model, tmp_path_factory) -> Iterator[list[VllmServer]]:
+def engines(vllm_pool) -> list[VllmServer]:
     first = vllm_pool.get(DEFAULT_CONFIG)
-    # Started, not waited for: the sidecar in front of it starts first (fixture sidecars).
-    second = VllmServer(vllm_python, tiny_model, DEFAULT_CONFIG, tmp_path_factory.mktemp("vllm-b"))
-    try:
-        yield [first, second]
-    finally:
-        second.stop()
+    # Started again, not waited for: the sidecar in front of it starts first (fixture
+    # sidecars) and must wait for it. The pool keeps it for the modules after this one.
+    second = vllm_pool.get(DEFAULT_CONFIG.second())
+    second.respawn()
+    return [first, second]
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import pytest
 from chat_fixtures import CONVERSATIONS, TOOL_CONVERSATION, TOOLS, openai_form
 from served_pair import ok
 from text_corpus import all_strings
-from vllm_server import MODEL_NAME
+from vllm_server import DEFAULT_CONFIG, MODEL_NAME
 
-pytestmark = pytest.mark.realengine
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
 # Where SmolLM2's tokenizer.json and transformers 5 disagree (see tokenizer/transformers5.py),
 # and special-token text typed by a user (parsed as the special id by default, as in vLLM).

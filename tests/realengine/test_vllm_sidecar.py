@@ -27,7 +27,7 @@ from served_pair import TokenkeysServe, sidecar_args
 from vllm_events import EventCollector
 from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME, VllmServer
 
-pytestmark = pytest.mark.realengine
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
 VOCAB = 49152
 WAIT_LIMIT = 120.0  # seconds: a safety net for a broken engine, never a pass/fail criterion

@@ -5,7 +5,8 @@ Two vLLM 0.32 servers (the harness's engine options, each its own process) and o
 gRPC vLLM workers, tokenizes with the tokenizer from their ``GetTokenizer``, and its
 ``cache_aware`` policy indexes the KV events the sidecars relay from vLLM. The same workload
 (conversations sharing a few long system prompts, turns in a seeded random order) goes through
-smg's ``cache_aware`` and through its ``round_robin``, each on freshly reset prefix caches; the
+smg's ``cache_aware`` and through its ``round_robin``, each run opening with its own number (so
+neither finds the other's prompts, nor an earlier test's, in the engines' caches); the
 hits are vLLM's own ``cached_tokens``. cache_aware must serve at least 1.5 times as many prompt
 tokens from cache as round robin.
 
@@ -25,15 +26,19 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from evidence import unavailable
 from smg_gateway import SmgRouter, chat, smg_executable, smg_router
 
 from served_pair import TokenkeysServe, sidecar_args
 from smg_stubs import require_smg_stubs
-from vllm_server import DEFAULT_CONFIG, MODEL_NAME, VllmServer
+from vllm_server import DEFAULT_CONFIG, MODEL_NAME
 
 require_smg_stubs()
 
-pytestmark = pytest.mark.realengine
+pytestmark = [
+    pytest.mark.realengine,
+    pytest.mark.vllm_servers(DEFAULT_CONFIG, DEFAULT_CONFIG.second()),
+]
 
 CONVERSATIONS = 5
 TURNS = 4
@@ -59,21 +64,17 @@ def question(n: int, turn: int) -> str:
 def smg():
     executable, note = smg_executable()
     if executable is None:
-        pytest.skip(note)
+        unavailable(note)
     return executable
 
 
 @pytest.fixture(scope="module")
-def sidecars(vllm_python, tiny_model, tmp_path_factory) -> Iterator[list[TokenkeysServe]]:
-    # Two engines at once, outside the shared pool (which keeps one running server).
-    engines = [
-        VllmServer(vllm_python, tiny_model, DEFAULT_CONFIG, tmp_path_factory.mktemp(f"v{i}"))
-        for i in range(2)
-    ]
+def sidecars(vllm_pool) -> Iterator[list[TokenkeysServe]]:
+    # Two engines at once, the pool's (each run of the workload opens with its own number, so
+    # what earlier tests left in their caches is never a prefix of it).
+    engines = [vllm_pool.get(DEFAULT_CONFIG), vllm_pool.get(DEFAULT_CONFIG.second())]
     fronts: list[TokenkeysServe] = []
     try:
-        for engine in engines:
-            engine.wait_healthy()
         for engine in engines:
             front = TokenkeysServe(*sidecar_args(engine, "--vllm-engine-face"))
             fronts.append(front)
@@ -82,8 +83,6 @@ def sidecars(vllm_python, tiny_model, tmp_path_factory) -> Iterator[list[Tokenke
     finally:
         for front in fronts:
             front.stop()
-        for engine in engines:
-            engine.stop()
 
 
 async def settle(router: SmgRouter, fronts: list[TokenkeysServe]) -> None:

@@ -6,8 +6,11 @@ in a session of its own, so stopping it signals the API server and its engine-co
 processes together (SIGTERM to the process group, SIGKILL after a grace period).
 
 Each server costs about 3.2 GB and 40-130 s to start on two shared cores, so
-:class:`VllmServerPool` keeps at most ``capacity`` of them and hands the same running server to
-every test asking for the same :class:`ServerConfig`.
+:class:`VllmServerPool` keeps at most ``capacity`` of them, hands the same running server to
+every test asking for the same :class:`ServerConfig`, and, given the run's plan (which
+configurations the tests ask for, in the order they run: ``vllm_schedule``), starts each
+configuration once: it evicts the server needed farthest ahead (never again, first) and starts
+the next one in the background while the tests before it run.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import signal
 import subprocess
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -53,7 +57,8 @@ class ServerConfig:
     each digest, or the full digest when False). ``hybrid`` serves the tiny hybrid Gemma 3 of
     that layout (``build_tiny_model.HYBRIDS``, e.g. ``"64-sfsf"``) instead of the Llama;
     ``num_blocks`` caps the KV cache (``--num-gpu-blocks-override``), so a test can make vLLM
-    evict; ``prompt_embeds`` starts vLLM with ``--enable-prompt-embeds``.
+    evict; ``prompt_embeds`` starts vLLM with ``--enable-prompt-embeds``. ``replica`` tells
+    apart servers of the same options that a test needs at once (two workers to route over).
     """
 
     hash_algo: str = "sha256_cbor"
@@ -63,6 +68,11 @@ class ServerConfig:
     hybrid: str | None = None
     num_blocks: int | None = None
     prompt_embeds: bool = False
+    replica: int = 0
+
+    def second(self) -> ServerConfig:
+        """Another server of the same options (a second worker)."""
+        return replace(self, replica=self.replica + 1)
 
     @property
     def label(self) -> str:
@@ -73,7 +83,9 @@ class ServerConfig:
             label += f"-hybrid{self.hybrid}"
         if self.prompt_embeds:
             label += "-embeds"
-        return label + (f"-{self.num_blocks}blocks" if self.num_blocks else "")
+        if self.num_blocks:
+            label += f"-{self.num_blocks}blocks"
+        return label + (f"-replica{self.replica}" if self.replica else "")
 
 
 #: vLLM's defaults (sha256_cbor, default root, 64-bit event hashes) with the LoRA adapter: the
@@ -189,10 +201,14 @@ class VllmServer:
         return False
 
     def restart(self) -> None:
-        """Start the stopped server again on the same ports (HTTP, events, replay)."""
+        """Start the server again on the same ports (HTTP, events, replay); wait for it."""
+        self.respawn()
+        self.wait_healthy()
+
+    def respawn(self) -> None:
+        """Stop the server and start it again on the same ports, without waiting for it."""
         self.stop()
         self._process = self._spawn(self._python, self._model)
-        self.wait_healthy()
 
     def log_tail(self, lines: int = 15) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()
@@ -222,34 +238,127 @@ class VllmServer:
 
 
 class VllmServerPool:
-    """Running servers by configuration; at most ``capacity`` at once (least recently used go)."""
+    """Running servers by configuration; at most ``capacity`` at once.
 
-    def __init__(self, python: Path, model: TinyModel, log_dir: Path, capacity: int = 1):
+    ``plan`` lists, per test in run order, the configurations it asks for; ``position`` says
+    which test runs now (an index into ``plan``). With them the pool evicts the server whose
+    configuration is needed farthest ahead (Belady's rule: optimal for a known sequence) and
+    :meth:`look_ahead` starts the next configuration early, into a free place or the place of
+    one needed later than it. Without a plan it keeps the most recently used servers.
+    """
+
+    def __init__(
+        self,
+        python: Path,
+        model: TinyModel,
+        log_dir: Path,
+        capacity: int = 1,
+        plan: Sequence[Sequence[ServerConfig]] = (),
+        position: Callable[[], int] = lambda: 0,
+    ):
         self.python = python
         self.model = model
         self.log_dir = log_dir
-        self.capacity = capacity
+        self.capacity = max(1, capacity)
+        self.plan = [tuple(configs) for configs in plan]
+        self.position = position
+        #: Every start, in order: (label, seconds until healthy or None while starting).
+        self.starts: list[tuple[str, float | None]] = []
         self._servers: OrderedDict[ServerConfig, VllmServer] = OrderedDict()
+        self._healthy: set[ServerConfig] = set()
+        self._started_at: dict[ServerConfig, float] = {}
 
     def get(self, config: ServerConfig) -> VllmServer:
-        """A healthy server of ``config``, started now unless one is already running."""
-        if config in self._servers:
-            self._servers.move_to_end(config)
-            return self._servers[config]
-        while len(self._servers) >= self.capacity:
-            _, oldest = self._servers.popitem(last=False)
-            oldest.stop()
-        server = VllmServer(self.python, self.model, config, self.log_dir)
-        try:
-            server.wait_healthy()
-        except BaseException:
-            server.stop()
-            raise
-        self._servers[config] = server
+        """A healthy server of ``config``, started now unless one is running or starting."""
+        if config in self._healthy and not self._servers[config].answers():
+            self._drop(config)  # killed by an earlier test and not brought back
+        if config not in self._servers:
+            self._make_room(config, self.position())
+            self._start(config)
+        self._servers.move_to_end(config)
+        server = self._servers[config]
+        if config not in self._healthy:
+            try:
+                server.wait_healthy()
+            except BaseException:
+                self._drop(config)
+                raise
+            self._healthy.add(config)
+            self._record(config)
+        self.look_ahead()
         return server
+
+    def look_ahead(self) -> None:
+        """Start the next configuration the plan needs that is not running, if there is room
+        for it without stopping a server needed before it (one start at a time: two vLLM
+        starts at once on two cores make both slower)."""
+        if any(config not in self._healthy for config in self._servers):
+            return
+        now = self.position()
+        upcoming = self._upcoming(now)
+        if upcoming is None:
+            return
+        config, when = upcoming
+        if len(self._servers) >= self.capacity:
+            victim = self._victim(now, exclude=config)
+            if victim is None or self._next_use(victim, now) <= when:
+                return
+            self._drop(victim)
+        self._start(config)
 
     def close(self) -> None:
         """Stop every server of the pool."""
         while self._servers:
-            _, server = self._servers.popitem()
+            config, server = self._servers.popitem()
+            self._healthy.discard(config)
             server.stop()
+
+    # ------------------------------------------------------------------ planning
+
+    def _next_use(self, config: ServerConfig, now: int) -> float:
+        """The position of the next test from ``now`` on that asks for ``config`` (inf: none)."""
+        for index in range(now, len(self.plan)):
+            if config in self.plan[index]:
+                return index
+        return float("inf")
+
+    def _upcoming(self, now: int) -> tuple[ServerConfig, int] | None:
+        for index in range(now, len(self.plan)):
+            for config in self.plan[index]:
+                if config not in self._servers:
+                    return config, index
+        return None
+
+    def _victim(self, now: int, exclude: ServerConfig) -> ServerConfig | None:
+        """The running server needed farthest ahead; the least recently used among equals."""
+        candidates = [config for config in self._servers if config != exclude]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda config: self._next_use(config, now))
+
+    def _make_room(self, config: ServerConfig, now: int) -> None:
+        while len(self._servers) >= self.capacity:
+            victim = self._victim(now, exclude=config)
+            if victim is None:
+                return
+            self._drop(victim)
+
+    # ------------------------------------------------------------------ processes
+
+    def _start(self, config: ServerConfig) -> None:
+        self._servers[config] = VllmServer(self.python, self.model, config, self.log_dir)
+        self._started_at[config] = time.monotonic()
+        self.starts.append((config.label, None))
+
+    def _record(self, config: ServerConfig) -> None:
+        seconds = time.monotonic() - self._started_at.pop(config)
+        for index in range(len(self.starts) - 1, -1, -1):
+            if self.starts[index] == (config.label, None):
+                self.starts[index] = (config.label, seconds)
+                return
+
+    def _drop(self, config: ServerConfig) -> None:
+        server = self._servers.pop(config)
+        self._healthy.discard(config)
+        self._started_at.pop(config, None)
+        server.stop()

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import redis
+from evidence import unavailable
 from ports import free_port
 from redis_cluster import RedisClusterServers, drop_namespaces
 
@@ -86,7 +87,7 @@ def redis_binary() -> str:
     """The ``redis-server`` on PATH; tests that need one skip, naming the package, without it."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not on PATH (Debian: apt-get install -y redis-server)")
+        unavailable("redis-server is not on PATH (Debian: apt-get install -y redis-server)")
     return binary
 
 
@@ -128,7 +129,7 @@ def redis_cluster(redis_binary: str) -> Iterator[RedisClusterServers]:
     """A Redis Cluster of 3 masters and 3 replicas the whole session shares (by namespace)."""
     cli = shutil.which("redis-cli")
     if cli is None:
-        pytest.skip("redis-cli is not on PATH (Debian: apt-get install -y redis-server)")
+        unavailable("redis-cli is not on PATH (Debian: apt-get install -y redis-server)")
     servers = RedisClusterServers(redis_binary, cli)
     try:
         yield servers.start()
