@@ -1,4 +1,11 @@
-"""Fixtures and hooks shared by the whole suite."""
+"""Fixtures and hooks shared by the whole suite.
+
+The run is spread over two processes (pytest-xdist, ``--dist loadgroup``: ``pyproject.toml``).
+Every module is one unit of work, so its module-scoped fixtures are set up once and its tests
+run in their order; the modules that use vLLM are one unit (one process holds the server pool
+and runs them in the planned order, ``vllm_schedule``), and so are the peers' modules (their
+environments and driver processes are set up once).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from evidence import under_ci
-from vllm_schedule import MARKER, Schedule, check_declared, order
+from vllm_schedule import MARKER, Schedule, check_declared, engine_modules, module, order
 
 from tokenkeys.limits import Limits
 from tokenkeys.serving.models import ModelRegistry
@@ -29,6 +36,21 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# Before xdist reads the groups into the node ids.
+@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")
+def group_for_xdist(items: list[pytest.Item]) -> None:
+    engine = engine_modules(items)
+    for item in items:
+        name = module(item)
+        if name in engine:
+            group = "vllm"
+        elif name.startswith("tests/peers/"):
+            group = "peers"
+        else:
+            group = name
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: plan what will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     check_declared(items)
@@ -39,7 +61,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     factory = session.config._tmp_path_factory  # the run's basetemp, kept like tmp_path's
     schedule = Schedule(session.items, factory.mktemp("vllm-schedule", numbered=True))
     session.config.stash[SCHEDULE] = schedule
-    if not session.config.option.collectonly:
+    # An xdist worker begins when it is handed its first vLLM test (``Schedule.at``): the
+    # other worker would otherwise build and start for nothing.
+    worker = hasattr(session.config, "workerinput")
+    if not session.config.option.collectonly and not worker:
         schedule.begin()
 
 
@@ -53,6 +78,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     schedule = session.config.stash.get(SCHEDULE, None)
     if schedule is not None:
         schedule.close()
+        if hasattr(session.config, "workeroutput"):  # to the controller, for the summary
+            session.config.workeroutput["vllm_starts"] = schedule.starts()
+
+
+#: The vLLM starts the xdist workers reported (the controller runs no test itself).
+STARTS = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 - xdist's WorkerController
+    starts = getattr(node, "workeroutput", {}).get("vllm_starts", [])
+    node.config.stash.setdefault(STARTS, []).extend(tuple(start) for start in starts)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -75,7 +112,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"{name}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped ({what})"
         )
     schedule = config.stash.get(SCHEDULE, None)
-    starts = schedule.starts() if schedule is not None else []
+    starts = schedule.starts() if schedule is not None else config.stash.get(STARTS, [])
     if starts:
         listed = ", ".join(f"{label} {s:.0f} s" if s else label for label, s in starts)
         reporter.line(f"vLLM servers started: {len(starts)} ({listed})")

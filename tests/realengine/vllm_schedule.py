@@ -58,18 +58,25 @@ def servers_of(item: pytest.Item) -> tuple[ServerConfig, ...]:
     return tuple(dict.fromkeys(configs))
 
 
+def engine_modules(items: Sequence[pytest.Item]) -> set[str]:
+    """The modules (node id paths) with a test that uses a vLLM server or its environment."""
+    return {
+        module(item)
+        for item in items
+        if servers_of(item) or _ENGINE_FIXTURES & set(item.fixturenames)
+    }
+
+
 def order(items: list[pytest.Item]) -> None:
     """Reorder ``items`` in place: modules without vLLM first, then those with it, grouped."""
     modules: dict[str, list[ServerConfig]] = {}
-    engine: set[str] = set()
     for item in items:
-        modules.setdefault(_module(item), []).extend(servers_of(item))
-        if servers_of(item) or _ENGINE_FIXTURES & set(item.fixturenames):
-            engine.add(_module(item))
+        modules.setdefault(module(item), []).extend(servers_of(item))
+    engine = engine_modules(items)
     first = {name: index for index, name in enumerate(modules)}
 
     def rank(item: pytest.Item) -> tuple:
-        name = _module(item)
+        name = module(item)
         configs = modules[name]
         if name not in engine:
             return (0, first[name])
@@ -110,7 +117,8 @@ def _mem_available() -> int | None:
     return None
 
 
-def _module(item: pytest.Item) -> str:
+def module(item: pytest.Item) -> str:
+    """The item's module, as its node id names it (``tests/x/test_y.py``)."""
     return item.nodeid.split("::", 1)[0]
 
 
@@ -136,6 +144,7 @@ class Schedule:
 
     def __init__(self, items: Sequence[pytest.Item], workspace: Path):
         self.plan = [servers_of(item) for item in items]
+        self._engine = engine_modules(items)
         self._index = {item.nodeid: index for index, item in enumerate(items)}
         self._position = 0
         self._workspace = workspace
@@ -167,6 +176,8 @@ class Schedule:
     def at(self, item: pytest.Item) -> None:
         """``item`` runs now: move the plan's cursor, and start what comes next if there is room."""
         self._position = self._index.get(item.nodeid, self._position)
+        if module(item) in self._engine:
+            self.begin(force=True)  # where nothing began it early (an xdist worker)
         ready = self._thread is not None and not self._thread.is_alive()
         if ready and self._pool is not None:
             self._pool.look_ahead()
