@@ -2,7 +2,7 @@
 
 The run is spread over two processes (pytest-xdist, ``--dist loadgroup``: ``pyproject.toml``).
 Every module is one unit of work, so its module-scoped fixtures are set up once and its tests
-run in their order; the modules that use vLLM are one unit (one process holds the server pool
+run in their order; the modules that use vLLM are a unit (one process holds the server pool
 and runs them in the planned order, ``vllm_schedule``), and so are the peers' modules (their
 environments and driver processes are set up once).
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from evidence import under_ci
-from vllm_schedule import MARKER, Schedule, check_declared, engine_modules, module, order
+from vllm_schedule import MARKER, Schedule, check_declared, families, module, order
 
 from tokenkeys.limits import Limits
 from tokenkeys.serving.models import ModelRegistry
@@ -36,14 +36,17 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-# Before xdist reads the groups into the node ids.
-@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")
-def group_for_xdist(items: list[pytest.Item]) -> None:
-    engine = engine_modules(items)
+# Before xdist reads the groups into the node ids (it takes them in its own hook of this name),
+# so before -m/-k deselection too: that only drops items, the order and groups stay.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    check_declared(items)
+    order(items)
+    family = families(items)
     for item in items:
         name = module(item)
-        if name in engine:
-            group = "vllm"
+        if name in family:
+            group = family[name]
         elif name.startswith("tests/peers/"):
             group = "peers"
         else:
@@ -51,19 +54,14 @@ def group_for_xdist(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(group))
 
 
-@pytest.hookimpl(trylast=True)  # after -m/-k deselection: plan what will run
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    check_declared(items)
-    order(items)
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     factory = session.config._tmp_path_factory  # the run's basetemp, kept like tmp_path's
-    schedule = Schedule(session.items, factory.mktemp("vllm-schedule", numbered=True))
-    session.config.stash[SCHEDULE] = schedule
-    # An xdist worker begins when it is handed its first vLLM test (``Schedule.at``): the
-    # other worker would otherwise build and start for nothing.
+    # An xdist worker begins when it is handed its first vLLM test (``Schedule.at``), and plans
+    # only for the families it is handed: the other worker would build and start for nothing.
     worker = hasattr(session.config, "workerinput")
+    workspace = factory.mktemp("vllm-schedule", numbered=True)
+    schedule = Schedule(session.items, workspace, whole_run=not worker)
+    session.config.stash[SCHEDULE] = schedule
     if not session.config.option.collectonly and not worker:
         schedule.begin()
 

@@ -12,8 +12,9 @@ as ``vllm_servers``. From that, at collection:
 - the engine environment and the tiny model are prepared in a background thread from the
   start of the run, and the first server started, while the tests that need no engine run.
 
-``TOKENKEYS_VLLM_SERVERS`` caps how many servers run at once; by default as many as the
-memory available at start holds (about 4 GB each, 6 GB kept for everything else, 1 to 4).
+``TOKENKEYS_VLLM_SERVERS`` caps how many servers a process runs at once; by default as many as
+the memory available at start holds (about 4 GB each, 6 GB kept for everything else, at most 4),
+shared among the xdist workers.
 """
 
 from __future__ import annotations
@@ -86,6 +87,25 @@ def order(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: a module's tests keep their order
 
 
+def families(items: Sequence[pytest.Item]) -> dict[str, str]:
+    """The vLLM modules by family: ``vllm-lora`` for those whose first server serves the tiny
+    Llama with its adapter (the default configuration and the key profiles' variants), or that
+    start no pool server, ``vllm-other`` for the rest (hybrid models, the adapter-less server).
+    Each family runs in one process, so two processes split the engines between them and
+    neither starts a configuration the other holds."""
+    first: dict[str, ServerConfig | None] = {}
+    for item in items:
+        name = module(item)
+        if first.get(name) is None:
+            configs = servers_of(item)
+            first[name] = configs[0] if configs else None
+    return {
+        name: "vllm-lora" if config is None or (config.lora and not config.hybrid) else "vllm-other"
+        for name, config in first.items()
+        if name in engine_modules(items)
+    }
+
+
 def check_declared(items: Sequence[pytest.Item]) -> None:
     """Refuse a test that takes the pool without naming its servers: it would start unplanned."""
     undeclared = [i.nodeid for i in items if "vllm_pool" in i.fixturenames and not servers_of(i)]
@@ -97,14 +117,16 @@ def check_declared(items: Sequence[pytest.Item]) -> None:
 
 
 def capacity() -> int:
-    """How many vLLM servers may run at once (see the module's docstring)."""
+    """How many vLLM servers this process may run at once (see the module's docstring): the
+    machine's share divided among the xdist workers, each of which may hold a pool."""
     given = os.environ.get(CAPACITY_VARIABLE)
     if given:
         return max(1, int(given))
     available = _mem_available()
     if available is None:
         return 1
-    return min(4, max(1, (available - _KEPT) // _PER_SERVER))
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    return max(1, min(4, (available - _KEPT) // _PER_SERVER) // workers)
 
 
 def _mem_available() -> int | None:
@@ -142,8 +164,13 @@ def build_tiny_model(python: Path, base: Path) -> TinyModel:
 class Schedule:
     """The run's plan and the pool built from it, prepared in the background from the start."""
 
-    def __init__(self, items: Sequence[pytest.Item], workspace: Path):
-        self.plan = [servers_of(item) for item in items]
+    def __init__(self, items: Sequence[pytest.Item], workspace: Path, whole_run: bool = True):
+        """``whole_run``: this process runs every collected test. An xdist worker runs only the
+        units it is handed; it plans for the families of vLLM modules it has been handed."""
+        self._wanted = [servers_of(item) for item in items]
+        family = families(items)
+        self._family = [family.get(module(item)) for item in items]
+        self._here: set[str | None] = set(self._family) if whole_run else set()
         self._engine = engine_modules(items)
         self._index = {item.nodeid: index for index, item in enumerate(items)}
         self._position = 0
@@ -151,6 +178,12 @@ class Schedule:
         self._pool: VllmServerPool | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def plan(self) -> list[tuple[ServerConfig, ...]]:
+        """Per collected test, the servers it asks for, if this process will run it."""
+        pairs = zip(self._wanted, self._family, strict=True)
+        return [configs if family in self._here else () for configs, family in pairs]
 
     @property
     def needed(self) -> bool:
@@ -177,6 +210,11 @@ class Schedule:
         """``item`` runs now: move the plan's cursor, and start what comes next if there is room."""
         self._position = self._index.get(item.nodeid, self._position)
         if module(item) in self._engine:
+            family = self._family[self._position]
+            if family not in self._here:  # a unit of this family was handed to this process
+                self._here.add(family)
+                if self._pool is not None:
+                    self._pool.plan = self.plan
             self.begin(force=True)  # where nothing began it early (an xdist worker)
         ready = self._thread is not None and not self._thread.is_alive()
         if ready and self._pool is not None:
