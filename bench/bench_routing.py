@@ -71,9 +71,9 @@ from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.policy.cost import CostWeights, GrowthLedger
 from tokenkeys.router.policy.placement import Placement
+from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RouterConfig, RoutingService
-from tokenkeys.router.shared_load import RedisSharedLoad
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -547,7 +547,7 @@ async def _run_async(quick: bool) -> str:
         "capacity costs nothing here, as it costs little on a real engine with short replies "
         "(16 tokens here). Every replica follows every engine's KV events. In the replica rows "
         "the replicas share their requests in flight (blocks in use, queued prefill) and "
-        "their cache growth through one Redis (`--share-load`, router.shared_load: each "
+        "their cache growth through one Redis (`--share-load`, router.replicas.shared_load: each "
         "decision made on local memory and placed on a Redis stream, in groups; docs/"
         "router.md); in the unshared row each "
         "counts only its own, so two new prefixes routed by different replicas can land on "

@@ -37,8 +37,8 @@ from bench_routing import (
 from tokenkeys.router.assembly import RouteConfig, RouteServer
 from tokenkeys.router.frontend import HEADER_WORKER
 from tokenkeys.router.policy.cost import CostWeights
+from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.service import RouterConfig
-from tokenkeys.router.shared_load import RedisSharedLoad
 
 #: Seconds between the loop-lag probe's wake-ups.
 _TICK = 0.005
