@@ -77,30 +77,20 @@ static uint8_t *cbor_head(uint8_t *p, unsigned major, uint64_t n) {
     return p;
 }
 
-/* Canonical CBOR of a block's tokens (array head included). */
+/* Canonical CBOR of a block's tokens (array head included). Branch-free per token (token ids
+ * of a large vocabulary mix 3- and 5-byte forms at random, which a branch mispredicts): the
+ * head byte and the big-endian value shifted to its shortest width are always stored, and the
+ * pointer advances by the width. Each store may write up to 4 bytes past the token's form,
+ * which the next token or the tail overwrites; callers leave 4 bytes of slack. */
 static uint8_t *cbor_tokens(uint8_t *p, const uint32_t *tok, Py_ssize_t bs) {
     p = cbor_head(p, 4, (uint64_t)bs);
     for (Py_ssize_t i = 0; i < bs; i++) {
         uint32_t t = tok[i];
-        if (t < 24) {
-            *p++ = (uint8_t)t;
-        } else if (t <= 0xFF) {
-            p[0] = 0x18;
-            p[1] = (uint8_t)t;
-            p += 2;
-        } else if (t <= 0xFFFF) {
-            p[0] = 0x19;
-            p[1] = (uint8_t)(t >> 8);
-            p[2] = (uint8_t)t;
-            p += 3;
-        } else {
-            p[0] = 0x1A;
-            p[1] = (uint8_t)(t >> 24);
-            p[2] = (uint8_t)(t >> 16);
-            p[3] = (uint8_t)(t >> 8);
-            p[4] = (uint8_t)t;
-            p += 5;
-        }
+        unsigned steps = (t >= 24) + (t >= 0x100) + (t >= 0x10000); /* 0..3 */
+        unsigned width = steps + (steps == 3);                    /* 0, 1, 2, 4 bytes */
+        p[0] = (uint8_t)(steps ? 0x17 + steps : t);
+        store_be32(p + 1, (uint32_t)(((uint64_t)t << (32 - 8 * width)) & 0xFFFFFFFFULL));
+        p += 1 + width;
     }
     return p;
 }
@@ -259,7 +249,7 @@ static PyObject *vllm_cbor(PyObject *self, PyObject *args) {
     Py_ssize_t own_max = longest(own);
     tail = own_max > tail ? own_max : tail;
     size_t cap = 1 + 9 + (size_t)(parent_len > dlen ? parent_len : dlen) + 9 + (size_t)bs * 5 +
-                 (size_t)tail;
+                 (size_t)tail + 4;
     uint8_t *buf = PyMem_Malloc(cap);
     PyObject *out = PyList_New(t.n_blocks);
     if (buf == NULL || out == NULL) {
@@ -390,7 +380,7 @@ static PyObject *u64_chain(PyObject *args, enum chain_kind kind) {
     }
     Tokens t;
     if (tokens_open(&t, tok_obj, bs) < 0) return NULL;
-    size_t cap = 1 + 9 + 9 + (size_t)bs * 5 + 1 + (size_t)longest(extras);
+    size_t cap = 1 + 9 + 9 + (size_t)bs * 5 + 1 + (size_t)longest(extras) + 4;
     uint8_t *buf = PyMem_Malloc(cap);
     PyObject *out = PyList_New(t.n_blocks);
     if (buf == NULL || out == NULL) {

@@ -36,10 +36,15 @@ static uint32_t load_be32(const uint8_t *p) {
 }
 
 static void store_be32(uint8_t *p, uint32_t v) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    v = __builtin_bswap32(v); /* one unaligned store */
+    memcpy(p, &v, 4);
+#else
     p[0] = (uint8_t)(v >> 24);
     p[1] = (uint8_t)(v >> 16);
     p[2] = (uint8_t)(v >> 8);
     p[3] = (uint8_t)v;
+#endif
 }
 
 static void sha256_compress_portable(uint32_t state[8], const uint8_t *data, size_t blocks) {
