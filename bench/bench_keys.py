@@ -16,6 +16,7 @@ For 10k and 128k tokens per profile, four timings in the same run:
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import random
 import struct
@@ -90,11 +91,32 @@ def _python(call: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
+#: Issue 37's aims for the compiled core: C / floor at most this, per group of profiles.
+AIMS = {
+    "vllm/sha256_cbor": (("vllm/sha256_cbor@",), 1.5),
+    "the xxhash profiles": (("vllm/xxhash_cbor@", "dynamo/xxh3@", "llmd/xxh64@"), 2.0),
+}
+
+
+def _aims(ratios: dict[str, list[float]]) -> str:
+    """One sentence: each aim, the range of C / floor its profiles reached in this run."""
+    parts = []
+    for name, (prefixes, aim) in AIMS.items():
+        got = [r for p, rs in ratios.items() if p.startswith(prefixes) for r in rs]
+        if got:
+            verdict = "held" if max(got) <= aim else "not held"
+            parts.append(
+                f"{name} at most {aim}x the floor: {min(got):.2f}-{max(got):.2f}x, {verdict}"
+            )
+    return "Against the aims (C / floor, this run): " + "; ".join(parts) + "."
+
+
 def run(quick: bool) -> str:
     """Markdown section: C and Python fast paths vs reference vs floor for every profile."""
     sizes = (10_000,) if quick else (10_000, 128_000)
     budget = 0.15 if quick else 1.2
     rows = []
+    ratios: dict[str, list[float]] = {}  # C / floor per profile, for the aims line
     for profile_id in profile_ids():
         engine = get_profile(profile_id).engine
         seed = {"root_seed": "42"} if engine in ("vllm", "llmd") else {}
@@ -118,17 +140,21 @@ def run(quick: bool) -> str:
                 ],
                 budget,
             )
+            ratios.setdefault(profile_id, []).append(fast / floor)
             rows.append(
                 f"| `{profile_id}` | {n:,} | {fast * 1e3:,.2f} | {python * 1e3:,.2f} | "
                 f"{ref * 1e3:,.2f} | {ref / fast:.1f}x | {floor * 1e3:,.2f} | "
                 f"{fast / floor:.2f}x | {python / floor:.1f}x |"
             )
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     return "\n".join(
         [
             "## Cache keys (`bench_keys`)",
             "",
+            f"Load average at the end of the run (1 / 5 / 15 min): {load}.",
+            "",
             f"Block size {BLOCK}; each figure is the fastest of many back-to-back calls (GC "
-            "paused, as `timeit` does), the three functions of a row taking turns in 4 rounds "
+            "paused, as `timeit` does), the four functions of a row taking turns in 4 rounds "
             f"for about {budget} s, so load from other processes falls on all of them; "
             "every fast result is checked "
             "byte-identical to the reference in the same run. *C*: `block_keys` through the "
@@ -139,6 +165,8 @@ def run(quick: bool) -> str:
             "`pickle.dumps`, per-token `hashlib` updates), hash, chain. *floor*: only the digest "
             "calls over the same per-block bytes. Pickle profiles use `pickle.dumps` on both "
             "paths, so they gain nothing.",
+            "",
+            _aims(ratios),
             "",
             "| profile | tokens | C ms | python ms | reference ms | speedup (C) | floor ms "
             "| C / floor | python / floor |",

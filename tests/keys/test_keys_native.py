@@ -149,3 +149,19 @@ def test_bad_buffers_are_refused(core) -> None:
         core.sglang(BlockKey, array("I", range(8)), 0, b"")
     with pytest.raises(TypeError, match="tuple subclass"):
         core.sglang(dict, array("I", range(8)), 4, b"")
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.integers(0, 2**32 - 1) | st.integers(0, 2**30 - 1), max_size=50))
+def test_token_lists_read_in_c_equal_array(core, tokens: list[int]) -> None:
+    # Ints of one 30-bit digit are read in place, larger ones through the C API: both equal
+    # array("I"), for lists and tuples.
+    assert core.u32(tokens) == array("I", tokens).tobytes() == core.u32(tuple(tokens))
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32, 2**70, -(2**40), 1.0, True, "1", None])
+def test_token_lists_with_anything_else_go_to_python(core, bad: object) -> None:
+    # None: the caller's own conversion runs and names the bad token (or, for a bool, accepts it
+    # as array("I") does).
+    assert core.u32([1, bad, 2]) is None
+    assert core.u32(iter([1])) is None
