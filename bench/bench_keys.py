@@ -158,7 +158,7 @@ def run(quick: bool) -> str:
             f"for about {budget} s, so load from other processes falls on all of them; "
             "every fast result is checked "
             "byte-identical to the reference in the same run. *C*: `block_keys` through the "
-            f"compiled key core ({native.describe()}; pickle profiles have none and stay in "
+            f"compiled key core, here {native.describe()} (pickle profiles have none and stay in "
             "Python); *python*: the same call on the pure-Python fast path (`TOKENKEYS_NATIVE=0`, "
             "or no compiler at install). *reference*: per block, build the "
             "engine's object, serialize it as the engine does (`cbor2.dumps(canonical=True)`, "
