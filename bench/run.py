@@ -35,7 +35,7 @@ ROOT = HERE.parent
 DOCUMENT = ROOT / "docs" / "benchmarks.md"
 
 _BLOCK = re.compile(
-    r"<!-- (?P<kind>bench|notes):(?P<name>\w+)(?: (?:after:)?(?P<digest>[0-9a-f]+))? -->\n"
+    r"<!-- (?P<kind>bench|notes):(?P<name>\w+)(?: (?:after:)?(?P<digest>[0-9a-f]*))? -->\n"
     r"(?P<text>.*?)\n<!-- /(?P=kind):(?P=name) -->\n*",
     re.S,
 )
@@ -88,11 +88,11 @@ def parse(text: str) -> Document:
             doc.stray.append(text[position:end].strip())
             position = end
             continue
-        name, body = match["name"], match["text"]
+        name, body, recorded = match["name"], match["text"], match["digest"] or None
         if match["kind"] == "bench":
-            doc.sections[name], doc.recorded[name] = body, match["digest"]
+            doc.sections[name], doc.recorded[name] = body, recorded
         else:
-            doc.notes[name], doc.notes_after[name] = body, match["digest"]
+            doc.notes[name], doc.notes_after[name] = body, recorded
         position = match.end()
     return doc
 
