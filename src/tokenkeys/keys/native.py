@@ -14,6 +14,7 @@ Python while the SHA-256 and FNV chains still run in C.
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -25,10 +26,11 @@ def _load() -> ModuleType | None:
     if os.environ.get(ENV, "1") == "0":
         return None
     try:
-        from tokenkeys.keys import _chains
+        # By its full name: ``from tokenkeys.keys import _chains`` reads as an import of the
+        # package (keys/__init__), which imports the profiles, which import this module.
+        return importlib.import_module("tokenkeys.keys._chains")
     except ImportError:
         return None
-    return _chains
 
 
 #: The extension module, or ``None`` (not built, or switched off). Tests replace it to run the
