@@ -9,8 +9,8 @@ calling module is skipped naming the install command, or fails under CI (tests/e
 from __future__ import annotations
 
 import pytest
-
 from evidence import under_ci
+
 from tokenkeys.errors import ConfigError
 
 

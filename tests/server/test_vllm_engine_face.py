@@ -34,9 +34,9 @@ from support import REPO
 
 require_smg_stubs()
 
+from tokenkeys.server.grpc.vllm_engine.servicer import VllmEngineService  # noqa: E402
 from tokenkeys.server.grpc.vllm_engine.stubs import common_pb2, vllm_engine_pb2_grpc  # noqa: E402
 from tokenkeys.server.grpc.vllm_engine.stubs import vllm_engine_pb2 as pb  # noqa: E402
-from tokenkeys.server.grpc.vllm_engine.servicer import VllmEngineService  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 8
 
