@@ -61,7 +61,13 @@ def _runner_problems(doc: str, test: str) -> list[str]:
 
 
 def test_every_shell_block_is_run_by_a_test_or_marked_an_example() -> None:
-    found = [block for path in documents() for block in blocks(path)]
+    found = []
+    for path in documents():
+        read = blocks(path)
+        # No fence escapes the reader (one indented in a list would).
+        fences = re.findall(r"^[ \t]*```", path.read_text(encoding="utf-8"), re.M)
+        assert len(fences) == 2 * len(read), f"{path.name}: a fence the reader does not see"
+        found += read
     assert any(b.doc == "README.md" and b.lang in SHELL for b in found)  # read, not skipped
     assert problems(found) == []
 
