@@ -115,3 +115,10 @@ def test_the_tours_servers_do_not_take_the_ports_of_the_readmes_first_command() 
     assert len(servers) == 2 and all(_ports(line) for line in servers)
     taken = set().union(*(_ports(line) for line in servers))
     assert not taken & held, f"the tour takes {sorted(taken & held)}, held by the first command"
+
+
+def test_ci_runs_the_readmes_second_command_verbatim() -> None:
+    # The first block's example marker says so: the second line is CI's whole test step.
+    first = next(b for b in blocks(REPO / "README.md") if b.lang in SHELL)
+    second = first.text.splitlines()[1]
+    assert second in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
