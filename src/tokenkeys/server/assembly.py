@@ -62,8 +62,8 @@ class ServeConfig:
       each build a whole server and share the ports; :mod:`tokenkeys.process.supervisor`);
     - ``connections``: connection caps and idle timeouts on both faces (default: the defaults);
     - ``vllm_engine_face``: also serve smg's ``vllm.grpc.engine.VllmEngine`` on the gRPC port
-      (:mod:`tokenkeys.server.grpc.vllm_engine`; needs an engine and one model, and the stubs
-      built by ``scripts/gen_smg_proto.py``, or the start is refused saying so).
+      (:mod:`tokenkeys.server.grpc.vllm_engine`; needs an engine and one model, and the ``smg``
+      extra's smg-grpc-proto, or the start is refused saying so).
     """
 
     host: str = "127.0.0.1"
