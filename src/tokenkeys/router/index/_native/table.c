@@ -86,31 +86,52 @@ static inline void move_to_end(KeyTable *t, uint32_t i) {
     append_slot(t, i);
 }
 
+/* Double the slot array. Read in slot order, not recency order: with linear probing a key's
+ * new home is its old one or that plus the old size, so the writes go forward in two streams
+ * instead of one cache miss each; the recency links (old slot numbers) are then translated
+ * through a map old -> new read in prefetched batches. */
 static int grow(KeyTable *t) {
-    uint64_t count = (t->mask + 1) * 2;
+    uint64_t size = t->mask + 1, count = size * 2;
     if (count > (uint64_t)NIL) {
         PyErr_SetString(PyExc_MemoryError, "key table: more than 2**31 slots");
         return -1;
     }
     Slot *fresh = PyMem_Calloc((size_t)count, sizeof(Slot));
-    if (fresh == NULL) {
+    uint32_t *moved = PyMem_Malloc((size_t)size * sizeof(uint32_t));
+    if (fresh == NULL || moved == NULL) {
+        PyMem_Free(fresh);
+        PyMem_Free(moved);
         PyErr_NoMemory();
         return -1;
     }
     Slot *old = t->slots;
-    uint32_t at = t->head;
-    t->slots = fresh;
-    t->mask = count - 1;
-    t->head = t->tail = NIL;
-    while (at != NIL) { /* recency order: the list is rebuilt as it was */
-        Slot *s = &old[at];
-        uint64_t i = mix(s->key) & t->mask;
-        while (fresh[i].value != NULL) i = (i + 1) & t->mask;
-        fresh[i].key = s->key;
-        fresh[i].value = s->value;
-        append_slot(t, (uint32_t)i);
-        at = s->next;
+    uint64_t mask = count - 1;
+    for (uint64_t j = 0; j < size; j++) {
+        if (old[j].value == NULL) continue;
+        uint64_t i = mix(old[j].key) & mask;
+        while (fresh[i].value != NULL) i = (i + 1) & mask;
+        fresh[i] = old[j]; /* links still old slot numbers */
+        moved[j] = (uint32_t)i;
     }
+    for (uint64_t i = 0; i < count; i += BATCH) {
+        for (uint64_t j = i; j < i + BATCH; j++) {
+            if (fresh[j].value == NULL) continue;
+            if (fresh[j].prev != NIL) PREFETCH(&moved[fresh[j].prev]);
+            if (fresh[j].next != NIL) PREFETCH(&moved[fresh[j].next]);
+        }
+        for (uint64_t j = i; j < i + BATCH; j++) {
+            if (fresh[j].value == NULL) continue;
+            if (fresh[j].prev != NIL) fresh[j].prev = moved[fresh[j].prev];
+            if (fresh[j].next != NIL) fresh[j].next = moved[fresh[j].next];
+        }
+    }
+    if (t->head != NIL) {
+        t->head = moved[t->head];
+        t->tail = moved[t->tail];
+    }
+    t->slots = fresh;
+    t->mask = mask;
+    PyMem_Free(moved);
     PyMem_Free(old);
     return 0;
 }
@@ -152,9 +173,28 @@ static PyObject *take(KeyTable *t, uint32_t i) {
 }
 
 /* A key as u64: 1 and *out on success, 0 for an int outside [0, 2**64) or not an int (never a
- * table key), -1 with an error set for anything else failing. */
+ * table key), -1 with an error set for anything else failing. An exact int of up to three
+ * 30-bit digits (every u64) is read in place on 3.11: PyLong_AsUnsignedLongLong goes through
+ * _PyLong_AsByteArray there, which cost more per key than the whole probe. */
 static int as_key(PyObject *obj, uint64_t *out) {
     if (!PyLong_Check(obj)) return 0;
+#if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API) && \
+    PYLONG_BITS_IN_DIGIT == 30
+    if (PyLong_CheckExact(obj)) {
+        Py_ssize_t size = Py_SIZE(obj);
+        const digit *d = ((PyLongObject *)obj)->ob_digit;
+        if (size < 0) return 0; /* negative */
+        if (size <= 2) {
+            *out = size == 0 ? 0 : size == 1 ? d[0] : (uint64_t)d[0] | (uint64_t)d[1] << 30;
+            return 1;
+        }
+        if (size == 3 && d[2] < (1u << 4)) { /* 64 - 2 * 30 bits in the top digit */
+            *out = (uint64_t)d[0] | (uint64_t)d[1] << 30 | (uint64_t)d[2] << 60;
+            return 1;
+        }
+        return 0;
+    }
+#endif
     unsigned long long v = PyLong_AsUnsignedLongLong(obj);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
@@ -306,18 +346,38 @@ static PyObject *table_iter(KeyTable *t) {
     return it;
 }
 
-/* Find the slots of items[0:n] (NIL where absent or not a u64), every slot prefetched before
- * the first is probed. -1 with an error set only for a failing conversion. */
-static int find_batch(KeyTable *t, PyObject **items, Py_ssize_t n, uint32_t *found) {
-    uint64_t keys[BATCH];
-    int ok[BATCH];
-    for (Py_ssize_t j = 0; j < n; j++) {
-        ok[j] = as_key(items[j], &keys[j]);
-        if (ok[j] < 0) return -1;
-        if (ok[j]) PREFETCH(&t->slots[mix(keys[j]) & t->mask]);
+/* The keys of a sequence as u64, with a flag per key (0: not a u64, never a table key): NULL
+ * with an error set when the sequence or a conversion fails. Freed with PyMem_Free. */
+static uint64_t *converted(PyObject *seq, Py_ssize_t size, uint8_t **ok) {
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    uint64_t *keys = PyMem_Malloc((size_t)(size ? size : 1) * (sizeof(uint64_t) + 1));
+    if (keys == NULL) {
+        PyErr_NoMemory();
+        return NULL;
     }
-    for (Py_ssize_t j = 0; j < n; j++) found[j] = ok[j] ? find(t, keys[j]) : NIL;
-    return 0;
+    *ok = (uint8_t *)(keys + size);
+    for (Py_ssize_t j = 0; j < size; j++) {
+        int got = as_key(items[j], &keys[j]);
+        if (got < 0) {
+            PyMem_Free(keys);
+            return NULL;
+        }
+        (*ok)[j] = (uint8_t)got;
+    }
+    return keys;
+}
+
+/* Prefetch the home slot of key j (a pipeline BATCH keys ahead of the probes). */
+static inline void ahead(const KeyTable *t, const uint64_t *keys, const uint8_t *ok, Py_ssize_t j,
+                         Py_ssize_t size) {
+    if (j < size && ok[j]) PREFETCH(&t->slots[mix(keys[j]) & t->mask]);
+}
+
+static int append_run(PyObject *out, PyObject *holders, Py_ssize_t count) {
+    PyObject *pair = Py_BuildValue("(On)", holders, count);
+    int rc = pair == NULL ? -1 : PyList_Append(out, pair);
+    Py_XDECREF(pair);
+    return rc;
 }
 
 /* runs(keys): [(holders, count), ...] over the longest prefix of keys in the table, one pair per
@@ -326,77 +386,71 @@ static PyObject *table_runs(KeyTable *t, PyObject *keys) {
     PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    PyObject *out = PyList_New(0);
-    PyObject *current = NULL;
-    Py_ssize_t count = 0;
-    uint32_t found[BATCH];
-    if (out == NULL) goto fail;
-    for (Py_ssize_t at = 0; at < size; at += BATCH) {
-        Py_ssize_t n = size - at < BATCH ? size - at : BATCH;
-        if (find_batch(t, items + at, n, found) < 0) goto fail;
-        for (Py_ssize_t j = 0; j < n; j++) {
-            if (found[j] == NIL) goto done;
-            PyObject *value = t->slots[found[j]].value;
-            if (value == current) {
-                count++;
-                continue;
-            }
-            if (current != NULL) {
-                PyObject *pair = Py_BuildValue("(On)", current, count);
-                if (pair == NULL || PyList_Append(out, pair) < 0) {
-                    Py_XDECREF(pair);
-                    goto fail;
-                }
-                Py_DECREF(pair);
-            }
-            current = value;
-            count = 1;
-        }
-    }
-done:
-    if (current != NULL) {
-        PyObject *pair = Py_BuildValue("(On)", current, count);
-        if (pair == NULL || PyList_Append(out, pair) < 0) {
-            Py_XDECREF(pair);
-            goto fail;
-        }
-        Py_DECREF(pair);
-    }
+    uint8_t *ok;
+    uint64_t *k = converted(seq, size, &ok);
     Py_DECREF(seq);
+    if (k == NULL) return NULL;
+    PyObject *out = PyList_New(0), *current = NULL;
+    Py_ssize_t count = 0;
+    if (out == NULL) goto fail;
+    for (Py_ssize_t j = 0; j < BATCH; j++) ahead(t, k, ok, j, size);
+    for (Py_ssize_t j = 0; j < size; j++) {
+        ahead(t, k, ok, j + BATCH, size);
+        uint32_t i = ok[j] ? find(t, k[j]) : NIL;
+        if (i == NIL) break;
+        PyObject *value = t->slots[i].value;
+        if (value == current) {
+            count++;
+            continue;
+        }
+        if (current != NULL && append_run(out, current, count) < 0) goto fail;
+        current = value;
+        count = 1;
+    }
+    if (current != NULL && append_run(out, current, count) < 0) goto fail;
+    PyMem_Free(k);
     return out;
 fail:
     Py_XDECREF(out);
-    Py_DECREF(seq);
+    PyMem_Free(k);
     return NULL;
 }
 
-/* touch(keys): move each key to the newest end, in order (every key must be present). */
+/* touch(keys): move each key to the newest end, in order (every key must be present). The
+ * slots are found a batch ahead, and the neighbours a move rewrites are prefetched too. */
 static PyObject *table_touch(KeyTable *t, PyObject *keys) {
     PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    uint8_t *ok;
+    uint64_t *k = converted(seq, size, &ok);
+    if (k == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
     uint32_t found[BATCH];
+    for (Py_ssize_t j = 0; j < BATCH; j++) ahead(t, k, ok, j, size);
     for (Py_ssize_t at = 0; at < size; at += BATCH) {
         Py_ssize_t n = size - at < BATCH ? size - at : BATCH;
-        if (find_batch(t, items + at, n, found) < 0) goto fail;
-        for (Py_ssize_t j = 0; j < n; j++) { /* the neighbours a move rewrites */
+        for (Py_ssize_t j = 0; j < n; j++) {
+            ahead(t, k, ok, at + j + BATCH, size);
+            found[j] = ok[at + j] ? find(t, k[at + j]) : NIL;
             if (found[j] == NIL) {
-                PyErr_Format(PyExc_KeyError, "%R", items[at + j]);
-                goto fail;
+                PyErr_Format(PyExc_KeyError, "%R", PySequence_Fast_ITEMS(seq)[at + j]);
+                Py_DECREF(seq);
+                PyMem_Free(k);
+                return NULL;
             }
             const Slot *s = &t->slots[found[j]];
             if (s->prev != NIL) PREFETCH(&t->slots[s->prev]);
             if (s->next != NIL) PREFETCH(&t->slots[s->next]);
         }
+        /* Moves relink slots, never move them: the slots found stay valid. */
         for (Py_ssize_t j = 0; j < n; j++) move_to_end(t, found[j]);
     }
     Py_DECREF(seq);
+    PyMem_Free(k);
     Py_RETURN_NONE;
-fail:
-    Py_DECREF(seq);
-    return NULL;
 }
 
 /* add_keys(keys, value, capacity) -> (present, evicted): in order, each absent key is inserted
