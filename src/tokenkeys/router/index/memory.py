@@ -120,6 +120,8 @@ class MemoryPrefixIndex:
         # One shared tuple per distinct tier set, one shared _Holders per distinct holder set.
         self._tier_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._holder_sets: dict[frozenset[tuple[str, tuple[str, ...]]], _Holders] = {}
+        # (worker, tier) -> the holder set of that worker alone on that tier (dropped by sweeps).
+        self._singles: dict[tuple[str, str], _Holders] = {}
         self._sweep_at = _SWEEP_FLOOR
 
     def __len__(self) -> int:
@@ -167,6 +169,7 @@ class MemoryPrefixIndex:
             holders.added.clear()
             holders.removed.clear()
             holders.cleared.clear()
+        self._singles.clear()
         self._sweep_at = max(_SWEEP_FLOOR, 2 * len(self._holder_sets))
 
     def _with(self, holders: _Holders, worker: str, tier: str) -> _Holders:
@@ -188,16 +191,23 @@ class MemoryPrefixIndex:
         """Record that ``worker`` holds ``keys`` on ``tier``; may evict the oldest keys."""
         check_worker(worker)
         check_tier(tier)
-        check_keys(keys)
         self._apply_touches()  # before any eviction: it takes the least recently used
         self._sweep()
         entries, change = self._table, (worker, tier)
-        single = self._holders({worker: self._tiers((tier,))})
+        single = self._singles.get(change)
+        if single is None:
+            single = self._singles[change] = self._holders({worker: self._tiers((tier,))})
+        # Absent keys are inserted as `single`, present ones made newest, the oldest evicted past
+        # capacity: one loop in C where built, which checks every key first (None: a bad key,
+        # nothing changed). Only the present keys' holders change here.
+        done = None
+        if type(keys) is list or not isinstance(keys, (str, bytes)) and isinstance(keys, Sequence):
+            done = entries.add_keys(keys, single, self.capacity)
+        if done is None:
+            check_keys(keys)  # raises: the rule the table applied, naming the first bad key
+        present, evicted = done
         by_worker = self._by_worker
         held = by_worker.setdefault(worker, {})
-        # Absent keys are inserted as `single`, present ones made newest, the oldest evicted past
-        # capacity: one loop in C where built. Only the present keys' holders change here.
-        present, evicted = entries.add_keys(keys, single, self.capacity)
         for key, holders in evicted:
             for other in holders.tiers:
                 dropped = by_worker.get(other)

@@ -20,7 +20,9 @@ from itertools import groupby, islice
 from types import ModuleType
 from typing import Any
 
+from tokenkeys.errors import InvalidArgument
 from tokenkeys.keys.native import ENV
+from tokenkeys.router.index.model import check_keys
 
 # Keys runs() reads from the table first; each further chunk doubles (it stops at a miss).
 _FIRST_CHUNK = 16
@@ -56,10 +58,15 @@ class PyKeyTable(OrderedDict):
 
     def add_keys(
         self, keys: Sequence[int], value: Any, capacity: int
-    ) -> tuple[list[int], list[tuple[int, Any]]]:
+    ) -> tuple[list[int], list[tuple[int, Any]]] | None:
         """In order: insert each absent key with ``value`` as the newest, evicting the oldest
         past ``capacity``; make each present key the newest and list it. Returns the present
-        keys and the evicted ``(key, holders)``, in order."""
+        keys and the evicted ``(key, holders)``, in order; ``None``, with nothing changed, when
+        a key is not an exact int in [0, 2**64) (:func:`check_keys` then names it)."""
+        try:
+            check_keys(keys)
+        except InvalidArgument:
+            return None
         present: list[int] = []
         evicted: list[tuple[int, Any]] = []
         if len(self) + len(keys) <= capacity:  # nothing can be evicted: the common case

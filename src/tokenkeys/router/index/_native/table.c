@@ -456,7 +456,8 @@ static PyObject *table_touch(KeyTable *t, PyObject *keys) {
 /* add_keys(keys, value, capacity) -> (present, evicted): in order, each absent key is inserted
  * with `value` at the newest end and, past `capacity` keys, the oldest is evicted; each present
  * key is moved to the newest end and listed in `present` (its holders are the caller's to
- * change). `evicted` lists (key, holders) in eviction order. Every key must be a u64. */
+ * change). `evicted` lists (key, holders) in eviction order. None, with nothing changed, when
+ * a key is not an exact int in [0, 2**64) (the caller's check then names it). */
 static PyObject *table_add_keys(KeyTable *t, PyObject *args) {
     PyObject *keys, *value;
     Py_ssize_t capacity;
@@ -469,40 +470,49 @@ static PyObject *table_add_keys(KeyTable *t, PyObject *args) {
     if (seq == NULL) return NULL;
     Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    PyObject *present = PyList_New(0), *evicted = PyList_New(0);
-    uint64_t batch[BATCH];
-    if (present == NULL || evicted == NULL) goto fail;
-    for (Py_ssize_t at = 0; at < size; at += BATCH) {
-        Py_ssize_t n = size - at < BATCH ? size - at : BATCH;
-        for (Py_ssize_t j = 0; j < n; j++) {
-            if (key_or_raise(items[at + j], &batch[j]) < 0) goto fail;
-            PREFETCH(&t->slots[mix(batch[j]) & t->mask]);
-        }
-        /* Probed one by one: an insertion or eviction of the batch's earlier keys may move
-         * slots (the prefetched lines are still the ones read). */
-        for (Py_ssize_t j = 0; j < n; j++) {
-            uint32_t i = find(t, batch[j]);
-            if (i != NIL) {
-                move_to_end(t, i);
-                if (PyList_Append(present, items[at + j]) < 0) goto fail;
-                continue;
-            }
-            if (insert(t, batch[j], value) < 0) goto fail;
-            if (t->used > capacity) {
-                PyObject *pair = table_pop_oldest(t, NULL);
-                if (pair == NULL || PyList_Append(evicted, pair) < 0) {
-                    Py_XDECREF(pair);
-                    goto fail;
-                }
-                Py_DECREF(pair);
-            }
+    uint8_t *ok;
+    uint64_t *k = converted(seq, size, &ok);
+    if (k == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t j = 0; j < size; j++) {
+        if (!ok[j] || !PyLong_CheckExact(items[j])) { /* bools and subclasses too */
+            PyMem_Free(k);
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
         }
     }
+    PyObject *present = PyList_New(0), *evicted = PyList_New(0);
+    if (present == NULL || evicted == NULL) goto fail;
+    for (Py_ssize_t j = 0; j < BATCH; j++) ahead(t, k, ok, j, size);
+    for (Py_ssize_t j = 0; j < size; j++) {
+        ahead(t, k, ok, j + BATCH, size);
+        /* Probed one by one: an insertion or eviction may move slots (a prefetched line is
+         * still the one read). */
+        uint32_t i = find(t, k[j]);
+        if (i != NIL) {
+            move_to_end(t, i);
+            if (PyList_Append(present, items[j]) < 0) goto fail;
+            continue;
+        }
+        if (insert(t, k[j], value) < 0) goto fail;
+        if (t->used > capacity) {
+            PyObject *pair = table_pop_oldest(t, NULL);
+            if (pair == NULL || PyList_Append(evicted, pair) < 0) {
+                Py_XDECREF(pair);
+                goto fail;
+            }
+            Py_DECREF(pair);
+        }
+    }
+    PyMem_Free(k);
     Py_DECREF(seq);
     return Py_BuildValue("(NN)", present, evicted);
 fail:
     Py_XDECREF(present);
     Py_XDECREF(evicted);
+    PyMem_Free(k);
     Py_DECREF(seq);
     return NULL;
 }
