@@ -370,9 +370,9 @@ def run(quick: bool) -> str:
             f"holding a memory index of {gc_keys:,} keys over {gc_workers} workers; reference: "
             "the same process with a set of keys per worker beside it, the reverse map the "
             "index kept before (CPython tracks every set, and a full pass walks each entry; a "
-            "dict holding only ints is never tracked). The table is tracked: "
-            "the serving commands freeze what they built at start (`gc.freeze`), the table "
-            "with it, however far it grows.",
+            "dict holding only ints is never tracked). The compiled key table is never "
+            "tracked; the pure-Python one is, and the serving commands freeze what they built "
+            "at start (`gc.freeze`), that table with it, however far it grows.",
             "",
             "| index | pause | reference pause | pause / reference |",
             "|---|---:|---:|---:|",
