@@ -8,7 +8,7 @@ that worker's blocks instead of a scan of the whole index (llm-d's ``Clear`` sca
 Each key maps to an immutable, shared :class:`_Holders` (which workers hold it, on which tiers)
 rather than to a dict of its own. A prompt's consecutive keys are mostly held by the same
 workers, so they share one object, and a lookup finds where the holders change by comparing
-identities in C (``itertools.groupby``) instead of asking every worker about every key in Python:
+identities in C (the table's ``runs``) instead of asking every worker about every key in Python:
 the work per key no longer grows with the number of workers.
 
 A lookup's LRU touch is deferred, exactly. Moving each matched key to the newest end is a probe
@@ -30,8 +30,9 @@ Garbage collection: a full pass of CPython's cycle collector walks every entry o
 container it tracks, so an index of millions of keys in tracked containers stalls its process
 for as long on each full pass (10M keys held by 200 workers: 744 ms here with a set of keys per
 worker, growing with the keys). The per-worker reverse maps are plain dicts of ints, which
-CPython never tracks (292 ms: the table alone). The table, an ``OrderedDict``, is always
-tracked, but it is built with the index: a process that freezes what it holds once started
+CPython never tracks (292 ms: the table alone). The compiled key table (``index/table.py``)
+is never tracked; the pure-Python one, an ``OrderedDict``, always is, but it is built with the
+index: a process that freezes what it holds once started
 (``gc.freeze``, as the serving commands do in :func:`tokenkeys.process.run.freeze_started`)
 takes it out of those passes for good, however far it grows.
 """
