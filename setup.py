@@ -1,8 +1,10 @@
-"""The compiled core (``tokenkeys.keys._chains``): the only thing this file declares.
+"""The compiled cores: the only thing this file declares.
 
-Everything else about the package is in pyproject.toml. The extension is optional: where no C
-compiler is found the build warns and installs the pure-Python key paths, which compute the same
-keys (``keys/native.py`` chooses at import; docs/cache-keys.md says why C and not Cython).
+``tokenkeys.keys._chains`` (block-key chains) and ``tokenkeys.router.index._table`` (the
+in-memory prefix index's key table). Everything else about the package is in pyproject.toml.
+Both extensions are optional: where no C compiler is found the build warns and installs the
+pure-Python paths, which compute the same answers (``keys/native.py`` and
+``router/index/table.py`` choose at import; docs/cache-keys.md says why C and not Cython).
 """
 
 from setuptools import Extension, setup
@@ -14,6 +16,11 @@ setup(
             sources=["src/tokenkeys/keys/_native/chains.c"],
             depends=["src/tokenkeys/keys/_native/sha256.h"],
             optional=True,
-        )
+        ),
+        Extension(
+            "tokenkeys.router.index._table",
+            sources=["src/tokenkeys/router/index/_native/table.c"],
+            optional=True,
+        ),
     ]
 )

@@ -22,6 +22,7 @@ import gc
 import random
 import statistics
 import time
+import tracemalloc
 from collections.abc import Callable
 
 import redis
@@ -30,6 +31,7 @@ from timing import load_note, pct, sample
 
 from tokenkeys.events.model import BlockStored, EventBatch, SpecRef
 from tokenkeys.process.run import freeze_started
+from tokenkeys.router.index import table as index_table
 from tokenkeys.router.index.memory import MemoryPrefixIndex
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.index.redis import RedisPrefixIndex
@@ -37,6 +39,8 @@ from tokenkeys.router.ingest.ingestor import EventIngestor
 from tokenkeys.router.policy.scorer import score_workers
 
 BLOCK = 16
+# Keys of the index the compiled and pure-Python tables are compared at (full runs).
+FLEET_KEYS = 10_000_000
 PROMPT_TOKENS = 128 * 1024
 PROMPT_BLOCKS = PROMPT_TOKENS // BLOCK  # 8,192
 WORKERS = [f"10.0.0.{i}:8000" for i in range(16)]
@@ -177,6 +181,98 @@ def _collection_rows(loop, keys: int, workers: int, rng: random.Random) -> list[
     ]
 
 
+# The compiled key table against the pure-Python one (issue 37's aims): blocks of 32 tokens, a
+# fleet of workers each storing 32-block steps, one 128k-token prompt scored among them.
+FLEET_BLOCK = 32
+FLEET_PROMPT = PROMPT_TOKENS // FLEET_BLOCK  # 4,096
+FLEET_WORKERS = 1000
+
+
+def _built(keys: list[int], core: bool) -> MemoryPrefixIndex:
+    """An index on the compiled table (``core``) or the pure-Python one."""
+    saved = index_table.CORE
+    if not core:
+        index_table.CORE = None
+    try:
+        return MemoryPrefixIndex(capacity=len(keys) + 2 * FLEET_PROMPT)
+    finally:
+        index_table.CORE = saved
+
+
+def _fleet_ingest(loop, index: MemoryPrefixIndex, keys: list[int]) -> float:
+    """CPU seconds of adding ``keys`` in 32-block steps, round robin over the fleet."""
+
+    async def go() -> None:
+        for at in range(0, len(keys), STEP_BLOCKS):
+            await index.add(f"w{(at // STEP_BLOCKS) % FLEET_WORKERS}", keys[at : at + STEP_BLOCKS])
+
+    start = time.process_time()
+    loop.run_until_complete(go())
+    return time.process_time() - start
+
+
+def _fleet_scores(loop, index: MemoryPrefixIndex, prompt: list[int], n: int) -> list[float]:
+    """CPU seconds of each of ``n`` lookups + scores of ``prompt`` (16 workers hold parts)."""
+    loop.run_until_complete(_fill_prompt(index, prompt))
+    load = dict.fromkeys(WORKERS, 0)  # the scorer's own cost per fleet worker is not the index's
+
+    async def go() -> None:
+        best = score_workers(await index.lookup(prompt), len(prompt), load)[0]
+        assert best.matched_blocks == len(prompt)
+
+    out = []
+    freeze_started()  # as `tokenkeys route` serves: what was built is out of full collections
+    try:
+        for _ in range(n):
+            start = time.process_time()
+            loop.run_until_complete(go())
+            out.append(time.process_time() - start)
+    finally:
+        gc.unfreeze()
+    return out
+
+
+def _bytes_per_key(loop, count: int, core: bool, rng: random.Random) -> float:
+    """Bytes allocated per key (one holder each) by an index of ``count`` keys (tracemalloc:
+    Python objects and the C table's slot array, both allocated through CPython)."""
+    keys = [rng.getrandbits(64) for _ in range(count)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        index = _built(keys, core)
+        _fleet_ingest(loop, index, keys)
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del index
+    return (after - before) / count
+
+
+def _native_rows(loop, count: int, n_score: int, rng: random.Random) -> list[str]:
+    """Rows of the compiled table against the pure-Python one at ``count`` keys."""
+    keys = [rng.getrandbits(64) for _ in range(count)]
+    prompt = [rng.getrandbits(64) for _ in range(FLEET_PROMPT)]
+    rates, scores = [], []
+    for core in (True, False):
+        index = _built(keys, core)
+        rates.append(count / _fleet_ingest(loop, index, keys))
+        scores.append(_fleet_scores(loop, index, prompt, n_score))
+        del index
+        gc.collect()
+    sizes = [_bytes_per_key(loop, min(count, 1_000_000), core, rng) for core in (True, False)]
+    c50, p50 = (pct(s, 50) for s in scores)
+    c99, p99 = (pct(s, 99) for s in scores)
+    return [
+        f"| ingest, blocks per CPU-second | {rates[0]:,.0f} | {rates[1]:,.0f} | "
+        f"{rates[0] / rates[1]:.2f}x | >= 3,000,000 |",
+        f"| lookup + score, CPU p50 | {_ms(c50)} | {_ms(p50)} | {p50 / c50:.2f}x faster | |",
+        f"| lookup + score, CPU p99 | {_ms(c99)} | {_ms(p99)} | {p99 / c99:.2f}x faster | < 1 ms |",
+        f"| bytes per block entry | {sizes[0]:,.0f} | {sizes[1]:,.0f} | "
+        f"{sizes[0] / sizes[1]:.2f}x | <= 100 |",
+    ]
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.2f} ms"
 
@@ -190,6 +286,7 @@ def run(quick: bool) -> str:
     prompt = [rng.getrandbits(64) for _ in range(PROMPT_BLOCKS)]
     n_score = 10 if quick else 40
     gc_keys, gc_workers = (200_000 if quick else 2_000_000), 200
+    fleet_keys = 200_000 if quick else FLEET_KEYS
     loop = asyncio.new_event_loop()
     ingest_rows, score_rows, notes = [], [], []
     server = LocalRedis()
@@ -209,6 +306,7 @@ def run(quick: bool) -> str:
             f"{_ms(pct(ref, 50))} (dict gets) | {pct(got, 50) / pct(ref, 50):.1f}x |"
         )
         gc_rows = _collection_rows(loop, gc_keys, gc_workers, rng)
+        native_rows = _native_rows(loop, fleet_keys, n_score * 5, rng)
         if server.url is None:
             notes.append("Redis rows skipped: no `REDIS_URL` and no `redis-server` binary.")
         else:
@@ -272,13 +370,30 @@ def run(quick: bool) -> str:
             f"holding a memory index of {gc_keys:,} keys over {gc_workers} workers; reference: "
             "the same process with a set of keys per worker beside it, the reverse map the "
             "index kept before (CPython tracks every set, and a full pass walks each entry; a "
-            "dict holding only ints is never tracked). The table is tracked: "
-            "the serving commands freeze what they built at start (`gc.freeze`), the table "
-            "with it, however far it grows.",
+            "dict holding only ints is never tracked). The compiled key table is never "
+            "tracked; the pure-Python one is, and the serving commands freeze what they built "
+            "at start (`gc.freeze`), that table with it, however far it grows.",
             "",
             "| index | pause | reference pause | pause / reference |",
             "|---|---:|---:|---:|",
             *gc_rows,
+            "",
+            f"Compiled key table against the pure-Python one (issue 37): the in-memory index "
+            f"on `tokenkeys.router.index._table` ({index_table.describe()}) and on "
+            f"`PyKeyTable` in the same run, each filled with {fleet_keys:,} random keys in "
+            f"{STEP_BLOCKS}-block steps over {FLEET_WORKERS:,} workers (CPU time of `add`, "
+            f"validation included), then one {PROMPT_TOKENS:,}-token prompt ({FLEET_PROMPT:,} "
+            f"blocks of {FLEET_BLOCK}) held by 16 of them as above, `lookup` + "
+            f"`score_workers` {n_score * 5} times (CPU time of each, the process frozen as "
+            "served; every lookup's LRU touch is paid within these calls once the pending "
+            "bound is reached; loads given for the 16 holders). Bytes per block "
+            "entry: what tracemalloc counts allocated by an index of "
+            f"{min(fleet_keys, 1_000_000):,} keys, one holder each (the table, the per-worker "
+            "reverse maps and their ints). The last column is issue 37's aim.",
+            "",
+            "| figure | C table | pure Python | C against Python | aim |",
+            "|---|---:|---:|---:|---:|",
+            *native_rows,
             "",
             load_note(),
             *(["", *notes] if notes else []),

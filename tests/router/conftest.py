@@ -23,6 +23,7 @@ from evidence import unavailable
 from ports import free_port
 from redis_cluster import RedisClusterServers, drop_namespaces
 
+from tokenkeys.router.index import table
 from tokenkeys.router.index.instrumented import InstrumentedIndex
 from tokenkeys.router.index.memory import MemoryPrefixIndex
 from tokenkeys.router.index.model import PrefixIndex
@@ -158,7 +159,7 @@ class Backend:
 
     def new(self, **options: object) -> PrefixIndex:
         """A fresh, empty index (Redis: in a namespace of its own)."""
-        if self.name == "memory":
+        if self.name in ("memory", "memory-python"):
             index: PrefixIndex = MemoryPrefixIndex(**options)
         elif self.name == "instrumented":
             index = InstrumentedIndex(MemoryPrefixIndex(**options))
@@ -184,11 +185,14 @@ class Backend:
             drop_namespaces(self.url, self.namespaces)
 
 
-@pytest.fixture(params=["memory", "redis", "sharded", "cluster", "instrumented"])
+@pytest.fixture(params=["memory", "memory-python", "redis", "sharded", "cluster", "instrumented"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    """Each conformance test runs once per backend (and once through the metrics wrapper)."""
+    """Each conformance test runs once per backend (and once through the metrics wrapper);
+    ``memory`` on the compiled key table where built, ``memory-python`` on the pure-Python one."""
     url = None
-    if request.param in ("redis", "sharded"):
+    if request.param == "memory-python":
+        request.getfixturevalue("monkeypatch").setattr(table, "CORE", None)
+    elif request.param in ("redis", "sharded"):
         url = request.getfixturevalue("redis_url")
     elif request.param == "cluster":
         url = request.getfixturevalue("redis_cluster_url")

@@ -190,6 +190,17 @@ async def test_bad_input_is_refused_the_same_way(backend, method, args):
     assert await index.workers() == frozenset()
 
 
+@pytest.mark.parametrize("bad", [-1, 1 << 64, True, 2.0])
+async def test_an_add_with_a_bad_key_late_in_it_changes_nothing(backend, bad):
+    # The memory index's compiled table checks every key before the first change.
+    index = backend.new()
+    await index.add("w", [1, 2])
+    with pytest.raises(InvalidArgument, match=r"keys\[40\]"):
+        await index.add("v", [*range(3, 43), bad])
+    assert await index.lookup([1, 2, 3]) == {"w": run("w", (2, GPU))}
+    assert await index.workers() == {"w"}
+
+
 # A bad key after, or among, keys the index holds: the memory index checks the range only past
 # its held prefix and types everywhere; every backend names the first bad key's position.
 HELD_THEN_BAD = [

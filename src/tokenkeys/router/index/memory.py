@@ -8,7 +8,7 @@ that worker's blocks instead of a scan of the whole index (llm-d's ``Clear`` sca
 Each key maps to an immutable, shared :class:`_Holders` (which workers hold it, on which tiers)
 rather than to a dict of its own. A prompt's consecutive keys are mostly held by the same
 workers, so they share one object, and a lookup finds where the holders change by comparing
-identities in C (``itertools.groupby``) instead of asking every worker about every key in Python:
+identities in C (the table's ``runs``) instead of asking every worker about every key in Python:
 the work per key no longer grows with the number of workers.
 
 A lookup's LRU touch is deferred, exactly. Moving each matched key to the newest end is a probe
@@ -30,17 +30,18 @@ Garbage collection: a full pass of CPython's cycle collector walks every entry o
 container it tracks, so an index of millions of keys in tracked containers stalls its process
 for as long on each full pass (10M keys held by 200 workers: 744 ms here with a set of keys per
 worker, growing with the keys). The per-worker reverse maps are plain dicts of ints, which
-CPython never tracks (292 ms: the table alone). The table, an ``OrderedDict``, is always
-tracked, but it is built with the index: a process that freezes what it holds once started
+CPython never tracks (292 ms: the table alone). The compiled key table (``index/table.py``)
+is never tracked; the pure-Python one, an ``OrderedDict``, always is, but it is built with the
+index: a process that freezes what it holds once started
 (``gc.freeze``, as the serving commands do in :func:`tokenkeys.process.run.freeze_started`)
 takes it out of those passes for good, however far it grows.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Collection, Sequence
-from itertools import groupby, islice, repeat
+from itertools import islice, repeat
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.index.model import (
@@ -53,6 +54,7 @@ from tokenkeys.router.index.model import (
     check_tier,
     check_worker,
 )
+from tokenkeys.router.index.table import PyKeyTable, new_table
 
 #: Default bound, in block keys (about 200 bytes each in CPython with a few workers per key: the
 #: key, its table slot and its reverse-map entries; one dict per key took about 380).
@@ -61,8 +63,6 @@ DEFAULT_CAPACITY = 1_000_000
 # Distinct holder sets kept before unused ones are dropped (the sweep also runs when the table
 # doubles since the last one, so its cost stays proportional to the growth).
 _SWEEP_FLOOR = 4096
-# Keys a lookup reads from the table first; each further chunk doubles (it stops at a miss).
-_FIRST_CHUNK = 16
 # Most keys of deferred LRU touches kept (512 kB of references): past it a lookup applies the
 # oldest pending touches itself, so without updates each lookup pays about its own touch.
 _PENDING_BOUND = 1 << 16
@@ -107,8 +107,9 @@ class MemoryPrefixIndex:
         self.capacity = capacity
         self.evictions = 0
         # key -> its holders; insertion order is recency order (oldest first) once the pending
-        # touches are applied (read it through `_entries` wherever the order matters).
-        self._table: OrderedDict[int, _Holders] = OrderedDict()
+        # touches are applied (read it through `_entries` wherever the order matters). The C
+        # table where built, else a PyKeyTable: the same methods (index/table.py).
+        self._table: PyKeyTable = new_table()
         # Lookups' deferred LRU touches, oldest first, and how many keys they hold (module doc).
         self._pending: deque[list[int]] = deque()
         self._pending_keys = 0
@@ -120,6 +121,8 @@ class MemoryPrefixIndex:
         # One shared tuple per distinct tier set, one shared _Holders per distinct holder set.
         self._tier_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._holder_sets: dict[frozenset[tuple[str, tuple[str, ...]]], _Holders] = {}
+        # (worker, tier) -> the holder set of that worker alone on that tier (dropped by sweeps).
+        self._singles: dict[tuple[str, str], _Holders] = {}
         self._sweep_at = _SWEEP_FLOOR
 
     def __len__(self) -> int:
@@ -127,7 +130,7 @@ class MemoryPrefixIndex:
         return len(self._table)
 
     @property
-    def _entries(self) -> OrderedDict[int, _Holders]:
+    def _entries(self) -> PyKeyTable:
         """The table in exact recency order: the pending touches applied first."""
         self._apply_touches()
         return self._table
@@ -135,10 +138,10 @@ class MemoryPrefixIndex:
     def _apply_touches(self, keep: int = 0) -> None:
         """Apply the lookups' deferred touches, oldest first (the order the lookups ran), until
         at most ``keep`` keys are pending (module doc)."""
-        pending, touch = self._pending, self._table.move_to_end
+        pending, touch = self._pending, self._table.touch
         while self._pending_keys > keep:
             keys = pending.popleft()
-            deque(map(touch, keys), maxlen=0)  # the loop runs in C
+            touch(keys)
             self._pending_keys -= len(keys)
 
     def _tiers(self, tiers: tuple[str, ...]) -> tuple[str, ...]:
@@ -167,6 +170,7 @@ class MemoryPrefixIndex:
             holders.added.clear()
             holders.removed.clear()
             holders.cleared.clear()
+        self._singles.clear()
         self._sweep_at = max(_SWEEP_FLOOR, 2 * len(self._holder_sets))
 
     def _with(self, holders: _Holders, worker: str, tier: str) -> _Holders:
@@ -188,55 +192,53 @@ class MemoryPrefixIndex:
         """Record that ``worker`` holds ``keys`` on ``tier``; may evict the oldest keys."""
         check_worker(worker)
         check_tier(tier)
-        check_keys(keys)
         self._apply_touches()  # before any eviction: it takes the least recently used
         self._sweep()
         entries, change = self._table, (worker, tier)
-        single = self._holders({worker: self._tiers((tier,))})
-        held = self._by_worker.setdefault(worker, {})
-        if len(entries) + len(keys) <= self.capacity:
-            # Nothing can be evicted by this call: the held keys grow in one call (in C).
-            held.update(zip(keys, repeat(None)))
-            for key in keys:
-                holders = entries.get(key)
-                if holders is None:
-                    entries[key] = single
-                else:
-                    self._touch(holders, key, change)
-        else:
-            for key in keys:
-                held[key] = None
-                holders = entries.get(key)
-                if holders is None:
-                    entries[key] = single
-                    # The key just added is the newest, so eviction never takes it (capacity
-                    # >= 1) and `held` never empties here.
-                    if len(entries) > self.capacity:
-                        self._evict_oldest()
-                else:
-                    self._touch(holders, key, change)
+        single = self._singles.get(change)
+        if single is None:
+            single = self._singles[change] = self._holders({worker: self._tiers((tier,))})
+        # Absent keys are inserted as `single`, present ones made newest, the oldest evicted past
+        # capacity: one loop in C where built, which checks every key first (None: a bad key,
+        # nothing changed). Only the present keys' holders change here.
+        done = None
+        if type(keys) is list or not isinstance(keys, (str, bytes)) and isinstance(keys, Sequence):
+            done = entries.add_keys(keys, single, self.capacity)
+        if done is None:
+            check_keys(keys)  # raises: the rule the table applied, naming the first bad key
+        present, evicted = done
+        by_worker = self._by_worker
+        held = by_worker.setdefault(worker, {})
+        for key, holders in evicted:
+            for other in holders.tiers:
+                dropped = by_worker.get(other)
+                if dropped is not None:
+                    dropped.pop(key, None)
+        held.update(zip(keys, repeat(None)))  # in C
+        if evicted:
+            # A key of this call evicted later in it (and not inserted again) is not held.
+            get = entries.get
+            for key, holders in evicted:
+                if get(key) is None:
+                    held.pop(key, None)
+                for other in (*holders.tiers, worker):
+                    if not by_worker.get(other, True):
+                        del by_worker[other]
+            self.evictions += len(evicted)
+        for key in present:
+            holders = entries.get(key)
+            if holders is not None:  # unless evicted since in this call
+                self._change(holders, key, change)
         if not held:  # an add of no keys
-            del self._by_worker[worker]
+            by_worker.pop(worker, None)
 
-    def _touch(self, holders: _Holders, key: int, change: tuple[str, str]) -> None:
-        """A key held already is added again: newest now, and held by ``change`` too."""
-        entries = self._table
-        entries.move_to_end(key)
+    def _change(self, holders: _Holders, key: int, change: tuple[str, str]) -> None:
+        """A key held already is added again: held by ``change`` too (its place is kept)."""
         after = holders.added.get(change)
         if after is None:
             after = holders.added[change] = self._with(holders, *change)
         if after is not holders:
-            entries[key] = after
-
-    def _evict_oldest(self) -> None:
-        key, holders = self._table.popitem(last=False)
-        for worker in holders.tiers:
-            held = self._by_worker.get(worker)
-            if held is not None:
-                held.pop(key, None)
-                if not held:
-                    del self._by_worker[worker]
-        self.evictions += 1
+            self._table[key] = after
 
     async def remove(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Record that ``worker`` dropped ``keys`` from ``tier``; unknown keys are ignored."""
@@ -289,20 +291,21 @@ class MemoryPrefixIndex:
     ) -> dict[str, PrefixMatch]:
         """Each worker's consecutive run over ``keys``; stops when no worker continues."""
         check_key_types(keys)
-        rows = self._held_prefix(keys)
-        end = len(rows)
+        groups = self._table.runs(keys)
+        end = sum(count for _, count in groups)
         check_key_range(keys, end)  # the held prefix's keys are table keys, in range
         allowed = check_filter(workers)
-        if not rows:
+        if not groups:
             return {}
         # Per candidate: [tiers of its current segment, where that segment began, segments].
-        runs = {w: [t, 0, []] for w, t in rows[0].tiers.items() if allowed is None or w in allowed}
+        first = groups[0][0].tiers
+        runs = {w: [t, 0, []] for w, t in first.items() if allowed is None or w in allowed}
         if not runs:
             return {}
-        # Only where the holder set changes can a run end or change tiers: groupby finds those
-        # places by identity in C, `at` is where each group starts.
+        # Only where the holder set changes can a run end or change tiers: the table's runs
+        # are those places (by identity), `at` is where each run starts.
         out, longest, at = {}, 0, 0
-        for holders, group in groupby(rows):
+        for holders, count in groups:
             if at:
                 table = holders.tiers
                 for worker, run in list(runs.items()):
@@ -318,7 +321,7 @@ class MemoryPrefixIndex:
                         run[0], run[1] = tiers, at
                 if not runs:
                     break
-            at += len(list(group))
+            at += count
         for worker, (tiers, start, segments) in runs.items():
             segments.append((end - start, tiers))
             out[worker] = PrefixMatch(worker, tuple(segments))
@@ -331,21 +334,6 @@ class MemoryPrefixIndex:
             if self._pending_keys > _PENDING_BOUND:
                 self._apply_touches(keep=_PENDING_BOUND)
         return out
-
-    def _held_prefix(self, keys: Sequence[int]) -> list[_Holders]:
-        """The holders of ``keys`` up to the first key nobody holds.
-
-        Read in chunks that double from :data:`_FIRST_CHUNK` (each chunk in C), so a prompt
-        held only at its start, or not at all, costs few reads past its held part.
-        """
-        get, rest, rows, size = self._table.get, iter(keys), [], _FIRST_CHUNK
-        while part := list(map(get, islice(rest, size))):
-            if not all(part):  # holder sets are always true; None is a key nobody holds
-                rows += islice(part, part.index(None))
-                break
-            rows += part
-            size *= 2
-        return rows
 
     async def workers(self) -> frozenset[str]:
         """The workers holding at least one block."""

@@ -1,0 +1,117 @@
+"""The in-memory index's key table (u64 key -> holder set, in recency order), and the switch to C.
+
+:class:`MemoryPrefixIndex <tokenkeys.router.index.memory.MemoryPrefixIndex>` keeps its keys in
+one table with the methods of :class:`PyKeyTable`. Where the optional C extension
+``tokenkeys.router.index._table`` is built (``setup.py``), :func:`new_table` returns its
+``KeyTable``: an open-addressing array of 24-byte slots with the recency list linked through
+slot numbers (no Python int, dict entry or list node per key), not tracked by the cycle
+collector, its bulk methods probing keys in prefetched batches (``_native/table.c``). Without
+it, or with ``TOKENKEYS_NATIVE=0`` (the switch the compiled key core reads too), the index runs
+on :class:`PyKeyTable`, an ``OrderedDict``: the same methods, the same answers (the tests run
+the index's suites and a property test through both).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from itertools import groupby, islice
+from types import ModuleType
+from typing import Any
+
+from tokenkeys.errors import InvalidArgument
+from tokenkeys.keys.native import ENV
+from tokenkeys.router.index.model import check_keys
+
+# Keys runs() reads from the table first; each further chunk doubles (it stops at a miss).
+_FIRST_CHUNK = 16
+
+
+class PyKeyTable(OrderedDict):
+    """The pure-Python key table: an ``OrderedDict`` (oldest first) and the bulk methods."""
+
+    def pop_oldest(self) -> tuple[int, Any]:
+        """Remove and return the least recently used ``(key, holders)``."""
+        return self.popitem(last=False)
+
+    def touch(self, keys: Sequence[int]) -> None:
+        """Make each key (all present) the newest, in order."""
+        deque(map(self.move_to_end, keys), maxlen=0)  # the loop runs in C
+
+    def runs(self, keys: Sequence[int]) -> list[tuple[Any, int]]:
+        """``(holders, count)`` per run of one holder object over the held prefix of ``keys``
+        (up to the first key not in the table).
+
+        Read in chunks that double from :data:`_FIRST_CHUNK` (each chunk in C), so a prompt
+        held only at its start, or not at all, costs few reads past its held part.
+        """
+        get, rest, rows, size = self.get, iter(keys), [], _FIRST_CHUNK
+        while part := list(map(get, islice(rest, size))):
+            if not all(part):  # holder sets are always true; None is a key nobody holds
+                rows += islice(part, part.index(None))
+                break
+            rows += part
+            size *= 2
+        # groupby compares identities in C (holder sets are shared, never equal but distinct).
+        return [(holders, len(list(group))) for holders, group in groupby(rows)]
+
+    def add_keys(
+        self, keys: Sequence[int], value: Any, capacity: int
+    ) -> tuple[list[int], list[tuple[int, Any]]] | None:
+        """In order: insert each absent key with ``value`` as the newest, evicting the oldest
+        past ``capacity``; make each present key the newest and list it. Returns the present
+        keys and the evicted ``(key, holders)``, in order; ``None``, with nothing changed, when
+        a key is not an exact int in [0, 2**64) (:func:`check_keys` then names it)."""
+        try:
+            check_keys(keys)
+        except InvalidArgument:
+            return None
+        present: list[int] = []
+        evicted: list[tuple[int, Any]] = []
+        if len(self) + len(keys) <= capacity:  # nothing can be evicted: the common case
+            get = self.get
+            for key in keys:
+                if get(key) is None:
+                    self[key] = value
+                else:
+                    self.move_to_end(key)
+                    present.append(key)
+            return present, evicted
+        for key in keys:
+            if self.get(key) is None:
+                self[key] = value
+                if len(self) > capacity:
+                    evicted.append(self.popitem(last=False))
+            else:
+                self.move_to_end(key)
+                present.append(key)
+        return present, evicted
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    try:
+        from tokenkeys.router.index import _table
+    except ImportError:
+        return None
+    return _table
+
+
+#: The extension module, or ``None`` (not built, or switched off). Tests replace it to run the
+#: pure-Python table in the same process.
+CORE: ModuleType | None = _load()
+
+
+def new_table() -> Any:
+    """An empty key table: the C ``KeyTable`` where built, else a :class:`PyKeyTable`."""
+    core = CORE
+    return PyKeyTable() if core is None else core.KeyTable()
+
+
+def describe() -> str:
+    """One line for logs and benchmarks: which key table the in-memory index runs on."""
+    if CORE is None:
+        return "pure Python" + (f" ({ENV}=0)" if os.environ.get(ENV) == "0" else "")
+    return f"C ({CORE.slot_size()}-byte slots)"

@@ -1,0 +1,22 @@
+"""The in-memory index's tests run twice: on the compiled key table and on the pure-Python one."""
+
+from __future__ import annotations
+
+import pytest
+from evidence import unavailable
+
+from tokenkeys.router.index import table
+
+
+@pytest.fixture(params=["C", "python"])
+def table_core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``C``: the compiled ``KeyTable`` (skipped where not built, failed under CI); ``python``:
+    the ``PyKeyTable`` a platform without a compiler runs, in the same process."""
+    if request.param == "python":
+        monkeypatch.setattr(table, "CORE", None)
+    elif table.CORE is None:
+        unavailable(
+            "the compiled key table tokenkeys.router.index._table is not built here "
+            f"({table.describe()}): `python3 setup.py build_ext --inplace` builds it"
+        )
+    return request.param
