@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 import zmq
 import zmq.asyncio
+from hypothesis import given
+from hypothesis import strategies as st
 from zmq_relay import LossyRelay
 
 from tokenkeys.errors import ConfigError, FailedPrecondition, InvalidArgument, Unavailable

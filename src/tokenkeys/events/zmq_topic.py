@@ -58,10 +58,10 @@ def make_topic(address: str, model: str, template: str = DEFAULT_TOPIC) -> str:
             field = "served-model-name" if name == "model" else "advertise-host"
             label, flags = _NAMED[name]
             raise ConfigError(
-                f"{label} {value!r} (set by {flags}) cannot go into the KV-event topic {template!r}: it "
-                f"must be non-empty and contain no {SEPARATOR!r}, because subscribers split "
-                f"kv@<host:port>@<model> on {SEPARATOR!r} into exactly three parts (llm-d's "
-                "parseTopic); serve the model under a name without it",
+                f"{label} {value!r} (set by {flags}) cannot go into the KV-event topic "
+                f"{template!r}: it must be non-empty and contain no {SEPARATOR!r}, because "
+                f"subscribers split kv@<host:port>@<model> on {SEPARATOR!r} into "
+                "exactly three parts (llm-d's parseTopic); serve the model under a name without it",
                 field=field,
             )
     return template.format(address=address, model=model)
