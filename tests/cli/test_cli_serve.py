@@ -27,7 +27,7 @@ def served(tmp_path):
     )
     target = None
     for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
+        if "gRPC listening on " in line:
             target = line.split()[-1]
             break
     if target is None:

@@ -23,7 +23,7 @@ from tokenkeys.tokenizer import TokenizerOptions
 from tokenkeys.tokenizer.options import BACKENDS
 
 
-def add_tokenizer_options(parser: argparse.ArgumentParser, *, many: bool) -> None:
+def add_tokenizer_options(parser: argparse._ActionsContainer, *, many: bool) -> None:
     """--model (repeatable for serve), --backend and the behaviour defaults."""
     parser.add_argument(
         "--model",

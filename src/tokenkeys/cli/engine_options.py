@@ -197,8 +197,20 @@ def _add_event_group(ev: argparse._ArgumentGroup) -> None:
         "format array; with --engine vllm+http://... the release that vLLM's /version reports, "
         "refused when its layout is not known)",
     )
-    ev.add_argument("--kv-events-buffer-steps", type=int, default=10_000)
-    ev.add_argument("--kv-events-hwm", type=int, default=100_000)
+    ev.add_argument(
+        "--kv-events-buffer-steps",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="batches kept for replay requests (default 10000)",
+    )
+    ev.add_argument(
+        "--kv-events-hwm",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="messages the PUB socket queues per subscriber before ZMQ drops (default 100000)",
+    )
     ev.add_argument(
         "--kv-events-subscriber-backlog",
         type=int,

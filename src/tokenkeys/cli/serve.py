@@ -24,7 +24,9 @@ from tokenkeys.cli.common import (
 )
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from, tokenizer_only
+from tokenkeys.cli.help import DefaultsFormatter, essentials_first
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
+from tokenkeys.cli.log_options import add_log_options
 from tokenkeys.cli.run_options import add_run_options, check_run_options
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.engine.config import new_instance_id
@@ -43,41 +45,64 @@ from tokenkeys.serving.models import attach_tokenizer_only
 
 log = logging.getLogger("tokenkeys.serve")
 
+#: What a first ``serve`` needs, shown first in ``--help``.
+ESSENTIAL_FLAGS = (
+    "--model",
+    "--served-model-name",
+    "--engine",
+    "--engine-kv-events",
+    "--cache-key-profile",
+    "--host",
+    "--grpc-port",
+    "--http-port",
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "serve", help="serve tokenizers over gRPC and an OpenAI-compatible HTTP frontend"
+        "serve",
+        help="serve tokenizers over gRPC and an OpenAI-compatible HTTP frontend",
+        formatter_class=DefaultsFormatter,
     )
-    add_tokenizer_options(p, many=True)
-    p.add_argument(
+    add_tokenizer_options(p.add_argument_group("models and tokenizer behaviour"), many=True)
+    faces = p.add_argument_group("gRPC and HTTP faces")
+    faces.add_argument(
         "--host",
         default="127.0.0.1",
         help="address gRPC, HTTP and the KV-event sockets bind (default 127.0.0.1: this host "
         "only; 0.0.0.0 or :: to serve other hosts)",
     )
-    p.add_argument("--grpc-port", type=int, default=50051)
-    p.add_argument(
+    faces.add_argument(
+        "--grpc-port",
+        type=int,
+        default=50051,
+        metavar="PORT",
+        help="port of the gRPC services (default 50051; 0 picks a free one)",
+    )
+    faces.add_argument(
         "--vllm-engine-face",
         action="store_true",
         help="also serve smg's vllm.grpc.engine.VllmEngine on the gRPC port, so SGLang's gateway "
         "routes here as a gRPC vLLM worker (smg launch --worker-urls grpc://HOST:PORT): one "
         "model per server; needs the stubs built from smg-grpc-proto (scripts/gen_smg_proto.py)",
     )
-    p.add_argument(
+    faces.add_argument(
         "--artifact-chunk-size",
         type=int,
         default=None,
         metavar="BYTES",
         help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
     )
+    add_http_options(faces)
+    run = p.add_argument_group("processes and shutdown")
     add_run_options(
-        p,
+        run,
         in_flight="calls",
         processes="serve from N processes sharing the gRPC and HTTP ports (SO_REUSEPORT), one "
         "per core; needs --engine HOST:PORT or --engine none (the simulated engine's prefix "
         "cache and KV events live in one process); default 1",
     )
-    p.add_argument(
+    run.add_argument(
         "--encode-threads",
         type=int,
         default=None,
@@ -91,8 +116,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
     add_key_spec_options(keys, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
     add_engine_options(p)
-    add_http_options(p)
     add_server_access_options(p)
+    add_log_options(p, worker=False)
+    essentials_first(p, *ESSENTIAL_FLAGS)
     p.set_defaults(func=run)
 
 
