@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import re
 
+from tokenkeys.cli.common import key_spec_options
 from tokenkeys.engine.config import (
     DEFAULT_TOPIC,
     EngineConfig,
@@ -259,6 +260,7 @@ def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
         args.engine_kv_topic,
         args.engine_wait,
         args.engine_probe,
+        key_options=key_spec_options(args) if hasattr(args, "key_profile") else None,
     )
 
 
@@ -268,6 +270,13 @@ def kind_config_from(args: argparse.Namespace) -> KindConfig:
     if vllm is not None:
         return vllm
     if args.engine is not None:
+        if re.match(r"(?i)https?://", args.engine):
+            raise ConfigError(
+                f"--engine {args.engine} is an HTTP address: a vLLM's OpenAI server is "
+                f"--engine {VllmEngineConfig.SCHEME}{args.engine} (the sidecar), an OpenEngine "
+                "gRPC engine is --engine HOST:PORT",
+                field="engine",
+            )
         return RemoteConfig(args.engine)
     return SimulatedConfig(
         num_kv_blocks=args.num_kv_blocks,

@@ -13,6 +13,7 @@ engines, each with its own prefix cache and KV events, behind one address.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 
 from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
@@ -114,7 +115,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_limit_options(p)
     add_connection_options(p)
     keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
-    add_key_spec_options(keys, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
+    add_key_spec_options(
+        keys,
+        profile_flag="--cache-key-profile",
+        default_profile=None,
+        shown_default=f"{DEFAULT_PROFILE}; with --engine vllm+http://... the one of vLLM's "
+        "hash algorithm and release",
+    )
     add_engine_options(p)
     add_server_access_options(p)
     add_log_options(p, worker=False)
@@ -152,7 +159,9 @@ def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> Serve
     limits = limits_from(args)
     tokens = server_tokens(args)
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.
-    spec = build_spec(key_spec_options(args))
+    # Without --cache-key-profile, the default (the sidecar adopts vLLM's at start instead).
+    options = key_spec_options(args)
+    spec = build_spec(dataclasses.replace(options, profile=options.profile or DEFAULT_PROFILE))
     engine = None if tokenizer_only(args) else engine_config_from(args)
     if spec is None and engine is not None and engine_kind(engine.kind).hosting == "streamed":
         # The simulated engine keys its prefix cache and events with a spec; serving none while
@@ -187,7 +196,9 @@ def _description(server: EngineServer) -> list[str]:
         f"backend {model.tokenizer.options.backend})"
         for model in server.models
     ]
-    spec = config.cache_keys
+    # The first model's spec: the sidecar's may be what vLLM reported rather than the options'.
+    first = next(iter(server.models), None)
+    spec = first.cache_keys.spec if first is not None and first.cache_keys else config.cache_keys
     if spec is not None:
         lines.append(
             f"cache keys: {spec.profile_id}, hash unit {spec.hash_unit}, root "

@@ -19,6 +19,7 @@ from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError, TokenkeysError
 from tokenkeys.events.vllm_codec import DEFAULT_VERSION, layout_for
 from tokenkeys.events.zmq_topic import DEFAULT_TOPIC, check_template, make_topic
+from tokenkeys.keys.deployment import KeySpecOptions
 
 #: Newest vLLM release with the positional (array) event form (map form since 0.24, PR #42892).
 LAST_ARRAY_VERSION = "0.23"
@@ -61,7 +62,9 @@ class VllmEngineConfig:
     of vLLM's ``--kv-events-config``), ``kv_replay`` its replay endpoint and ``kv_topic`` its
     topic ("" subscribes to every topic). ``wait_s`` bounds how long the sidecar waits at start
     for vLLM to answer (``--engine-wait``; vLLM loads its model before it serves). ``probe``:
-    the start probe of one fresh block (``--no-engine-probe`` skips it).
+    the start probe of one fresh block (``--no-engine-probe`` skips it). ``key_options``: the
+    cache-key options as given; the profile and block size they leave unset are taken from
+    vLLM (:mod:`tokenkeys.engine.vllm.adopt`); None takes nothing.
     """
 
     KIND: ClassVar[str] = "vllm"
@@ -74,6 +77,7 @@ class VllmEngineConfig:
     kv_topic: str = ""
     wait_s: float = 600.0
     probe: bool = True
+    key_options: KeySpecOptions | None = None
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"https?://[^\s/]+(:\d{1,5})?/?", self.url):

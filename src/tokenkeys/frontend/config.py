@@ -22,6 +22,7 @@ FIXED_PATHS = frozenset(
         "/v1/chat/completions",
         "/tokenizer_info",
         "/health",
+        "/livez",
         "/metrics",
         "/openapi.json",
     }

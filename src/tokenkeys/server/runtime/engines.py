@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from tokenkeys.engine.config import EngineConfig
 from tokenkeys.engine.fronted import FrontedEngine
-from tokenkeys.engine.hosting import HostedEngine
+from tokenkeys.engine.hosting import HostedEngine, start_progress
 from tokenkeys.engine.registry import engine_kind
 from tokenkeys.errors import NotFound, Unavailable
 from tokenkeys.events.zmq_endpoint import routable_endpoint
@@ -31,6 +31,7 @@ from tokenkeys.keys.deployment import KeySpecOptions, build_spec
 from tokenkeys.server.runtime.forwarded import ForwardedHosting
 from tokenkeys.server.runtime.hosting import Hosting, ModelParts
 from tokenkeys.server.runtime.streamed import StreamedHosting
+from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
 #: The hosting of each kind's ``EngineKind.hosting``.
@@ -71,8 +72,11 @@ class EngineRuntime:
         config: EngineConfig,
         *,
         spec_of: Callable[[ServedModel], CacheKeySpec] = deployment_spec,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.models = models
+        #: The process's serving state: ``starting`` says why the engines do not serve yet.
+        self.lifecycle = lifecycle or Lifecycle()
         self.config = config
         self.spec_of = spec_of
         self.kind = engine_kind(config.kind)
@@ -91,20 +95,30 @@ class EngineRuntime:
         return self.config.instance_id
 
     async def start(self, bind_host: str, grpc_port: int) -> None:
-        """Build and start every model's engine; on any failure nothing stays open."""
+        """Build and start every model's engine; on any failure nothing stays open.
+
+        Meanwhile ``lifecycle.starting`` says why the server does not serve yet, in the words
+        of the engine that waits (:func:`~tokenkeys.engine.hosting.report_start`).
+        """
         self.grpc_address = routable_endpoint(
             f"tcp://{bind_host}:{grpc_port}", self.config.advertise_host
         ).removeprefix("tcp://")
+        lifecycle = self.lifecycle
+        lifecycle.starting = f"starting the engines ({self.kind.name})"
+        token = start_progress.set(lambda reason: setattr(lifecycle, "starting", reason))
         try:
             self.config = await self.kind.prepare(self.config)
             await self.hosting.start(bind_host)
         except BaseException:
             await self.close()
             raise
+        finally:
+            start_progress.reset(token)
         for model in self.models:
             engine = self.hosting.parts(model.name).engine
             self.models.replace(dataclasses.replace(model, engine=engine))
         self.ready = True
+        lifecycle.starting = None
 
     def describe(self) -> list[str]:
         """One line per model for the server log: engine, spec and event endpoints."""

@@ -192,7 +192,10 @@ class StreamedHosting:
         """STARTING until assembled, READY, NOT_READY while a fronted vLLM does not answer (its
         reason in the message), DRAINING while stopping."""
         runtime = self.runtime
-        unready = await runtime.unready() if runtime.ready and not runtime.draining else None
+        if runtime.ready and not runtime.draining:
+            unready = await runtime.unready()
+        else:
+            unready = runtime.lifecycle.starting  # what the engines wait for, while starting
         return messages.health(runtime, request.include_inference_probe, unready)
 
     async def event_sources(
