@@ -95,15 +95,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
     )
     add_http_options(faces)
-    run = p.add_argument_group("processes and shutdown")
+    processes = p.add_argument_group("processes and shutdown")
     add_run_options(
-        run,
+        processes,
         in_flight="calls",
         processes="serve from N processes sharing the gRPC and HTTP ports (SO_REUSEPORT), one "
         "per core; needs --engine HOST:PORT or --engine none (the simulated engine's prefix "
         "cache and KV events live in one process); default 1",
     )
-    run.add_argument(
+    processes.add_argument(
         "--encode-threads",
         type=int,
         default=None,

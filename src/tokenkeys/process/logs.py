@@ -77,6 +77,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+class _Handler(logging.StreamHandler):
+    """A handler :func:`configure` installed (so a second call replaces it)."""
+
+
 class _Only(logging.Filter):
     """Passes the records of one logger (``keep``) or all but them."""
 
@@ -103,14 +107,16 @@ def configure(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> None:
-    """Install the two handlers on the root logger (replacing any), at ``level``."""
+    """Install the two handlers on the root logger (replacing those of an earlier call; other
+    handlers, such as a test runner's, stay), at ``level``."""
     check(level, fmt)
     root = logging.getLogger()
     for handler in list(root.handlers):
-        root.removeHandler(handler)
+        if isinstance(handler, _Handler):
+            root.removeHandler(handler)
     formatter = JsonFormatter() if fmt == "json" else TextFormatter()
     for stream, keep in ((stdout or sys.stdout), True), ((stderr or sys.stderr), False):
-        handler = logging.StreamHandler(stream)
+        handler = _Handler(stream)
         handler.setFormatter(formatter)
         handler.addFilter(_Only(LIFECYCLE, keep))
         root.addHandler(handler)
@@ -125,9 +131,7 @@ def configure(
 
 def configured() -> bool:
     """Whether :func:`configure` set up this process's log (a serving command runs)."""
-    return any(
-        isinstance(h.formatter, TextFormatter | JsonFormatter) for h in logging.getLogger().handlers
-    )
+    return any(isinstance(h, _Handler) for h in logging.getLogger().handlers)
 
 
 def lifecycle() -> logging.Logger:

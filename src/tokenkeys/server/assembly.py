@@ -126,13 +126,14 @@ class EngineServer:
             if config.http_port is not None:
                 self.http = await self._start_http(config.http_port)
             if self.runtime is not None:
-                if self.http is not None:
-                    logs.lifecycle().info(
-                        "HTTP answering /health (503 until the engines serve) and /livez on "
-                        "%s:%d while the engines start",
-                        config.host,
-                        self.http.port,
-                    )
+                logs.lifecycle().info(
+                    "answering health checks while the engines start (not ready until they "
+                    "serve): gRPC on %s:%d, HTTP on %s:%d",
+                    config.host,
+                    self.grpc_port,
+                    config.host,
+                    self.http_port,
+                )
                 await self.runtime.start(config.host, self.grpc_port)
         except BaseException:
             await self.stop()
