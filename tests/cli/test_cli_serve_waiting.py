@@ -48,10 +48,17 @@ def test_a_sidecar_waiting_for_vllm_answers_not_ready_with_the_reason(tmp_path) 
         line = wait_line(proc, out, "answering health checks while the engines start")
         target, address = re.search(r"gRPC on (\S+), HTTP on (\S+)", line).groups()
         base = f"http://{address}"
-        health = poll(lambda: httpx.get(f"{base}/health", timeout=5))
-        assert health.status_code == 503
-        body = health.json()
-        assert body["status"] == "starting"
+        # Not ready from the first answer on; the reason soon names vLLM (the first answers may
+        # come before the sidecar asked it: "starting the engines").
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            health = poll(lambda: httpx.get(f"{base}/health", timeout=5))
+            assert health.status_code == 503
+            body = health.json()
+            assert body["status"] == "starting" and body["reason"], body
+            if f"waiting for vLLM at {vllm}" in body["reason"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert f"waiting for vLLM at {vllm}" in body["reason"], body
         alive = httpx.get(f"{base}/livez", timeout=5)
         assert alive.status_code == 200 and alive.json() == {"status": "alive", "state": "starting"}

@@ -63,6 +63,7 @@ async def wait_for_vllm(client: VllmHttpClient, wait_s: float) -> None:
     """
     start = time.monotonic()
     shown = 0.0
+    report_start(f"waiting for vLLM at {client.base_url} to answer /health")
     while (problem := await client.health()) is not None:
         report_start(f"waiting for vLLM at {client.base_url}: {problem}")
         waited = time.monotonic() - start
