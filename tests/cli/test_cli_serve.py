@@ -102,3 +102,14 @@ def test_served_name_llmd_cannot_split_is_refused_at_start() -> None:
     assert result.returncode == 2
     assert "served model name 'org@model'" in result.stderr
     assert "--served-model-name" in result.stderr and "parseTopic" in result.stderr
+
+
+def test_an_http_engine_address_gets_the_vllm_scheme_hint() -> None:
+    from tokenkeys.cli import build_parser
+    from tokenkeys.cli.serve import serve_config
+    from tokenkeys.errors import ConfigError
+
+    args = build_parser().parse_args(["serve", "--engine", "http://10.0.0.7:8000"])
+    with pytest.raises(ConfigError, match=r"--engine vllm\+http://10\.0\.0\.7:8000") as refused:
+        serve_config(args)
+    assert refused.value.field == "engine"
