@@ -65,7 +65,8 @@ def _add_engine_group(g: argparse._ArgumentGroup) -> None:
         help="forward generation to this OpenEngine Inference service (token ids; this "
         "server tokenizes) instead of simulating it; vllm+http://HOST:PORT fronts a real vLLM "
         "(the sidecar: see docs/vllm.md); none: no engine at all (render, tokenize and cache "
-        "keys only, generation refused: the drop-in for `vllm launch render`)",
+        "keys only, generation refused: the drop-in for `vllm launch render`) (default: the "
+        "simulated engine)",
     )
     g.add_argument(
         "--engine-kv-events",
