@@ -45,7 +45,7 @@ def start_server(models: list[str]) -> tuple[subprocess.Popen, str]:
     )
     assert proc.stdout is not None
     for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
+        if "gRPC listening on " in line:
             return proc, line.split()[-1]
     raise RuntimeError("server did not start")
 

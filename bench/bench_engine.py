@@ -121,7 +121,7 @@ def _start_server() -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
+        if "gRPC listening on " in line:
             return proc, "127.0.0.1:" + line.rsplit(":", 1)[1].strip()
     proc.kill()
     raise RuntimeError("tokenkeys serve did not start")

@@ -56,9 +56,9 @@ def serve(*args: str) -> tuple[subprocess.Popen, str, str]:
     assert proc.stdout is not None
     target = ""
     for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
+        if "gRPC listening on " in line:
             target = line.split()[-1]
-        if line.startswith("HTTP listening on "):
+        if "HTTP listening on " in line:
             return proc, target, line.split()[-1]
     raise RuntimeError("tokenkeys serve did not start")
 

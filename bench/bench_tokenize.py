@@ -45,7 +45,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
         env=env,
     )
     for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
+        if "gRPC listening on " in line:
             return proc, line.split()[-1]
     raise RuntimeError("server did not start")
 

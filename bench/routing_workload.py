@@ -123,9 +123,9 @@ def start_engine(w: Workload, port: str = "0", http_port: str = "0") -> Engine:
     assert proc.stdout is not None
     address = None
     for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
+        if "gRPC listening on " in line:
             address = "127.0.0.1:" + line.rsplit(":", 1)[1].strip()
-        elif line.startswith("HTTP listening on ") and address is not None:
+        elif "HTTP listening on " in line and address is not None:
             return Engine(proc, address, "http://127.0.0.1:" + line.rsplit(":", 1)[1].strip())
     proc.kill()
     raise RuntimeError("tokenkeys serve did not start")

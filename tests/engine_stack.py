@@ -222,8 +222,10 @@ class ServeProcess:
     def __enter__(self) -> ServeProcess:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if line.startswith("gRPC listening on "):
+            from support import log_message
+
+            self.lines.append(log_message(line))
+            if "gRPC listening on " in line:
                 self.port = int(line.rsplit(":", 1)[1])
                 return self
         _, err = self.proc.communicate(timeout=10)

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from support import REPO
+from support import REPO, log_message
 
 
 class RouteProcess:
@@ -28,8 +28,8 @@ class RouteProcess:
     def __enter__(self) -> RouteProcess:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if line.startswith("HTTP listening on "):
+            self.lines.append(log_message(line))
+            if "HTTP listening on " in line:
                 self.url = "http://" + line.rsplit(" ", 1)[1].strip()
                 return self
         _, err = self.proc.communicate(timeout=10)

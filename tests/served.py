@@ -9,7 +9,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from support import REPO
+from support import REPO, log_message
 
 
 class Served:
@@ -55,11 +55,11 @@ class Served:
     def _read_out(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            line = line.rstrip("\n")
+            line = log_message(line)
             self.lines.append(line)
-            if line.startswith("gRPC listening on "):
+            if "gRPC listening on " in line:
                 self.grpc_target = line.split()[-1]
-            if line.startswith("HTTP listening on "):
+            if "HTTP listening on " in line:
                 self.http_address = line.split()[-1]
                 self._listening.set()
         self._listening.set()

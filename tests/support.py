@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,12 @@ def run_cli(  # noqa: ANN201
             f"tokenkeys {' '.join(args)} exited {result.returncode}: {result.stderr[-2000:]}"
         )
     return result
+
+
+#: The start of a text log line (tokenkeys.process.logs): UTC time, level, logger.
+_LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z [A-Z]+ [\w.]+: ")
+
+
+def log_message(line: str) -> str:
+    """The message of a text log line of a serving command (the line itself if it is none)."""
+    return _LOG_PREFIX.sub("", line.rstrip("\n"), count=1)

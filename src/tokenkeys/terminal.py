@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
@@ -49,24 +48,6 @@ class EscapingFilter(logging.Filter):
             record.msg = escaped
             record.args = None
         return True
-
-
-#: The one log line format of every command: UTC time, level, logger, message.
-LOG_FORMAT = "%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s"
-LOG_DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """Log INFO and up to stderr in :data:`LOG_FORMAT`, every line escaped.
-
-    uvicorn's loggers (the HTTP server) propagate to the same handler (it is started without a
-    log config of its own), so the process writes one format.
-    """
-    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT)
-    for handler in logging.getLogger().handlers:
-        if handler.formatter is not None:
-            handler.formatter.converter = time.gmtime
-    escape_log_records()  # log lines carry client- and server-supplied strings
 
 
 def escape_log_records(logger: logging.Logger | None = None) -> None:

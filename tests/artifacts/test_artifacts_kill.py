@@ -29,7 +29,7 @@ def start_serve(port: int) -> subprocess.Popen:
     )
     assert proc.stdout is not None
     for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
+        if "gRPC listening on " in line:
             return proc
     proc.kill()
     raise AssertionError("tokenkeys serve did not start")

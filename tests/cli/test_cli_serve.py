@@ -27,7 +27,7 @@ def served(tmp_path):
     )
     target = None
     for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
+        if "gRPC listening on " in line:
             target = line.split()[-1]
             break
     if target is None:
@@ -90,3 +90,26 @@ def test_engine_none_serves_tokenizer_only_and_scales_with_workers() -> None:
         serve_config(parse(["serve", "--engine", "none", "--lora-modules", "a=/x"]))
     refused = run_cli("serve", "--processes", "2", "--grpc-port", "0", check=False)
     assert refused.returncode == 2 and "--engine none" in refused.stderr
+
+
+def test_served_name_llmd_cannot_split_is_refused_at_start() -> None:
+    """A served name with '@' would put a fourth part into kv@<host:port>@<model>: llm-d's
+    parseTopic (tests/events/test_events_zmq.py) would lose the model, so serve refuses it."""
+    result = run_cli(
+        "serve", "--served-model-name", "org@model", "--grpc-port", "0", "--http-port", "0",
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "served model name 'org@model'" in result.stderr
+    assert "--served-model-name" in result.stderr and "parseTopic" in result.stderr
+
+
+def test_an_http_engine_address_gets_the_vllm_scheme_hint() -> None:
+    from tokenkeys.cli import build_parser
+    from tokenkeys.cli.serve import serve_config
+    from tokenkeys.errors import ConfigError
+
+    args = build_parser().parse_args(["serve", "--engine", "http://10.0.0.7:8000"])
+    with pytest.raises(ConfigError, match=r"--engine vllm\+http://10\.0\.0\.7:8000") as refused:
+        serve_config(args)
+    assert refused.value.field == "engine"

@@ -32,9 +32,9 @@ def _start(*args: str, env: dict[str, str]) -> tuple[subprocess.Popen, str, str]
     grpc_target = http_target = ""
     assert proc.stdout is not None
     for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
+        if "gRPC listening on " in line:
             grpc_target = line.split()[-1]
-        if line.startswith("HTTP listening on "):
+        if "HTTP listening on " in line:
             http_target = line.split()[-1]
             break
     if not http_target:

@@ -27,7 +27,8 @@ from tokenkeys.events.model import (
     SpecRef,
 )
 from tokenkeys.events.stream import EventStream
-from tokenkeys.events.zmq_publisher import ZmqEventPublisher, make_topic
+from tokenkeys.events.zmq_publisher import ZmqEventPublisher
+from tokenkeys.events.zmq_topic import make_topic
 
 BS = 4
 SPEC = SpecRef("test.standin-sha256", "0" * 64)

@@ -15,13 +15,16 @@ from typing import TypeVar
 import pytest
 import zmq
 import zmq.asyncio
+from hypothesis import given
+from hypothesis import strategies as st
 from zmq_relay import LossyRelay
 
 from tokenkeys.errors import ConfigError, FailedPrecondition, InvalidArgument, Unavailable
 from tokenkeys.events.vllm_codec import layout_for
 from tokenkeys.events.zmq_endpoint import check_endpoint, is_wildcard, routable_endpoint
-from tokenkeys.events.zmq_publisher import END_SEQ, ZmqEventPublisher, make_topic
+from tokenkeys.events.zmq_publisher import END_SEQ, ZmqEventPublisher
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
+from tokenkeys.events.zmq_topic import make_topic
 
 TOPIC = "kv@127.0.0.1:8000@test-model"
 T = TypeVar("T")
@@ -122,10 +125,44 @@ def test_endpoint_helpers():
         ZmqEventPublisher(buffer_steps=0)
 
 
-def test_make_topic():
+def llmd_parse_topic(topic: str) -> tuple[str, str]:
+    """llm-d's reading of a topic, transcribed: llm-d-kv-cache commit 4c8e9ef9,
+    ``pkg/kvevents/engineadapter/common.go`` ``parseTopic``: split on '@'; exactly three parts
+    give (pod, model), anything else gives (the whole topic, "")."""
+    parts = topic.split("@")
+    return (parts[1], parts[2]) if len(parts) == 3 else (topic, "")
+
+
+@given(
+    address=st.from_regex(r"[a-z0-9.\[\]:]{1,30}", fullmatch=True),
+    model=st.text(min_size=1, max_size=40),
+)
+def test_topic_is_what_llmd_reads_back(address: str, model: str) -> None:
+    """Every topic the one builder makes, llm-d reads back as (address, model); every name it
+    could not read back is refused, naming the setting and the rule."""
+    try:
+        topic = make_topic(address, model)
+    except ConfigError as error:
+        assert "@" in model or "@" in address
+        assert "contain no '@'" in error.message and "parseTopic" in error.message
+        return
+    assert topic == f"kv@{address}@{model}"
+    assert llmd_parse_topic(topic) == (address, model)
+
+
+def test_topic_refusals_name_the_field() -> None:
     assert make_topic("10.0.0.7:8000", "Qwen/Qwen3-0.6B") == "kv@10.0.0.7:8000@Qwen/Qwen3-0.6B"
-    with pytest.raises(ConfigError, match="no '@'"):
-        make_topic("10.0.0.7:8000", "a@b")
+    # What plain formatting used to publish: llm-d loses the model and takes it all as the pod.
+    assert llmd_parse_topic("kv@10.0.0.7:8000@org@model") == ("kv@10.0.0.7:8000@org@model", "")
+    with pytest.raises(ConfigError, match="served model name 'org@model'") as refused:
+        make_topic("10.0.0.7:8000", "org@model")
+    assert refused.value.field == "served-model-name"
+    with pytest.raises(ConfigError, match="non-empty"):
+        make_topic("10.0.0.7:8000", "")
+    # A template without {model} does not care what the model is called.
+    assert make_topic("h:1", "a@b", "tokenkeys.{address}") == "tokenkeys.h:1"
+    with pytest.raises(ConfigError, match="placeholders"):
+        make_topic("h:1", "m", "kv@{pod}")
 
 
 async def test_publish_before_start_is_refused():

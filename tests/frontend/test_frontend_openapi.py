@@ -33,6 +33,7 @@ def test_openapi_validates_and_lists_every_route(paths) -> None:
         paths[1],
         "/tokenizer_info",
         "/health",
+        "/livez",
         "/version",
         "/metrics",
         "/v1/completions/render",

@@ -93,7 +93,7 @@ def serve_process():
     target = None
     try:
         for line in process.stdout:
-            if line.startswith("gRPC listening on "):
+            if "gRPC listening on " in line:
                 target = line.split()[-1]
                 break
         if target is None:

@@ -18,6 +18,8 @@ from engine_stack import ServeProcess
 from tokenkeys._gen.openengine.v1 import error_pb2, kv_pb2, openengine_pb2_grpc
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 
+from support import log_message
+
 END = b"\xff" * 8
 MAP_KEYS_0_33 = [
     "type",
@@ -175,7 +177,7 @@ async def test_sigint_ends_subscriptions_with_draining_and_exits_cleanly():
         assert code == 0, err
         # Printed and flushed before the process ended without the interpreter's teardown
         # (serving.lifecycle.exit_stopped: that teardown took up to 15 s on a loaded machine).
-        assert out.splitlines()[-1] == "stopped"
+        assert log_message(out.splitlines()[-1]) == "stopped"
 
 
 @pytest.mark.parametrize(

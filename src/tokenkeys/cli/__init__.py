@@ -43,6 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: Sequence[str] | None) -> int:
+    import logging
+
+    from tokenkeys.process.logs import configured, quiet_grpc_core
+
+    quiet_grpc_core()  # before gRPC is imported (it reads the setting once)
     from tokenkeys.errors import TokenkeysError
     from tokenkeys.process.allocator import restart_tuned
     from tokenkeys.terminal import printable
@@ -55,7 +60,11 @@ def _run(argv: Sequence[str] | None) -> int:
     try:
         return int(args.func(args) or 0)
     except TokenkeysError as error:
-        print(f"tokenkeys {args.command}: error: {printable(error.message)}", file=sys.stderr)
+        line = f"tokenkeys {args.command}: error: {printable(error.message)}"
+        if configured():  # a serving command's log: the error in its format
+            logging.getLogger(f"tokenkeys.{args.command}").error("%s", line)
+        else:
+            print(line, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -23,7 +23,7 @@ from tokenkeys.tokenizer import TokenizerOptions
 from tokenkeys.tokenizer.options import BACKENDS
 
 
-def add_tokenizer_options(parser: argparse.ArgumentParser, *, many: bool) -> None:
+def add_tokenizer_options(parser: argparse._ActionsContainer, *, many: bool) -> None:
     """--model (repeatable for serve), --backend and the behaviour defaults."""
     parser.add_argument(
         "--model",
@@ -128,10 +128,15 @@ def incremental_options(args: argparse.Namespace) -> IncrementalOptions:
 
 
 def add_key_spec_options(
-    parser: argparse._ActionsContainer, *, profile_flag: str, default_profile: str | None
+    parser: argparse._ActionsContainer,
+    *,
+    profile_flag: str,
+    default_profile: str | None,
+    shown_default: str | None = None,
 ) -> None:
-    """The cache-key spec options (profile, block size, root, KV-cache groups)."""
-    shown = default_profile or "none; required"
+    """The cache-key spec options (profile, block size, root, KV-cache groups);
+    ``shown_default`` is how the help names the default when it is not ``default_profile``."""
+    shown = shown_default or default_profile or "none; required"
     parser.add_argument(
         profile_flag,
         dest="key_profile",
@@ -144,8 +149,9 @@ def add_key_spec_options(
         "--block-size",
         type=int,
         metavar="N",
-        help=f"hash unit in tokens (default {DEFAULT_BLOCK_SIZE}, vLLM's block size; with "
-        "--kv-groups, the gcd of the group block sizes)",
+        help=f"hash unit in tokens (default {DEFAULT_BLOCK_SIZE}, vLLM's default block size; "
+        "with --kv-groups, the gcd of the group block sizes; with --engine vllm+http://..., "
+        "the block size vLLM reports)",
     )
     root = parser.add_mutually_exclusive_group()
     root.add_argument(

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import re
 
+from tokenkeys.cli.common import key_spec_options
 from tokenkeys.engine.config import (
     DEFAULT_TOPIC,
     EngineConfig,
@@ -64,7 +65,8 @@ def _add_engine_group(g: argparse._ArgumentGroup) -> None:
         help="forward generation to this OpenEngine Inference service (token ids; this "
         "server tokenizes) instead of simulating it; vllm+http://HOST:PORT fronts a real vLLM "
         "(the sidecar: see docs/vllm.md); none: no engine at all (render, tokenize and cache "
-        "keys only, generation refused: the drop-in for `vllm launch render`)",
+        "keys only, generation refused: the drop-in for `vllm launch render`) (default: the "
+        "simulated engine)",
     )
     g.add_argument(
         "--engine-kv-events",
@@ -197,8 +199,20 @@ def _add_event_group(ev: argparse._ArgumentGroup) -> None:
         "format array; with --engine vllm+http://... the release that vLLM's /version reports, "
         "refused when its layout is not known)",
     )
-    ev.add_argument("--kv-events-buffer-steps", type=int, default=10_000)
-    ev.add_argument("--kv-events-hwm", type=int, default=100_000)
+    ev.add_argument(
+        "--kv-events-buffer-steps",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="batches kept for replay requests (default 10000)",
+    )
+    ev.add_argument(
+        "--kv-events-hwm",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="messages the PUB socket queues per subscriber before ZMQ drops (default 100000)",
+    )
     ev.add_argument(
         "--kv-events-subscriber-backlog",
         type=int,
@@ -247,6 +261,7 @@ def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
         args.engine_kv_topic,
         args.engine_wait,
         args.engine_probe,
+        key_options=key_spec_options(args) if hasattr(args, "key_profile") else None,
     )
 
 
@@ -256,6 +271,13 @@ def kind_config_from(args: argparse.Namespace) -> KindConfig:
     if vllm is not None:
         return vllm
     if args.engine is not None:
+        if re.match(r"(?i)https?://", args.engine):
+            raise ConfigError(
+                f"--engine {args.engine} is an HTTP address: a vLLM's OpenAI server is "
+                f"--engine {VllmEngineConfig.SCHEME}{args.engine} (the sidecar), an OpenEngine "
+                "gRPC engine is --engine HOST:PORT",
+                field="engine",
+            )
         return RemoteConfig(args.engine)
     return SimulatedConfig(
         num_kv_blocks=args.num_kv_blocks,

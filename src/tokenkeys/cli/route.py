@@ -19,6 +19,8 @@ from tokenkeys.cli.access_options import (
     server_tokens,
 )
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
+from tokenkeys.cli.help import DefaultsFormatter, essentials_first
+from tokenkeys.cli.log_options import add_log_options
 from tokenkeys.cli.run_options import add_run_options, check_run_options
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
@@ -42,36 +44,49 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Discover the workers, pull their tokenizer, follow their KV events, and "
         "forward each /v1/completions and /v1/chat/completions request (tokenized once, as "
         "token ids) to the worker that caches the longest prefix of it.",
+        formatter_class=DefaultsFormatter,
     )
-    p.add_argument(
+    workers = p.add_argument_group("workers and discovery")
+    workers.add_argument(
         "--worker",
         action="append",
         required=True,
         metavar="HOST:PORT",
-        help="an engine's OpenEngine gRPC address (repeat for each worker)",
+        help="an engine's OpenEngine gRPC address (repeat for each worker; required)",
     )
-    p.add_argument("--policy", choices=POLICIES, default="precise")
-    p.add_argument("--index", choices=INDEXES, default="memory", help="prefix index backend")
-    p.add_argument("--redis-url", metavar="URL", help="Redis of --index redis (redis://HOST:PORT)")
     p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="precise",
+        help="how a worker is chosen: precise (longest cached prefix and load, the cost below), "
+        "or the others listed (default precise; see docs/router.md)",
+    )
+    index = p.add_argument_group("prefix index")
+    index.add_argument(
+        "--index", choices=INDEXES, default="memory", help="prefix index backend (default memory)"
+    )
+    index.add_argument(
+        "--redis-url", metavar="URL", help="Redis of --index redis (redis://HOST:PORT)"
+    )
+    index.add_argument(
         "--redis-namespace",
         default="tokenkeys",
         help="key namespace in Redis; router replicas sharing an index use the same one",
     )
-    p.add_argument(
+    index.add_argument(
         "--share-load",
         action="store_true",
         help="share requests in flight and cache growth with the other router replicas "
         "through --redis-url (default: each replica counts only its own)",
     )
-    p.add_argument(
+    index.add_argument(
         "--index-capacity",
         type=int,
         default=DEFAULT_CAPACITY,
         metavar="KEYS",
         help=f"block keys the in-memory index keeps, LRU (default {DEFAULT_CAPACITY:,})",
     )
-    p.add_argument(
+    workers.add_argument(
         "--events",
         choices=("auto", "zmq", "grpc"),
         default="auto",
@@ -100,9 +115,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         cost.add_argument(
             option, type=float, default=default, metavar="X", help=f"{what} (default {default})"
         )
-    p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
-    p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
-    p.add_argument(
+    workers.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between two GetLoad polls of each worker (default 1)",
+    )
+    workers.add_argument(
+        "--timeout",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="deadline of each discovery and GetLoad call to a worker (default 2)",
+    )
+    workers.add_argument(
         "--down-after",
         type=int,
         default=DOWN_AFTER,
@@ -110,21 +137,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="GetLoad polls in a row a reachable worker may leave unanswered within --timeout "
         f"before it is marked down (default {DOWN_AFTER}); a refused connection is down at once",
     )
-    p.add_argument(
+    workers.add_argument(
         "--cache",
         metavar="DIR",
         help="tokenizer cache folder (default: $TOKENKEYS_CACHE, else "
         "~/.cache/tokenkeys/tokenizers)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument(
-        "--http-port", type=int, default=8000, help="HTTP port (default 8000; 0 picks one)"
+    face = p.add_argument_group("HTTP face")
+    face.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    face.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        metavar="PORT",
+        help="HTTP port (default 8000; 0 picks one)",
     )
-    p.add_argument("--max-request-bytes", type=int, default=Limits.max_request_bytes)
-    p.add_argument("--tokenize-path", help="path of /tokenize (default /tokenize)")
-    p.add_argument("--detokenize-path", help="path of /detokenize (default /detokenize)")
+    face.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=Limits.max_request_bytes,
+        metavar="N",
+        help=f"bytes of one HTTP body, 413 above (default {Limits.max_request_bytes})",
+    )
+    face.add_argument("--tokenize-path", help="path of /tokenize (default /tokenize)")
+    face.add_argument("--detokenize-path", help="path of /detokenize (default /detokenize)")
     add_run_options(
-        p,
+        p.add_argument_group("processes and shutdown"),
         in_flight="requests",
         processes="route from N processes sharing the HTTP port (SO_REUSEPORT), each a full "
         "router replica with its own index (or the shared --index redis); default 1",
@@ -132,6 +170,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_connection_options(p, grpc=False)
     add_server_access_options(p, templates=False)
     add_client_access_options(p, prefix="worker-")
+    add_log_options(p, worker=True)
+    essentials_first(p, "--worker", "--policy", "--index", "--redis-url", "--host", "--http-port")
     p.set_defaults(func=run)
 
 

@@ -9,7 +9,7 @@ from tokenkeys.errors import ConfigError
 from tokenkeys.process.supervisor import check_worker_count
 
 
-def add_run_options(parser: argparse.ArgumentParser, *, in_flight: str, processes: str) -> None:
+def add_run_options(parser: argparse._ActionsContainer, *, in_flight: str, processes: str) -> None:
     """``--shutdown-timeout`` and ``--processes``; ``in_flight`` names what the drain waits for
     ("calls", "requests") and ``processes`` is the command's own help for ``--processes``."""
     parser.add_argument(

@@ -13,6 +13,7 @@ engines, each with its own prefix cache and KV events, behind one address.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 
 from tokenkeys.cli.access_options import add_server_access_options, server_tls, server_tokens
@@ -24,7 +25,9 @@ from tokenkeys.cli.common import (
 )
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from, tokenizer_only
+from tokenkeys.cli.help import DefaultsFormatter, essentials_first
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
+from tokenkeys.cli.log_options import add_log_options
 from tokenkeys.cli.run_options import add_run_options, check_run_options
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.engine.config import new_instance_id
@@ -43,41 +46,64 @@ from tokenkeys.serving.models import attach_tokenizer_only
 
 log = logging.getLogger("tokenkeys.serve")
 
+#: What a first ``serve`` needs, shown first in ``--help``.
+ESSENTIAL_FLAGS = (
+    "--model",
+    "--served-model-name",
+    "--engine",
+    "--engine-kv-events",
+    "--cache-key-profile",
+    "--host",
+    "--grpc-port",
+    "--http-port",
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "serve", help="serve tokenizers over gRPC and an OpenAI-compatible HTTP frontend"
+        "serve",
+        help="serve tokenizers over gRPC and an OpenAI-compatible HTTP frontend",
+        formatter_class=DefaultsFormatter,
     )
-    add_tokenizer_options(p, many=True)
-    p.add_argument(
+    add_tokenizer_options(p.add_argument_group("models and tokenizer behaviour"), many=True)
+    faces = p.add_argument_group("gRPC and HTTP faces")
+    faces.add_argument(
         "--host",
         default="127.0.0.1",
         help="address gRPC, HTTP and the KV-event sockets bind (default 127.0.0.1: this host "
         "only; 0.0.0.0 or :: to serve other hosts)",
     )
-    p.add_argument("--grpc-port", type=int, default=50051)
-    p.add_argument(
+    faces.add_argument(
+        "--grpc-port",
+        type=int,
+        default=50051,
+        metavar="PORT",
+        help="port of the gRPC services (default 50051; 0 picks a free one)",
+    )
+    faces.add_argument(
         "--vllm-engine-face",
         action="store_true",
         help="also serve smg's vllm.grpc.engine.VllmEngine on the gRPC port, so SGLang's gateway "
         "routes here as a gRPC vLLM worker (smg launch --worker-urls grpc://HOST:PORT): one "
         "model per server; needs the smg extra (pip install 'tokenkeys[smg]')",
     )
-    p.add_argument(
+    faces.add_argument(
         "--artifact-chunk-size",
         type=int,
         default=None,
         metavar="BYTES",
         help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
     )
+    add_http_options(faces)
+    processes = p.add_argument_group("processes and shutdown")
     add_run_options(
-        p,
+        processes,
         in_flight="calls",
         processes="serve from N processes sharing the gRPC and HTTP ports (SO_REUSEPORT), one "
         "per core; needs --engine HOST:PORT or --engine none (the simulated engine's prefix "
         "cache and KV events live in one process); default 1",
     )
-    p.add_argument(
+    processes.add_argument(
         "--encode-threads",
         type=int,
         default=None,
@@ -89,10 +115,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_limit_options(p)
     add_connection_options(p)
     keys = p.add_argument_group("cache keys (the spec GetCacheKeySpec serves and the engine uses)")
-    add_key_spec_options(keys, profile_flag="--cache-key-profile", default_profile=DEFAULT_PROFILE)
+    add_key_spec_options(
+        keys,
+        profile_flag="--cache-key-profile",
+        default_profile=None,
+        shown_default=f"{DEFAULT_PROFILE}; with --engine vllm+http://... the one of vLLM's "
+        "hash algorithm and release",
+    )
     add_engine_options(p)
-    add_http_options(p)
     add_server_access_options(p)
+    add_log_options(p, worker=False)
+    essentials_first(p, *ESSENTIAL_FLAGS)
     p.set_defaults(func=run)
 
 
@@ -126,7 +159,9 @@ def serve_config(args: argparse.Namespace, *, reuse_port: bool = False) -> Serve
     limits = limits_from(args)
     tokens = server_tokens(args)
     # The spec before the tokenizers: a bad cache-key option stops the server before loading.
-    spec = build_spec(key_spec_options(args))
+    # Without --cache-key-profile, the default (the sidecar adopts vLLM's at start instead).
+    options = key_spec_options(args)
+    spec = build_spec(dataclasses.replace(options, profile=options.profile or DEFAULT_PROFILE))
     engine = None if tokenizer_only(args) else engine_config_from(args)
     if spec is None and engine is not None and engine_kind(engine.kind).hosting == "streamed":
         # The simulated engine keys its prefix cache and events with a spec; serving none while
@@ -161,7 +196,9 @@ def _description(server: EngineServer) -> list[str]:
         f"backend {model.tokenizer.options.backend})"
         for model in server.models
     ]
-    spec = config.cache_keys
+    # The first model's spec: the sidecar's may be what vLLM reported rather than the options'.
+    first = next(iter(server.models), None)
+    spec = first.cache_keys.spec if first is not None and first.cache_keys else config.cache_keys
     if spec is not None:
         lines.append(
             f"cache keys: {spec.profile_id}, hash unit {spec.hash_unit}, root "

@@ -29,7 +29,7 @@ from tokenkeys.tokenizer import TOKEN_STRS
 _TEMPLATE_CHARS = frozenset("{}\n")
 
 
-def add_http_options(parser: argparse.ArgumentParser) -> None:
+def add_http_options(parser: argparse._ActionsContainer) -> None:
     """--http-port, the chat template options and the tokenize paths."""
     parser.add_argument(
         "--http-port",
@@ -171,4 +171,5 @@ def http_config(
         auth=auth,
         auth_health=bool(getattr(args, "auth_health", False)),
         token_strs=getattr(args, "token_strs", "decoded"),
+        access_log=bool(getattr(args, "access_log", False)),
     )

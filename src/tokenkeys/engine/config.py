@@ -11,7 +11,6 @@ its field name (``field`` too); the CLI says it in its flags (``tokenkeys.cli.en
 from __future__ import annotations
 
 import re
-import string
 import uuid
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -19,12 +18,9 @@ from typing import ClassVar
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError, TokenkeysError
 from tokenkeys.events.vllm_codec import DEFAULT_VERSION, layout_for
+from tokenkeys.events.zmq_topic import DEFAULT_TOPIC, check_template, make_topic
+from tokenkeys.keys.deployment import KeySpecOptions
 
-#: Topic of each model's ZMQ stream unless configured: llm-d's ``kv@<host:port>@<model>``
-#: (llm-d-kv-cache ``parseTopic`` splits on '@'); ``{address}`` is this server's routable gRPC
-#: ``host:port``.
-DEFAULT_TOPIC = "kv@{address}@{model}"
-_TOPIC_FIELDS = {"address", "model"}
 #: Newest vLLM release with the positional (array) event form (map form since 0.24, PR #42892).
 LAST_ARRAY_VERSION = "0.23"
 
@@ -66,7 +62,9 @@ class VllmEngineConfig:
     of vLLM's ``--kv-events-config``), ``kv_replay`` its replay endpoint and ``kv_topic`` its
     topic ("" subscribes to every topic). ``wait_s`` bounds how long the sidecar waits at start
     for vLLM to answer (``--engine-wait``; vLLM loads its model before it serves). ``probe``:
-    the start probe of one fresh block (``--no-engine-probe`` skips it).
+    the start probe of one fresh block (``--no-engine-probe`` skips it). ``key_options``: the
+    cache-key options as given; the profile and block size they leave unset are taken from
+    vLLM (:mod:`tokenkeys.engine.vllm.adopt`); None takes nothing.
     """
 
     KIND: ClassVar[str] = "vllm"
@@ -79,6 +77,7 @@ class VllmEngineConfig:
     kv_topic: str = ""
     wait_s: float = 600.0
     probe: bool = True
+    key_options: KeySpecOptions | None = None
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"https?://[^\s/]+(:\d{1,5})?/?", self.url):
@@ -204,28 +203,12 @@ class EngineConfig:
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, got {value}", field=name)
-        self._check_topic()
+        check_template(self.kv_events_topic)
         self.wire_version  # noqa: B018 - validates format and version together
         if not self.instance_id or len(self.instance_id) > 256:
             raise ConfigError(
                 "instance_id must be 1..256 characters (default: a fresh id per process)",
                 field="instance_id",
-            )
-
-    def _check_topic(self) -> None:
-        try:
-            fields = {f for _, f, _, _ in string.Formatter().parse(self.kv_events_topic) if f}
-        except ValueError as exc:
-            raise ConfigError(
-                f"kv_events_topic {self.kv_events_topic!r} is not a valid template: {exc}",
-                field="kv_events_topic",
-            ) from None
-        unknown = sorted(fields - _TOPIC_FIELDS)
-        if unknown:
-            raise ConfigError(
-                f"kv_events_topic {self.kv_events_topic!r} uses {unknown}; the placeholders "
-                "are {address} (this server's host:port) and {model} (the served name)",
-                field="kv_events_topic",
             )
 
     @property
@@ -259,8 +242,8 @@ class EngineConfig:
         return self.engine.KIND
 
     def topic(self, address: str, model: str) -> str:
-        """The ZMQ topic of ``model``'s stream."""
-        return self.kv_events_topic.format(address=address, model=model)
+        """The ZMQ topic of ``model``'s stream (refused when consumers could not split it)."""
+        return make_topic(address, model, self.kv_events_topic)
 
     def ports(self, index: int) -> tuple[int, int | None]:
         """(events port, replay port or None) of the ``index``-th served model."""

@@ -8,7 +8,10 @@ version, as the engine's own ``/version`` does, beside tokenkeys' own.
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -23,3 +26,22 @@ class FrontedEngine(Protocol):
     async def unready(self) -> str | None:
         """Why the engine cannot serve now, or None when it can."""
         ...
+
+
+class UpDown:
+    """One log line when a fronted engine goes down and one when it is back (not one per probe).
+
+    ``what`` names the engine in the lines, e.g. ``vLLM at http://10.0.0.7:8000``.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.down = False
+
+    def saw(self, problem: str | None) -> None:
+        """Note one answer of the engine: ``problem`` why it cannot serve, None when it can."""
+        if problem is not None and not self.down:
+            log.warning("%s is down: %s", self.what, problem)
+        elif problem is None and self.down:
+            log.info("%s is back", self.what)
+        self.down = problem is not None

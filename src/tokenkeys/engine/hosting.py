@@ -13,6 +13,8 @@ come from is the one thing kinds differ in, and each kind says which by the prot
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,6 +25,20 @@ if TYPE_CHECKING:
     from tokenkeys.events.stream import EventStream
     from tokenkeys.keys import CacheKeySpec
     from tokenkeys.tokenizer import Tokenizer
+
+
+#: Where an engine starting in this context says what it waits for (the server's readiness
+#: reason while it starts: ``/health`` and gRPC ``Health`` report it); set by the runtime.
+start_progress: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "tokenkeys_start_progress", default=None
+)
+
+
+def report_start(reason: str) -> None:
+    """Say why the engine starting in this context does not serve yet (see start_progress)."""
+    report = start_progress.get()
+    if report is not None:
+        report(reason)
 
 
 @dataclass(frozen=True)

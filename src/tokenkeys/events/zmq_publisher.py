@@ -59,18 +59,6 @@ def restart_safe_first_seq(now_ns: int | None = None) -> int:
     return (time.time_ns() if now_ns is None else now_ns) // 1000
 
 
-def make_topic(address: str, model: str) -> str:
-    """Return llm-d's topic ``kv@<host:port>@<model>`` (llm-d splits it on '@' into 3 parts)."""
-    for name, value in (("address", address), ("model", model)):
-        if not value or "@" in value:
-            raise ConfigError(
-                f"topic {name} {value!r} must be non-empty and contain no '@', because "
-                "subscribers split kv@<host:port>@<model> on '@'",
-                field=name,
-            )
-    return f"kv@{address}@{model}"
-
-
 @dataclass
 class PublisherStats:
     """Counters of a publisher's work."""

@@ -22,6 +22,7 @@ FIXED_PATHS = frozenset(
         "/v1/chat/completions",
         "/tokenizer_info",
         "/health",
+        "/livez",
         "/metrics",
         "/openapi.json",
     }
@@ -44,6 +45,7 @@ class HttpConfig:
     - ``token_strs``: how /tokenize spells ``token_strs`` unless the request's
       ``token_strs_kind`` says: ``"decoded"`` (each token's text, the default) or
       ``"vocabulary"`` (vLLM's ``convert_ids_to_tokens`` spellings).
+    - ``access_log``: log one line per request (:mod:`tokenkeys.frontend.access_log`).
     """
 
     tokenize_path: str = "/tokenize"
@@ -53,6 +55,7 @@ class HttpConfig:
     auth: BearerTokens | None = None
     auth_health: bool = False
     token_strs: TokenStrs = "decoded"
+    access_log: bool = False
 
     def __post_init__(self) -> None:
         if self.token_strs not in TOKEN_STRS:

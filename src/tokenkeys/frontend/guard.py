@@ -15,8 +15,9 @@ from tokenkeys.errors import TokenkeysError, Unauthenticated
 from tokenkeys.frontend.errors import error_response
 from tokenkeys.serving.guards import Call, Guards
 
-#: Health checks: served while draining, and without a token unless health is protected.
-HEALTH_PATHS = frozenset({"/health"})
+#: Health checks (readiness and liveness): served while starting and draining, and without a
+#: token unless health is protected.
+HEALTH_PATHS = frozenset({"/health", "/livez"})
 #: Routes whose calls hold a stream (or a generation) open: they count against
 #: ``max_streams_per_client``.
 STREAMING_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenkeys.engine.protocol import Usage
+from tokenkeys.frontend.access_log import note_prompt_tokens
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
@@ -56,8 +57,11 @@ class HttpMetrics:
         ).labels(str(os.getpid())).set(1)
 
     def record_generation(self, model: str, route: str, usages: Sequence[Usage]) -> None:
-        """Count what a generation request's prompts used (its engine's usage)."""
-        self.prompt_tokens.labels(model, route).inc(sum(u.prompt_tokens for u in usages))
+        """Count what a generation request's prompts used (its engine's usage); the same count
+        goes into the request's access line."""
+        prompt = sum(u.prompt_tokens for u in usages)
+        note_prompt_tokens(prompt)
+        self.prompt_tokens.labels(model, route).inc(prompt)
         self.cached_tokens.labels(model).inc(sum(u.cached_prompt_tokens for u in usages))
         self.generation_tokens.labels(model).inc(sum(u.completion_tokens for u in usages))
 

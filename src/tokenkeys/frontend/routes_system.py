@@ -46,14 +46,18 @@ def add_routes(app: FastAPI) -> None:
         }
 
     async def health(request: Request) -> Response:
-        """200 with an empty body while the server serves (as vLLM's /health); 503 with
-        ``{"status": "draining", "in_flight": N}`` while it shuts down, and with
+        """Readiness: 200 with an empty body while the server serves (as vLLM's /health); 503
+        with ``{"status": "starting", "reason": ...}`` while its engines start (a sidecar
+        waiting for its vLLM says what vLLM answered), ``{"status": "draining", "in_flight":
+        N}`` while it shuts down, and with
         ``{"status": "engine_unavailable", "model": ..., "reason": ...}`` while a model's engine
         (a fronted vLLM) cannot serve."""
         state = state_of(request)
         lifecycle = state.lifecycle
         if lifecycle.draining:
             return json_response({"status": lifecycle.state, "in_flight": lifecycle.inflight}, 503)
+        if lifecycle.starting is not None:
+            return json_response({"status": "starting", "reason": lifecycle.starting}, 503)
         for model in state.models:
             if isinstance(model.engine, FrontedEngine):
                 reason = await model.engine.unready()
@@ -61,6 +65,11 @@ def add_routes(app: FastAPI) -> None:
                     body = {"status": "engine_unavailable", "model": model.name, "reason": reason}
                     return json_response(body, 503)
         return Response(status_code=200)
+
+    async def livez(request: Request) -> Response:
+        """Liveness: 200 ``{"status": "alive", "state": ...}`` whenever the process answers,
+        starting and draining included (a probe restarting it then would only lose time)."""
+        return json_response({"status": "alive", "state": state_of(request).lifecycle.state})
 
     async def version(request: Request) -> Response:
         """``{"version": ...}`` as vLLM's /version answers: the release of the vLLM this server
@@ -85,12 +94,16 @@ def add_routes(app: FastAPI) -> None:
         "/health",
         health,
         methods=["GET"],
-        summary="Liveness",
+        summary="Readiness",
         responses={
             200: {"description": "serving", "content": {}},
-            503: {"description": "draining (shutting down), or a model's engine is down"},
+            503: {
+                "description": "starting (with the reason), draining (shutting down), or a "
+                "model's engine is down"
+            },
         },
     )
+    app.add_api_route("/livez", livez, methods=["GET"], summary="Liveness")
     app.add_api_route("/version", version, methods=["GET"], summary="Versions")
     app.add_api_route(
         "/metrics",

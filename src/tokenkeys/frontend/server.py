@@ -17,6 +17,7 @@ import uvicorn
 
 from tokenkeys.access.tls import ServerTls
 from tokenkeys.errors import ConfigError
+from tokenkeys.frontend.access_log import AccessLog
 from tokenkeys.transport.accept_errors import throttle_accept_errors
 from tokenkeys.transport.descriptors import raise_descriptor_limit
 from tokenkeys.transport.http_protocol import bounded_protocol
@@ -143,7 +144,14 @@ class Bind(Protocol):
 
 async def serve_app(app: Any, bind: Bind, port: int) -> HttpServer:
     """:func:`start_http_server` of ``app`` on ``bind.host:port``, with the builder's TLS,
-    port sharing and connection limits: the HTTP face of ``serve`` and ``route`` alike."""
+    port sharing and connection limits: the HTTP face of ``serve`` and ``route`` alike.
+
+    With the app's ``access_log`` setting, the access log wraps it here, outermost, after the
+    builder added its own middleware (the router's headers name the worker it logs).
+    """
+    state = getattr(app.state, "tokenkeys", None)
+    if state is not None and state.config.access_log:
+        app.add_middleware(AccessLog)
     return await start_http_server(
         app,
         bind.host,

@@ -16,15 +16,14 @@ import argparse
 import asyncio
 import functools
 import gc
-import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NoReturn, Protocol
 
+from tokenkeys.process import logs
 from tokenkeys.process.supervisor import Supervisor, WorkerLink, announce
 from tokenkeys.serving.lifecycle import Lifecycle, exit_stopped
-from tokenkeys.terminal import configure_logging
 
 #: After the drain, what the servers still give the calls that outlived the deadline.
 STOP_GRACE = 1.0
@@ -60,10 +59,13 @@ async def until_drained(server: Served, timeout: float, link: WorkerLink | None 
         link.watch(lambda: signals.put_nowait(signal.SIGTERM))
     who = f"worker {link.index} (pid {os.getpid()}) " if link is not None else ""
     received = await signals.get()
-    print(
-        f"{who}{signal.Signals(received).name}: draining {server.lifecycle.inflight} calls in "
-        f"flight, at most {timeout:g} s",
-        flush=True,
+    say = logs.lifecycle().info
+    say(
+        "%s%s: draining %d calls in flight, at most %g s",
+        who,
+        signal.Signals(received).name,
+        server.lifecycle.inflight,
+        timeout,
     )
     drain = asyncio.ensure_future(server.drain(timeout))
     second = asyncio.ensure_future(signals.get())
@@ -72,12 +74,9 @@ async def until_drained(server: Served, timeout: float, link: WorkerLink | None 
     left = drain.result() if drain.done() else server.lifecycle.inflight
     drain.cancel()
     if left:
-        print(
-            f"{who}stopping with {left} calls still in flight (deadline or second signal)",
-            flush=True,
-        )
+        say("%sstopping with %d calls still in flight (deadline or second signal)", who, left)
     await server.stop(STOP_GRACE if left else 0.0)
-    print(f"{who}stopped", flush=True)
+    say("%sstopped", who)
 
 
 async def serve_until_signal(
@@ -105,15 +104,13 @@ def freeze_started() -> None:
     gc.freeze()
 
 
-def _configure_logging() -> None:
-    configure_logging()  # one timestamped format, every line escaped
-    # One line per request forwarded over HTTP (to a vLLM) would drown the log.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+def _configure_logging(args: argparse.Namespace) -> None:
+    logs.configure(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
 
 
 def _worker(start: Start, args: argparse.Namespace, link: WorkerLink) -> NoReturn:
     """One worker process; the process ends once its server stopped."""
-    _configure_logging()
+    _configure_logging(args)
     exit_stopped(asyncio.run(serve_until_signal(start, args, link)))
 
 
@@ -129,7 +126,7 @@ def run_served(
     ``check`` validates the options once, before any worker starts (a bad option fails once);
     ``ports`` names the ``args`` attributes of the ports the workers share, with their option.
     """
-    _configure_logging()
+    _configure_logging(args)
     if args.processes == 1:
         exit_stopped(asyncio.run(serve_until_signal(start, args)))  # no teardown to wait for
     check(args)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import multiprocessing
 import os
 import signal
@@ -42,6 +43,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from tokenkeys.errors import ConfigError, TokenkeysError
+from tokenkeys.process import logs
 
 #: Upper bound of ``--processes`` (a guard against a typo starting thousands of processes).
 MAX_WORKERS = 256
@@ -79,7 +81,7 @@ def announce(lines: list[str], link: WorkerLink | None) -> None:
         link.ready(lines)
         return
     for line in lines:
-        print(line, flush=True)
+        logs.lifecycle().info("%s", line)
 
 
 #: A command's worker body: serve until drained, return the exit status.
@@ -120,7 +122,9 @@ def _worker_entry(main: WorkerMain, args: argparse.Namespace, index: int, conn: 
     try:
         code = main(args, WorkerLink(index, conn))
     except TokenkeysError as error:
-        print(f"tokenkeys worker {index}: error: {error.message}", file=sys.stderr, flush=True)
+        logging.getLogger("tokenkeys.worker").error(
+            "tokenkeys worker %d: error: %s", index, error.message
+        )
         code = 2
     sys.exit(code)
 
@@ -149,13 +153,13 @@ class Supervisor:
         count: int,
         ports: Sequence[tuple[str, str]],
         *,
-        say: Callable[[str], None] = lambda line: print(line, flush=True),
+        say: Callable[[str], None] | None = None,
     ) -> None:
         check_worker_count(count)
         self.main = main
         self.args = args
         self.count = count
-        self.say = say
+        self.say = say or (lambda line: logs.lifecycle().info("%s", line))
         self._context = multiprocessing.get_context("spawn")
         self._reserved: list[socket.socket] = []
         try:

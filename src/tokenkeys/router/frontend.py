@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenkeys.frontend import HttpConfig, create_app
+from tokenkeys.frontend.access_log import WORKER_HEADER
 from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.generation import key_context
 from tokenkeys.frontend.opening import open_request
@@ -40,7 +41,7 @@ from tokenkeys.serving.models import ModelRegistry, ServedModel
 
 #: Response headers of a routed request; several prompts (a completions batch) give
 #: comma-separated values in prompt order.
-HEADER_WORKER = "x-tokenkeys-worker"
+HEADER_WORKER = WORKER_HEADER
 HEADER_SCORE = "x-tokenkeys-score"
 HEADER_MATCHED = "x-tokenkeys-matched-blocks"
 HEADER_POLICY = "x-tokenkeys-policy"

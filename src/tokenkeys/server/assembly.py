@@ -6,8 +6,11 @@ needing the one before:
 
 1. cache keys attached to every model (the engines key their blocks with that spec);
 2. the gRPC server listening (the KV-event topic and the advertised gRPC source name its port);
-3. the engines started and attached to the models, all or nothing;
-4. the HTTP frontend listening (its generation routes call the attached engines).
+3. the HTTP frontend listening, so probes are answered while the engines start: ``/health``
+   and gRPC ``Health`` say not ready with the reason (a sidecar waiting for its vLLM says what
+   vLLM answered), ``/livez`` that the process is alive, every other call gets 503 /
+   UNAVAILABLE with the reason (:attr:`Lifecycle.starting`, the call guards);
+4. the engines started and attached to the models, all or nothing; then the server serves.
 
 A failure at any step stops what the earlier ones started. Shutdown: :meth:`~EngineServer.drain`
 (both faces refuse new calls, KV-event subscriptions end with their terminal message, calls in
@@ -32,6 +35,7 @@ from tokenkeys.frontend import HttpConfig, HttpServer, create_app
 from tokenkeys.frontend.server import serve_app
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.limits import Limits
+from tokenkeys.process import logs
 from tokenkeys.server.grpc.engine_services import engine_service_adders
 from tokenkeys.server.grpc.server import ServiceAdder, start_grpc_server
 from tokenkeys.server.grpc.tokenizer import TokenizerService
@@ -98,7 +102,7 @@ class EngineServer:
         self.runtime: EngineRuntime | None = None
         if config.engine is not None:
             kwargs = {} if config.spec_of is None else {"spec_of": config.spec_of}
-            self.runtime = EngineRuntime(models, config.engine, **kwargs)
+            self.runtime = EngineRuntime(models, config.engine, lifecycle=self.lifecycle, **kwargs)
         self.grpc: grpc.aio.Server | None = None
         self.grpc_port = 0
         self.http: HttpServer | None = None
@@ -115,12 +119,22 @@ class EngineServer:
         config = self.config
         attach_cache_keys(self.models, config.cache_keys, config.limits)
         try:
+            if self.runtime is not None:
+                self.lifecycle.starting = "starting the engines"
             if config.grpc_port is not None:
                 self.grpc, self.grpc_port = await self._start_grpc(config.grpc_port)
-            if self.runtime is not None:
-                await self.runtime.start(config.host, self.grpc_port)
             if config.http_port is not None:
                 self.http = await self._start_http(config.http_port)
+            if self.runtime is not None:
+                logs.lifecycle().info(
+                    "answering health checks while the engines start (not ready until they "
+                    "serve): gRPC on %s:%d, HTTP on %s:%d",
+                    config.host,
+                    self.grpc_port,
+                    config.host,
+                    self.http_port,
+                )
+                await self.runtime.start(config.host, self.grpc_port)
         except BaseException:
             await self.stop()
             raise

@@ -6,8 +6,9 @@ release what it holds, or None) or raises the error the client gets. The gRPC in
 (:mod:`tokenkeys.frontend.guard`) build the ``Call`` and translate a refusal into a status
 through the one status table; the servicers and routes know nothing of them.
 
-Guards in order: bearer-token authentication (401 / UNAUTHENTICATED), draining (503 /
-UNAVAILABLE), concurrent streams per client (429 / RESOURCE_EXHAUSTED).
+Guards in order: bearer-token authentication (401 / UNAUTHENTICATED), starting and draining
+(503 / UNAVAILABLE, with the reason), concurrent streams per client (429 /
+RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class AuthGuard:
 
 @dataclass(frozen=True)
 class DrainGuard:
-    """Refuses new calls while the process drains; counts the admitted ones."""
+    """Refuses new calls while the process starts (with why) or drains; counts the admitted
+    ones."""
 
     lifecycle: Lifecycle
 
@@ -74,6 +76,13 @@ class DrainGuard:
         if call.health:
             return None
         lifecycle = self.lifecycle
+        starting = lifecycle.starting
+        if starting is not None and not lifecycle.draining:
+            raise Unavailable(
+                f"the server is starting and does not serve yet ({call.route}): {starting}; "
+                "retry once /health answers 200",
+                field="server",
+            )
         if lifecycle.draining:
             raise Unavailable(
                 f"the server is shutting down and takes no new calls ({call.route}); retry on "

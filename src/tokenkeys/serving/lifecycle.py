@@ -25,14 +25,18 @@ class Lifecycle:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inflight = 0
+        #: Why the process does not serve yet (its engines start), None once it serves.
+        self.starting: str | None = None
         self.draining = False
         #: Monotonic time the drain began, None while serving.
         self.drain_started: float | None = None
 
     @property
     def state(self) -> str:
-        """``serving`` or ``draining``."""
-        return "draining" if self.draining else "serving"
+        """``starting``, ``serving`` or ``draining``."""
+        if self.draining:
+            return "draining"
+        return "starting" if self.starting is not None else "serving"
 
     @property
     def inflight(self) -> int:

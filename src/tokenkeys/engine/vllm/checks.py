@@ -26,6 +26,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from tokenkeys.engine.hosting import report_start
 from tokenkeys.engine.vllm.client import VllmHttpClient, VllmModel
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, Unavailable, Unsupported
 from tokenkeys.events.vllm_layout import wire_release_of
@@ -56,11 +57,15 @@ PROGRESS_S = 10.0
 async def wait_for_vllm(client: VllmHttpClient, wait_s: float) -> None:
     """Return once vLLM's ``/health`` answers 200; Unavailable after ``wait_s`` seconds.
 
-    Progress goes to the log every :data:`PROGRESS_S` seconds, with what vLLM answered.
+    Progress goes to the log every :data:`PROGRESS_S` seconds, with what vLLM answered, and
+    each answer to the server's readiness reason (:func:`~tokenkeys.engine.hosting.report_start`:
+    ``/health`` says it while the sidecar waits).
     """
     start = time.monotonic()
     shown = 0.0
+    report_start(f"waiting for vLLM at {client.base_url} to answer /health")
     while (problem := await client.health()) is not None:
+        report_start(f"waiting for vLLM at {client.base_url}: {problem}")
         waited = time.monotonic() - start
         if waited >= wait_s:
             raise Unavailable(

@@ -32,7 +32,8 @@ from typing import Any
 
 from tokenkeys.engine.config import VllmEngineConfig
 from tokenkeys.engine.hosting import EngineInputs
-from tokenkeys.engine.vllm.checks import check_vllm
+from tokenkeys.engine.vllm.adopt import adopted_spec
+from tokenkeys.engine.vllm.checks import check_vllm, wait_for_vllm
 from tokenkeys.engine.vllm.client import VllmHttpClient
 from tokenkeys.errors import ConfigError, TokenkeysError
 from tokenkeys.events.model import BlockStored
@@ -219,6 +220,10 @@ async def learned_spec(inputs: EngineInputs) -> CacheKeySpec:
     client = VllmHttpClient(vllm.url)
     try:
         # Waits for vLLM (--engine-wait) as the sidecar's own start checks do: this runs first.
+        await wait_for_vllm(client, vllm.wait_s)
+        if vllm.key_options is not None:
+            cache = (await client.metrics()).cache_config
+            spec = adopted_spec(spec, vllm.key_options, cache, await client.version())
         await check_vllm(
             client, inputs.name, inputs.tokenizer, spec, config.max_model_len, vllm.wait_s
         )

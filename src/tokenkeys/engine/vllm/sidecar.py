@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
+from tokenkeys.engine.fronted import UpDown
 from tokenkeys.engine.hosting import EngineInputs
 from tokenkeys.engine.passthrough import OpenAIAnswer, OpenAIRequest, Route
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams, Usage
@@ -83,6 +84,7 @@ class VllmSidecarEngine:
         self.config = config
         self.check = check
         self.client = VllmHttpClient(config.url)
+        self._up_down = UpDown(f"vLLM at {config.url}")
         self._max_model_len = max_model_len
         self._facts = VllmFacts(max_model_len, 0, ())
         self._codec = VllmMsgpackCodec(wire_version)
@@ -191,8 +193,11 @@ class VllmSidecarEngine:
         return self._release
 
     async def unready(self) -> str | None:
-        """Why vLLM cannot serve now (its ``/health`` does not answer 200), or None."""
-        return await self.client.health()
+        """Why vLLM cannot serve now (its ``/health`` does not answer 200), or None; the log
+        says when it goes down and when it is back."""
+        problem = await self.client.health()
+        self._up_down.saw(problem)
+        return problem
 
     def describe(self) -> str:
         """The kind, for the server log."""

@@ -22,7 +22,7 @@ from functools import lru_cache
 from prometheus_client import CollectorRegistry
 
 from tokenkeys.engine.config import EngineConfig
-from tokenkeys.engine.hosting import HostedEngine
+from tokenkeys.engine.hosting import HostedEngine, start_progress
 from tokenkeys.engine.registry import engine_kind
 from tokenkeys.events.zmq_endpoint import routable_endpoint
 from tokenkeys.keys import CacheKeySpec
@@ -31,6 +31,7 @@ from tokenkeys.server.runtime.forwarded import ForwardedHosting
 from tokenkeys.server.runtime.hosting import Hosting, ModelParts
 from tokenkeys.server.runtime.state import RuntimeState
 from tokenkeys.server.runtime.streamed import StreamedHosting
+from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
 #: The hosting of each kind's ``EngineKind.hosting``.
@@ -74,6 +75,7 @@ class EngineRuntime:
         config: EngineConfig,
         *,
         spec_of: Callable[[ServedModel], CacheKeySpec] = deployment_spec,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         kind = engine_kind(config.kind)
         #: Metrics of the engines (exported on the HTTP ``/metrics``), made by their kind.
@@ -84,6 +86,7 @@ class EngineRuntime:
             kind,
             spec_of,
             kind_metrics=None if kind.metrics is None else kind.metrics(self.metrics),
+            lifecycle=lifecycle or Lifecycle(),
         )
         self.models = models
         self.hosting: Hosting = HOSTINGS[kind.hosting](self.state)
@@ -104,26 +107,41 @@ class EngineRuntime:
         return self.state.draining
 
     @property
+    def lifecycle(self) -> Lifecycle:
+        """The process's serving state: ``starting`` says why the engines do not serve yet."""
+        return self.state.lifecycle
+
+    @property
     def grpc_address(self) -> str | None:
         """The routable ``host:port`` of this server's gRPC endpoint, known after start."""
         return self.state.grpc_address
 
     async def start(self, bind_host: str, grpc_port: int) -> None:
-        """Build and start every model's engine; on any failure nothing stays open."""
+        """Build and start every model's engine; on any failure nothing stays open.
+
+        Meanwhile ``lifecycle.starting`` says why the server does not serve yet, in the words
+        of the engine that waits (:func:`~tokenkeys.engine.hosting.report_start`).
+        """
         state = self.state
         state.grpc_address = routable_endpoint(
             f"tcp://{bind_host}:{grpc_port}", state.config.advertise_host
         ).removeprefix("tcp://")
+        lifecycle = self.lifecycle
+        lifecycle.starting = f"starting the engines ({state.kind.name})"
+        token = start_progress.set(lambda reason: setattr(lifecycle, "starting", reason))
         try:
             state.config = await state.kind.prepare(state.config)
             await self.hosting.start(bind_host)
         except BaseException:
             await self.close()
             raise
+        finally:
+            start_progress.reset(token)
         for model in self.models:
             engine = self.hosting.parts(model.name).engine
             self.models.replace(dataclasses.replace(model, engine=engine))
         state.ready = True
+        lifecycle.starting = None
 
     def describe(self) -> list[str]:
         """One line per model for the server log: engine, spec and event endpoints."""

@@ -9,13 +9,14 @@ flows one way: runtime -> hosting -> discovery messages -> state, never back to 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tokenkeys.engine.config import EngineConfig
 from tokenkeys.engine.registry import EngineKind
 from tokenkeys.errors import NotFound, Unavailable
 from tokenkeys.keys import CacheKeySpec
+from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
 P = TypeVar("P")
@@ -33,6 +34,8 @@ class RuntimeState:
     spec_of: Callable[[ServedModel], CacheKeySpec]
     #: The kind's own metrics (``EngineKind.metrics``), handed to every engine it builds.
     kind_metrics: Any = None
+    #: The process's serving state: ``starting`` says why the engines do not serve yet.
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
     #: The routable ``host:port`` of this server's gRPC endpoint, known after start.
     grpc_address: str | None = None
     ready: bool = False

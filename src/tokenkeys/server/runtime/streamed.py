@@ -191,7 +191,10 @@ class StreamedHosting:
         """STARTING until assembled, READY, NOT_READY while a fronted vLLM does not answer (its
         reason in the message), DRAINING while stopping."""
         runtime = self.runtime
-        unready = await self._unready() if runtime.ready and not runtime.draining else None
+        if runtime.ready and not runtime.draining:
+            unready = await self._unready()
+        else:
+            unready = runtime.lifecycle.starting  # what the engines wait for, while starting
         return messages.health(runtime, request.include_inference_probe, unready)
 
     async def _unready(self) -> str | None:

@@ -1,0 +1,137 @@
+"""A sidecar started before its vLLM (issues 38 and 32): it answers while it waits, then serves,
+with the block size and hash algorithm vLLM reports (no --block-size, no --cache-key-profile).
+
+The vLLM is the harness's default server (shared with the other modules of its configuration);
+"before its vLLM" is its address not answering yet: the sidecar is pointed at a real TCP relay
+to that vLLM whose port opens only once the waiting was seen (:class:`LateDoor`), as a vLLM
+still loading its model refuses connections. vLLM's KV-event endpoints are reached directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import httpx
+import pytest
+from ports import free_port
+
+from tokenkeys._gen.openengine.v1 import cache_keys_pb2, tokenizer_pb2_grpc
+
+from served_pair import EMBEDDED, TokenkeysServe
+from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME, VllmServer
+
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
+
+#: Seconds for the polls below: a safety net for a broken engine, never a pass/fail criterion.
+WAIT_LIMIT = 120.0
+
+
+class LateDoor:
+    """A TCP relay to ``host:port`` on a free loopback port that listens only once opened."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self._server: asyncio.Server | None = None
+
+    def open(self) -> None:
+        async def start() -> asyncio.Server:
+            return await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+
+        self._server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            finally:
+                sink.close()
+
+        await asyncio.gather(
+            pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True
+        )
+
+    def close(self) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_pool) -> VllmServer:
+    return vllm_pool.get(DEFAULT_CONFIG)
+
+
+@pytest.fixture
+def door(vllm: VllmServer) -> Iterator[LateDoor]:
+    door = LateDoor("127.0.0.1", vllm.port)
+    try:
+        yield door
+    finally:
+        door.close()
+
+
+def test_a_sidecar_started_first_waits_answering_then_serves_adopting_vllms_keys(vllm, door):
+    late = f"http://127.0.0.1:{door.port}"
+    process = TokenkeysServe(
+        "--model", f"{MODEL_NAME}={EMBEDDED}",
+        "--backend", "transformers5",
+        "--engine", f"vllm+{late}",
+        "--engine-kv-events", vllm.events_endpoint,
+        "--engine-kv-replay", vllm.replay_endpoint,
+        "--engine-kv-topic", vllm.topic,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + WAIT_LIMIT
+        while True:  # not ready from the first answer on, then naming what vLLM answered
+            with contextlib.suppress(httpx.TransportError):
+                health = httpx.get(f"{process.url}/health", timeout=5)
+                assert health.status_code == 503, health.text
+                if f"waiting for vLLM at {late}" in health.json()["reason"]:
+                    break
+            assert time.monotonic() < deadline and process.process.poll() is None
+            time.sleep(0.05)
+        assert httpx.get(f"{process.url}/livez", timeout=5).status_code == 200
+        refused = httpx.post(
+            f"{process.url}/v1/completions",
+            json={"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 1},
+            timeout=5,
+        )
+        assert refused.status_code == 503 and late in refused.json()["error"]["message"]
+
+        door.open()  # vLLM "comes up"
+        process.wait_healthy(WAIT_LIMIT)
+        answer = httpx.post(
+            f"{process.url}/v1/completions",
+            json={"model": MODEL_NAME, "prompt": "Hello there", "max_tokens": 2},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["prompt_tokens"] > 0
+        with grpc.insecure_channel(process.target) as channel:
+            spec = tokenizer_pb2_grpc.OpenEngineTokenizerStub(channel).GetCacheKeySpec(
+                cache_keys_pb2.GetCacheKeySpecRequest(model=MODEL_NAME), timeout=30
+            )
+        # vLLM's block size (the harness's, not tokenkeys' default 16) and its hash algorithm
+        # at the profile of its release.
+        assert spec.hash_unit == BLOCK_SIZE != 16
+        assert spec.profile_id == "vllm/sha256_cbor@0.31"
+        assert "cache keys as vLLM reports them: vllm/sha256_cbor@0.31" in process.log_text()
+    finally:
+        process.stop()
