@@ -10,7 +10,7 @@ import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator
 
-from tokenkeys.errors import ConfigError, LimitExceeded
+from tokenkeys.errors import ConfigError, FailedPrecondition, LimitExceeded
 from tokenkeys.events.model import EventBatch, EventSourceInfo, SpecRef
 from tokenkeys.events.snapshot import BlockLedger, Snapshot
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
@@ -133,10 +133,53 @@ class EventStream:
         sub = _Subscription(self._backlog)
         backlog = [] if start_seq is None else [i for i in self._buffer if i[0] >= start_seq]
         self._subs.add(sub)
+        async for item in self._follow(sub, backlog, start_seq or 0):
+            yield item
+
+    async def subscribe_from_snapshot(
+        self, *, require_complete: bool = True
+    ) -> AsyncIterator[tuple[int, EventBatch]]:
+        """Yield the :meth:`snapshot` as one batch, then every batch from its ``next_seq`` on.
+
+        The snapshot is numbered ``next_seq - 1``: it holds the effect of every batch up to
+        that one and of none after, so the numbers a consumer sees stay contiguous and a gap
+        still means a loss. It is taken and the subscription registered in one step of the
+        event loop, so no batch falls between them. ``require_complete``: a snapshot that
+        may lack blocks (a relay that joined its publisher late, ``events.snapshot``) raises
+        :class:`~tokenkeys.errors.FailedPrecondition` naming why, instead of passing for the
+        whole cache.
+        """
+        snap = self.snapshot()
+        if require_complete and not snap.complete:
+            raise FailedPrecondition(
+                f"the KV-event snapshot is not complete: {snap.reason}; subscribe without "
+                "the snapshot, or ask GetKvSnapshot (it says what the snapshot lacks)",
+                field="include_snapshot",
+            )
+        if snap.next_seq == 0:
+            raise FailedPrecondition(
+                "the KV-event stream has published nothing yet, so a snapshot has no number; "
+                "subscribe from sequence 0 instead",
+                field="include_snapshot",
+            )
+        sub = _Subscription(self._backlog)
+        self._subs.add(sub)
+        follow = self._follow(sub, [], snap.next_seq)
+        try:
+            yield snap.next_seq - 1, snap.batch
+        except BaseException:
+            self._subs.discard(sub)  # the follower never started, its finally never runs
+            raise
+        async for item in follow:
+            yield item
+
+    async def _follow(
+        self, sub: _Subscription, backlog: list[tuple[int, EventBatch]], floor: int
+    ) -> AsyncIterator[tuple[int, EventBatch]]:
+        """The backlog, then what ``emit`` queues on the registered ``sub`` from ``floor``."""
         try:
             for item in backlog:
                 yield item
-            floor = start_seq or 0
             while True:
                 while sub.items:
                     item = sub.items.popleft()
