@@ -1,6 +1,16 @@
 """One engine's KV-event stream: numbers batches once and fans them out to ZMQ and to in-process
 subscribers (the gRPC ``SubscribeKvEvents`` stream), so every transport carries the same batches
 under the same sequence numbers.
+
+A ZMQ subscriber that joins (or rejoins after its publisher restarted) receives only what is
+published after ZMQ attached it: a restarted engine's opening ``AllBlocksCleared`` is lost to a
+subscriber that stayed connected across the restart and had not reconnected yet, and one that
+never replays keeps the old run's blocks for good. So the stream answers every join its
+publisher reports (``ZmqEventPublisher.on_join``) with its snapshot as an ordinary batch of the
+stream: ``AllBlocksCleared``, then one ``BlockStored`` per block cached now. Applying it leaves
+a consumer that was in step where it was, and puts one that missed the clear (or joined late)
+in step; a snapshot never names a block the engine does not hold (``events.snapshot``), so it
+never makes a consumer over-promise. Joins arriving together get one snapshot.
 """
 
 from __future__ import annotations
@@ -61,6 +71,11 @@ class EventStream:
         self._closed = False
         #: The blocks this stream says are cached (``events.snapshot``), for late joiners.
         self.ledger = BlockLedger()
+        #: Snapshots published because a ZMQ subscriber joined (see the module doc).
+        self.join_snapshots = 0
+        self._join_pending = False
+        if publisher is not None:
+            publisher.on_join = self._joined
 
     @property
     def next_seq(self) -> int:
@@ -118,6 +133,20 @@ class EventStream:
             snap.batch, spec=self.spec, data_parallel_rank=self.data_parallel_rank
         )
         return dataclasses.replace(snap, batch=batch)
+
+    def _joined(self) -> None:
+        """A ZMQ subscriber joined: publish the snapshot once the loop has read the joins that
+        arrived with it."""
+        if not self._join_pending:
+            self._join_pending = True
+            asyncio.get_running_loop().call_soon(self._publish_snapshot)
+
+    def _publish_snapshot(self) -> None:
+        self._join_pending = False
+        # A join read just before the publisher closed finds nothing left to publish on.
+        if not self._closed and self.publisher is not None and self.publisher.running:
+            self.join_snapshots += 1
+            self.emit(self.snapshot().batch)
 
     async def subscribe(
         self, start_seq: int | None = None

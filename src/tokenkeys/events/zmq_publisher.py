@@ -4,6 +4,13 @@ Matches vLLM 0.33 ``ZmqEventPublisher`` (`vllm/distributed/kv_events.py`):
 
 - PUB socket; one three-frame message per batch: ``[topic utf-8, seq (8 bytes big-endian),
   payload]``, ``seq`` counting up from ``first_seq`` (vLLM: 0 for each publisher process).
+  tokenkeys binds an XPUB (the same wire to a SUB) so that it learns when a subscriber joins:
+  each subscription that covers the topic (sent by a SUB when it connects and again each time
+  it reconnects, ``XPUB_VERBOSE`` so that none is folded into an earlier one) calls
+  :attr:`ZmqEventPublisher.on_join` once it is attached, so what is published from then on
+  reaches that subscriber. ZMQ's slow joiner loses whatever is published before: a restarted
+  engine's opening ``AllBlocksCleared`` to a subscriber still reconnecting. The stream answers
+  a join with its snapshot (``events.stream``).
 
 A publisher whose sequence starts at 0 again after a restart looks to its consumers like an old
 stream going back: Dynamo's indexer drops the new batches until they pass the old maximum,
@@ -30,6 +37,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -79,6 +87,7 @@ class PublisherStats:
     replay_requests: int = 0
     replayed_batches: int = 0
     bad_replay_requests: int = 0
+    joins: int = 0
 
 
 class ZmqEventPublisher:
@@ -132,9 +141,12 @@ class ZmqEventPublisher:
         self._ctx = context or zmq.Context.instance()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._next_seq = first_seq
-        self._pub: zmq.Socket | None = None
+        self._pub: zmq.asyncio.Socket | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None
+        self._join_task: asyncio.Task[None] | None = None
+        #: Called (from the event loop) when a subscriber of this topic joins or rejoins.
+        self.on_join: Callable[[], object] | None = None
         self._closed = False
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -147,10 +159,14 @@ class ZmqEventPublisher:
         self._closed = False
         endpoint, replay_endpoint = self._requested
         try:
-            pub = self._ctx.socket(zmq.PUB)
+            # Owned by an asyncio view of the context, as the ROUTER below: one socket object
+            # both publishes and reads the subscriptions (two views of one ZMQ socket can
+            # lose each other's readiness signal).
+            pub = zmq.asyncio.Context(shadow=self._ctx).socket(zmq.XPUB)
             self._pub = pub
             pub.set_hwm(self._hwm)
             pub.setsockopt(zmq.LINGER, 0)
+            pub.setsockopt(zmq.XPUB_VERBOSE, 1)
             if self._connect:
                 pub.connect(endpoint)
                 self.endpoint = endpoint
@@ -158,6 +174,9 @@ class ZmqEventPublisher:
                 pub.bind(endpoint)
                 self.endpoint = routable_endpoint(_last_endpoint(pub), self._advertise_host)
             self._pub = pub
+            self._join_task = asyncio.get_running_loop().create_task(
+                self._watch_joins(pub), name="kv-events-joins"
+            )
             if replay_endpoint is not None:
                 # Owned by an asyncio view of the same context (a wrapped sync socket would
                 # close the handle when garbage collected).
@@ -182,6 +201,11 @@ class ZmqEventPublisher:
             ) from exc
 
     @property
+    def running(self) -> bool:
+        """Whether :meth:`publish` may be called (started and not closed)."""
+        return self._pub is not None and not self._closed
+
+    @property
     def next_seq(self) -> int:
         """The sequence number the next published batch gets."""
         return self._next_seq
@@ -195,13 +219,16 @@ class ZmqEventPublisher:
             )
         seq = self._next_seq
         self._next_seq += 1
-        try:
-            self._pub.send_multipart(
-                (self._topic_bytes, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK
-            )
-        except zmq.Again:
+        # A non-blocking send on the asyncio socket is done when it returns.
+        sent = self._pub.send_multipart(
+            (self._topic_bytes, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK
+        )
+        error = sent.exception()
+        if isinstance(error, zmq.Again):
             # Only on a connect-mode PUB with no peer yet; vLLM's PUB drops in that case too.
             log.debug("KV-event batch %d dropped: no subscriber reachable", seq)
+        elif error is not None:
+            raise error
         self._buffer.append((seq, payload))
         self.stats.published += 1
         return seq
@@ -209,6 +236,25 @@ class ZmqEventPublisher:
     def buffered(self) -> list[tuple[int, bytes]]:
         """Return a copy of the replay buffer as (seq, payload), oldest first."""
         return list(self._buffer)
+
+    async def _watch_joins(self, pub: zmq.asyncio.Socket) -> None:
+        """Call :attr:`on_join` for each subscription covering the topic (see the module doc)."""
+        while True:
+            try:
+                message = await pub.recv()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as exc:
+                if self._closed:
+                    return
+                log.warning("KV-event subscription read failed: %s", exc)
+                continue
+            # b"\x01" + prefix subscribes (b"\x00" unsubscribes); a SUB filtering on a prefix
+            # of the topic receives it.
+            if message[:1] == b"\x01" and self._topic_bytes.startswith(message[1:]):
+                self.stats.joins += 1
+                if self.on_join is not None:
+                    self.on_join()
 
     async def _serve_replay(self) -> None:
         assert self._router is not None
@@ -244,11 +290,12 @@ class ZmqEventPublisher:
     async def close(self) -> None:
         """Stop serving replays and close the sockets (idempotent)."""
         self._closed = True
-        if self._replay_task is not None:
-            self._replay_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._replay_task
-            self._replay_task = None
+        for task in (self._replay_task, self._join_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._replay_task = self._join_task = None
         for sock in (self._router, self._pub):
             if sock is not None:
                 sock.close(linger=0)
