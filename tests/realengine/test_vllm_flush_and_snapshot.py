@@ -8,8 +8,9 @@ harness's shared default vLLM, whose dev routes are on (``VLLM_SERVER_DEV_MODE=1
   vLLM reports as cached (``cached_tokens``) is in it block for block, and the batches that
   follow are numbered on from it without a gap.
 - smg's ``FlushCache`` through the face reaches vLLM's ``/reset_prefix_cache``: vLLM answers the
-  prompt again with 0 cached tokens, and the open stream carries vLLM's ``AllBlocksCleared``
-  relayed by the sidecar.
+  prompts again with 0 cached tokens, and the open stream carries vLLM's ``AllBlocksCleared``
+  relayed by the sidecar (vLLM publishes it with its next scheduler step, before that step's
+  stores).
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def stored_hashes(batch: kv_pb2.KvEventBatch) -> list[int]:
     ]
 
 
+def stored_hashes_of(event: kv_pb2.KvEvent) -> list[int]:
+    if event.WhichOneof("event") != "block_stored":
+        return []
+    return [int.from_bytes(h.value, "big") for h in event.block_stored.block_hashes]
+
+
 def read_until(stream, predicate) -> list[kv_pb2.KvEventBatch]:  # noqa: ANN001
     """Batches of ``stream`` up to the first one ``predicate`` accepts."""
     seen = []
@@ -121,12 +128,20 @@ def test_include_snapshot_holds_what_vllm_caches_then_follows_and_flush_cache_cl
         face = vllm_engine_pb2_grpc.VllmEngineStub(channel)
         answer = face.FlushCache(common_pb2.FlushCacheRequest(timeout_s=30), timeout=WAIT_LIMIT)
         assert answer.success, answer.message
+        # vLLM queues its AllBlocksCleared at the reset and publishes it with its next step
+        # (scheduler.update_from_output), ahead of that step's stores: a request makes it go.
+        assert cached_tokens(sidecar, first) == 0 and cached_tokens(sidecar, second) == 0
         cleared = read_until(
             stream,
             lambda b: any(e.WhichOneof("event") == "all_blocks_cleared" for e in b.events),
         )
         stream.cancel()
-        assert cleared[-1].sequence_number == after[-1].sequence_number + len(cleared)
-        assert cached_tokens(sidecar, first) == 0 and cached_tokens(sidecar, second) == 0
+        numbers = [b.sequence_number for b in cleared]
+        assert numbers == list(range(after[-1].sequence_number + 1, numbers[-1] + 1))
+        # Nothing of the old cache is stored again before the clear.
+        events = [e for b in cleared for e in b.events]
+        kinds = [e.WhichOneof("event") for e in events]
+        before_clear = events[: kinds.index("all_blocks_cleared")]
+        assert not {h for e in before_clear for h in stored_hashes_of(e)} & set(want)
     finally:
         channel.close()
