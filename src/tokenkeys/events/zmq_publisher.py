@@ -87,6 +87,8 @@ class PublisherStats:
     replay_requests: int = 0
     replayed_batches: int = 0
     bad_replay_requests: int = 0
+    #: Subscriptions received (any topic), and those covering this publisher's topic.
+    subscriptions: int = 0
     joins: int = 0
 
 
@@ -251,7 +253,10 @@ class ZmqEventPublisher:
                 continue
             # b"\x01" + prefix subscribes (b"\x00" unsubscribes); a SUB filtering on a prefix
             # of the topic receives it.
-            if message[:1] == b"\x01" and self._topic_bytes.startswith(message[1:]):
+            if message[:1] != b"\x01":
+                continue
+            self.stats.subscriptions += 1
+            if self._topic_bytes.startswith(message[1:]):
                 self.stats.joins += 1
                 if self.on_join is not None:
                     self.on_join()
