@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: Sequence frame of the replay end marker: vLLM's ``(-1).to_bytes(8, "big", signed=True)``.
 END_SEQ = b"\xff" * 8
+#: Seconds between reads of the subscriptions the XPUB queued (how soon a join is answered).
+JOIN_POLL_S = 0.05
 #: Sequence numbers stay below this (consumers read them as signed 64-bit, vLLM's end marker
 #: is -1).
 MAX_SEQ = 2**63 - 1
@@ -143,7 +145,7 @@ class ZmqEventPublisher:
         self._ctx = context or zmq.Context.instance()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._next_seq = first_seq
-        self._pub: zmq.asyncio.Socket | None = None
+        self._pub: zmq.Socket | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None
         self._join_task: asyncio.Task[None] | None = None
@@ -161,10 +163,9 @@ class ZmqEventPublisher:
         self._closed = False
         endpoint, replay_endpoint = self._requested
         try:
-            # Owned by an asyncio view of the context, as the ROUTER below: one socket object
-            # both publishes and reads the subscriptions (two views of one ZMQ socket can
-            # lose each other's readiness signal).
-            pub = zmq.asyncio.Context(shadow=self._ctx).socket(zmq.XPUB)
+            # A plain socket: publish() stays one non-blocking call; the subscriptions it
+            # queues are read by a task polling every JOIN_POLL_S (one socket, one reader).
+            pub = self._ctx.socket(zmq.XPUB)
             self._pub = pub
             pub.set_hwm(self._hwm)
             pub.setsockopt(zmq.LINGER, 0)
@@ -221,16 +222,13 @@ class ZmqEventPublisher:
             )
         seq = self._next_seq
         self._next_seq += 1
-        # A non-blocking send on the asyncio socket is done when it returns.
-        sent = self._pub.send_multipart(
-            (self._topic_bytes, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK
-        )
-        error = sent.exception()
-        if isinstance(error, zmq.Again):
+        try:
+            self._pub.send_multipart(
+                (self._topic_bytes, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK
+            )
+        except zmq.Again:
             # Only on a connect-mode PUB with no peer yet; vLLM's PUB drops in that case too.
             log.debug("KV-event batch %d dropped: no subscriber reachable", seq)
-        elif error is not None:
-            raise error
         self._buffer.append((seq, payload))
         self.stats.published += 1
         return seq
@@ -239,27 +237,30 @@ class ZmqEventPublisher:
         """Return a copy of the replay buffer as (seq, payload), oldest first."""
         return list(self._buffer)
 
-    async def _watch_joins(self, pub: zmq.asyncio.Socket) -> None:
-        """Call :attr:`on_join` for each subscription covering the topic (see the module doc)."""
+    async def _watch_joins(self, pub: zmq.Socket) -> None:
+        """Call :attr:`on_join` for each subscription covering the topic (see the module doc),
+        reading what the XPUB queued every :data:`JOIN_POLL_S` seconds."""
         while True:
-            try:
-                message = await pub.recv()
-            except asyncio.CancelledError:
-                raise
-            except zmq.ZMQError as exc:
-                if self._closed:
-                    return
-                log.warning("KV-event subscription read failed: %s", exc)
-                continue
-            # b"\x01" + prefix subscribes (b"\x00" unsubscribes); a SUB filtering on a prefix
-            # of the topic receives it.
-            if message[:1] != b"\x01":
-                continue
-            self.stats.subscriptions += 1
-            if self._topic_bytes.startswith(message[1:]):
-                self.stats.joins += 1
-                if self.on_join is not None:
-                    self.on_join()
+            await asyncio.sleep(JOIN_POLL_S)
+            while True:
+                try:
+                    message = pub.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError as exc:
+                    if self._closed:
+                        return
+                    log.warning("KV-event subscription read failed: %s", exc)
+                    break
+                # b"\x01" + prefix subscribes (b"\x00" unsubscribes); a SUB filtering on a
+                # prefix of the topic receives it.
+                if message[:1] != b"\x01":
+                    continue
+                self.stats.subscriptions += 1
+                if self._topic_bytes.startswith(message[1:]):
+                    self.stats.joins += 1
+                    if self.on_join is not None:
+                        self.on_join()
 
     async def _serve_replay(self) -> None:
         assert self._router is not None

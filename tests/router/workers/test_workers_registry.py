@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -69,13 +68,6 @@ async def test_a_dead_worker_is_removed_and_rejoins_with_a_cleared_cache(setting
         await cluster.close()
 
 
-def _sent() -> asyncio.Future:
-    """What the publisher's asyncio socket answers a non-blocking send with: a done future."""
-    done = asyncio.get_running_loop().create_future()
-    done.set_result(None)
-    return done
-
-
 @pytest.mark.parametrize("transport", ["zmq", "grpc"])
 async def test_dropped_events_are_replayed_and_the_index_matches_the_engine(settings, transport):
     cluster = await start_cluster(2, settings=settings, transport=transport)
@@ -94,7 +86,6 @@ async def test_dropped_events_are_replayed_and_the_index_matches_the_engine(sett
             class Lossy:
                 def send_multipart(self, frames, flags=0):  # noqa: ANN001, ANN202
                     sent.append(frames)  # dropped
-                    return _sent()
 
                 def __getattr__(self, name):  # noqa: ANN001, ANN204
                     return getattr(real, name)
@@ -111,6 +102,8 @@ async def test_dropped_events_are_replayed_and_the_index_matches_the_engine(sett
             publisher._pub = real
             assert len(sent) == 2
         else:
+            import asyncio
+
             ws.consumers[stack.models.get(None).name] = asyncio.ensure_future(follower.run())
         await stack.generate(token_ids={"ids": prompts[2]}, stopping={"max_tokens": 1})
         await cluster.settle()
@@ -141,7 +134,7 @@ async def test_events_lost_for_good_clear_the_worker_and_never_over_report(setti
 
         class Dropping:
             def send_multipart(self, frames, flags=0):  # noqa: ANN001, ANN202
-                return _sent()
+                pass
 
             def __getattr__(self, name):  # noqa: ANN001, ANN204
                 return getattr(real, name)
