@@ -571,3 +571,26 @@ def test_restart_safe_first_seq_is_the_clock_in_microseconds_and_bounded():
     assert restart_safe_first_seq() < MAX_SEQ
     with pytest.raises(ConfigError, match="first_seq"):
         ZmqEventPublisher(first_seq=-1)
+
+
+async def test_a_subscription_covering_the_topic_is_a_join_and_others_are_not():
+    """The XPUB reports each SUB attached with a subscription that covers the topic (the whole
+    topic, a prefix of it, or everything), also a second one of the same prefix
+    (XPUB_VERBOSE); a subscription of another topic is no join."""
+    async with ZmqEventPublisher(topic=TOPIC) as pub:
+        joined = []
+        pub.on_join = lambda: joined.append(pub.stats.subscriptions)
+        subs = [
+            await _raw_sub(pub.endpoint, topic)
+            for topic in ("other-topic", TOPIC, "kv@", "", "kv@")
+        ]
+        try:
+            for _ in range(400):
+                if pub.stats.subscriptions == len(subs):
+                    break
+                await asyncio.sleep(0.01)
+            assert pub.stats.subscriptions == 5
+            assert pub.stats.joins == len(joined) == 4
+        finally:
+            for sub in subs:
+                sub.close(linger=0)

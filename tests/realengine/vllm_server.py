@@ -57,7 +57,9 @@ class ServerConfig:
     each digest, or the full digest when False). ``hybrid`` serves the tiny hybrid Gemma 3 of
     that layout (``build_tiny_model.HYBRIDS``, e.g. ``"64-sfsf"``) instead of the Llama;
     ``num_blocks`` caps the KV cache (``--num-gpu-blocks-override``), so a test can make vLLM
-    evict; ``prompt_embeds`` starts vLLM with ``--enable-prompt-embeds``. ``replica`` tells
+    evict; ``prompt_embeds`` starts vLLM with ``--enable-prompt-embeds``; ``dev_mode`` sets
+    ``VLLM_SERVER_DEV_MODE=1``, under which vLLM 0.32 serves its dev routes, among them
+    ``POST /reset_prefix_cache`` (smg's FlushCache behind the sidecar). ``replica`` tells
     apart servers of the same options that a test needs at once (two workers to route over).
     """
 
@@ -68,6 +70,7 @@ class ServerConfig:
     hybrid: str | None = None
     num_blocks: int | None = None
     prompt_embeds: bool = False
+    dev_mode: bool = False
     replica: int = 0
 
     def second(self) -> ServerConfig:
@@ -83,14 +86,17 @@ class ServerConfig:
             label += f"-hybrid{self.hybrid}"
         if self.prompt_embeds:
             label += "-embeds"
+        if self.dev_mode:
+            label += "-dev"
         if self.num_blocks:
             label += f"-{self.num_blocks}blocks"
         return label + (f"-replica{self.replica}" if self.replica else "")
 
 
 #: vLLM's defaults (sha256_cbor, default root, 64-bit event hashes) with the LoRA adapter: the
-#: server the parity modules share.
-DEFAULT_CONFIG = ServerConfig(lora=True)
+#: server the parity modules share. Its dev routes are on (nothing the other modules observe
+#: changes; ``/reset_prefix_cache`` is there for FlushCache).
+DEFAULT_CONFIG = ServerConfig(lora=True, dev_mode=True)
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,8 @@ class VllmServer:
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
         )
+        if self.config.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.config.hash_seed is not None:
             env["PYTHONHASHSEED"] = self.config.hash_seed
         with open(self.log_path, "wb") as log:

@@ -215,7 +215,6 @@ async def test_stopping_server_ends_subscriptions_with_a_terminal_draining_messa
 @pytest.mark.parametrize(
     "request_fields,code,needle",
     [
-        ({"include_snapshot": True}, grpc.StatusCode.UNIMPLEMENTED, "include_snapshot"),
         ({"data_parallel_ranks": [1]}, grpc.StatusCode.INVALID_ARGUMENT, "rank 0"),
         ({"model": "nope"}, grpc.StatusCode.NOT_FOUND, "smollm2"),
     ],

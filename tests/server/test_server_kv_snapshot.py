@@ -2,10 +2,13 @@
 
 A real gRPC server and HTTP frontend on loopback over the simulated engine: the snapshot holds
 exactly the blocks the engine's cache holds, valid at the stream's next sequence number, and a
-subscription from there carries only what came after.
+subscription from there carries only what came after. ``SubscribeKvEvents`` with
+``include_snapshot`` opens with the same snapshot and follows from its next number.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import grpc
 import httpx
@@ -13,7 +16,7 @@ import pytest
 from engine_stack import GrpcEvents, default_models
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
-from tokenkeys._gen.openengine.v1 import kv_snapshot_pb2, kv_snapshot_pb2_grpc
+from tokenkeys._gen.openengine.v1 import kv_pb2, kv_snapshot_pb2, kv_snapshot_pb2_grpc
 from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.events.model import AllBlocksCleared
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec
@@ -107,3 +110,75 @@ class _Stack:
         from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
 
         self.control = openengine_pb2_grpc.ControlStub(channel)
+
+
+def _held(serving) -> set[int]:
+    """The event keys of the blocks the simulated engine's cache holds now."""
+    cache = serving.runtime.parts(serving.models.names[0]).engine.engine.cache
+    return {b.key.event_key for b in cache._blocks if b.key is not None}  # noqa: SLF001
+
+
+def _apply(index: set[int], batch) -> None:
+    """A consumer's index: what the events say is cached."""
+    for event in batch.events:
+        kind = event.WhichOneof("event")
+        if kind == "all_blocks_cleared":
+            index.clear()
+        elif kind == "block_stored":
+            index.update(int.from_bytes(h.value, "big") for h in event.block_stored.block_hashes)
+        elif kind == "block_removed":
+            index.difference_update(
+                int.from_bytes(h.value, "big") for h in event.block_removed.block_hashes
+            )
+
+
+async def test_include_snapshot_opens_with_the_cache_then_follows_without_gap(server):
+    """SubscribeKvEvents(include_snapshot): the snapshot numbered next - 1, then every batch
+    from next on; a consumer applying them holds exactly the engine's cache, also while
+    generation runs between the subscription and its reads (evictions included)."""
+    serving, channel = server
+    for seed in range(3):
+        await generate(channel, prompt(seed, 5))
+    stream = serving.runtime.parts(serving.models.names[0]).stream
+    control = _Stack(channel).control
+    call = control.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(include_snapshot=True))
+    reader = call.__aiter__()
+    first = await asyncio.wait_for(reader.__anext__(), 5)
+    snapshot_seq = first.batch.sequence_number
+    assert snapshot_seq == stream.next_seq - 1
+    assert first.batch.events[0].WhichOneof("event") == "all_blocks_cleared"
+    index: set[int] = set()
+    _apply(index, first.batch)
+    assert index == _held(serving) and len(index) == len(first.batch.events) - 1 > 0
+    # More traffic than the cache holds (16 blocks): stores and evictions follow the snapshot.
+    for seed in range(10, 14):
+        await generate(channel, prompt(seed, 5))
+    seqs = []
+    while len(seqs) < stream.next_seq - snapshot_seq - 1:
+        message = await asyncio.wait_for(reader.__anext__(), 5)
+        seqs.append(message.batch.sequence_number)
+        _apply(index, message.batch)
+    call.cancel()
+    assert seqs == list(range(snapshot_seq + 1, stream.next_seq))  # contiguous, nothing twice
+    assert index == _held(serving)
+
+
+async def test_include_snapshot_refusals(server):
+    """With start_sequence_number (they decide the same thing): INVALID_ARGUMENT; a snapshot
+    that may lack blocks (a relay that joined its publisher late): FAILED_PRECONDITION naming
+    why."""
+    serving, channel = server
+    control = _Stack(channel).control
+    both = kv_pb2.SubscribeKvEventsRequest(include_snapshot=True, start_sequence_number=3)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await control.SubscribeKvEvents(both).read()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "start_sequence_number" in info.value.details()
+    # The ledger of a relay that joined late says so (engine.vllm.snapshot_scope does this).
+    ledger = serving.runtime.parts(serving.models.names[0]).stream.ledger
+    ledger.joined(False, "batches 0-9 were published before this relay started")
+    call = control.SubscribeKvEvents(kv_pb2.SubscribeKvEventsRequest(include_snapshot=True))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "batches 0-9" in info.value.details() and "GetKvSnapshot" in info.value.details()

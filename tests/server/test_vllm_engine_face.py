@@ -25,6 +25,7 @@ from engine_stack import start_stack
 from tokenkeys.engine.config import EngineConfig, SimulatedConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.errors import ConfigError
+from tokenkeys.keys import block_keys
 from tokenkeys.limits import Limits
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.tokenizer import TokenizerOptions
@@ -299,14 +300,62 @@ async def test_a_sequence_number_no_longer_kept_is_out_of_range_and_zero_replays
         await s.stop()
 
 
-async def test_embed_and_flush_cache_are_unimplemented_with_a_reason(stack):
-    for call, request in (
-        (stub(stack).Embed, pb.EmbedRequest()),
-        (stub(stack).FlushCache, common_pb2.FlushCacheRequest()),
-    ):
+async def test_embed_is_unimplemented_with_a_reason(stack):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub(stack).Embed(pb.EmbedRequest())
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED and info.value.details()
+
+
+async def test_flush_cache_empties_the_prefix_cache_and_subscribers_see_the_clear(stack):
+    """As smg-grpc-servicer 0.14.1's vLLM FlushCache: the local prefix cache is reset, the
+    next request hits nothing, and the KV-event stream carries AllBlocksCleared."""
+    ids = ids_of(stack)
+    await generate(stack, ids, stream=False, max_tokens=1)
+    assert (await generate(stack, ids, stream=False, max_tokens=1))[-1].complete.cached_tokens
+    start = stack.local().stream.next_seq
+    call = stub(stack).SubscribeKvEvents(
+        common_pb2.SubscribeKvEventsRequest(start_sequence_number=start)
+    )
+    answer = await stub(stack).FlushCache(common_pb2.FlushCacheRequest())
+    assert answer.success and "flushed" in answer.message
+    (cleared,) = await _batches(call, 1)
+    call.cancel()
+    assert cleared.sequence_number == start and cleared.events[0].HasField("cleared")
+    keys = block_keys(ids, stack.local().spec)
+    assert not stack.local().engine.cache.match_prefix(keys)
+    assert (await generate(stack, ids, stream=False, max_tokens=1))[-1].complete.cached_tokens == 0
+
+
+async def test_flush_cache_while_a_request_holds_blocks_is_refused_then_waits_for_it():
+    slow = EngineConfig(
+        engine=SimulatedConfig(latency=LatencyModel(decode_s_per_token=0.05, sleep=True))
+    )
+    s = await start_stack(slow, vllm_engine_face=True)
+    try:
+        request = pb.GenerateRequest(
+            request_id="holding",
+            tokenized=pb.TokenizedInput(input_ids=ids_of(s)),
+            sampling_params=pb.SamplingParams(max_tokens=20, ignore_eos=True),
+            stream=True,
+        )
+        call = stub(s).Generate(request)
+        assert (await call.read()).WhichOneof("response") == "chunk"  # running, holding blocks
+        # timeout_s 0: one attempt, refused while the request runs (vLLM's reset refuses too).
+        refused = await stub(s).FlushCache(common_pb2.FlushCacheRequest(timeout_s=0))
+        assert not refused.success and "in flight" in refused.message
+        # A timeout long enough for the request to end: retried until the reset is done.
+        done = await stub(s).FlushCache(common_pb2.FlushCacheRequest(timeout_s=60))
+        assert done.success
+        rest = []
+        while (message := await call.read()) is not grpc.aio.EOF:
+            rest.append(message)
+        assert rest[-1].complete.finish_reason == "length"  # the request ran to its end
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await call(request)
-        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED and info.value.details()
+            await stub(s).FlushCache(common_pb2.FlushCacheRequest(timeout_s=-1))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "timeout_s" in info.value.details()
+    finally:
+        await s.stop()
 
 
 async def test_a_server_of_several_models_refuses_the_face():

@@ -144,3 +144,18 @@ class Engine(Protocol):
     async def close(self) -> None:
         """Release what the engine owns (idempotent); generation is refused afterwards."""
         ...
+
+
+@runtime_checkable
+class PrefixCacheReset(Protocol):
+    """An engine whose prefix cache can be emptied on request (smg's ``FlushCache``).
+
+    Not every kind can: a forwarded engine or a router's pool has no such call, so this is a
+    capability of its own beside :class:`Engine` rather than a method every kind must fake.
+    """
+
+    async def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; True when done, False when the engine refuses now
+        (blocks still held by running requests, as vLLM refuses). Consumers of the engine's
+        KV events see ``AllBlocksCleared`` after a reset that was done."""
+        ...

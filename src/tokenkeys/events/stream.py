@@ -1,6 +1,16 @@
 """One engine's KV-event stream: numbers batches once and fans them out to ZMQ and to in-process
 subscribers (the gRPC ``SubscribeKvEvents`` stream), so every transport carries the same batches
 under the same sequence numbers.
+
+A ZMQ subscriber that joins (or rejoins after its publisher restarted) receives only what is
+published after ZMQ attached it: a restarted engine's opening ``AllBlocksCleared`` is lost to a
+subscriber that stayed connected across the restart and had not reconnected yet, and one that
+never replays keeps the old run's blocks for good. So the stream answers every join its
+publisher reports (``ZmqEventPublisher.on_join``) with its snapshot as an ordinary batch of the
+stream: ``AllBlocksCleared``, then one ``BlockStored`` per block cached now. Applying it leaves
+a consumer that was in step where it was, and puts one that missed the clear (or joined late)
+in step; a snapshot never names a block the engine does not hold (``events.snapshot``), so it
+never makes a consumer over-promise. Joins arriving together get one snapshot.
 """
 
 from __future__ import annotations
@@ -10,7 +20,7 @@ import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator
 
-from tokenkeys.errors import ConfigError, LimitExceeded
+from tokenkeys.errors import ConfigError, FailedPrecondition, LimitExceeded
 from tokenkeys.events.model import EventBatch, EventSourceInfo, SpecRef
 from tokenkeys.events.snapshot import BlockLedger, Snapshot
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
@@ -61,6 +71,11 @@ class EventStream:
         self._closed = False
         #: The blocks this stream says are cached (``events.snapshot``), for late joiners.
         self.ledger = BlockLedger()
+        #: Snapshots published because a ZMQ subscriber joined (see the module doc).
+        self.join_snapshots = 0
+        self._join_pending = False
+        if publisher is not None:
+            publisher.on_join = self._joined
 
     @property
     def next_seq(self) -> int:
@@ -119,6 +134,20 @@ class EventStream:
         )
         return dataclasses.replace(snap, batch=batch)
 
+    def _joined(self) -> None:
+        """A ZMQ subscriber joined: publish the snapshot once the loop has read the joins that
+        arrived with it."""
+        if not self._join_pending:
+            self._join_pending = True
+            asyncio.get_running_loop().call_soon(self._publish_snapshot)
+
+    def _publish_snapshot(self) -> None:
+        self._join_pending = False
+        # A join read just before the publisher closed finds nothing left to publish on.
+        if not self._closed and self.publisher is not None and self.publisher.running:
+            self.join_snapshots += 1
+            self.emit(self.snapshot().batch)
+
     async def subscribe(
         self, start_seq: int | None = None
     ) -> AsyncIterator[tuple[int, EventBatch]]:
@@ -133,10 +162,53 @@ class EventStream:
         sub = _Subscription(self._backlog)
         backlog = [] if start_seq is None else [i for i in self._buffer if i[0] >= start_seq]
         self._subs.add(sub)
+        async for item in self._follow(sub, backlog, start_seq or 0):
+            yield item
+
+    async def subscribe_from_snapshot(
+        self, *, require_complete: bool = True
+    ) -> AsyncIterator[tuple[int, EventBatch]]:
+        """Yield the :meth:`snapshot` as one batch, then every batch from its ``next_seq`` on.
+
+        The snapshot is numbered ``next_seq - 1``: it holds the effect of every batch up to
+        that one and of none after, so the numbers a consumer sees stay contiguous and a gap
+        still means a loss. It is taken and the subscription registered in one step of the
+        event loop, so no batch falls between them. ``require_complete``: a snapshot that
+        may lack blocks (a relay that joined its publisher late, ``events.snapshot``) raises
+        :class:`~tokenkeys.errors.FailedPrecondition` naming why, instead of passing for the
+        whole cache.
+        """
+        snap = self.snapshot()
+        if require_complete and not snap.complete:
+            raise FailedPrecondition(
+                f"the KV-event snapshot is not complete: {snap.reason}; subscribe without "
+                "the snapshot, or ask GetKvSnapshot (it says what the snapshot lacks)",
+                field="include_snapshot",
+            )
+        if snap.next_seq == 0:
+            raise FailedPrecondition(
+                "the KV-event stream has published nothing yet, so a snapshot has no number; "
+                "subscribe from sequence 0 instead",
+                field="include_snapshot",
+            )
+        sub = _Subscription(self._backlog)
+        self._subs.add(sub)
+        follow = self._follow(sub, [], snap.next_seq)
+        try:
+            yield snap.next_seq - 1, snap.batch
+        except BaseException:
+            self._subs.discard(sub)  # the follower never started, its finally never runs
+            raise
+        async for item in follow:
+            yield item
+
+    async def _follow(
+        self, sub: _Subscription, backlog: list[tuple[int, EventBatch]], floor: int
+    ) -> AsyncIterator[tuple[int, EventBatch]]:
+        """The backlog, then what ``emit`` queues on the registered ``sub`` from ``floor``."""
         try:
             for item in backlog:
                 yield item
-            floor = start_seq or 0
             while True:
                 while sub.items:
                     item = sub.items.popleft()

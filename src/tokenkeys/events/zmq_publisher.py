@@ -4,6 +4,13 @@ Matches vLLM 0.33 ``ZmqEventPublisher`` (`vllm/distributed/kv_events.py`):
 
 - PUB socket; one three-frame message per batch: ``[topic utf-8, seq (8 bytes big-endian),
   payload]``, ``seq`` counting up from ``first_seq`` (vLLM: 0 for each publisher process).
+  tokenkeys binds an XPUB (the same wire to a SUB) so that it learns when a subscriber joins:
+  each subscription that covers the topic (sent by a SUB when it connects and again each time
+  it reconnects, ``XPUB_VERBOSE`` so that none is folded into an earlier one) calls
+  :attr:`ZmqEventPublisher.on_join` once it is attached, so what is published from then on
+  reaches that subscriber. ZMQ's slow joiner loses whatever is published before: a restarted
+  engine's opening ``AllBlocksCleared`` to a subscriber still reconnecting. The stream answers
+  a join with its snapshot (``events.stream``).
 
 A publisher whose sequence starts at 0 again after a restart looks to its consumers like an old
 stream going back: Dynamo's indexer drops the new batches until they pass the old maximum,
@@ -30,6 +37,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -42,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: Sequence frame of the replay end marker: vLLM's ``(-1).to_bytes(8, "big", signed=True)``.
 END_SEQ = b"\xff" * 8
+#: Seconds between reads of the subscriptions the XPUB queued (how soon a join is answered).
+JOIN_POLL_S = 0.05
 #: Sequence numbers stay below this (consumers read them as signed 64-bit, vLLM's end marker
 #: is -1).
 MAX_SEQ = 2**63 - 1
@@ -67,6 +77,9 @@ class PublisherStats:
     replay_requests: int = 0
     replayed_batches: int = 0
     bad_replay_requests: int = 0
+    #: Subscriptions received (any topic), and those covering this publisher's topic.
+    subscriptions: int = 0
+    joins: int = 0
 
 
 class ZmqEventPublisher:
@@ -123,6 +136,9 @@ class ZmqEventPublisher:
         self._pub: zmq.Socket | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None
+        self._join_task: asyncio.Task[None] | None = None
+        #: Called (from the event loop) when a subscriber of this topic joins or rejoins.
+        self.on_join: Callable[[], object] | None = None
         self._closed = False
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -135,10 +151,13 @@ class ZmqEventPublisher:
         self._closed = False
         endpoint, replay_endpoint = self._requested
         try:
-            pub = self._ctx.socket(zmq.PUB)
+            # A plain socket: publish() stays one non-blocking call; the subscriptions it
+            # queues are read by a task polling every JOIN_POLL_S (one socket, one reader).
+            pub = self._ctx.socket(zmq.XPUB)
             self._pub = pub
             pub.set_hwm(self._hwm)
             pub.setsockopt(zmq.LINGER, 0)
+            pub.setsockopt(zmq.XPUB_VERBOSE, 1)
             if self._connect:
                 pub.connect(endpoint)
                 self.endpoint = endpoint
@@ -146,6 +165,9 @@ class ZmqEventPublisher:
                 pub.bind(endpoint)
                 self.endpoint = routable_endpoint(_last_endpoint(pub), self._advertise_host)
             self._pub = pub
+            self._join_task = asyncio.get_running_loop().create_task(
+                self._watch_joins(pub), name="kv-events-joins"
+            )
             if replay_endpoint is not None:
                 # Owned by an asyncio view of the same context (a wrapped sync socket would
                 # close the handle when garbage collected).
@@ -168,6 +190,11 @@ class ZmqEventPublisher:
                 "choose a free port (tcp://HOST:0 picks one)",
                 field="endpoint",
             ) from exc
+
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`publish` may be called (started and not closed)."""
+        return self._pub is not None and not self._closed
 
     @property
     def next_seq(self) -> int:
@@ -197,6 +224,31 @@ class ZmqEventPublisher:
     def buffered(self) -> list[tuple[int, bytes]]:
         """Return a copy of the replay buffer as (seq, payload), oldest first."""
         return list(self._buffer)
+
+    async def _watch_joins(self, pub: zmq.Socket) -> None:
+        """Call :attr:`on_join` for each subscription covering the topic (see the module doc),
+        reading what the XPUB queued every :data:`JOIN_POLL_S` seconds."""
+        while True:
+            await asyncio.sleep(JOIN_POLL_S)
+            while True:
+                try:
+                    message = pub.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError as exc:
+                    if self._closed:
+                        return
+                    log.warning("KV-event subscription read failed: %s", exc)
+                    break
+                # b"\x01" + prefix subscribes (b"\x00" unsubscribes); a SUB filtering on a
+                # prefix of the topic receives it.
+                if message[:1] != b"\x01":
+                    continue
+                self.stats.subscriptions += 1
+                if self._topic_bytes.startswith(message[1:]):
+                    self.stats.joins += 1
+                    if self.on_join is not None:
+                        self.on_join()
 
     async def _serve_replay(self) -> None:
         assert self._router is not None
@@ -232,11 +284,12 @@ class ZmqEventPublisher:
     async def close(self) -> None:
         """Stop serving replays and close the sockets (idempotent)."""
         self._closed = True
-        if self._replay_task is not None:
-            self._replay_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._replay_task
-            self._replay_task = None
+        for task in (self._replay_task, self._join_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._replay_task = self._join_task = None
         for sock in (self._router, self._pub):
             if sock is not None:
                 sock.close(linger=0)

@@ -144,6 +144,11 @@ class LocalEngine:
         """The simulated engine's requests and KV blocks."""
         return await self.engine.load()
 
+    async def reset_prefix_cache(self) -> bool:
+        """Empty the simulated cache (False while requests hold blocks); emits
+        ``AllBlocksCleared`` on the event stream, as vLLM does."""
+        return self.engine.reset_prefix_cache()
+
     async def close(self) -> None:
         """End the KV-event subscriptions (terminal message); the publisher is the runtime's."""
         self.stream.close()

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable
+from tokenkeys.errors import InvalidArgument, NotFound, TokenkeysError, Unavailable, Unsupported
 
 #: Seconds to connect and to wait between two streamed chunks (a CPU engine can be slow).
 CONNECT_TIMEOUT = 5.0
@@ -131,6 +131,25 @@ class VllmHttpClient:
         """vLLM's ``/tokenize`` of ``text`` (special tokens added, as its default)."""
         body = {"model": model, "prompt": text}
         return list((await self._request("POST", "/tokenize", json=body)).json()["tokens"])
+
+    async def reset_prefix_cache(self) -> bool:
+        """``POST /reset_prefix_cache`` (vLLM's local prefix cache, not a connector's): vLLM's
+        ``success``, False while requests hold blocks. vLLM 0.32 serves the route only when
+        started with ``VLLM_SERVER_DEV_MODE=1`` (``vllm/entrypoints/serve/dev/cache``); without
+        it the 404 is Unsupported, naming the variable."""
+        try:
+            response = await self._http.post("/reset_prefix_cache")
+        except httpx.HTTPError as exc:
+            raise self.down(exc) from None
+        if response.status_code == 404:
+            raise Unsupported(
+                f"vLLM at {self.base_url} has no /reset_prefix_cache: vLLM serves it only when "
+                "started with VLLM_SERVER_DEV_MODE=1; restart vLLM with it to flush its cache",
+                field="FlushCache",
+            )
+        if response.status_code != 200:
+            raise self._refusal(response.status_code, response.text)
+        return bool(response.json().get("success"))
 
     async def health(self) -> str | None:
         """None when ``/health`` answers 200 now, else what it answered (or why it did not)."""

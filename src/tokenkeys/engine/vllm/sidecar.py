@@ -217,6 +217,11 @@ class VllmSidecarEngine:
             int(metrics.running), int(metrics.waiting), round(metrics.kv_usage * total), total
         )
 
+    async def reset_prefix_cache(self) -> bool:
+        """vLLM's ``/reset_prefix_cache`` (see ``VllmHttpClient.reset_prefix_cache``). vLLM
+        publishes ``AllBlocksCleared`` for a reset that was done; the relay passes it on."""
+        return await self.client.reset_prefix_cache()
+
     async def close(self) -> None:
         """Stop the relay, its subscriber and the HTTP client (idempotent)."""
         if self._closed:

@@ -69,7 +69,11 @@ class IngestMetrics:
       ``publisher_restart``, ``events_lost``, ``undecodable``, ``index_write_failed`` (a
       write failed, e.g. Redis full: see ``backoff``), ``index_recovered``; and from
       the worker registry ``worker_joined``, ``worker_down``, ``worker_restarted``,
-      ``worker_refused``.
+      ``worker_refused``;
+    - ``tokenkeys_router_worker_resyncs_total{reason, source}``: workers resynchronised on
+      request (``workers.following.EventFollowing.resync``): cleared (counted above under
+      ``resync``), then rebuilt from the engine's ``snapshot``, or from its ``replay`` buffer
+      when the engine offers no snapshot.
 
     ``registry`` defaults to a private one (see :attr:`registry`). Increment per batch through
     the ``*_counts`` children (``batch_counts[worker, "applied"]``) rather than ``labels()``;
@@ -100,6 +104,12 @@ class IngestMetrics:
             "tokenkeys_router_worker_clears",
             "Workers cleared from the prefix index, by reason.",
             ("worker", "reason"),
+            registry=self.registry,
+        )
+        self.resyncs = Counter(
+            "tokenkeys_router_worker_resyncs",
+            "Workers resynchronised on request, by reason and by what rebuilt them.",
+            ("worker", "reason", "source"),
             registry=self.registry,
         )
         #: The counters' children by ``(worker, label)``, for the increments made per batch.

@@ -12,6 +12,13 @@ the engine still buffers). ZMQ (vLLM's wire): a
 release the worker named. gRPC: a
 :class:`~tokenkeys.router.ingest.consumer_grpc.GrpcEventConsumer`. Either way the consumer is
 recorded in ``ws.followers`` (its ``last_seq``, ``resyncing``) while it runs.
+
+:meth:`EventFollowing.resync` rebuilds one worker on request (a caller that found its index
+stale: short answers against the promise, a gap replay cannot fill): the worker is cleared at
+once (scored with no cached blocks until rebuilt: an index that under-reports costs hits, one
+that over-reports misroutes), its consumer is stopped and started again, so the snapshot is
+loaded and the stream followed from where it is valid, exactly as when it joined. Counted in
+``tokenkeys_router_worker_resyncs_total{reason, source}``.
 """
 
 from __future__ import annotations
@@ -51,11 +58,24 @@ class EventFollowing:
         self.write_backoff = write_backoff if write_backoff is not None else BackoffSettings()
         self.foreign_interval = foreign_interval
         self.on_foreign = on_foreign
+        # What each running consumer follows, by (address, model), to start it again.
+        self._followed: dict[tuple[str, str], tuple[EventSource, EventIngestor]] = {}
 
     def start(
         self, ws: WorkerState, model: str, source: EventSource, ingestor: EventIngestor
     ) -> None:
         """Follow ``model``'s events of ``ws`` from ``source`` until stopped."""
+        self._start(ws, model, source, ingestor, None)
+
+    def _start(
+        self,
+        ws: WorkerState,
+        model: str,
+        source: EventSource,
+        ingestor: EventIngestor,
+        resync: str | None,
+    ) -> None:
+        self._followed[ws.address, model] = (source, ingestor)
         ws.consumers[model] = asyncio.ensure_future(
             follow_events(
                 ws,
@@ -66,13 +86,27 @@ class EventFollowing:
                 foreign_interval=self.foreign_interval,
                 on_foreign=lambda: self.on_foreign(ws, model),
                 backoff=self.write_backoff.new(),
+                resync=resync,
             )
         )
+
+    async def resync(self, ws: WorkerState, model: str, reason: str) -> bool:
+        """Rebuild ``model``'s entries of ``ws`` from its snapshot (see the module doc); False
+        when that model of the worker is not followed."""
+        followed = self._followed.get((ws.address, model))
+        if followed is None or model not in ws.consumers:
+            return False
+        source, ingestor = followed
+        await self.stop(ws, model)
+        await ingestor.reset(index_worker_id(ws.address, model), "resync")
+        self._start(ws, model, source, ingestor, reason)
+        return True
 
     async def stop(self, ws: WorkerState, model: str) -> None:
         """Stop following ``model`` of ``ws`` and wait until its consumer ended."""
         task = ws.consumers.pop(model, None)
         ws.followers.pop(model, None)
+        self._followed.pop((ws.address, model), None)
         await cancel(task)
 
     async def stop_all(self, ws: WorkerState) -> None:
@@ -84,6 +118,8 @@ class EventFollowing:
             await cancel(task)
         ws.consumers.clear()
         ws.followers.clear()
+        for key in [k for k in self._followed if k[0] == ws.address]:
+            del self._followed[key]
 
     @staticmethod
     def rebuild(workers: dict[str, WorkerState]) -> None:
@@ -107,11 +143,16 @@ async def follow_events(
     foreign_interval: float,
     on_foreign: Callable[[], object],
     backoff: WriteBackoff,
+    resync: str | None = None,
 ) -> None:
-    """Apply ``model``'s events of ``ws`` from ``source`` until cancelled."""
+    """Apply ``model``'s events of ``ws`` from ``source`` until cancelled (``resync``: the
+    reason this is a rebuild on request, counted once the snapshot is loaded or not)."""
     worker = index_worker_id(ws.address, model)
     assert source.spec is not None
     start = await load_snapshot(ws.channel, model, worker, ingestor, source.spec.spec)
+    if resync is not None:
+        origin = "replay" if start is None else "snapshot"
+        ingestor.metrics.resyncs.labels(worker, resync, origin).inc()
     if source.transport == "zmq":
         subscriber = ZmqEventSubscriber(
             source.endpoint,

@@ -150,6 +150,12 @@ class WorkerRegistry:
         self.metrics.worker_events.labels("foreign_events").inc()
         self._tasks.spawn(self.admission.recheck_spec(ws, model))
 
+    async def resync(self, address: str, model: str, reason: str) -> bool:
+        """Rebuild a followed worker's entries of ``model`` from its snapshot, counted under
+        ``reason`` (``EventFollowing.resync``); False when it is not followed."""
+        ws = self.workers.get(address)
+        return ws is not None and await self.following.resync(ws, model, reason)
+
     def engine(self, address: str, model: str) -> RemoteEngine:
         """The forwarding engine of ``model`` at ``address`` (a ready member)."""
         ws = self.workers.get(address)

@@ -9,7 +9,11 @@ tokenizer, spec and stream, then started. ``Control`` is answered here, from the
 ``sequence_number`` is the ZMQ sequence number of the same batch; a run's numbers start at
 :func:`~tokenkeys.events.zmq_publisher.restart_safe_first_seq` and its first batch is
 ``AllBlocksCleared`` (docs/integrations.md, "Restarts"). ``start_sequence_number``
-replays what is still buffered from there on, then follows live. The stream ends with one
+replays what is still buffered from there on, then follows live. ``include_snapshot`` starts
+with the stream's snapshot (``events.snapshot``: ``AllBlocksCleared`` then one ``BlockStored``
+per cached block) numbered one below the stream's next sequence number, then follows from that
+number: no gap, nothing twice (FAILED_PRECONDITION when the snapshot may lack blocks, as a
+relay's that joined vLLM late; ``GetKvSnapshot`` says what it lacks). The stream ends with one
 ``EngineError``: OVERLOADED (retryable) when the subscriber fell too far behind, DRAINING
 (retryable) when the server stops.
 """
@@ -24,7 +28,7 @@ from tokenkeys._gen.openengine.v1 import kv_pb2, lifecycle_pb2, model_pb2, serve
 from tokenkeys.engine.fronted import FrontedEngine
 from tokenkeys.engine.hosting import EngineInputs, StreamedEngine
 from tokenkeys.engine.proto_errors import draining, engine_error
-from tokenkeys.errors import InvalidArgument, LimitExceeded, Unsupported
+from tokenkeys.errors import InvalidArgument, LimitExceeded
 from tokenkeys.events.model import AllBlocksCleared, EventBatch, EventSourceInfo, SpecRef
 from tokenkeys.events.protobuf_codec import ProtobufEventCodec, int_encoding_of
 from tokenkeys.events.stream import EventStream
@@ -234,16 +238,22 @@ class StreamedHosting:
                 "this engine has rank 0 only",
                 field="data_parallel_ranks",
             )
-        if request.include_snapshot:
-            raise Unsupported(
-                "include_snapshot is not supported; replay from start_sequence_number instead "
-                "(the buffer keeps the last --kv-events-buffer-steps batches)",
-                field="include_snapshot",
-            )
         parts = self._ready(model.name)
         codec = parts.protobuf
+        stream = parts.stream
+        if request.include_snapshot:
+            if request.start_sequence_number:
+                raise InvalidArgument(
+                    "include_snapshot and start_sequence_number "
+                    f"{request.start_sequence_number} exclude each other: the snapshot "
+                    "decides where the stream starts; send one of them",
+                    field="start_sequence_number",
+                )
+            batches = stream.subscribe_from_snapshot()
+        else:
+            batches = stream.subscribe(request.start_sequence_number)
         try:
-            async for seq, batch in parts.stream.subscribe(request.start_sequence_number):
+            async for seq, batch in batches:
                 yield kv_pb2.SubscribeKvEventsResponse(batch=codec.encode(seq, batch))
         except LimitExceeded as error:
             yield kv_pb2.SubscribeKvEventsResponse(error=engine_error(error))

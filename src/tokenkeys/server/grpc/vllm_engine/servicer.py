@@ -6,8 +6,9 @@ this service: it loads the tokenizer from ``GetTokenizer``, tokenizes itself, se
 cache-aware index. The service names no model, so the face serves a server's one model (the
 assembly refuses it on a server of several). It calls only the model's
 :class:`~tokenkeys.engine.protocol.Engine` and the served model, the same for every engine
-kind; the request and answer shapes are in the sibling modules. ``Embed``, ``FlushCache`` and
-the profiler calls are UNIMPLEMENTED with the reason.
+kind; the request and answer shapes are in the sibling modules. ``FlushCache`` resets the
+engine's prefix cache where its kind can (``flush``). ``Embed`` and the profiler calls are
+UNIMPLEMENTED with the reason.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from dataclasses import dataclass
 import grpc
 
 from tokenkeys._gen.openengine.v1 import server_pb2
-from tokenkeys.engine.protocol import GenerateOutput
+from tokenkeys.engine.protocol import GenerateOutput, PrefixCacheReset
 from tokenkeys.errors import InvalidArgument, Unavailable, Unsupported
 from tokenkeys.server.grpc import status as grpc_status
-from tokenkeys.server.grpc.vllm_engine import generate, info
+from tokenkeys.server.grpc.vllm_engine import flush, generate, info
 from tokenkeys.server.grpc.vllm_engine.bundle import TokenizerBundle, build_bundle
 from tokenkeys.server.grpc.vllm_engine.load_estimate import LoadEstimate
 from tokenkeys.server.grpc.vllm_engine.stubs import (
@@ -216,9 +217,14 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
 
     @grpc_status.unary
     async def FlushCache(self, request, context):  # noqa: ANN001, ANN201 - generated signature
-        raise Unsupported(
-            "FlushCache is not offered: the Engine Protocol has no cache reset", field="FlushCache"
-        )
+        engine = self._model().engine
+        if not isinstance(engine, PrefixCacheReset):
+            raise Unsupported(
+                f"FlushCache is not offered by this engine kind ({type(engine).__name__}): it "
+                "has no prefix-cache reset",
+                field="FlushCache",
+            )
+        return await flush.flush_cache(engine, request.timeout_s, context.time_remaining())
 
     @grpc_status.unary
     async def StartProfile(self, request, context):  # noqa: ANN001, ANN201 - generated signature
