@@ -47,8 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--worker",
         action="append",
         required=True,
-        metavar="HOST:PORT",
-        help="an engine's OpenEngine gRPC address (repeat for each worker)",
+        metavar="HOST:PORT[,URL]",
+        help="an engine's OpenEngine gRPC address (repeat for each worker); OpenAI requests "
+        "are forwarded to the HTTP frontend it advertises, or to URL when given "
+        "(e.g. 10.0.0.7:50051,http://10.0.0.7:8000)",
     )
     p.add_argument("--policy", choices=POLICIES, default="precise")
     p.add_argument("--index", choices=INDEXES, default="memory", help="prefix index backend")

@@ -23,6 +23,9 @@ from fastapi import FastAPI
 from tokenkeys.access.tls import ServerTls
 from tokenkeys.frontend import HttpConfig, HttpServer
 from tokenkeys.frontend.server import serve_app
+from tokenkeys.router.forwarding.door import FrontDoor
+from tokenkeys.router.forwarding.frontends import WorkerFrontends
+from tokenkeys.router.forwarding.relay import Relay
 from tokenkeys.router.frontend import create_router_app
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.routed_engine import RoutedEngine
@@ -67,6 +70,8 @@ class RouteServer:
         self.service = RoutingService(config.router, index=index)
         self.lifecycle = Lifecycle()
         self.http: HttpServer | None = None
+        #: The HTTP client of the front door (``router.forwarding``), once HTTP listens.
+        self.relay: Relay | None = None
         #: The HTTP app, once the HTTP face is listening.
         self.app: FastAPI | None = None
 
@@ -88,6 +93,15 @@ class RouteServer:
 
     async def _start_http(self, port: int) -> HttpServer:
         service = self.service
+        self.relay = Relay(self.config.router.pools.security)
+        door = FrontDoor(
+            service.router,
+            service.registry,
+            WorkerFrontends(service.registry.workers, self.config.router.named_frontends),
+            self.relay,
+            service.promises,
+            service.shared,
+        )
         self.app = create_router_app(
             service.registry,
             service.router,
@@ -95,6 +109,7 @@ class RouteServer:
             metrics=service.metrics_registry,
             lifecycle=self.lifecycle,
             shared=service.shared,
+            door=door,
         )
         return await serve_app(self.app, self.config, port)
 
@@ -113,4 +128,7 @@ class RouteServer:
         if self.http is not None:
             await self.http.stop(grace)
             self.http = None
+        if self.relay is not None:
+            await self.relay.close()
+            self.relay = None
         await self.service.close()

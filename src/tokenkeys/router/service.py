@@ -31,7 +31,8 @@ from tokenkeys.router.shared_load import (
     RedisSharedLoad,
     SharedLoad,
 )
-from tokenkeys.router.workers.discovery import check_address
+from tokenkeys.router.forwarding.frontends import split_worker
+from tokenkeys.router.forwarding.promise import PromiseMetrics
 from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool import TRANSPORTS
 from tokenkeys.router.workers.pool_setup import PoolSettings, pool_factory
@@ -44,7 +45,9 @@ INDEXES = ("memory", "redis")
 class RouterConfig:
     """Everything a router is configured with (the ``tokenkeys route`` options).
 
-    - ``workers``: engine gRPC addresses (``HOST:PORT``);
+    - ``workers``: engine gRPC addresses (``HOST:PORT``), each optionally followed by its
+      OpenAI HTTP frontend when it does not advertise one (``HOST:PORT,http://HOST:PORT``,
+      ``router.forwarding.frontends``);
     - ``policy``: ``precise``, ``round_robin`` or ``text_chunks`` (see ``router.policy.router``);
     - ``index``: ``memory`` (bounded by ``index_capacity`` block keys, LRU) or ``redis`` at
       ``redis_url`` under ``redis_namespace`` (shared by every router replica using it);
@@ -81,8 +84,8 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if not self.workers:
             raise ConfigError("give at least one --worker HOST:PORT", field="worker")
-        for address in self.workers:
-            check_address(address)
+        for spec in self.workers:
+            split_worker(spec)
         if self.policy not in POLICIES:
             raise ConfigError(
                 f"--policy {self.policy!r} is not one of {', '.join(POLICIES)}", field="policy"
@@ -120,6 +123,17 @@ class RouterConfig:
                 field="down-after",
             )
 
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """The workers' gRPC addresses."""
+        return tuple(split_worker(spec)[0] for spec in self.workers)
+
+    @property
+    def named_frontends(self) -> dict[str, str]:
+        """The HTTP frontends named with ``--worker GRPC,URL``, by gRPC address."""
+        named = (split_worker(spec) for spec in self.workers)
+        return {address: url for address, url in named if url is not None}
+
     def make_index(self) -> PrefixIndex:
         """The configured prefix index (not yet instrumented)."""
         if self.index == "redis":
@@ -143,6 +157,8 @@ class RoutingService:
         self.metrics_registry = CollectorRegistry()
         self.metrics = RouterMetrics(self.metrics_registry)
         self.ingest_metrics = IngestMetrics(self.metrics_registry)
+        #: Promises against answers of the forwarded requests (``router.forwarding.promise``).
+        self.promises = PromiseMetrics(self.metrics_registry)
         inner = index if index is not None else config.make_index()
         self.index = InstrumentedIndex(inner, registry=self.metrics_registry)
         self.registry = WorkerRegistry(
@@ -174,7 +190,7 @@ class RoutingService:
 
     async def start(self) -> RoutingService:
         """Discover every worker once (unreachable ones are retried by the polls), then poll."""
-        for address in self.config.workers:
+        for address in self.config.addresses:
             await self.registry.add(address)
         await self.registry.start()
         await self.shared.start(self.registry.pools, self.growth.ledger)

@@ -32,6 +32,7 @@ from tokenkeys.frontend import HttpConfig, HttpServer, create_app
 from tokenkeys.frontend.server import serve_app
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.limits import Limits
+from tokenkeys.server.grpc.discovery_messages import http_frontend_url
 from tokenkeys.server.grpc.engine_services import engine_service_adders
 from tokenkeys.server.grpc.server import ServiceAdder, start_grpc_server
 from tokenkeys.server.grpc.tokenizer import TokenizerService
@@ -165,7 +166,12 @@ class EngineServer:
         if self.runtime is not None:
             self.app.state.tokenkeys.metrics.include(self.runtime.metrics)
             add_snapshot_route(self.app, self.models, self.runtime)
-        return await serve_app(self.app, self.config, port)
+        server = await serve_app(self.app, self.config, port)
+        if self.runtime is not None:
+            self.runtime.http_frontend = http_frontend_url(
+                self.config.host, server.port, self.runtime.config.advertise_host, self.config.tls
+            )
+        return server
 
     def begin_drain(self) -> None:
         """Refuse new calls on both faces and end every KV-event subscription."""

@@ -78,6 +78,9 @@ class EngineRuntime:
         self.kind = engine_kind(config.kind)
         #: The routable ``host:port`` of this server's gRPC endpoint, known after start.
         self.grpc_address: str | None = None
+        #: Where this server's OpenAI HTTP frontend answers (``http://host:port``), once it
+        #: listens; advertised in ``ServerInfo.http_frontend`` so routers forward requests to it.
+        self.http_frontend = ""
         self.ready = False
         self.draining = False
         #: Metrics of the engines (exported on the HTTP ``/metrics``), made by their kind.
