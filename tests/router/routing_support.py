@@ -196,13 +196,16 @@ async def start_cluster(
     profile: str = DEFAULT_PROFILE,
     models: Callable[[], ModelRegistry] | None = None,
     http: bool = False,
+    worker_http: bool = False,
 ) -> Cluster:
     """``n`` engines keyed by ``profile`` (serving ``models()``, default the embedded
     tokenizer) and a router over them; the registry polls every ``interval`` seconds. With
-    ``http`` the router's HTTP frontend listens too (:attr:`Cluster.url`)."""
+    ``http`` the router's HTTP frontend listens too (:attr:`Cluster.url`); with
+    ``worker_http`` each engine serves its own (the router then forwards to it)."""
     configs = configs or [engine_config() for _ in range(n)]
     make = models or (lambda: engine_models(profile))
-    stacks = [await start_stack(c, models=make()) for c in configs]
+    http_port = 0 if worker_http else None
+    stacks = [await start_stack(c, models=make(), http_port=http_port) for c in configs]
     config = RouterConfig(
         workers=tuple(s.target for s in stacks),
         policy=policy,

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from tokenkeys.errors import ConfigError
+from tokenkeys.router.forwarding.frontends import split_worker
+from tokenkeys.router.forwarding.promise import PromiseMetrics
 from tokenkeys.router.index.instrumented import InstrumentedIndex
 from tokenkeys.router.index.memory import DEFAULT_CAPACITY, MemoryPrefixIndex
 from tokenkeys.router.index.model import PrefixIndex
@@ -31,8 +33,6 @@ from tokenkeys.router.shared_load import (
     RedisSharedLoad,
     SharedLoad,
 )
-from tokenkeys.router.forwarding.frontends import split_worker
-from tokenkeys.router.forwarding.promise import PromiseMetrics
 from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool import TRANSPORTS
 from tokenkeys.router.workers.pool_setup import PoolSettings, pool_factory

@@ -33,9 +33,14 @@ from tokenkeys.frontend.generation import key_context
 from tokenkeys.frontend.opening import Opened, open_request
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
 from tokenkeys.router.forwarding.promise import Promise, PromiseMetrics, matched_at
-from tokenkeys.router.forwarding.relay import Relay, WorkerUnreachable, answer_headers, events
+from tokenkeys.router.forwarding.relay import (
+    Relay,
+    WorkerUnreachable,
+    answer_headers,
+    events,
+    read_all,
+)
 from tokenkeys.router.forwarding.relay import raw as raw_chunks
-from tokenkeys.router.forwarding.relay import read_all
 from tokenkeys.router.forwarding.routes import ForwardedRoute
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
