@@ -1,7 +1,7 @@
 """Routing policies on three workloads over 4 engines: cache hits, TTFT and balance.
 
 Four ``tokenkeys serve`` processes (simulated engines, vLLM 0.31+ ``sha256_cbor`` keys, 16-token
-blocks, a bounded KV cache, ZMQ KV events) and one in-process router (``RouteServer``, in
+blocks, a bounded KV cache, ZMQ KV events) and one in-process router (``RouterProcess``, in
 memory) that forwards token ids over ``Inference.Generate``, as smg's rows run one ``smg``
 instance; the 2-replica row puts two such routers behind a load balancer that picks one at
 random per request. Workloads (:func:`_workloads`):
@@ -68,11 +68,11 @@ from routing_vllm import vllm_section
 from timing import pct
 
 from tokenkeys.engine.simulated.latency import LatencyModel
-from tokenkeys.router.assembly import RouteConfig, RouteServer
+from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.policy.cost import CostWeights, GrowthLedger
 from tokenkeys.router.policy.placement import Placement
 from tokenkeys.router.routed_engine import RouteNote, current_note
-from tokenkeys.router.service import RouterConfig, RoutingService
+from tokenkeys.router.service import RoutingConfig, RoutingService
 from tokenkeys.router.shared_load import RedisSharedLoad
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
@@ -272,10 +272,10 @@ def _finish(result: dict, served: Counter[str]) -> dict:
 
 def router_config(
     engines: list, policy: str, cost: CostWeights, cache: str, share_url: str | None
-) -> RouterConfig:
+) -> RoutingConfig:
     """The routers' configuration over ``engines``; with ``share_url`` they share their load
     through it, in a namespace of their own."""
-    return RouterConfig(
+    return RoutingConfig(
         workers=tuple(e.address for e in engines),
         policy=policy,
         poll_interval=0.2,
@@ -301,7 +301,7 @@ async def _run_policy(
     config = router_config(engines, policy, cost, cache, share_url)
     # Each replica follows every engine's events (an in-memory index each); what it sent, its
     # requests in flight and its cache-growth counts are its own unless shared.
-    routers = [await RouteServer(RouteConfig(config)).start() for _ in range(replicas)]
+    routers = [await RouterProcess(RouterProcessConfig(config)).start() for _ in range(replicas)]
     await _shared_ready([r.service for r in routers])
     services = [r.service for r in routers]
     balancer = random.Random(11)  # the load balancer's picks, apart from the workload's draws

@@ -25,6 +25,7 @@ from tokenkeys.router.index.redis import RedisPrefixIndex
 from tokenkeys.router.ingest.ingestor import IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.policy.cost import CostWeights
+from tokenkeys.router.policy.decision import Policy
 from tokenkeys.router.policy.precise import GrowthLedgers
 from tokenkeys.router.policy.router import POLICIES, Router, make_policy
 from tokenkeys.router.routed_engine import RoutedEngine
@@ -42,13 +43,15 @@ INDEXES = ("memory", "redis")
 
 
 @dataclass(frozen=True)
-class RouterConfig:
+class RoutingConfig:
     """Everything a router is configured with (the ``tokenkeys route`` options).
 
     - ``workers``: engine gRPC addresses (``HOST:PORT``), each optionally followed by its
       OpenAI HTTP frontend when it does not advertise one (``HOST:PORT,http://HOST:PORT``,
       ``router.forwarding.frontends``);
-    - ``policy``: ``precise``, ``round_robin`` or ``text_chunks`` (see ``router.policy.router``);
+    - ``policy``: ``precise``, ``round_robin`` or ``text_chunks`` (see ``router.policy.router``),
+      or a policy object of your own (``router.policy.decision.Policy``: ``name``, ``choose``,
+      ``forget``; it is used as given, one per RoutingService);
     - ``index``: ``memory`` (bounded by ``index_capacity`` block keys, LRU) or ``redis`` at
       ``redis_url`` under ``redis_namespace`` (shared by every router replica using it);
     - ``transport``: KV events over ``zmq``, ``grpc`` or ``auto`` (ZMQ when advertised);
@@ -66,7 +69,7 @@ class RouterConfig:
     """
 
     workers: tuple[str, ...]
-    policy: str = "precise"
+    policy: str | Policy = "precise"
     index: str = "memory"
     redis_url: str | None = None
     redis_namespace: str = "tokenkeys"
@@ -86,9 +89,15 @@ class RouterConfig:
             raise ConfigError("give at least one --worker HOST:PORT", field="worker")
         for spec in self.workers:
             split_worker(spec)
-        if self.policy not in POLICIES:
+        if isinstance(self.policy, str) and self.policy not in POLICIES:
             raise ConfigError(
                 f"--policy {self.policy!r} is not one of {', '.join(POLICIES)}", field="policy"
+            )
+        if not isinstance(self.policy, (str, Policy)):
+            raise ConfigError(
+                f"policy {self.policy!r} is neither a policy name ({', '.join(POLICIES)}) nor "
+                "a Policy object (name, choose, forget)",
+                field="policy",
             )
         if self.index not in INDEXES:
             raise ConfigError(
@@ -152,7 +161,7 @@ class RouterConfig:
 class RoutingService:
     """A running router: index, registry, Router; see the module doc."""
 
-    def __init__(self, config: RouterConfig, *, index: PrefixIndex | None = None) -> None:
+    def __init__(self, config: RoutingConfig, *, index: PrefixIndex | None = None) -> None:
         self.config = config
         self.metrics_registry = CollectorRegistry()
         self.metrics = RouterMetrics(self.metrics_registry)
@@ -178,8 +187,16 @@ class RoutingService:
         #: The cache growth the precise policy prices, per pool; the other replicas' placements
         #: are recorded here too (``shared``, which also places this router's decisions).
         self.growth = GrowthLedgers()
-        policy = make_policy(
-            config.policy, self.index, cost=config.cost, growth=self.growth, placements=self.shared
+        policy = (
+            make_policy(
+                config.policy,
+                self.index,
+                cost=config.cost,
+                growth=self.growth,
+                placements=self.shared,
+            )
+            if isinstance(config.policy, str)
+            else config.policy
         )
         self.router = Router(
             self.registry.pools,

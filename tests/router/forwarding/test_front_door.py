@@ -4,6 +4,7 @@ frontends behind a router that routes, then forwards the client's request to the
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -12,8 +13,8 @@ from routing_support import SYSTEM, Cluster, counter, engine_config, start_clust
 
 from tokenkeys.engine.config import SimulatedConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
-from tokenkeys.router.assembly import RouteConfig, RouteServer
-from tokenkeys.router.service import RouterConfig
+from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
+from tokenkeys.router.service import RoutingConfig
 
 
 @pytest.fixture
@@ -54,6 +55,8 @@ async def test_a_forwarded_answer_is_the_workers_own(door):
     straight = await client.post(worker_url(cluster, worker) + "/v1/completions", json=body)
     assert without_ids(routed.json()) == without_ids(straight.json())
     assert routed.headers["content-type"] == straight.headers["content-type"]
+    names = [k.lower() for k, _ in routed.headers.raw]
+    assert len(names) == len(set(names)), "a header the router sets came twice"
 
 
 async def test_error_bodies_and_statuses_come_back_as_the_worker_sent_them(door):
@@ -133,14 +136,14 @@ async def test_a_worker_refusing_connections_gets_the_next_best(settings):
     cluster = await start_cluster(2, settings=settings, worker_http=True)
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     a, b = cluster.addresses
-    config = RouterConfig(
+    config = RoutingConfig(
         workers=(f"{a},{dead}", f"{b},{worker_url(cluster, b)}"),
         policy="round_robin",  # every other request is decided for a
         poll_interval=0.2,
         timeout=1.0,
         pools=settings,
     )
-    router = await RouteServer(RouteConfig(config, http_port=0)).start()
+    router = await RouterProcess(RouterProcessConfig(config, http_port=0)).start()
     try:
         url = f"http://127.0.0.1:{router.http_port}"
         served, retries = [], 0
@@ -221,5 +224,31 @@ async def test_a_client_that_disconnects_from_a_whole_answer_releases_the_worker
             return all(m.view.inflight == 0 for m in pool.members.values())
 
         await wait_until(released, what="the router releasing the abandoned request")
+    finally:
+        await cluster.close()
+
+
+async def test_a_worker_that_dies_mid_stream_ends_it_as_vllm_reports_an_error(settings):
+    slow = SimulatedConfig(latency=LatencyModel(decode_s_per_token=0.05, sleep=True))
+    configs = [engine_config(engine=slow) for _ in range(2)]
+    cluster = await start_cluster(
+        2, settings=settings, http=True, worker_http=True, configs=configs
+    )
+    try:
+        body = {"prompt": SYSTEM, "max_tokens": 500, "stream": True, "ignore_eos": True}
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                assert response.status_code == 200
+                worker = response.headers["x-tokenkeys-worker"]
+                chunks = response.aiter_bytes()
+                received = await anext(chunks)
+                await cluster.stop_engine(cluster.number(worker))
+                async for chunk in chunks:
+                    received += chunk
+        events = [e for e in received.decode().split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert error["code"] == 503 and "broke off the stream" in error["message"]
+        assert all(json.loads(e.removeprefix("data: ")) for e in events[:-1])  # whole events
     finally:
         await cluster.close()

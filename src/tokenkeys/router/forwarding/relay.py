@@ -11,7 +11,8 @@ answer): a failure before that is :class:`WorkerUnreachable`, which the caller m
 another worker. Server-sent events are then relayed one whole event at a time
 (:func:`events`), so a stream that breaks after its first byte ends with an error event and
 ``[DONE]``, as vLLM ends a stream whose generation failed
-(``vllm/entrypoints/openai/chat_completion/serving.py``: ``create_streaming_error_response``,
+(vLLM 0.32 ``vllm/entrypoints/openai/chat_completion/serving.py``: the error of
+``create_streaming_error_response``, ``vllm/entrypoints/generate/base/serving.py``,
 then ``data: [DONE]``), never with half an event.
 """
 
@@ -46,7 +47,7 @@ _HOP_BY_HOP = frozenset(
 )
 _NOT_FORWARDED = _HOP_BY_HOP | {"host", "content-length", "authorization", "accept-encoding"}
 #: Response headers the router's own server sets (or recomputes) itself.
-_NOT_RETURNED = _HOP_BY_HOP | {"content-length", "date", "server"}
+_NOT_RETURNED = frozenset(h.encode() for h in _HOP_BY_HOP | {"content-length", "date", "server"})
 
 
 class WorkerUnreachable(Exception):
