@@ -35,7 +35,7 @@ def route(worker: str, cache: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokenkeys.cli", "route", "--http-port", "0", "--worker", worker],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=open(cache / "route.log", "w"),  # noqa: SIM115 - the process keeps it
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "TOKENKEYS_CACHE": str(cache)},
     )
@@ -47,7 +47,9 @@ def route(worker: str, cache: Path) -> tuple[subprocess.Popen, str]:
 
 
 async def _latencies(url: str, connections: int, per_connection: int) -> list[float]:
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    limits = httpx.Limits(
+        max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=1.0
+    )
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
 
         async def one_connection() -> list[float]:

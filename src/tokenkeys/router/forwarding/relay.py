@@ -32,6 +32,10 @@ from tokenkeys.frontend.errors import error_of
 #: long as the sidecar waits for vLLM (``engine.vllm.client.READ_TIMEOUT``).
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 600.0
+#: An idle connection to a worker is dropped before the worker's own idle timeout would close
+#: it (``transport.limits`` ``http_idle_timeout``, 5 s; uvicorn's default too): a request sent
+#: on a connection the worker is closing at that moment fails for no fault of the worker.
+KEEPALIVE_EXPIRY = 2.0
 
 _HOP_BY_HOP = frozenset(
     {
@@ -75,7 +79,11 @@ class Relay:
         tls = security.tls if security is not None else None
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            limits=httpx.Limits(
+                max_connections=None,
+                max_keepalive_connections=256,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
+            ),
             verify=tls.ssl_context() if tls is not None else True,
         )
 
