@@ -8,9 +8,11 @@ import httpx
 import pytest
 
 from tokenkeys.errors import ConfigError
-from tokenkeys.router.forwarding.frontends import split_worker
+from tokenkeys.router.forwarding.frontends import WorkerFrontends, split_worker
 from tokenkeys.router.forwarding.promise import Promise, expected_tokens
 from tokenkeys.router.forwarding.relay import events, request_headers
+from tokenkeys.router.workers.discovery import WorkerDescription
+from tokenkeys.router.workers.state import WorkerState
 
 
 def test_a_worker_spec_names_grpc_and_optionally_http():
@@ -83,3 +85,22 @@ async def test_events_are_relayed_whole_and_a_break_ends_with_an_error_and_done(
     assert parts[:2] == ['data: {"a": 1}', 'data: {"b": 2}']
     assert json.loads(parts[2].removeprefix("data: "))["error"]["code"] == 503
     assert parts[3:] == ["data: [DONE]", ""]
+
+
+def _worker(address: str, http_frontend: str) -> WorkerState:
+    description = WorkerDescription(address, "i", "tokenkeys-sim", "0", (), http_frontend)
+    return WorkerState(address, None, None, description=description)  # type: ignore[arg-type]
+
+
+def test_where_a_workers_frontend_lives():
+    workers = {
+        "10.0.0.7:50051": _worker("10.0.0.7:50051", "http://10.0.0.7:8000"),
+        "10.0.0.8:50051": _worker("10.0.0.8:50051", "http://:8000"),  # host: the one dialed
+        "10.0.0.9:50051": _worker("10.0.0.9:50051", ""),  # gRPC only
+    }
+    named = {"10.0.0.7:50051": "http://proxy:9000"}
+    frontends = WorkerFrontends(workers, named)
+    assert frontends.url("10.0.0.7:50051") == "http://proxy:9000"  # named wins
+    assert frontends.url("10.0.0.8:50051") == "http://10.0.0.8:8000"
+    assert frontends.url("10.0.0.9:50051") is None
+    assert WorkerFrontends(workers, {}).url("10.0.0.7:50051") == "http://10.0.0.7:8000"
