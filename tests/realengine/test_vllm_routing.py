@@ -137,10 +137,12 @@ def run_workload(
             response = complete(client, prompt)
             total += cached(response)
             chosen[g].append(response.headers["x-tokenkeys-worker"])
-            # The router's promise against vLLM's answer (issue 33), within one partial block.
+            # The router's promise against vLLM's answer (issue 33), within one partial block
+            # (round robin promises nothing: it never looks at the index).
             expected = int(response.headers["x-tokenkeys-expected-cached-tokens"])
             assert int(response.headers["x-tokenkeys-served-cached-tokens"]) == cached(response)
-            assert abs(cached(response) - expected) <= BLOCK_SIZE, (expected, cached(response))
+            if response.headers["x-tokenkeys-policy"] == "precise":
+                assert abs(cached(response) - expected) <= BLOCK_SIZE, (expected, cached(response))
     return total, chosen
 
 
