@@ -1,9 +1,11 @@
 """Block-key computation: the fast path of every profile against an engine-style reference.
 
-For 10k and 128k tokens per profile, three timings in the same run:
+For 10k and 128k tokens per profile, four timings in the same run:
 
-* **fast**: :func:`tokenkeys.keys.block_keys` (token encodings computed once per call, one
-  digest call per block);
+* **C**: :func:`tokenkeys.keys.block_keys` through the compiled key core
+  (``tokenkeys.keys._chains``: serialization and digest in one pass, no Python per block);
+* **python**: the same call on the pure-Python fast path (``native.CORE`` off: token encodings
+  computed once per call, one digest call per block), what a platform without a compiler runs;
 * **reference**: the straightforward per-block algorithm as the engine writes it (build the
   block's object, ``cbor2.dumps(..., canonical=True)`` / ``pickle.dumps`` / per-token
   ``hashlib`` updates, hash, chain), checked byte-identical to the fast path;
@@ -14,6 +16,7 @@ For 10k and 128k tokens per profile, three timings in the same run:
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import random
 import struct
@@ -27,7 +30,7 @@ import cbor2  # noqa: E402
 import xxhash  # noqa: E402
 from timing import fastest  # noqa: E402
 
-from tokenkeys.keys import KeyContext, block_keys, get_profile, make_spec  # noqa: E402
+from tokenkeys.keys import KeyContext, block_keys, get_profile, make_spec, native  # noqa: E402
 from tokenkeys.keys.compute import reference_block_keys  # noqa: E402
 from tokenkeys.keys.llmd import fnv1a64  # noqa: E402
 from tokenkeys.keys.registry import profile_ids  # noqa: E402
@@ -75,11 +78,45 @@ def _floor(profile_id: str, tokens: list[int], keys: list, spec) -> Callable[[],
     return lambda: [fnv1a64(x) for x in payloads]
 
 
+def _python(call: Callable[[], object]) -> Callable[[], object]:
+    """``call`` with the compiled core switched off (the pure-Python fast paths)."""
+
+    def run() -> object:
+        core, native.CORE = native.CORE, None
+        try:
+            return call()
+        finally:
+            native.CORE = core
+
+    return run
+
+
+#: Issue 37's aims for the compiled core: C / floor at most this, per group of profiles.
+AIMS = {
+    "vllm/sha256_cbor": (("vllm/sha256_cbor@",), 1.5),
+    "the xxhash profiles": (("vllm/xxhash_cbor@", "dynamo/xxh3@", "llmd/xxh64@"), 2.0),
+}
+
+
+def _aims(ratios: dict[str, list[float]]) -> str:
+    """One sentence: each aim, the range of C / floor its profiles reached in this run."""
+    parts = []
+    for name, (prefixes, aim) in AIMS.items():
+        got = [r for p, rs in ratios.items() if p.startswith(prefixes) for r in rs]
+        if got:
+            verdict = "held" if max(got) <= aim else "not held"
+            parts.append(
+                f"{name} at most {aim}x the floor: {min(got):.2f}-{max(got):.2f}x, {verdict}"
+            )
+    return "Against the aims (C / floor, this run): " + "; ".join(parts) + "."
+
+
 def run(quick: bool) -> str:
-    """Markdown section: fast vs reference vs floor for every profile."""
+    """Markdown section: C and Python fast paths vs reference vs floor for every profile."""
     sizes = (10_000,) if quick else (10_000, 128_000)
     budget = 0.15 if quick else 1.2
     rows = []
+    ratios: dict[str, list[float]] = {}  # C / floor per profile, for the aims line
     for profile_id in profile_ids():
         engine = get_profile(profile_id).engine
         seed = {"root_seed": "42"} if engine in ("vllm", "llmd") else {}
@@ -89,38 +126,51 @@ def run(quick: bool) -> str:
             # Token ids of a realistic vocabulary (Qwen3: 151,936 ids), fixed seed.
             rng = random.Random(n)
             tokens = [rng.randrange(151_936) for _ in range(n)]
-            fast_keys = block_keys(tokens, spec, ctx)
+            compiled = lambda t=tokens, s=spec, c=ctx: block_keys(t, s, c)  # noqa: E731
+            fast_keys = compiled()
             ref_keys = reference_block_keys(tokens, spec, ctx)
-            if fast_keys != ref_keys:
-                raise AssertionError(f"{profile_id}: fast path differs from the reference at {n}")
-            fast, ref, floor = fastest(
+            if not fast_keys == _python(compiled)() == ref_keys:
+                raise AssertionError(f"{profile_id}: a fast path differs from the reference at {n}")
+            fast, python, ref, floor = fastest(
                 [
-                    lambda t=tokens, s=spec, c=ctx: block_keys(t, s, c),
+                    compiled,
+                    _python(compiled),
                     lambda t=tokens, s=spec, c=ctx: reference_block_keys(t, s, c),
                     _floor(profile_id, tokens, fast_keys, spec),
                 ],
                 budget,
             )
+            ratios.setdefault(profile_id, []).append(fast / floor)
             rows.append(
-                f"| `{profile_id}` | {n:,} | {fast * 1e3:,.2f} | {ref * 1e3:,.2f} | "
-                f"{ref / fast:.1f}x | {floor * 1e3:,.2f} | {fast / floor:.1f}x |"
+                f"| `{profile_id}` | {n:,} | {fast * 1e3:,.2f} | {python * 1e3:,.2f} | "
+                f"{ref * 1e3:,.2f} | {ref / fast:.1f}x | {floor * 1e3:,.2f} | "
+                f"{fast / floor:.2f}x | {python / floor:.1f}x |"
             )
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     return "\n".join(
         [
             "## Cache keys (`bench_keys`)",
             "",
+            f"Load average at the end of the run (1 / 5 / 15 min): {load}.",
+            "",
             f"Block size {BLOCK}; each figure is the fastest of many back-to-back calls (GC "
-            "paused, as `timeit` does), the three functions of a row taking turns in 4 rounds "
+            "paused, as `timeit` does), the four functions of a row taking turns in 4 rounds "
             f"for about {budget} s, so load from other processes falls on all of them; "
             "every fast result is checked "
-            "byte-identical to the reference in the same run. *reference*: per block, build the "
+            "byte-identical to the reference in the same run. *C*: `block_keys` through the "
+            f"compiled key core, here {native.describe()} (pickle profiles have none and stay in "
+            "Python); *python*: the same call on the pure-Python fast path (`TOKENKEYS_NATIVE=0`, "
+            "or no compiler at install). *reference*: per block, build the "
             "engine's object, serialize it as the engine does (`cbor2.dumps(canonical=True)`, "
             "`pickle.dumps`, per-token `hashlib` updates), hash, chain. *floor*: only the digest "
             "calls over the same per-block bytes. Pickle profiles use `pickle.dumps` on both "
             "paths, so they gain nothing.",
             "",
-            "| profile | tokens | fast ms | reference ms | speedup | floor ms | fast / floor |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            _aims(ratios),
+            "",
+            "| profile | tokens | C ms | python ms | reference ms | speedup (C) | floor ms "
+            "| C / floor | python / floor |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
         ]
     )

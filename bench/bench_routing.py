@@ -4,7 +4,7 @@ Four ``tokenkeys serve`` processes (simulated engines, vLLM 0.31+ ``sha256_cbor`
 blocks, a bounded KV cache, ZMQ KV events) and one in-process router (``RouterProcess``, in
 memory) that forwards token ids over ``Inference.Generate``, as smg's rows run one ``smg``
 instance; the 2-replica row puts two such routers behind a load balancer that picks one at
-random per request. Workloads (:func:`_workloads`):
+random per request. Workloads (:func:`workloads`):
 
 - ``conversations``: N conversations, each opened with one of a few long system prompts shared
   by several of them, then turns of a user question and the engine's reply, interleaved at
@@ -50,38 +50,45 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from placing_processes import burst_note
 from redis_local import LocalRedis
+from routing_processes import run_policy_processes
 from routing_smg import POLICIES as SMG_POLICIES
 from routing_smg import SmgRouter, chat, quiet, smg_executable, smg_router
 from routing_vllm import vllm_section
+from routing_workload import (
+    ENGINES,
+    HEADER,
+    MAX_TOKENS,
+    MODEL,
+    ROOT,
+    Engine,
+    Workload,
+    drive,
+    finish,
+    router_config,
+    start_engines,
+    wait_quiet,
+    workloads,
+)
 from timing import pct
 
-from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.policy.cost import CostWeights, GrowthLedger
 from tokenkeys.router.policy.placement import Placement
+from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.routed_engine import RouteNote, current_note
-from tokenkeys.router.service import RoutingConfig, RoutingService
-from tokenkeys.router.shared_load import RedisSharedLoad
-from tokenkeys.router.workers.pool_setup import PoolSettings
+from tokenkeys.router.service import RoutingService
 
-ROOT = Path(__file__).resolve().parent.parent
 PLOT = ROOT / "docs" / "routing.png"
-ENGINES = 4
-MODEL = "smollm2-135m-instruct"  # the model tokenkeys serve embeds
-MAX_TOKENS = 16  # the engine's default when a gRPC Generate sets none
-LATENCY = LatencyModel()  # what tokenkeys serve --simulate-latency uses
 #: (row name, --policy, cost weights of the precise policy, router replicas, --share-load).
 #: One router sees every request it routes, as the one smg instance of the smg rows does.
 POLICIES = (
@@ -94,197 +101,6 @@ POLICIES = (
     ("text_chunks", "text_chunks", CostWeights(), 1, False),
     ("round_robin", "round_robin", CostWeights(), 1, False),
 )
-TOPICS = ("rail timetables", "tax forms", "router firmware", "garden irrigation")
-HEADER = (
-    "You are an assistant of the Northwind municipal help desk. Be precise, be brief, and "
-    "never invent a figure."
-)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Conversations over ``systems`` system prompts (conversation c uses system c % systems)."""
-
-    name: str
-    systems: int
-    rules: int  # sentences of each system prompt (about 30 tokens each)
-    conversations: int
-    turns: int
-    num_blocks: int  # KV blocks per engine
-    header: bool = False  # every system prompt opens with HEADER
-    concurrent: bool = False  # a round's turns are sent at once, engines really wait
-    restart: bool = False  # one engine restarts halfway
-
-
-def _workloads(quick: bool) -> tuple[Workload, ...]:
-    k = 2 if quick else 1
-    return (
-        Workload("conversations", 4, 14, 48 // k, 6 // k, 384, restart=True),
-        Workload("shared header", 16, 5, 32 // k, 5 // k, 192, header=True),
-        Workload("concurrent", 16, 5, 32 // k, 5 // k, 192, concurrent=True),
-    )
-
-
-def _system(i: int, w: Workload) -> str:
-    topic = TOPICS[i % len(TOPICS)]
-    rules = " ".join(
-        f"Rule {r}: when the user asks about {topic}, answer in at most {r + 2} sentences, cite "
-        f"the relevant section number, and never guess a figure you were not given."
-        for r in range(w.rules)
-    )
-    head = f"{HEADER} " if w.header else ""
-    return f"{head}You are the {topic} assistant #{i}. {rules}"
-
-
-def _serve_args(w: Workload, port: str, http_port: str) -> list[str]:
-    args = [
-        sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", port,
-        "--http-port", http_port, "--num-kv-blocks", str(w.num_blocks),
-        "--vllm-engine-face",  # smg's gRPC rows route to it; the other rows never call it
-    ]  # fmt: skip
-    return args + (["--simulate-latency"] if w.concurrent else [])
-
-
-@dataclass
-class Engine:
-    """One ``tokenkeys serve`` process: its gRPC address and HTTP base URL."""
-
-    proc: subprocess.Popen
-    address: str
-    http: str
-
-    def restart(self, w: Workload) -> None:
-        """Stop the process and start a new one on the same ports (empty cache)."""
-        self.proc.terminate()
-        self.proc.wait(20)
-        grpc_port, http_port = self.address.rsplit(":", 1)[1], self.http.rsplit(":", 1)[1]
-        self.proc = _start_engine(w, grpc_port, http_port).proc
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def _start_engine(w: Workload, port: str = "0", http_port: str = "0") -> Engine:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.Popen(
-        _serve_args(w, port, http_port),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    address = None
-    for line in proc.stdout:
-        if line.startswith("gRPC listening on "):
-            address = "127.0.0.1:" + line.rsplit(":", 1)[1].strip()
-        elif line.startswith("HTTP listening on ") and address is not None:
-            return Engine(proc, address, "http://127.0.0.1:" + line.rsplit(":", 1)[1].strip())
-    proc.kill()
-    raise RuntimeError("tokenkeys serve did not start")
-
-
-async def _quiet(service: RoutingService, rounds: int = 5) -> None:
-    """Wait until no follower applied a new batch for ``rounds`` checks 20 ms apart."""
-
-    def positions() -> list[object]:
-        return [
-            f.last_seq for ws in service.registry.workers.values() for f in ws.followers.values()
-        ]
-
-    last, still = positions(), 0
-    while still < rounds:
-        await asyncio.sleep(0.02)
-        now = positions()
-        still = still + 1 if now == last else 0
-        last = now
-
-
-#: One request through a router: the conversation so far in; the engine's prompt and cached
-#: token counts, the reply text, and the engine that served it when the router says.
-Send = Callable[[list[dict]], Awaitable[tuple[int, int, str, str | None]]]
-
-
-async def _drive(
-    w: Workload,
-    send: Send,
-    restart: Callable[[], Awaitable[None]],
-    settle: Callable[[], Awaitable[None]],
-) -> dict:
-    """Play the workload's conversations through ``send``; the same questions for every router
-    (``rng`` draws only them). ``restart`` runs halfway when the workload restarts an engine;
-    ``settle`` after each round (the router applies the round's engine events: a user thinks
-    for seconds, events take milliseconds)."""
-    rng = random.Random(7)
-    history = {
-        c: [{"role": "system", "content": _system(c % w.systems, w)}]
-        for c in range(w.conversations)
-    }
-    counts: list[tuple[int, int]] = []
-    served: Counter[str] = Counter()
-
-    async def turn_of(c: int, turn: int) -> None:
-        tag = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
-        question = f"Question {turn} of conversation {c} ({tag}): {rng.choice(TOPICS)}?"
-        messages = history[c] + [{"role": "user", "content": question}]
-        prompt, cached, reply, by = await send(messages)
-        counts.append((prompt, cached))
-        if by is not None:
-            served[by] += 1
-        history[c] = messages + [{"role": "assistant", "content": reply}]
-
-    for turn in range(w.turns):
-        if w.restart and turn == w.turns // 2:  # one engine restarts: its cache is gone
-            await restart()
-        order = list(range(w.conversations))
-        rng.shuffle(order)
-        if w.concurrent:
-            await asyncio.gather(*(turn_of(c, turn) for c in order))
-        else:
-            for c in order:
-                await turn_of(c, turn)
-        await settle()
-    # The simulated engines' own formula (engine.latency), from the counts they reported.
-    ttft = [LATENCY.time_to_first_token(p - k) for p, k in counts]
-    return {
-        "hit": sum(k for _, k in counts) / sum(p for p, _ in counts),
-        "p50": pct(ttft, 50),
-        "p90": pct(ttft, 90),
-        "served": served,
-        "requests": len(counts),
-    }
-
-
-async def _start_engines(w: Workload) -> list[Engine]:
-    starts = (asyncio.to_thread(_start_engine, w) for _ in range(ENGINES))
-    return list(await asyncio.gather(*starts))
-
-
-def _finish(result: dict, served: Counter[str]) -> dict:
-    result["busiest"] = max(served.values()) / sum(served.values())
-    del result["served"]
-    return result
-
-
-def router_config(
-    engines: list, policy: str, cost: CostWeights, cache: str, share_url: str | None
-) -> RoutingConfig:
-    """The routers' configuration over ``engines``; with ``share_url`` they share their load
-    through it, in a namespace of their own."""
-    return RoutingConfig(
-        workers=tuple(e.address for e in engines),
-        policy=policy,
-        poll_interval=0.2,
-        pools=PoolSettings(cache=cache),
-        cost=cost,
-        redis_url=share_url,
-        redis_namespace=f"bench-{uuid.uuid4().hex[:8]}",
-        share_load=share_url is not None,
-    )
 
 
 async def _run_policy(
@@ -297,7 +113,7 @@ async def _run_policy(
 ) -> dict:
     """A tokenkeys policy: in-process routers (``replicas`` of them) forwarding token ids over
     gRPC; with ``share_url`` they share their requests in flight and growth through it."""
-    engines = await _start_engines(w)
+    engines = await start_engines(w)
     config = router_config(engines, policy, cost, cache, share_url)
     # Each replica follows every engine's events (an in-memory index each); what it sent, its
     # requests in flight and its cache-growth counts are its own unless shared.
@@ -334,13 +150,13 @@ async def _run_policy(
                 if all(engines[0].address in s.router.pool(None).members for s in services):
                     break
 
-        result = await _drive(w, send, restart, settle=lambda: _settle(services))
+        result = await drive(w, send, restart, settle=lambda: _settle(services))
         # What placing a decision through the store cost, per decision (replica rows only).
         shared = [s.shared for s in services if isinstance(s.shared, RedisSharedLoad)]
         result["place"] = [t for shared_load in shared for t in shared_load.place_seconds]
         result["redecided"] = sum(shared_load.redecided for shared_load in shared)
         result["forced"] = sum(shared_load.forced for shared_load in shared)
-        return _finish(result, result["served"])
+        return finish(result, result["served"])
     finally:
         for router in routers:
             await router.stop()
@@ -358,13 +174,13 @@ async def _shared_ready(services: list[RoutingService]) -> None:
 
 async def _settle(services: list[RoutingService]) -> None:
     for service in services:
-        await _quiet(service)
+        await wait_quiet(service)
 
 
 async def _run_smg(executable: Path, policy: str, w: Workload, grpc: bool) -> dict:
     """An smg policy: one ``smg launch`` over the engines' HTTP frontends, or (``grpc``) over
     their VllmEngine faces, its ``cache_aware`` then fed by their KV events (routing_smg)."""
-    engines = await _start_engines(w)
+    engines = await start_engines(w)
     before_restart: Counter[str] = Counter()
     workers = [f"grpc://{e.address}" if grpc else e.http for e in engines]
     try:
@@ -386,13 +202,13 @@ async def _run_smg(executable: Path, policy: str, w: Workload, grpc: bool) -> di
                 if grpc:
                     await quiet(router)
 
-            result = await _drive(w, send, restart, settle=settle)
+            result = await drive(w, send, restart, settle=settle)
             if grpc:
                 served = await _routed(router, engines)
             else:
                 served = await _chat_requests(client, engines)
                 served.update(before_restart)
-            return _finish(result, served)
+            return finish(result, served)
     finally:
         for engine in engines:
             engine.stop()
@@ -465,7 +281,7 @@ async def _run_async(quick: bool) -> str:
     shared = LocalRedis()  # what the sharing replicas share (REDIS_URL, or one started here)
     try:
         with tempfile.TemporaryDirectory() as cache:
-            for w in _workloads(quick):
+            for w in workloads(quick):
                 results[w.name] = {}
                 for name, policy, cost, replicas, share in POLICIES:
                     if share and shared.url is None:
@@ -480,7 +296,7 @@ async def _run_async(quick: bool) -> str:
                     )
     finally:
         shared.close()
-    for w in _workloads(quick):
+    for w in workloads(quick):
         res = results[w.name]
         reference = res["round_robin"]
         what = {
@@ -547,7 +363,7 @@ async def _run_async(quick: bool) -> str:
         "capacity costs nothing here, as it costs little on a real engine with short replies "
         "(16 tokens here). Every replica follows every engine's KV events. In the replica rows "
         "the replicas share their requests in flight (blocks in use, queued prefill) and "
-        "their cache growth through one Redis (`--share-load`, router.shared_load: each "
+        "their cache growth through one Redis (`--share-load`, router.replicas.shared_load: each "
         "decision made on local memory and placed on a Redis stream, in groups; docs/"
         "router.md); in the unshared row each "
         "counts only its own, so two new prefixes routed by different replicas can land on "
@@ -656,11 +472,7 @@ async def _replica_rows(repeat: int, processes: bool) -> str:
     """The concurrent workload's one-router and sharing-replica rows, ``repeat`` times each
     (``--replicas N``: whether the ratio holds, not one lucky run); with ``processes``
     (``--processes``) every router runs in a process of its own (``routing_processes``)."""
-    # Imported here: routing_processes imports this module (its workload and driver).
-    from placing_processes import burst_note
-    from routing_processes import run_policy_processes
-
-    w = next(w for w in _workloads(False) if w.name == "concurrent")
+    w = next(w for w in workloads(False) if w.name == "concurrent")
     shared = LocalRedis()
     lines = []
     try:

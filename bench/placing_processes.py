@@ -4,7 +4,7 @@
 process and measures placing inside routing; here the protocol is measured alone. Each
 replica is a process with its own event loop and its own ``RedisSharedLoad`` against one
 redis-server, and nothing else runs in it: every ``period`` seconds (on a shared clock) each
-replica is asked a burst of decisions at once, places them (``router.placement_groups``),
+replica is asked a burst of decisions at once, places them (``router.replicas.placement_groups``),
 sends, answers and finishes their requests as a router does, and reports what placing cost.
 It measures the protocol (round trips, refusals, groups) apart from the routing around it.
 """
@@ -22,7 +22,7 @@ from timing import pct
 
 from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.policy.placement import Placement
-from tokenkeys.router.shared_load import RedisSharedLoad
+from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.workers.load_view import Flight
 
 WORKERS = ("w0", "w1", "w2", "w3")

@@ -23,22 +23,22 @@ from collections import Counter
 from typing import Any
 
 import httpx
-from bench_routing import (
+from routing_workload import (
     MAX_TOKENS,
     MODEL,
     Workload,
-    _drive,
-    _finish,
-    _quiet,
-    _start_engines,
+    drive,
+    finish,
     router_config,
+    start_engines,
+    wait_quiet,
 )
 
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.frontend import HEADER_WORKER
 from tokenkeys.router.policy.cost import CostWeights
+from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.service import RoutingConfig
-from tokenkeys.router.shared_load import RedisSharedLoad
 
 #: Seconds between the loop-lag probe's wake-ups.
 _TICK = 0.005
@@ -70,7 +70,7 @@ async def _serve(config: RoutingConfig, conn: Any) -> None:
             if command == "begin":  # the workload starts: lag from here on
                 lags.clear()
             elif command == "settle":  # the round's engine events applied here
-                await _quiet(service)
+                await wait_quiet(service)
                 conn.send("settled")
             elif command == "stats":
                 shared = service.shared
@@ -99,7 +99,7 @@ async def run_policy_processes(
 ) -> dict:
     """The precise policy with ``replicas`` routers, each in its own process; with
     ``share_url`` they share their load through it."""
-    engines = await _start_engines(w)
+    engines = await start_engines(w)
     config = router_config(engines, "precise", cost, cache, share_url)
     ctx = multiprocessing.get_context("spawn")
     pipes, procs = [], []
@@ -114,7 +114,7 @@ async def run_policy_processes(
         for pipe in pipes:
             pipe.send("begin")
         took: list[float] = []
-        balancer = random.Random(11)  # the load balancer's picks, as in bench_routing
+        balancer = random.Random(11)  # the load balancer's picks, as in bench_routing's rows
         timeout = httpx.Timeout(60.0)
         async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
 
@@ -141,14 +141,14 @@ async def run_policy_processes(
             async def restart() -> None:
                 raise NotImplementedError("the process mode runs the concurrent workload")
 
-            result = await _drive(w, send, restart, settle)
+            result = await drive(w, send, restart, settle)
         result.update(place=[], redecided=0, forced=0, lag=[], took=took)
         for pipe in pipes:
             pipe.send("stats")
             stats = await asyncio.to_thread(pipe.recv)
             for name in ("place", "redecided", "forced", "lag"):
                 result[name] += stats[name]
-        return _finish(result, Counter(result["served"]))
+        return finish(result, Counter(result["served"]))
     finally:
         for pipe in pipes:
             try:

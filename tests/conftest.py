@@ -25,7 +25,11 @@ from support import ServerThread
 from vllm_fixtures import SCHEDULE, tiny_model, vllm_pool, vllm_python  # noqa: F401
 
 #: The tiers whose tests are the run's evidence, counted at the end (marker: what it proves).
-EVIDENCE = {"realengine": "with a real vLLM", "peers": "against the peers' own code"}
+EVIDENCE = {
+    "realengine": "with a real vLLM",
+    "peers": "against the peers' own code",
+    "package": "from the built wheel in a fresh virtualenv",
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from support import REPO
 
@@ -23,11 +23,19 @@ class Served:
         *args: str,
         env: Mapping[str, str] | None = None,
         preexec: Callable[[], None] | None = None,
+        program: Sequence[str] | None = None,
     ) -> None:
+        # ``program``: an installed ``tokenkeys`` (a virtualenv's console script), run outside
+        # the checkout with nothing of it on its path; by default the checkout's own code.
+        installed = program is not None
+        base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        if not installed:
+            program = [sys.executable, "-m", "tokenkeys.cli"]
+            base["PYTHONPATH"] = str(REPO / "src")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tokenkeys.cli", "serve", "--grpc-port", "0"]
-            + ["--http-port", "0", "--no-kv-events", *args],
-            env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})},
+            [*program, "serve", "--grpc-port", "0", "--http-port", "0", "--no-kv-events", *args],
+            env={**base, **(env or {})},
+            cwd="/" if installed else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -1,9 +1,15 @@
-"""The README's Python example runs as written against a real server."""
+"""The README's tour and Python example run as written against real servers."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import sys
 from pathlib import Path
+
+from doc_blocks import parse_json_stream, run_shell, shell_block, swap_ports
+from ports import free_port
 
 from tokenkeys.keys.deployment import KeySpecOptions, build_spec
 from tokenkeys.limits import Limits
@@ -28,9 +34,9 @@ def test_readme_python_example(tmp_path: Path, capsys) -> None:
     with ServerThread(models) as server:
         # The example is self-contained; only its two addresses become this test's.
         source = readme_python()
-        for line in ('TARGET = "127.0.0.1:50051"', 'CACHE = "/tmp/tokenkeys-artifacts"'):
+        for line in ('TARGET = "127.0.0.1:50052"', 'CACHE = "/tmp/tokenkeys-artifacts"'):
             assert line in source, line
-        source = source.replace('"127.0.0.1:50051"', repr(server.target))
+        source = source.replace('"127.0.0.1:50052"', repr(server.target))
         source = source.replace('"/tmp/tokenkeys-artifacts"', repr(str(tmp_path / "cache")))
         exec(compile(source, "README.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
@@ -38,6 +44,40 @@ def test_readme_python_example(tmp_path: Path, capsys) -> None:
     count, digest, event_key = out[1].split()
     assert int(count) > 0 and len(digest) == 64
     assert int(event_key) == int.from_bytes(bytes.fromhex(digest)[-8:], "big")
+
+
+def test_the_tour_runs_as_written(tmp_path: Path) -> None:
+    # ``tokenkeys`` is this checkout's; HOME is the test's (pull and route keep their cache
+    # there); the tour's three ports become free ones, nothing else changes.
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "tokenkeys").write_text(f'#!/bin/sh\nexec {sys.executable} -m tokenkeys.cli "$@"\n')
+    (shims / "tokenkeys").chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO / "src"),
+        "HOME": str(tmp_path),
+    }
+    grpc_port, http_port, router_port = free_port(), free_port(), free_port()
+    tour = swap_ports(
+        shell_block("README.md", "tests/test_readme.py::test_the_tour_runs_as_written"),
+        {50052: grpc_port, 8001: http_port, 9000: router_port},
+    )
+    listens = {"tokenkeys serve": [grpc_port, http_port], "tokenkeys route": [router_port]}
+    with run_shell(tour, cwd=tmp_path, env=env, listens=listens) as ran:
+        printed = ran.stdout.splitlines(keepends=True)
+    # pull prints the folder it installed into, between the JSON the other commands print.
+    (at,) = [i for i, line in enumerate(printed) if line.startswith(str(tmp_path))]
+    remote, chat, profiles, keys = parse_json_stream("".join(printed[:at]))
+    (routed,) = parse_json_stream("".join(printed[at + 1 :]))
+    assert (tmp_path / printed[at].strip() / "tokenizer.json").is_file()
+    # The engine over gRPC and the router over HTTP give "Hello world" the same ids.
+    assert remote == [{"ids": routed["tokens"], "count": routed["count"]}] and routed["count"]
+    assert chat["count"] == len(chat["tokens"]) > 0
+    assert "vllm/sha256_cbor@0.31" in {profile["id"] for profile in profiles}
+    (prompt,) = json.loads((tmp_path / "ids.json").read_text())
+    assert len(keys["keys"]) == len(keys["event_keys"]) == prompt["count"] // 16 > 0
 
 
 def test_readme_map_names_every_room_and_only_what_exists() -> None:

@@ -98,7 +98,9 @@ async def routed_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject
 async def vllm_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
     """The sidecar's engine, built by the same assembly as ``tokenkeys serve --engine vllm+…``
     (start checks, event relay, key check), in front of the pool's default vLLM server: the
-    one the real-engine parity modules use (it is planned there: ``VLLM_MARKS``)."""
+    one the real-engine parity modules use (it is planned there: ``VLLM_MARKS``). In a whole
+    run this module is the first on that server (the schedule keeps collection order among
+    the modules of one configuration), so this case starts it and the parity modules reuse it."""
     from served_pair import EMBEDDED
     from vllm_server import BLOCK_SIZE, MODEL_NAME
 
@@ -126,7 +128,8 @@ async def vllm_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
         await stack.stop()
 
 
-#: The vLLM case runs on the pool's default server (``vllm_schedule`` plans it there).
+#: The vLLM case runs on the pool's default server (``vllm_schedule`` plans it there, and
+#: starts it for this case when the run includes it).
 VLLM_MARKS = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
 KINDS: dict[str, Callable[[pytest.FixtureRequest], contextlib.AbstractAsyncContextManager]] = {

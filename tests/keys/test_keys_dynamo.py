@@ -16,6 +16,9 @@ from tokenkeys.keys import Adapter, KeyContext, MMItem, block_keys, make_spec
 from tokenkeys.keys.compute import reference_block_keys
 from tokenkeys.keys.dynamo import XXH3_SEED, mm_hash, next_sequence_hash
 
+# Every test here twice: through the compiled key core and the pure-Python paths.
+pytestmark = pytest.mark.usefixtures("key_core")
+
 SPEC = make_spec("dynamo/xxh3@1.6", 16)
 
 

@@ -19,6 +19,9 @@ from tokenkeys.keys.llmd import fnv1a64
 
 from conformance_data import data_path
 
+# Every test here twice: through the compiled key core and the pure-Python paths.
+pytestmark = pytest.mark.usefixtures("key_core")
+
 CBOR_FNV = "llmd/cbor-fnv64@0.10"
 XXH64 = "llmd/xxh64@c027acf"
 TOKENS_16 = list(range(1, 17))

@@ -13,6 +13,9 @@ from tokenkeys.keys import Adapter, KeyContext, MMItem, block_keys, make_spec
 from tokenkeys.keys.compute import reference_block_keys
 from tokenkeys.keys.sglang import SALT_SEED_TAG, int64_of
 
+# Every test here twice: through the compiled key core and the pure-Python paths.
+pytestmark = pytest.mark.usefixtures("key_core")
+
 SPEC = make_spec("sglang/sha256@0.5.23", 4)
 
 

@@ -12,6 +12,9 @@ from tokenkeys.keys.registry import profile_ids
 from tokenkeys.keys.spec import Vector
 from tokenkeys.keys.vectors import file_name, verify_vectors, write_vectors
 
+# Every test here twice: through the compiled key core and the pure-Python paths.
+pytestmark = pytest.mark.usefixtures("key_core")
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -15,6 +15,9 @@ from tokenkeys.keys.compute import reference_block_keys
 
 from conformance_data import data_path
 
+# Every test here twice: through the compiled key core and the pure-Python paths.
+pytestmark = pytest.mark.usefixtures("key_core")
+
 VLLM_IDS = [
     f"vllm/{a}@{e}"
     for e in ("0.29", "0.31")

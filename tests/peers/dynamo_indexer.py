@@ -23,6 +23,17 @@ import httpx
 from ports import free_port
 
 
+def matched_tokens(answer: dict[str, Any]) -> dict[int, int]:
+    """A ``/query`` answer's worker id -> the tokens of its longest cached prefix (workers
+    holding none left out)."""
+    out = {}
+    for wid, info in (answer.get("instances") or {}).items():
+        matched = info["longest_matched"] if isinstance(info, dict) else info
+        if matched:
+            out[int(str(wid).split(":")[0])] = int(matched)
+    return out
+
+
 class DynamoIndexer:
     """One ``dynamo.indexer`` process; workers are added with :meth:`register`."""
 
@@ -81,13 +92,7 @@ class DynamoIndexer:
         self, token_ids: list[int], lora_name: str | None = None, cache_salt: str | None = None
     ) -> dict[int, int]:
         """Worker id -> the tokens of its longest cached prefix (workers holding none left out)."""
-        instances = self.query(token_ids, lora_name, cache_salt).get("instances") or {}
-        out = {}
-        for wid, info in instances.items():
-            matched = info["longest_matched"] if isinstance(info, dict) else info
-            if matched:
-                out[int(str(wid).split(":")[0])] = int(matched)
-        return out
+        return matched_tokens(self.query(token_ids, lora_name, cache_salt))
 
     def dump(self) -> Any:
         return self._client.get("/dump").json()

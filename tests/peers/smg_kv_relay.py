@@ -20,7 +20,7 @@ from smg_stubs import require_smg_stubs
 
 require_smg_stubs()
 
-from tokenkeys._gen_smg import common_pb2, vllm_engine_pb2_grpc  # noqa: E402
+from tokenkeys.server.grpc.vllm_engine.stubs import common_pb2, vllm_engine_pb2_grpc  # noqa: E402
 
 # A safety net for the relay's own bookkeeping, not a measurement.
 COUNTS_TIMEOUT_S = 30.0

@@ -13,9 +13,13 @@ AllBlocksCleared are the remedy).
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 
+import httpx
 import pytest
+from doc_blocks import parse_json_stream, run_shell, shell_block, swap_ports
 from dynamo_agreement import (
     ADAPTER,
     BLOCK,
@@ -25,7 +29,8 @@ from dynamo_agreement import (
     held,
     wait_for,
 )
-from dynamo_indexer import DynamoIndexer
+from dynamo_indexer import DynamoIndexer, matched_tokens
+from ports import free_port
 from router.routing_support import Cluster, engine_config, engine_run, prompt_ids, start_cluster
 
 from tokenkeys.engine.config import SimulatedConfig
@@ -122,4 +127,55 @@ async def test_dynamo_indexer_keeps_adapters_apart_and_reads_no_salt(
         assert answers(lora_name=ADAPTER.name) == {1: blocks}
     finally:
         dynamo.close()
+        await cluster.close()
+
+
+async def test_the_docs_indexer_commands_run_as_written(
+    dynamo_python: Path, settings: PoolSettings, tmp_path: Path
+) -> None:
+    # docs/integrations.md's block, as written, with its addresses made this test's: the
+    # indexer's port a free one, the engine's event and replay endpoints a live engine's.
+    cluster = await start_cluster(1, settings=settings)
+    source = cluster.stacks[0].runtime.parts(cluster.stacks[0].models.names[0]).zmq_source()
+    port = free_port()
+    block = swap_ports(
+        shell_block(
+            "docs/integrations.md",
+            "tests/peers/test_peers_dynamo_indexer.py::"
+            "test_the_docs_indexer_commands_run_as_written",
+        ),
+        {8090: port},
+    )
+    for doc_endpoint, endpoint in (
+        ("tcp://10.0.0.5:5557", source.endpoint),
+        ("tcp://10.0.0.5:5558", source.replay_endpoint),
+    ):
+        assert doc_endpoint in block
+        block = block.replace(doc_endpoint, endpoint)
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    # ``python`` is Dynamo's environment's (a script: a venv's python finds its environment
+    # from the path it is started by, which a symlink elsewhere would not be).
+    (shims / "python").write_text(f'#!/bin/sh\nexec {dynamo_python} "$@"\n')
+    (shims / "python").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{shims}{os.pathsep}{env['PATH']}"
+    try:
+        with run_shell(block, cwd=tmp_path, env=env, listens={"dynamo.indexer": [port]}) as ran:
+            registered, answer = parse_json_stream(ran.stdout)
+            assert registered == {"status": "ok"}
+            assert matched_tokens(answer) == {}, answer  # nothing stored yet
+            # The registration subscribed it to the engine: a stored prompt reaches its index.
+            ids = list(range(1, 18))
+            await cluster.stacks[0].generate(token_ids={"ids": ids}, stopping={"max_tokens": 1})
+            query = {"token_ids": ids[:16], "model_name": "tiny"}
+
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                for _ in range(300):  # a safety net for event delivery, not a measurement
+                    found = matched_tokens((await client.post("/query", json=query)).json())
+                    if found == {1: 16}:
+                        break
+                    await asyncio.sleep(0.1)
+            assert found == {1: 16}, ran.logs
+    finally:
         await cluster.close()

@@ -32,8 +32,8 @@ from smg_stubs import require_smg_stubs
 
 require_smg_stubs()
 
-from tokenkeys._gen_smg import vllm_engine_pb2 as pb  # noqa: E402
-from tokenkeys._gen_smg import vllm_engine_pb2_grpc  # noqa: E402
+from tokenkeys.server.grpc.vllm_engine.stubs import vllm_engine_pb2 as pb  # noqa: E402
+from tokenkeys.server.grpc.vllm_engine.stubs import vllm_engine_pb2_grpc  # noqa: E402
 
 pytestmark = pytest.mark.peers
 

@@ -21,8 +21,8 @@ from smg_stubs import require_smg_stubs
 
 require_smg_stubs()
 
-from tokenkeys._gen_smg import common_pb2  # noqa: E402
 from tokenkeys.server.grpc.vllm_engine.events import SmgEventConverter  # noqa: E402
+from tokenkeys.server.grpc.vllm_engine.stubs import common_pb2  # noqa: E402
 
 pytestmark = pytest.mark.peers
 

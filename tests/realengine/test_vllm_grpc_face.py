@@ -30,7 +30,11 @@ from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, VllmServer
 
 require_smg_stubs()
 
-from tokenkeys._gen_smg import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc  # noqa: E402
+from tokenkeys.server.grpc.vllm_engine.stubs import (  # noqa: E402
+    common_pb2,
+    vllm_engine_pb2,
+    vllm_engine_pb2_grpc,
+)
 
 pb = vllm_engine_pb2
 VOCAB = 49152

@@ -37,7 +37,7 @@ from tokenkeys.keys.prompt_embeds import prompt_embeds_of
 
 from served_pair import TokenkeysServe, running, sidecar_args
 from vllm_events import EventCollector
-from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME, VllmServer
+from vllm_server import BLOCK_SIZE, MODEL_NAME, VllmServer
 
 LAYOUT: Layout = LAYOUTS[1]
 
@@ -165,11 +165,19 @@ def test_what_cannot_be_keyed_exactly_is_refused_naming_the_field(sidecar, vllm_
     assert garbled.status_code == 400 and "zip-format torch.save" in garbled.text
 
 
-@pytest.mark.vllm_servers(DEFAULT_CONFIG)
+#: A server without ``--enable-prompt-embeds``: the first hybrid layout's, which
+#: test_vllm_hybrid.py uses too and which runs in this module's process (the schedule's family
+#: ``vllm-other``); the default Llama would be started a second time there, beside the other
+#: process's.
+PLAIN = LAYOUTS[0].config
+
+
+@pytest.mark.vllm_servers(PLAIN)
 def test_in_front_of_a_vllm_without_the_flag_they_are_refused_naming_it(
     vllm_pool, vllm_python
 ) -> None:
-    plain = vllm_pool.get(DEFAULT_CONFIG)
+    assert not PLAIN.prompt_embeds
+    plain = vllm_pool.get(PLAIN)
     (embeds,) = payloads(vllm_python, (40, "bfloat16", 14))
     process = TokenkeysServe(*sidecar_args(plain))
     with running(process):

@@ -26,7 +26,7 @@ class VllmGrpcServer(VllmServer):
         return ["-m", "vllm.entrypoints.launchers.grpc_server"]
 
     def answers(self) -> bool:
-        from tokenkeys._gen_smg import vllm_engine_pb2, vllm_engine_pb2_grpc
+        from tokenkeys.server.grpc.vllm_engine.stubs import vllm_engine_pb2, vllm_engine_pb2_grpc
 
         with grpc.insecure_channel(self.target) as channel:
             stub = vllm_engine_pb2_grpc.VllmEngineStub(channel)

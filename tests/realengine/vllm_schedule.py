@@ -6,7 +6,8 @@ as ``vllm_servers``. From that, at collection:
 
 - the modules that use vLLM run after all the others, those sharing a configuration next to
   each other (the default configuration's first), each module's tests in their own order, so
-  that every configuration is started once per run;
+  that every configuration is started once per run where the pool has room to keep it until
+  its last user (with fewer places, Belady's rule below restarts the few it had to evict);
 - :class:`Schedule` knows, per test, which configurations it needs; the server pool it builds
   evicts by that plan and starts the next configuration while the tests before it run;
 - the engine environment and the tiny model are prepared in a background thread from the

@@ -21,7 +21,7 @@ from tokenkeys.engine.config import EngineConfig, LoraModule, SimulatedConfig
 from tokenkeys.engine.protocol import GenerationParams
 from tokenkeys.events.zmq_endpoint import is_wildcard
 from tokenkeys.keys import make_spec
-from tokenkeys.server.grpc.discovery_messages import endpoint_of
+from tokenkeys.server.runtime.discovery_messages import endpoint_of
 from tokenkeys.server.runtime.engines import EngineRuntime
 
 
@@ -177,7 +177,7 @@ async def test_health_is_starting_until_the_engines_are_assembled():
     from engine_stack import default_models
 
     runtime = EngineRuntime(default_models(), EngineConfig())
-    from tokenkeys.server.grpc.discovery_messages import health
+    from tokenkeys.server.runtime.discovery_messages import health
 
     assert health(runtime, False).state == lifecycle_pb2.HEALTH_STATE_STARTING
     with pytest.raises(Exception, match="starting"):

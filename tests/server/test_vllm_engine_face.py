@@ -34,9 +34,9 @@ from support import REPO
 
 require_smg_stubs()
 
-from tokenkeys._gen_smg import common_pb2, vllm_engine_pb2_grpc  # noqa: E402
-from tokenkeys._gen_smg import vllm_engine_pb2 as pb  # noqa: E402
 from tokenkeys.server.grpc.vllm_engine.servicer import VllmEngineService  # noqa: E402
+from tokenkeys.server.grpc.vllm_engine.stubs import common_pb2, vllm_engine_pb2_grpc  # noqa: E402
+from tokenkeys.server.grpc.vllm_engine.stubs import vllm_engine_pb2 as pb  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 8
 
@@ -319,10 +319,24 @@ async def test_a_server_of_several_models_refuses_the_face():
         await start_stack(EngineConfig(), models=models, vllm_engine_face=True)
 
 
-def test_without_the_stubs_the_face_refuses_naming_the_build_step():
-    # A fresh interpreter in which tokenkeys._gen_smg cannot be imported (None in sys.modules).
-    code = (
-        "import sys; sys.modules['tokenkeys._gen_smg'] = None\n"
+# A fresh interpreter in which smg-grpc-proto is absent, another release, or not importable: the
+# distribution's metadata is what pip installs, so it is what the face checks first.
+_METADATA = "import importlib.metadata as m; real = m.version\n"
+_WITHOUT_SMG = {
+    "absent": _METADATA
+    + "def version(name):\n"
+    + "    if name == 'smg-grpc-proto': raise m.PackageNotFoundError(name)\n"
+    + "    return real(name)\n"
+    + "m.version = version\n",
+    "another release": _METADATA
+    + "m.version = lambda name: '0.4.27' if name == 'smg-grpc-proto' else real(name)\n",
+    "not importable": "import sys; sys.modules['smg_grpc_proto'] = None\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(_WITHOUT_SMG))
+def test_without_the_pinned_smg_grpc_proto_the_face_refuses_naming_the_extra(case):
+    code = _WITHOUT_SMG[case] + (
         "from tokenkeys.errors import ConfigError\n"
         "try:\n"
         "    import tokenkeys.server.grpc.vllm_engine.stubs\n"
@@ -336,4 +350,5 @@ def test_without_the_stubs_the_face_refuses_naming_the_build_step():
         timeout=60,
         env={**os.environ, "PYTHONPATH": str(REPO / "src")},
     )
-    assert "scripts/gen_smg_proto.py" in done.stdout and "smg-grpc-proto" in done.stdout
+    assert "smg-grpc-proto 0.4.28" in done.stdout, done.stderr
+    assert "pip install 'tokenkeys[smg]'" in done.stdout

@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also serve smg's vllm.grpc.engine.VllmEngine on the gRPC port, so SGLang's gateway "
         "routes here as a gRPC vLLM worker (smg launch --worker-urls grpc://HOST:PORT): one "
-        "model per server; needs the stubs built from smg-grpc-proto (scripts/gen_smg_proto.py)",
+        "model per server; needs the smg extra (pip install 'tokenkeys[smg]')",
     )
     p.add_argument(
         "--artifact-chunk-size",

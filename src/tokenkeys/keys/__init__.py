@@ -1,7 +1,8 @@
 """Cache-key profiles: versioned, byte-exact block keys of LLM engines and routers."""
 
-from tokenkeys.keys.compute import block_keys, make_spec
+from tokenkeys.keys.compute import block_keys
 from tokenkeys.keys.context import Adapter, KeyContext, MMItem
+from tokenkeys.keys.make import make_spec
 from tokenkeys.keys.profile import ProfileInfo
 from tokenkeys.keys.registry import get_profile, list_profiles
 from tokenkeys.keys.spec import BlockKey, CacheKeySpec, KeyGroup, Vector

@@ -1,4 +1,5 @@
-"""The one pure entry point for keys: :func:`block_keys`, and :func:`make_spec`.
+"""The one pure entry point for keys: :func:`block_keys` (specs come from
+:func:`tokenkeys.keys.make.make_spec`, which sits above this module and the vectors).
 
 ``block_keys`` validates the inputs, lets the spec's profile refuse what it does not support,
 computes every full hash unit and, for a group whose block spans several hash units, keeps the
@@ -18,32 +19,6 @@ from tokenkeys.keys.spec import BlockKey, CacheKeySpec
 
 # The context of a request without extras (frozen, so one instance serves every call).
 _EMPTY = KeyContext()
-
-
-def make_spec(
-    profile_id: str,
-    block_size: int | None,
-    *,
-    root_seed: str | None = None,
-    root_hex: str | None = None,
-    groups: object = None,
-    vectors: bool = True,
-) -> CacheKeySpec:
-    """A sealed deployment spec for ``profile_id``.
-
-    ``block_size`` is the hash unit. With ``groups`` (block sizes, dicts or ``KeyGroup`` values;
-    vLLM profiles only) it is the configured ``prefix_match_unit``, or ``None`` for the gcd of
-    the group block sizes. ``root_seed`` is the engine's seed string (vLLM: ``PYTHONHASHSEED``;
-    llm-d: ``hashSeed``), ``root_hex`` explicit root bytes an engine published. With
-    ``vectors`` the spec carries test vectors computed for exactly these parameters.
-    """
-    profile = get_profile(profile_id)
-    spec = profile.make_spec(block_size, root_seed=root_seed, root_hex=root_hex, groups=groups)
-    if not vectors:
-        return spec.sealed()
-    from tokenkeys.keys.vectors import generate_vectors  # vectors import this module
-
-    return spec.with_vectors(generate_vectors(spec))
 
 
 def profile_for(spec: CacheKeySpec) -> Profile:

@@ -14,7 +14,7 @@ from math import gcd
 from typing import Any
 
 from tokenkeys.errors import ConfigError, TokenkeysError
-from tokenkeys.keys.compute import make_spec
+from tokenkeys.keys.make import make_spec
 from tokenkeys.keys.registry import profile_ids
 from tokenkeys.keys.spec import CacheKeySpec
 

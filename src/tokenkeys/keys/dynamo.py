@@ -29,6 +29,7 @@ from typing import Any
 import xxhash
 
 from tokenkeys.errors import InvalidArgument
+from tokenkeys.keys import native
 from tokenkeys.keys.context import KeyContext, items_overlapping
 from tokenkeys.keys.profile import (
     Profile,
@@ -124,6 +125,14 @@ class DynamoProfile(RootlessProfile):
         h64 = xxhash.xxh3_64_intdigest
         pack = _PAIR.pack
         seq = int.from_bytes(ctx.parent, "big") if ctx.parent is not None else None
+        core = native.chains(xxhash=True)
+        if core is not None:
+            mm = (
+                {b: self._block_mm(ctx, b * bs, (b + 1) * bs) for b in range(n)}
+                if ctx.mm_items
+                else None
+            )
+            return core.dynamo(BlockKey, tokens, bs, seed, seq is not None, seq or 0, mm)
         out = []
         for b in range(n):
             chunk = data[b * step : (b + 1) * step]

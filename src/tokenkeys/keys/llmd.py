@@ -27,7 +27,7 @@ from typing import Any
 import xxhash
 
 from tokenkeys.errors import InvalidArgument
-from tokenkeys.keys import cbor
+from tokenkeys.keys import cbor, native
 from tokenkeys.keys.context import KeyContext, items_overlapping
 from tokenkeys.keys.profile import (
     Profile,
@@ -159,6 +159,22 @@ class LlmdProfile(Profile):
             return self._xxh(init, b"", [model])
         return fnv1a64(b"\x83" + cbor.encode_int(init) + cbor.NULL + cbor.encode(model))
 
+    def _encoded_extras(self, ctx: KeyContext, n: int, bs: int) -> dict[int, bytes] | None:
+        """Each block's extras as the bytes its payload ends with, for blocks that have any."""
+        if not ctx.mm_items and not (ctx.parent is None and ctx.cache_salt):
+            return None
+        out = {}
+        for b in range(n):
+            extras = self._extras(ctx, b, bs)
+            if not extras:
+                continue
+            if self.xxh:
+                raws = [s.encode("utf-8") for s in extras]
+                out[b] = b"".join(len(r).to_bytes(8, "little") + r for r in raws)
+            else:
+                out[b] = cbor.encode([{"Hash": s} for s in extras])
+        return out
+
     @staticmethod
     def _xxh(parent: int, token_bytes: bytes, extras: list[str]) -> int:
         parts = [parent.to_bytes(8, "little"), token_bytes]
@@ -175,6 +191,10 @@ class LlmdProfile(Profile):
         if n == 0:
             return []
         key = self._root(spec, ctx)
+        core = native.chains(xxhash=self.xxh)
+        if core is not None:
+            chain = core.llmd_xxh64 if self.xxh else core.llmd_cbor
+            return chain(BlockKey, tokens, bs, key, self._encoded_extras(ctx, n, bs))
         out = []
         if self.xxh:
             data = le_bytes(tokens[: n * bs])

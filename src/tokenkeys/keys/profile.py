@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.keys import native
 from tokenkeys.keys.context import KeyContext
 from tokenkeys.keys.spec import SLIDING_WINDOW, BlockKey, CacheKeySpec, KeyGroup
 
@@ -49,6 +50,12 @@ def check_tokens(tokens: Sequence[int]) -> array:
     """Token ids as an unsigned 32-bit array; anything else is :class:`InvalidArgument`."""
     if isinstance(tokens, array) and tokens.typecode == "I" and tokens.itemsize == 4:
         return tokens
+    core = native.chains()
+    if core is not None and (raw := core.u32(tokens)) is not None:
+        # A list's ints read in C: array("I", list) costs more than the chain it feeds.
+        arr = array("I")
+        arr.frombytes(raw)
+        return arr
     try:
         arr = array("I", tokens)
     except (OverflowError, TypeError, ValueError):

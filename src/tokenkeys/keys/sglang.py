@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenkeys.errors import InvalidArgument
+from tokenkeys.keys import native
 from tokenkeys.keys.context import KeyContext
 from tokenkeys.keys.profile import (
     Profile,
@@ -97,10 +98,13 @@ class SglangProfile(RootlessProfile):
         n = len(tokens) // bs
         if n == 0:
             return []
+        prior = self._prior(ctx)
+        core = native.chains()
+        if core is not None:
+            return core.sglang(BlockKey, tokens, bs, prior)
         step = bs * 4
         data = le_bytes(tokens[: n * bs])
         sha = hashlib.sha256
-        prior = self._prior(ctx)
         digests = []
         append = digests.append
         for start in range(0, n * step, step):

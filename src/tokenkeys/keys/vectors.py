@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenkeys.errors import TokenkeysError
-from tokenkeys.keys.compute import block_keys, make_spec
+from tokenkeys.keys.compute import block_keys
 from tokenkeys.keys.context import Adapter, KeyContext, MMItem
 from tokenkeys.keys.registry import get_profile, profile_ids
 from tokenkeys.keys.spec import CacheKeySpec, Vector
@@ -305,7 +305,9 @@ def vector_file(profile_id: str) -> dict[str, Any]:
     """The JSON document written for one profile."""
     profile = get_profile(profile_id)
     params = file_spec_params(profile_id)
-    spec = make_spec(profile_id, params.pop("block_size"), **params)
+    # The spec make_spec builds, spelled out here: make_spec sits above this module.
+    bare = profile.make_spec(params.pop("block_size"), **params)
+    spec = bare.with_vectors(generate_vectors(bare))
     doc: dict[str, Any] = {
         "profile": profile.info().to_dict(),
         "spec": spec.to_dict(include_vectors=False),

@@ -27,7 +27,7 @@ import cbor2
 import xxhash
 
 from tokenkeys.errors import InvalidArgument
-from tokenkeys.keys import cbor
+from tokenkeys.keys import cbor, native
 from tokenkeys.keys.context import KeyContext, items_overlapping
 from tokenkeys.keys.profile import (
     Profile,
@@ -276,8 +276,13 @@ class VllmProfile(Profile):
         if n == 0:
             return []
         first_tail, common, own = self._tails(ctx, n, bs)
-        data, offs = cbor.token_blocks(tokens, bs, cbor.head(4, bs), common)
         root = self._parent(spec, ctx)
+        core = native.chains(xxhash=not self.crypto)
+        if core is not None:
+            return core.vllm_cbor(
+                BlockKey, tokens, bs, root, first_tail, common, own or None, self.crypto
+            )
+        data, offs = cbor.token_blocks(tokens, bs, cbor.head(4, bs), common)
         body0 = data[: offs[1] - len(common)] + first_tail
         d = self._digest(b"\x83" + cbor.head(2, len(root)) + root + body0)
         digests = [d]

@@ -35,8 +35,8 @@ from tokenkeys.router.forwarding.promise import promise_headers
 from tokenkeys.router.forwarding.routes import FORWARDED
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
+from tokenkeys.router.replicas.shared_load import SharedLoad
 from tokenkeys.router.routed_engine import RoutedEngine, RouteNote, current_note
-from tokenkeys.router.shared_load import SharedLoad
 from tokenkeys.router.workers.pool import Pool
 from tokenkeys.router.workers.registry import WorkerRegistry
 from tokenkeys.serving.lifecycle import Lifecycle

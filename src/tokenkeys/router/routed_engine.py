@@ -26,7 +26,7 @@ from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
-from tokenkeys.router.shared_load import LocalLoad, SharedLoad
+from tokenkeys.router.replicas.shared_load import LocalLoad, SharedLoad
 from tokenkeys.router.workers.registry import WorkerRegistry
 
 

@@ -28,12 +28,12 @@ from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.decision import Policy
 from tokenkeys.router.policy.precise import GrowthLedgers
 from tokenkeys.router.policy.router import POLICIES, Router, make_policy
-from tokenkeys.router.routed_engine import RoutedEngine
-from tokenkeys.router.shared_load import (
+from tokenkeys.router.replicas.shared_load import (
     LocalLoad,
     RedisSharedLoad,
     SharedLoad,
 )
+from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool import TRANSPORTS
 from tokenkeys.router.workers.pool_setup import PoolSettings, pool_factory
@@ -64,7 +64,7 @@ class RoutingConfig:
     - ``pools``: artifact cache, request limits, key strategy (``pool_setup.PoolSettings``);
     - ``cost``: the precise policy's weights and temperature (``router.policy.cost.CostWeights``);
     - ``share_load``: share requests in flight and cache growth with the other replicas
-      through the Redis at ``redis_url`` (``router.shared_load``); without it each
+      through the Redis at ``redis_url`` (``router.replicas.shared_load``); without it each
       replica counts only its own.
     """
 

@@ -32,11 +32,11 @@ from tokenkeys.frontend import HttpConfig, HttpServer, create_app
 from tokenkeys.frontend.server import serve_app
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.limits import Limits
-from tokenkeys.server.grpc.discovery_messages import http_frontend_url
 from tokenkeys.server.grpc.engine_services import engine_service_adders
 from tokenkeys.server.grpc.server import ServiceAdder, start_grpc_server
 from tokenkeys.server.grpc.tokenizer import TokenizerService
 from tokenkeys.server.http_snapshot import add_snapshot_route
+from tokenkeys.server.runtime.discovery_messages import http_frontend_url
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.guards import build_guards
 from tokenkeys.serving.lifecycle import Lifecycle
@@ -63,8 +63,8 @@ class ServeConfig:
       each build a whole server and share the ports; :mod:`tokenkeys.process.supervisor`);
     - ``connections``: connection caps and idle timeouts on both faces (default: the defaults);
     - ``vllm_engine_face``: also serve smg's ``vllm.grpc.engine.VllmEngine`` on the gRPC port
-      (:mod:`tokenkeys.server.grpc.vllm_engine`; needs an engine and one model, and the stubs
-      built by ``scripts/gen_smg_proto.py``, or the start is refused saying so).
+      (:mod:`tokenkeys.server.grpc.vllm_engine`; needs an engine and one model, and the ``smg``
+      extra's smg-grpc-proto, or the start is refused saying so).
     """
 
     host: str = "127.0.0.1"
@@ -168,8 +168,11 @@ class EngineServer:
             add_snapshot_route(self.app, self.models, self.runtime)
         server = await serve_app(self.app, self.config, port)
         if self.runtime is not None:
-            self.runtime.http_frontend = http_frontend_url(
-                self.config.host, server.port, self.runtime.config.advertise_host, self.config.tls
+            self.runtime.state.http_frontend = http_frontend_url(
+                self.config.host,
+                server.port,
+                self.runtime.state.config.advertise_host,
+                self.config.tls,
             )
         return server
 

@@ -41,14 +41,6 @@ class Specials:
     added: tuple[AddedToken, ...]
     model_max_length: int | None
 
-    def special_ids(self) -> frozenset[int]:
-        """Ids that ``skip_special_tokens`` removes."""
-        ids = {a.id for a in self.added if a.special}
-        for ref in (self.bos, self.pad, self.unk, *self.eos):
-            if ref is not None:
-                ids.add(ref.id)
-        return frozenset(ids)
-
 
 def _content(value: Any) -> str | None:
     """A token declaration is a string, an AddedToken-like dict, or null."""

@@ -26,7 +26,7 @@ from routing_support import (
 )
 
 from tokenkeys.router.index.redis import RedisPrefixIndex
-from tokenkeys.server.grpc import discovery_messages
+from tokenkeys.server.runtime import discovery_messages
 
 CLEARS = "tokenkeys_router_worker_clears_total"
 

@@ -44,8 +44,8 @@ from tokenkeys.router.forwarding.relay import raw as raw_chunks
 from tokenkeys.router.forwarding.routes import ForwardedRoute
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
+from tokenkeys.router.replicas.shared_load import LocalLoad, SharedLoad
 from tokenkeys.router.routed_engine import RouteNote, current_note
-from tokenkeys.router.shared_load import LocalLoad, SharedLoad
 from tokenkeys.router.workers.load_view import Flight
 from tokenkeys.router.workers.pool import Member, Pool
 from tokenkeys.router.workers.registry import WorkerRegistry

@@ -227,7 +227,7 @@ class GrowthLedger:
 
     horizon: int = GROWTH_HORIZON
     growth: dict[str, float] = field(default_factory=dict)
-    #: Growth of decisions being agreed with router replicas (``router.shared_load``), by
+    #: Growth of decisions being agreed with router replicas (``router.replicas.shared_load``), by
     #: worker: priced at once, recorded (and decayed) only once agreed.
     held: dict[str, list[float]] = field(default_factory=dict)
 

@@ -5,7 +5,7 @@ one load balancer route a burst at the same moment, each on its own memory, so w
 two of them send two new prefixes to the one worker that looked idle to both. A
 :class:`Placements` closes that window: it runs the decision (``decide``, pure local
 computation, the cost model and all) and then agrees on it with the other replicas. The
-Redis one (``router.shared_load.RedisSharedLoad``) does so in one atomic round trip that
+Redis one (``router.replicas.shared_load.RedisSharedLoad``) does so in one atomic round trip that
 records the placement only if no peer recorded one since this replica last looked, and
 otherwise hands back what the peers recorded, so the decision is made again with it
 (optimistic, bounded retries). The cost model therefore exists once, here in Python; the

@@ -14,8 +14,8 @@ arrives, as Dynamo counts a request's prefill tokens until it is marked prefill-
 its first streamed item (``lib/llm/src/kv_router.rs`` ``KvPushRouter``). The worker's KV
 capacity comes with each poll.
 
-Router replicas sharing their load (``router.shared_load``) add two kinds of flights to the same
-counts: a peer's requests (:meth:`LoadView.adopt`), and this router's own placements still
+Router replicas sharing their load (``router.replicas.shared_load``) add two kinds of flights to
+the same counts: a peer's requests (:meth:`LoadView.adopt`), and this router's own placements still
 being agreed or not yet sent (:meth:`LoadView.hold`), so that its next decisions see them at
 once; :meth:`LoadView.begin` takes over a hold of the same prompt.
 

@@ -30,9 +30,9 @@ from tokenkeys.router.workers.discovery import check_address
 from tokenkeys.router.workers.following import EventFollowing
 from tokenkeys.router.workers.health import DOWN_AFTER, HealthPolling
 from tokenkeys.router.workers.pool import Pool
-from tokenkeys.router.workers.state import WorkerState, registry_status
+from tokenkeys.router.workers.state import WorkerState
+from tokenkeys.router.workers.status import registry_status
 from tokenkeys.router.workers.tasks import BackgroundTasks
-from tokenkeys.router.workers.trust import worker_suspicions
 
 
 class WorkerRegistry:
@@ -163,8 +163,4 @@ class WorkerRegistry:
 
     def status(self) -> dict:
         """Pools and workers as JSON (``GET /router/workers``); reads only."""
-        return registry_status(
-            self.pools,
-            self.workers,
-            lambda ws: worker_suspicions(self.pools, ws, self.health.silent_after),
-        )
+        return registry_status(self.pools, self.workers, self.health.silent_after)

@@ -39,7 +39,7 @@ class ControlService(openengine_pb2_grpc.ControlServicer):
         info = await self._hosting.server_info(request)
         # This process's own HTTP frontend, also over a forwarded engine's answer: a router
         # forwards OpenAI requests here, where this server's Preprocessor opens them.
-        info.http_frontend = self._runtime.http_frontend
+        info.http_frontend = self._runtime.state.http_frontend
         return info
 
     @grpc_status.unary

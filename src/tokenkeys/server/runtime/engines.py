@@ -4,7 +4,8 @@ The runtime knows no engine kind: :func:`~tokenkeys.engine.registry.engine_kind`
 kind's factory, and the kind's hosting wraps what it builds -- :class:`StreamedHosting` when
 this process streams the engines' KV events and answers ``Control`` for them (simulated, vLLM
 sidecar), :class:`ForwardedHosting` when both come from the engine's own OpenEngine server
-(remote). The servicers call the hosting (:class:`Hosting`) and nothing else.
+(remote). The servicers call the hosting (:class:`Hosting`) and nothing else; the hosting
+receives the runtime's :class:`~tokenkeys.server.runtime.state.RuntimeState`, not the runtime.
 
 Lifecycle: :meth:`EngineRuntime.start` after the gRPC server is listening (the topic and the
 advertised gRPC source name its port); :meth:`EngineRuntime.begin_shutdown` ends every KV-event
@@ -21,15 +22,14 @@ from functools import lru_cache
 from prometheus_client import CollectorRegistry
 
 from tokenkeys.engine.config import EngineConfig
-from tokenkeys.engine.fronted import FrontedEngine
 from tokenkeys.engine.hosting import HostedEngine
 from tokenkeys.engine.registry import engine_kind
-from tokenkeys.errors import NotFound, Unavailable
 from tokenkeys.events.zmq_endpoint import routable_endpoint
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.keys.deployment import KeySpecOptions, build_spec
 from tokenkeys.server.runtime.forwarded import ForwardedHosting
 from tokenkeys.server.runtime.hosting import Hosting, ModelParts
+from tokenkeys.server.runtime.state import RuntimeState
 from tokenkeys.server.runtime.streamed import StreamedHosting
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
@@ -63,7 +63,10 @@ def deployment_spec(model: ServedModel) -> CacheKeySpec:
 
 
 class EngineRuntime:
-    """Every engine of one server process; see the module doc for the lifecycle."""
+    """Every engine of one server process; see the module doc for the lifecycle.
+
+    Its :class:`RuntimeState` is what the hosting receives; the runtime alone changes it.
+    """
 
     def __init__(
         self,
@@ -72,34 +75,47 @@ class EngineRuntime:
         *,
         spec_of: Callable[[ServedModel], CacheKeySpec] = deployment_spec,
     ) -> None:
-        self.models = models
-        self.config = config
-        self.spec_of = spec_of
-        self.kind = engine_kind(config.kind)
-        #: The routable ``host:port`` of this server's gRPC endpoint, known after start.
-        self.grpc_address: str | None = None
-        #: Where this server's OpenAI HTTP frontend answers (``http://host:port``), once it
-        #: listens; advertised in ``ServerInfo.http_frontend`` so routers forward requests to it.
-        self.http_frontend = ""
-        self.ready = False
-        self.draining = False
+        kind = engine_kind(config.kind)
         #: Metrics of the engines (exported on the HTTP ``/metrics``), made by their kind.
         self.metrics = CollectorRegistry(auto_describe=True)
-        self.kind_metrics = None if self.kind.metrics is None else self.kind.metrics(self.metrics)
-        self.hosting: Hosting = HOSTINGS[self.kind.hosting](self)
+        self.state = RuntimeState(
+            models,
+            config,
+            kind,
+            spec_of,
+            kind_metrics=None if kind.metrics is None else kind.metrics(self.metrics),
+        )
+        self.models = models
+        self.hosting: Hosting = HOSTINGS[kind.hosting](self.state)
 
     @property
     def instance_id(self) -> str:
         """This process's instance id."""
-        return self.config.instance_id
+        return self.state.instance_id
+
+    @property
+    def ready(self) -> bool:
+        """Whether every engine started (and the runtime is not closed)."""
+        return self.state.ready
+
+    @property
+    def draining(self) -> bool:
+        """Whether the runtime is stopping: new requests are refused."""
+        return self.state.draining
+
+    @property
+    def grpc_address(self) -> str | None:
+        """The routable ``host:port`` of this server's gRPC endpoint, known after start."""
+        return self.state.grpc_address
 
     async def start(self, bind_host: str, grpc_port: int) -> None:
         """Build and start every model's engine; on any failure nothing stays open."""
-        self.grpc_address = routable_endpoint(
-            f"tcp://{bind_host}:{grpc_port}", self.config.advertise_host
+        state = self.state
+        state.grpc_address = routable_endpoint(
+            f"tcp://{bind_host}:{grpc_port}", state.config.advertise_host
         ).removeprefix("tcp://")
         try:
-            self.config = await self.kind.prepare(self.config)
+            state.config = await state.kind.prepare(state.config)
             await self.hosting.start(bind_host)
         except BaseException:
             await self.close()
@@ -107,7 +123,7 @@ class EngineRuntime:
         for model in self.models:
             engine = self.hosting.parts(model.name).engine
             self.models.replace(dataclasses.replace(model, engine=engine))
-        self.ready = True
+        state.ready = True
 
     def describe(self) -> list[str]:
         """One line per model for the server log: engine, spec and event endpoints."""
@@ -119,25 +135,7 @@ class EngineRuntime:
 
     def parts(self, model: str) -> ModelParts:
         """The engine parts of a served model (names are resolved by the model registry)."""
-        if not self.ready or self.draining:
-            raise Unavailable(
-                "the engine is " + ("stopping" if self.draining else "starting") + "; retry",
-                field="model",
-            )
-        try:
-            return self.hosting.parts(model)
-        except KeyError:
-            raise NotFound(f"model {model!r} has no engine here", field="model") from None
-
-    async def unready(self) -> str | None:
-        """Why an engine that is a server of its own (a fronted vLLM) cannot serve now, or None."""
-        for model in self.models.names:
-            engine = self.parts(model).engine
-            if isinstance(engine, FrontedEngine):
-                reason = await engine.unready()
-                if reason is not None:
-                    return reason
-        return None
+        return self.state.serving(self.hosting.parts, model)
 
     async def ensure_up(self) -> None:
         """Raise Unavailable when an engine cannot serve: discovery then finds this server
@@ -147,11 +145,11 @@ class EngineRuntime:
 
     def begin_shutdown(self) -> None:
         """Refuse new requests and end every KV-event subscription (terminal message)."""
-        self.draining = True
+        self.state.draining = True
         self.hosting.end_streams()
 
     async def close(self) -> None:
         """Close the engines and their sockets (idempotent)."""
         self.begin_shutdown()
-        self.ready = False
+        self.state.ready = False
         await self.hosting.close()

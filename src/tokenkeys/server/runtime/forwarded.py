@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -19,11 +18,9 @@ from tokenkeys._gen.openengine.v1 import kv_pb2, lifecycle_pb2, model_pb2, serve
 from tokenkeys.engine.hosting import EngineInputs, ForwardedEngine
 from tokenkeys.errors import from_grpc
 from tokenkeys.events.model import EventSourceInfo
-from tokenkeys.server.grpc import discovery_messages as messages
+from tokenkeys.server.runtime import discovery_messages as messages
+from tokenkeys.server.runtime.state import RuntimeState
 from tokenkeys.serving.models import ServedModel
-
-if TYPE_CHECKING:
-    from tokenkeys.server.runtime.engines import EngineRuntime
 
 
 @dataclass
@@ -40,7 +37,7 @@ class ForwardedParts:
 class ForwardedHosting:
     """The engines of a process that forwards to OpenEngine engines; see the module doc."""
 
-    def __init__(self, runtime: EngineRuntime) -> None:
+    def __init__(self, runtime: RuntimeState) -> None:
         self.runtime = runtime
         self.models: dict[str, ForwardedParts] = {}
 
@@ -73,9 +70,7 @@ class ForwardedHosting:
             await parts.engine.close()
 
     def _ready(self, model: str | None = None) -> ForwardedParts:
-        name = self.runtime.models.get(model).name
-        self.runtime.parts(name)  # Unavailable while starting or stopping
-        return self.models[name]
+        return self.runtime.serving(self.parts, self.runtime.models.get(model).name)
 
     def _control(self, model: str | None = None):  # noqa: ANN202 - a ControlStub
         return self._ready(model).engine.control

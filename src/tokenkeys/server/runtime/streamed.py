@@ -19,9 +19,9 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tokenkeys._gen.openengine.v1 import kv_pb2, lifecycle_pb2, model_pb2, server_pb2
+from tokenkeys.engine.fronted import FrontedEngine
 from tokenkeys.engine.hosting import EngineInputs, StreamedEngine
 from tokenkeys.engine.proto_errors import draining, engine_error
 from tokenkeys.errors import InvalidArgument, LimitExceeded, Unsupported
@@ -31,11 +31,9 @@ from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec, layout_for
 from tokenkeys.events.zmq_publisher import ZmqEventPublisher, restart_safe_first_seq
 from tokenkeys.keys.proto import spec_ref
-from tokenkeys.server.grpc import discovery_messages as messages
+from tokenkeys.server.runtime import discovery_messages as messages
+from tokenkeys.server.runtime.state import RuntimeState
 from tokenkeys.serving.models import ServedModel, with_spec
-
-if TYPE_CHECKING:
-    from tokenkeys.server.runtime.engines import EngineRuntime
 
 
 @dataclass
@@ -64,7 +62,7 @@ def _check_ranks(ranks: list[int]) -> bool:
 class StreamedHosting:
     """The engines of a process that streams their events; see the module doc."""
 
-    def __init__(self, runtime: EngineRuntime) -> None:
+    def __init__(self, runtime: RuntimeState) -> None:
         self.runtime = runtime
         self.models: dict[str, StreamedParts] = {}
         self._publishers: list[ZmqEventPublisher] = []
@@ -166,16 +164,17 @@ class StreamedHosting:
             await publisher.close()
 
     def _ready(self, model: str) -> StreamedParts:
-        self.runtime.parts(model)  # Unavailable while starting or stopping, NotFound
-        return self.models[model]
+        return self.runtime.serving(self.parts, model)
 
     def _engines_in_order(self) -> list[StreamedEngine]:
         return [self._ready(name).engine for name in self.runtime.models.names]
 
     async def server_info(self, request: server_pb2.GetServerInfoRequest) -> server_pb2.ServerInfo:
         """This process's identity and the engines' capacity (an engine down: Unavailable)."""
-        await self.runtime.ensure_up()
-        return messages.server_info(self.runtime, self._engines_in_order())
+        engines = self._engines_in_order()
+        for engine in engines:
+            await engine.ensure_up()
+        return messages.server_info(self.runtime, engines)
 
     async def model_info(
         self, model: ServedModel, request: model_pb2.GetModelInfoRequest
@@ -192,8 +191,17 @@ class StreamedHosting:
         """STARTING until assembled, READY, NOT_READY while a fronted vLLM does not answer (its
         reason in the message), DRAINING while stopping."""
         runtime = self.runtime
-        unready = await runtime.unready() if runtime.ready and not runtime.draining else None
+        unready = await self._unready() if runtime.ready and not runtime.draining else None
         return messages.health(runtime, request.include_inference_probe, unready)
+
+    async def _unready(self) -> str | None:
+        """Why an engine that is a server of its own (a fronted vLLM) cannot serve now, or None."""
+        for engine in self._engines_in_order():
+            if isinstance(engine, FrontedEngine):
+                reason = await engine.unready()
+                if reason is not None:
+                    return reason
+        return None
 
     async def event_sources(
         self, names: list[str], request: kv_pb2.GetKvEventSourcesRequest
@@ -203,7 +211,14 @@ class StreamedHosting:
         if _check_ranks(list(request.data_parallel_ranks)):
             for name in names:
                 parts = self._ready(name)
-                response.sources.extend(messages.event_sources(parts, self.runtime))
+                response.sources.extend(
+                    messages.event_sources(
+                        self.runtime,
+                        parts.engine.model_name,
+                        parts.protobuf.key_spec,
+                        parts.zmq_source(),
+                    )
+                )
         return response
 
     async def subscribe(

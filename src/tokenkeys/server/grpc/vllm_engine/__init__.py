@@ -1,7 +1,7 @@
 """smg's ``vllm.grpc.engine.VllmEngine`` face, beside OpenEngine's services on the same port.
 
-Importing this package needs the stubs compiled from ``smg-grpc-proto`` (``scripts/
-gen_smg_proto.py``); without them it raises ConfigError saying how to build them.
+Importing this package needs the pinned ``smg-grpc-proto`` (the ``smg`` extra), whose stubs it
+uses; without it it raises ConfigError naming the install command.
 """
 
 from __future__ import annotations

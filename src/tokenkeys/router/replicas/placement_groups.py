@@ -1,4 +1,5 @@
-"""A router replica's decisions placed in groups on the shared stream (``router.shared_load``).
+"""A router replica's decisions placed in groups on the shared stream
+(``router.replicas.shared_load``).
 
 A decision placed alone would cost a round trip, and a burst's decisions would queue one round
 trip each behind each other. Instead, the decisions a replica is asked while one of its

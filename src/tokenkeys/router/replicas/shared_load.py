@@ -9,7 +9,7 @@ two of them may send two new prefixes to one worker before any event or load pol
 - :class:`LocalLoad` shares nothing (one router; today's behaviour).
 - :class:`RedisSharedLoad` appends every decision's placement (the request it sends, the
   blocks it prefills, the growth it causes) and every flight's first output and end to one
-  Redis stream of the namespace (``router.shared_stream``), and applies what the other
+  Redis stream of the namespace (``router.replicas.shared_stream``), and applies what the other
   replicas append to its own load views and growth ledgers, in the stream's order.
 
 A decision is made on local memory, then placed (``router.policy.placement``): one atomic
@@ -19,7 +19,7 @@ case the peer's entries come back, are applied, and the decision is made again (
 thereby decided as one router would decide it, one placement after the other.
 
 A replica's own decisions do not queue one round trip each: those asked while one of its
-placements is out are decided in order and placed together (``router.placement_groups``).
+placements is out are decided in order and placed together (``router.replicas.placement_groups``).
 First outputs, ends and heartbeats are batched by a background task (one ``XADD`` per batch).
 
 This follows Dynamo's router replica sync (ai-dynamo/dynamo ``lib/llm/src/kv_router/
@@ -29,7 +29,7 @@ needs nothing else; Dynamo's broadcast is after the fact, the placement here is 
 the request is sent. On a Redis Cluster any node serves as the URL (the stream lives on the
 slot of its hash tag; the cluster client finds it).
 
-A peer's flights are only as good as its entries (``router.peer_flights``). A replica that
+A peer's flights are only as good as its entries (``router.replicas.peer_flights``). A replica that
 stops appending (crashed, cut off) sends a heartbeat no more: after ``peer_timeout`` seconds
 its flights are ended here.
 When this replica loses the stream it ends every peer flight it holds and routes on its own
@@ -53,11 +53,11 @@ import msgpack
 
 from tokenkeys.errors import Unavailable
 from tokenkeys.router.index.redis_store import RedisStore
-from tokenkeys.router.peer_flights import PeerFlights
-from tokenkeys.router.placement_groups import GroupPlacer
 from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.policy.placement import Placement
-from tokenkeys.router.shared_stream import (
+from tokenkeys.router.replicas.peer_flights import PeerFlights
+from tokenkeys.router.replicas.placement_groups import GroupPlacer
+from tokenkeys.router.replicas.shared_stream import (
     ALIVE,
     ANSWERED,
     FINISHED,
@@ -190,10 +190,10 @@ class RedisSharedLoad:
         self._wake.set()
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """Decide, then place the decision on the stream (``router.placement_groups``)."""
+        """Decide, then place the decision on the stream (``router.replicas.placement_groups``)."""
         return await self._placer.place(decide)
 
-    # The placer's view of the stream (``router.placement_groups.Stream``).
+    # The placer's view of the stream (``router.replicas.placement_groups.Stream``).
 
     def next_serial(self) -> int:
         """A new serial for one of this replica's flights."""

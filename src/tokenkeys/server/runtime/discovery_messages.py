@@ -1,6 +1,10 @@
 """The discovery answers of ``Control``: ServerInfo, ModelInfo (with the tokenizer advertisement),
 LoadInfo, HealthResponse and the KV-event sources, built from the running engines.
 
+The hostings build their answers here from the :class:`RuntimeState` they hold (the streamed
+one all of them, the forwarded one its tokenizer advertisement and its own Health while the
+runtime starts or stops).
+
 Field meanings follow OpenEngine v1 (ai-dynamo/openengine docs/api.md @4def7c5): presence-aware
 scalars are set only when known; ``endpoint_addr`` is always a routable host, never a wildcard.
 """
@@ -14,23 +18,24 @@ from typing import TYPE_CHECKING
 
 import tokenkeys
 from tokenkeys._gen.openengine.v1 import (
+    cache_keys_pb2,
     kv_pb2,
     lifecycle_pb2,
     model_pb2,
     server_pb2,
 )
 from tokenkeys.errors import ConfigError
+from tokenkeys.events.model import EventSourceInfo
 from tokenkeys.events.zmq_endpoint import routable_endpoint
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.grpc.tokenizer_info import supported_operations
+from tokenkeys.server.runtime.state import RuntimeState
 from tokenkeys.serving.models import ServedModel
 
-if TYPE_CHECKING:  # the runtime's hostings build their answers here
+if TYPE_CHECKING:
     from tokenkeys.engine.config import EngineConfig
     from tokenkeys.engine.hosting import StreamedEngine
     from tokenkeys.engine.protocol import Engine
-    from tokenkeys.server.runtime.engines import EngineRuntime
-    from tokenkeys.server.runtime.streamed import StreamedParts
 
 ENGINE_NAME = "tokenkeys-sim"
 #: The OpenEngine revision implemented and the immutable source it is taken from.
@@ -56,7 +61,7 @@ def http_frontend_url(host: str, port: int, advertise_host: str | None, tls: obj
     return f"{'https' if tls is not None else 'http'}://{hostport}"
 
 
-def server_info(runtime: EngineRuntime, engines: Sequence[StreamedEngine]) -> server_pb2.ServerInfo:
+def server_info(runtime: RuntimeState, engines: Sequence[StreamedEngine]) -> server_pb2.ServerInfo:
     """GetServerInfo of a server whose ``engines`` (one per model) stream their events here."""
     info = server_pb2.ServerInfo(
         engine_name=ENGINE_NAME,
@@ -157,7 +162,7 @@ async def load_info(instance_id: str, engines: Sequence[Engine]) -> server_pb2.L
 
 
 def health(
-    runtime: EngineRuntime, probe: bool, unready: str | None = None
+    runtime: RuntimeState, probe: bool, unready: str | None = None
 ) -> lifecycle_pb2.HealthResponse:
     """Health of the local engines: STARTING until assembled, DRAINING while stopping,
     NOT_READY while a fronted vLLM cannot serve (``unready`` says why)."""
@@ -184,12 +189,16 @@ def health(
     return lifecycle_pb2.HealthResponse(state=state, checks=checks)
 
 
-def event_sources(parts: StreamedParts, runtime: EngineRuntime) -> list[kv_pb2.KvEventSource]:
-    """The ZMQ source (vLLM wire) and the gRPC source (SubscribeKvEvents) of one model."""
-    ref = parts.protobuf.key_spec
+def event_sources(
+    runtime: RuntimeState,
+    model: str,
+    ref: cache_keys_pb2.CacheKeySpecRef,
+    zmq_info: EventSourceInfo | None,
+) -> list[kv_pb2.KvEventSource]:
+    """The ZMQ source (vLLM wire), when ``zmq_info`` says there is one, and the gRPC source
+    (SubscribeKvEvents) of ``model``, whose events follow the key spec ``ref``."""
     config = runtime.config
     out = []
-    zmq_info = parts.zmq_source()
     if zmq_info is not None:
         source = kv_pb2.KvEventSource(
             transport="zmq",
@@ -209,7 +218,7 @@ def event_sources(parts: StreamedParts, runtime: EngineRuntime) -> list[kv_pb2.K
             endpoint_addr=endpoint_of(runtime.grpc_address or "", "grpc"),
             # For the gRPC source the topic is the served model name, which
             # SubscribeKvEventsRequest.model selects.
-            topic=parts.engine.model_name,
+            topic=model,
             data_parallel_rank=0,
             encoding="protobuf",
             buffer_steps=config.kv_events_buffer_steps,

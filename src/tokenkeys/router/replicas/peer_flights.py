@@ -2,8 +2,8 @@
 
 A peer's placement is a flight in this replica's view of that worker (``LoadView.adopt``: its
 blocks in use, its fresh blocks queued to prefill) and growth in the pool's ledger; its first
-output and its end follow (``router.shared_stream`` names the change kinds). A peer's flights are
-only as good as its entries: a peer silent for ``timeout`` seconds (crashed, cut off: no
+output and its end follow (``router.replicas.shared_stream`` names the change kinds). A peer's
+flights are only as good as its entries: a peer silent for ``timeout`` seconds (crashed, cut off: no
 heartbeat) has its flights ended here, and all of them end when this replica loses the stream.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tokenkeys.router.policy.cost import GrowthLedger
-from tokenkeys.router.shared_stream import ANSWERED, FINISHED, GREW, PLACED
+from tokenkeys.router.replicas.shared_stream import ANSWERED, FINISHED, GREW, PLACED
 from tokenkeys.router.workers.load_view import Flight, LoadView
 
 

@@ -21,8 +21,8 @@ from routing_support import wait_until
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.policy.placement import Placement
+from tokenkeys.router.replicas.shared_load import LocalLoad, RedisSharedLoad
 from tokenkeys.router.service import RoutingConfig
-from tokenkeys.router.shared_load import LocalLoad, RedisSharedLoad
 from tokenkeys.router.workers.load_view import LoadView
 
 
