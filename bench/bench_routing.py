@@ -1,7 +1,7 @@
 """Routing policies on three workloads over 4 engines: cache hits, TTFT and balance.
 
 Four ``tokenkeys serve`` processes (simulated engines, vLLM 0.31+ ``sha256_cbor`` keys, 16-token
-blocks, a bounded KV cache, ZMQ KV events) and one in-process router (``RouteServer``, in
+blocks, a bounded KV cache, ZMQ KV events) and one in-process router (``RouterProcess``, in
 memory) that forwards token ids over ``Inference.Generate``, as smg's rows run one ``smg``
 instance; the 2-replica row puts two such routers behind a load balancer that picks one at
 random per request. Workloads (:func:`workloads`):
@@ -81,7 +81,7 @@ from routing_workload import (
 )
 from timing import pct
 
-from tokenkeys.router.assembly import RouteConfig, RouteServer
+from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.policy.cost import CostWeights, GrowthLedger
 from tokenkeys.router.policy.placement import Placement
 from tokenkeys.router.replicas.shared_load import RedisSharedLoad
@@ -117,7 +117,7 @@ async def _run_policy(
     config = router_config(engines, policy, cost, cache, share_url)
     # Each replica follows every engine's events (an in-memory index each); what it sent, its
     # requests in flight and its cache-growth counts are its own unless shared.
-    routers = [await RouteServer(RouteConfig(config)).start() for _ in range(replicas)]
+    routers = [await RouterProcess(RouterProcessConfig(config)).start() for _ in range(replicas)]
     await _shared_ready([r.service for r in routers])
     services = [r.service for r in routers]
     balancer = random.Random(11)  # the load balancer's picks, apart from the workload's draws

@@ -3,7 +3,7 @@
 ``bench_routing`` runs its routers in the bench's own process and event loop, beside the
 clients, so a sharing replica's placement could wait behind the other replicas' work (it was
 measured not to be the cause: docs/benchmarks.md). Here every router (the one router of the
-reference row, or each of 2-4 sharing replicas) is a process of its own (``RouteServer`` with
+reference row, or each of 2-4 sharing replicas) is a process of its own (``RouterProcess`` with
 its HTTP frontend, as ``tokenkeys route`` runs), the bench process only plays the conversations
 over HTTP (``/v1/chat/completions``: the router tokenizes, as it does for a client) to a replica
 picked at random per request, as a load balancer does. The served worker comes from the router's
@@ -34,11 +34,11 @@ from routing_workload import (
     wait_quiet,
 )
 
-from tokenkeys.router.assembly import RouteConfig, RouteServer
+from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.frontend import HEADER_WORKER
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.replicas.shared_load import RedisSharedLoad
-from tokenkeys.router.service import RouterConfig
+from tokenkeys.router.service import RoutingConfig
 
 #: Seconds between the loop-lag probe's wake-ups.
 _TICK = 0.005
@@ -52,9 +52,9 @@ async def _lag(lags: list[float]) -> None:
         lags.append(time.perf_counter() - began - _TICK)
 
 
-async def _serve(config: RouterConfig, conn: Any) -> None:
+async def _serve(config: RoutingConfig, conn: Any) -> None:
     """One router process: start, say its port, then answer the bench's commands."""
-    server = await RouteServer(RouteConfig(config, http_port=0)).start()
+    server = await RouterProcess(RouterProcessConfig(config, http_port=0)).start()
     service = server.service
     lags: list[float] = []
     probe = asyncio.create_task(_lag(lags))
@@ -90,7 +90,7 @@ async def _serve(config: RouterConfig, conn: Any) -> None:
         await server.stop()
 
 
-def _router_process(config: RouterConfig, conn: Any) -> None:
+def _router_process(config: RoutingConfig, conn: Any) -> None:
     asyncio.run(_serve(config, conn))
 
 

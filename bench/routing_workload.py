@@ -24,7 +24,7 @@ from timing import pct
 
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.router.policy.cost import CostWeights
-from tokenkeys.router.service import RouterConfig, RoutingService
+from tokenkeys.router.service import RoutingConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,10 +217,10 @@ def finish(result: dict, served: Counter[str]) -> dict:
 
 def router_config(
     engines: list, policy: str, cost: CostWeights, cache: str, share_url: str | None
-) -> RouterConfig:
+) -> RoutingConfig:
     """The routers' configuration over ``engines``; with ``share_url`` they share their load
     through it, in a namespace of their own."""
-    return RouterConfig(
+    return RoutingConfig(
         workers=tuple(e.address for e in engines),
         policy=policy,
         poll_interval=0.2,

@@ -100,10 +100,12 @@ async def start_stack(
     port: int = 0,
     limits: Limits | None = None,
     vllm_engine_face: bool = False,
+    http_port: int | None = None,
 ) -> EngineStack:
     """Start the engine services for ``models`` (default: the embedded tokenizer).
 
     ``port`` 0 picks a free gRPC port; a fixed one lets a test restart an engine in place.
+    ``http_port`` (0: a free one) adds the OpenAI HTTP frontend, advertised in GetServerInfo.
     """
     models = models or default_models()
     spec_of = spec if callable(spec) or spec is None else (lambda _model: spec)
@@ -114,6 +116,7 @@ async def start_stack(
         engine=config or EngineConfig(),
         spec_of=spec_of,
         vllm_engine_face=vllm_engine_face,
+        http_port=http_port,
     )
     serving = await EngineServer(models, serve).start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{serving.grpc_port}")

@@ -39,6 +39,6 @@ def test_a_synopsis_without_an_option_is_found() -> None:
     gen = _generator()
     parsers = gen.commands()
     good = gen.render("<!-- synopsis: route -->\n```\n```\n", parsers)
-    assert "[--processes N]" in good and "--worker HOST:PORT..." in good
+    assert "[--processes N]" in good and "--worker HOST:PORT[,URL]..." in good
     stale = good.replace(" [--processes N]", "")
     assert gen.render(stale, parsers) == good

@@ -70,10 +70,13 @@ def test_the_tour_runs_as_written(tmp_path: Path) -> None:
     # pull prints the folder it installed into, between the JSON the other commands print.
     (at,) = [i for i, line in enumerate(printed) if line.startswith(str(tmp_path))]
     remote, chat, profiles, keys = parse_json_stream("".join(printed[:at]))
-    (routed,) = parse_json_stream("".join(printed[at + 1 :]))
+    routed, completion = parse_json_stream("".join(printed[at + 1 :]))
     assert (tmp_path / printed[at].strip() / "tokenizer.json").is_file()
     # The engine over gRPC and the router over HTTP give "Hello world" the same ids.
     assert remote == [{"ids": routed["tokens"], "count": routed["count"]}] and routed["count"]
+    # Through the router's front door the worker generates for the prompt /tokenize counts.
+    assert completion["usage"]["prompt_tokens"] == routed["count"]
+    assert completion["choices"][0]["finish_reason"] == "length"
     assert chat["count"] == len(chat["tokens"]) > 0
     assert "vllm/sha256_cbor@0.31" in {profile["id"] for profile in profiles}
     (prompt,) = json.loads((tmp_path / "ids.json").read_text())

@@ -6,8 +6,10 @@ anew (``id``, ``created``): greedy and seeded text, ``n`` choices, logprobs (cha
 stop strings, penalties, JSON-schema output, ``echo`` of a token prompt, streamed and not, and
 through the official ``openai`` client. Each side gets its own ``cache_salt`` so that both
 compute the whole prompt (a prefix hit would change nothing vLLM returns but ``cached_tokens``).
-What the sidecar refuses (``docs/vllm.md``) answers 501 naming the field. Through ``tokenkeys
-route`` in front of the sidecar (gRPC ``Generate``), greedy and seeded text are vLLM's too.
+What the sidecar refuses (``docs/vllm.md``) answers 501 naming the field. Each of these runs
+again through ``tokenkeys route`` in front of the sidecar, which routes, then forwards the
+request to the sidecar's HTTP frontend (issue 33): every answer is still vLLM's, through the
+official ``openai`` client too, sync and async, streamed and not.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture(params=["sidecar", "router"])
+def front(request):  # noqa: ANN001, ANN201
+    """Where the request goes beside vLLM: the sidecar, or ``tokenkeys route`` in front of it,
+    which routes, then forwards the request to the sidecar's HTTP frontend (issue 33)."""
+    return request.getfixturevalue(request.param)
 
 
 def _fresh(value):  # noqa: ANN001, ANN202 - any JSON value
@@ -110,7 +119,7 @@ def _answer(response: httpx.Response, stream: bool):  # noqa: ANN202
 
 def _both(  # noqa: ANN202
     vllm: VllmServer,
-    sidecar: TokenkeysServe,
+    sidecar: TokenkeysServe | RouteProcess,
     path: str,
     body: dict,
     stream: bool,
@@ -206,26 +215,26 @@ CHATS = {
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("case", sorted(COMPLETIONS))
-def test_completions_fields_mean_what_they_mean_to_vllm(vllm, sidecar, case, stream) -> None:
+def test_completions_fields_mean_what_they_mean_to_vllm(vllm, front, case, stream) -> None:
     body = COMPLETIONS[case]
     if stream:
         body = {**body, "stream_options": {"include_usage": True}}
-    # vLLM refuses prompt_logprobs in a stream (400): the sidecar answers its refusal.
+    # vLLM refuses prompt_logprobs in a stream (400): the front answers its refusal.
     refused = stream and "prompt_logprobs" in body
-    theirs, ours = _both(vllm, sidecar, "/v1/completions", body, stream, refused)
+    theirs, ours = _both(vllm, front, "/v1/completions", body, stream, refused)
     assert ours == theirs
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("case", sorted(CHATS))
-def test_chat_fields_mean_what_they_mean_to_vllm(vllm, sidecar, case, stream) -> None:
-    theirs, ours = _both(vllm, sidecar, "/v1/chat/completions", CHATS[case], stream)
+def test_chat_fields_mean_what_they_mean_to_vllm(vllm, front, case, stream) -> None:
+    theirs, ours = _both(vllm, front, "/v1/chat/completions", CHATS[case], stream)
     assert ours == theirs
 
 
-def test_a_stream_without_include_usage_is_vllms_stream(vllm, sidecar) -> None:
+def test_a_stream_without_include_usage_is_vllms_stream(vllm, front) -> None:
     body = {"prompt": WORDS, "max_tokens": 5, "temperature": 0}
-    theirs, ours = _both(vllm, sidecar, "/v1/completions", body, True)
+    theirs, ours = _both(vllm, front, "/v1/completions", body, True)
     assert ours == theirs
     assert "usage" not in ours
 
@@ -249,9 +258,9 @@ def test_chat_without_max_tokens_fills_the_context_as_vllm_does(vllm, sidecar) -
     assert usage["completion_tokens"] == MAX_MODEL_LEN - usage["prompt_tokens"] > 16
 
 
-def test_the_openai_client_gets_vllms_answers(vllm, sidecar) -> None:
+def test_the_openai_client_gets_vllms_answers(vllm, front) -> None:
     answers = []
-    for url in (vllm.url, sidecar.url):
+    for url in (vllm.url, front.url):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600)
         salt = {"cache_salt": f"salt-{next(_salts)}"}
         whole = client.completions.create(
@@ -273,6 +282,35 @@ def test_the_openai_client_gets_vllms_answers(vllm, sidecar) -> None:
     assert answers[1] == answers[0]
 
 
+async def test_the_async_openai_client_gets_vllms_answers(vllm, front) -> None:
+    answers = []
+    for url in (vllm.url, front.url):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", timeout=600)
+        whole = await client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=CHAT,  # type: ignore[arg-type]
+            max_tokens=6,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            extra_body={"cache_salt": f"salt-{next(_salts)}"},
+        )
+        stream = await client.completions.create(
+            model=MODEL_NAME,
+            prompt=WORDS,
+            max_tokens=6,
+            temperature=0.9,
+            seed=4,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"cache_salt": f"salt-{next(_salts)}"},
+        )
+        said = _said([_fresh(c.model_dump()) async for c in stream])
+        answers.append((_fresh(whole.model_dump()), said))
+        await client.close()
+    assert answers[1] == answers[0]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
@@ -285,16 +323,16 @@ def test_the_openai_client_gets_vllms_answers(vllm, sidecar) -> None:
         ),
     ],
 )
-def test_what_cannot_pass_exactly_is_refused_naming_the_field(sidecar, path, body, field) -> None:
-    response = httpx.post(sidecar.url + path, json={"model": MODEL_NAME, **body}, timeout=60)
+def test_what_cannot_pass_exactly_is_refused_naming_the_field(front, path, body, field) -> None:
+    response = httpx.post(front.url + path, json={"model": MODEL_NAME, **body}, timeout=60)
     assert response.status_code == 501, response.text
     assert response.json()["error"]["param"] == field
 
 
-def test_vllms_own_refusal_is_passed_back(vllm, sidecar) -> None:
+def test_vllms_own_refusal_is_passed_back(vllm, front) -> None:
     body = {"model": MODEL_NAME, "prompt": WORDS, "max_tokens": 4, "logprobs": 10_000}
     theirs = httpx.post(f"{vllm.url}/v1/completions", json=body, timeout=60)
-    ours = httpx.post(f"{sidecar.url}/v1/completions", json=body, timeout=60)
+    ours = httpx.post(f"{front.url}/v1/completions", json=body, timeout=60)
     assert theirs.status_code == ours.status_code == 400
     assert ours.json() == theirs.json()
 
@@ -321,8 +359,8 @@ def router(sidecar: TokenkeysServe, tmp_path_factory) -> Iterator[RouteProcess]:
     ids=["greedy", "seeded"],
 )
 def test_through_the_router_the_sampling_fields_reach_vllm(vllm, router, chat, sampling) -> None:
-    # tokenkeys route -> gRPC Generate -> the sidecar -> vLLM: GenerationParams carries the
-    # sampling knobs, so greedy and seeded text are vLLM's own.
+    # tokenkeys route -> the sidecar's HTTP frontend -> vLLM: greedy and seeded text are
+    # vLLM's own.
     path = "/v1/chat/completions" if chat else "/v1/completions"
     body = {"model": MODEL_NAME, "max_tokens": 8, **sampling}
     body |= {"messages": CHAT} if chat else {"prompt": WORDS}

@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from route_process import RouteProcess
 from test_vllm_sidecar import keys_checked, wait_for
 
@@ -136,6 +137,12 @@ def run_workload(
             response = complete(client, prompt)
             total += cached(response)
             chosen[g].append(response.headers["x-tokenkeys-worker"])
+            # The router's promise against vLLM's answer (issue 33), within one partial block
+            # (round robin promises nothing: it never looks at the index).
+            expected = int(response.headers["x-tokenkeys-expected-cached-tokens"])
+            assert int(response.headers["x-tokenkeys-served-cached-tokens"]) == cached(response)
+            if response.headers["x-tokenkeys-policy"] == "precise":
+                assert abs(cached(response) - expected) <= BLOCK_SIZE, (expected, cached(response))
     return total, chosen
 
 
@@ -224,6 +231,19 @@ def test_a_wrong_root_seed_is_caught_and_routed_by_load(engines, tmp_path) -> No
         wrong.stop()
 
 
+def retried(client: httpx.Client, target: str) -> float:
+    """``tokenkeys_router_requests_total{outcome="retried"}`` of ``target`` on the router."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "tokenkeys_router_requests_total" and labels == {
+                "worker": target,
+                "outcome": "retried",
+            }:
+                return sample.value
+    return 0.0
+
+
 def worker_state(client: httpx.Client, target: str) -> str:
     workers = client.get("/router/workers").json()["workers"]
     return next(w["state"] for w in workers if w["address"] == target)
@@ -238,9 +258,17 @@ def test_a_killed_engine_is_routed_around_and_taken_back(engines, sidecars, tmp_
             assert health.status_code == 503
             assert health.json()["status"] == "engine_unavailable"
             assert "does not answer /health" in health.json()["reason"]
-            # Every request answers (none hangs, none fails) while the router finds out.
+            # Every request answers (none hangs, none fails) while the router finds out: one
+            # sent to B (its sidecar answers 503 before any byte) is served by A, said in
+            # x-tokenkeys-retries and counted.
+            retries = 0
             for _ in range(6):
-                complete(client, [rng.randrange(VOCAB) for _ in range(2 * BLOCK_SIZE)])
+                prompt = [rng.randrange(VOCAB) for _ in range(2 * BLOCK_SIZE)]
+                response = complete(client, prompt)
+                retries += int(response.headers["x-tokenkeys-retries"])
+                if response.headers["x-tokenkeys-retries"] != "0":
+                    assert response.headers["x-tokenkeys-worker"] == sidecars[0].target
+            assert retried(client, sidecars[1].target) == retries
             wait_for(lambda: worker_state(client, sidecars[1].target) == "down", "B down")
             for _ in range(4):
                 response = complete(client, [rng.randrange(VOCAB) for _ in range(BLOCK_SIZE)])

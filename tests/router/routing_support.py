@@ -20,12 +20,13 @@ from tokenkeys.events.model import EventBatch
 from tokenkeys.keys import CacheKeySpec, make_spec
 from tokenkeys.keys.deployment import DEFAULT_PROFILE
 from tokenkeys.limits import Limits
-from tokenkeys.router.assembly import RouteConfig, RouteServer
+from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.metrics import RouterMetrics
+from tokenkeys.router.policy.decision import Policy
 from tokenkeys.router.policy.router import Router
 from tokenkeys.router.routed_engine import RoutedEngine
-from tokenkeys.router.service import RouterConfig, RoutingService
+from tokenkeys.router.service import RoutingConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.router.workers.registry import WorkerRegistry
 from tokenkeys.serving.models import ModelRegistry, ServedModel, attach_cache_keys
@@ -80,7 +81,7 @@ class Cluster:
 
     stacks: list[EngineStack]
     configs: list[EngineConfig]
-    routing: RouteServer
+    routing: RouterProcess
     stopped: set[int] = field(default_factory=set)
 
     @property
@@ -189,21 +190,24 @@ async def start_cluster(
     *,
     settings: PoolSettings,
     index: PrefixIndex | None = None,
-    policy: str = "precise",
+    policy: str | Policy = "precise",
     transport: str = "auto",
     configs: list[EngineConfig] | None = None,
     interval: float = 0.2,
     profile: str = DEFAULT_PROFILE,
     models: Callable[[], ModelRegistry] | None = None,
     http: bool = False,
+    worker_http: bool = False,
 ) -> Cluster:
     """``n`` engines keyed by ``profile`` (serving ``models()``, default the embedded
     tokenizer) and a router over them; the registry polls every ``interval`` seconds. With
-    ``http`` the router's HTTP frontend listens too (:attr:`Cluster.url`)."""
+    ``http`` the router's HTTP frontend listens too (:attr:`Cluster.url`); with
+    ``worker_http`` each engine serves its own (the router then forwards to it)."""
     configs = configs or [engine_config() for _ in range(n)]
     make = models or (lambda: engine_models(profile))
-    stacks = [await start_stack(c, models=make()) for c in configs]
-    config = RouterConfig(
+    http_port = 0 if worker_http else None
+    stacks = [await start_stack(c, models=make(), http_port=http_port) for c in configs]
+    config = RoutingConfig(
         workers=tuple(s.target for s in stacks),
         policy=policy,
         transport=transport,
@@ -213,8 +217,8 @@ async def start_cluster(
         recheck_interval=0.1,
         pools=settings,
     )
-    route = RouteConfig(config, http_port=0 if http else None)
-    routing = await RouteServer(route, index=index).start()
+    route = RouterProcessConfig(config, http_port=0 if http else None)
+    routing = await RouterProcess(route, index=index).start()
     return Cluster(stacks, configs, routing)
 
 

@@ -1,4 +1,4 @@
-"""The one builder of ``tokenkeys route`` (:class:`RouteServer`): order and all-or-nothing."""
+"""The one builder of ``tokenkeys route`` (:class:`RouterProcess`): order and all-or-nothing."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from routing_support import start_cluster
 
 from tokenkeys.errors import ConfigError
-from tokenkeys.router.assembly import RouteConfig, RouteServer
-from tokenkeys.router.service import RouterConfig
+from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
+from tokenkeys.router.service import RoutingConfig
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
@@ -28,12 +28,12 @@ async def test_workers_are_discovered_before_the_http_face_answers(settings) -> 
 
 
 async def test_a_failed_step_leaves_nothing_running(tmp_path) -> None:
-    config = RouterConfig(workers=("127.0.0.1:1",), pools=PoolSettings(cache=tmp_path))
+    config = RoutingConfig(workers=("127.0.0.1:1",), pools=PoolSettings(cache=tmp_path))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        route = RouteConfig(config, http_port=taken.getsockname()[1])
-        server = RouteServer(route)
+        route = RouterProcessConfig(config, http_port=taken.getsockname()[1])
+        server = RouterProcess(route)
         with pytest.raises(ConfigError, match="cannot bind HTTP"):
             await server.start()
     assert server.http is None

@@ -25,11 +25,11 @@ from tokenkeys.cli.run_options import add_run_options, check_run_options
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
 from tokenkeys.process.run import run_served
-from tokenkeys.router.assembly import RouteConfig, RouteServer
+from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.index.memory import DEFAULT_CAPACITY
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.router import POLICIES
-from tokenkeys.router.service import INDEXES, RouterConfig
+from tokenkeys.router.service import INDEXES, RoutingConfig
 from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.terminal import printable
@@ -51,8 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--worker",
         action="append",
         required=True,
-        metavar="HOST:PORT",
-        help="an engine's OpenEngine gRPC address (repeat for each worker; required)",
+        metavar="HOST:PORT[,URL]",
+        help="an engine's OpenEngine gRPC address (repeat for each worker); OpenAI requests "
+        "are forwarded to the HTTP frontend it advertises, or to URL when given "
+        "(e.g. 10.0.0.7:50051,http://10.0.0.7:8000; required)",
     )
     p.add_argument(
         "--policy",
@@ -175,11 +177,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteConfig:
+def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouterProcessConfig:
     """The router configuration the options describe (``reuse_port``: one of N workers)."""
     check_run_options(args)
     limits = Limits(max_request_bytes=args.max_request_bytes)
-    router = RouterConfig(
+    router = RoutingConfig(
         workers=tuple(args.worker),
         policy=args.policy,
         index=args.index,
@@ -202,7 +204,7 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteC
             temperature=args.router_temperature,
         ),
     )
-    return RouteConfig(
+    return RouterProcessConfig(
         router,
         host=args.host,
         http_port=args.http_port,
@@ -213,7 +215,7 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> RouteC
     )
 
 
-def _description(server: RouteServer) -> list[str]:
+def _description(server: RouterProcess) -> list[str]:
     """Workers, pools and where the router listens, one line each."""
     lines = []
     registry = server.service.registry
@@ -239,9 +241,11 @@ def _description(server: RouteServer) -> list[str]:
     return lines
 
 
-async def start_server(args: argparse.Namespace, reuse_port: bool) -> tuple[RouteServer, list[str]]:
+async def start_server(
+    args: argparse.Namespace, reuse_port: bool
+) -> tuple[RouterProcess, list[str]]:
     """Build and start the router the options describe (a :data:`~tokenkeys.process.run.Start`)."""
-    server = await RouteServer(config_from(args, reuse_port=reuse_port)).start()
+    server = await RouterProcess(config_from(args, reuse_port=reuse_port)).start()
     return server, _description(server)
 
 

@@ -35,6 +35,8 @@ class Opened:
     model: ServedModel
     #: The LoRA adapter when the request named one (served by its base model).
     lora: str | None
+    #: The body's bytes as the client sent them (what a router forwards).
+    raw: bytes = b""
 
     async def run(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """A Preprocessor call for this request (:func:`~tokenkeys.frontend.state.preprocess`)."""
@@ -55,4 +57,4 @@ async def open_request(
     if check is not None:
         check(body)
     model, lora = resolve_model(state.models, body.get("model"))
-    return Opened(state, body, len(raw), model, lora)
+    return Opened(state, body, len(raw), model, lora, raw)

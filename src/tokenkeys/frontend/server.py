@@ -127,7 +127,7 @@ async def start_http_server(
 
 
 class Bind(Protocol):
-    """Where and how a builder's faces listen (``ServeConfig``, ``RouteConfig``)."""
+    """Where and how a builder's faces listen (``ServeConfig``, ``RouterProcessConfig``)."""
 
     @property
     def host(self) -> str: ...

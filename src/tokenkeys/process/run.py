@@ -30,7 +30,7 @@ STOP_GRACE = 1.0
 
 
 class Served(Protocol):
-    """A started server a command runs until a signal (``EngineServer``, ``RouteServer``)."""
+    """A started server a command runs until a signal (``EngineServer``, ``RouterProcess``)."""
 
     lifecycle: Lifecycle
 

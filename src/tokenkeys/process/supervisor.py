@@ -3,7 +3,7 @@
 One process runs one asyncio event loop, and the encodes, JSON and protobuf work of a request
 hold the GIL for most of their time, so one process serves from about one core. N worker
 processes, each building the whole server through its builder (``EngineServer`` or
-``RouteServer``), serve from N cores.
+``RouterProcess``), serve from N cores.
 
 They share the ports with SO_REUSEPORT: every worker listens on the same address and the kernel
 spreads new connections over the listening sockets (gRPC core and our uvicorn socket both set

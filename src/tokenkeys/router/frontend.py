@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 from starlette.responses import Response
@@ -30,6 +31,9 @@ from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.generation import key_context
 from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.routes_tokenize import tokenize_body
+from tokenkeys.router.forwarding.door import FrontDoor
+from tokenkeys.router.forwarding.promise import promise_headers
+from tokenkeys.router.forwarding.routes import FORWARDED
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
 from tokenkeys.router.replicas.shared_load import SharedLoad
@@ -46,6 +50,8 @@ HEADER_SCORE = "x-tokenkeys-score"
 HEADER_MATCHED = "x-tokenkeys-matched-blocks"
 HEADER_POLICY = "x-tokenkeys-policy"
 HEADER_REASON = "x-tokenkeys-reason"
+#: Workers that failed before the first byte of their answer (forwarded requests).
+HEADER_RETRIES = "x-tokenkeys-retries"
 
 
 class PoolModels(ModelRegistry):
@@ -92,13 +98,17 @@ def route_headers(note: RouteNote) -> list[tuple[bytes, bytes]]:
         return ",".join(values).encode("latin-1")
 
     matched = [f"{d.matched_blocks}/{d.total_blocks}" for d in decisions]
-    return [
+    headers = [
         (HEADER_WORKER.encode(), join(served)),
         (HEADER_SCORE.encode(), join([f"{d.score:.4f}" for d in decisions])),
         (HEADER_MATCHED.encode(), join(matched)),
         (HEADER_POLICY.encode(), join(sorted({d.policy for d in decisions}))),
         (HEADER_REASON.encode(), join([d.reason for d in decisions])),
     ]
+    if note.promise is not None:  # a forwarded request
+        headers.append((HEADER_RETRIES.encode(), str(note.retries).encode()))
+        headers += promise_headers(note.promise)
+    return headers
 
 
 class RouteHeaders:
@@ -139,13 +149,18 @@ def create_router_app(
     metrics: CollectorRegistry | None = None,
     lifecycle: Lifecycle | None = None,
     shared: SharedLoad | None = None,
+    door: FrontDoor | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible routing app; ``metrics`` (router, ingestion, index) is exported
     on ``/metrics`` beside the frontend's own; /health reports ``lifecycle`` (draining);
-    ``shared`` tells the other router replicas what this one sends (``shared_load``)."""
+    ``shared`` tells the other router replicas what this one sends (``shared_load``);
+    ``door`` forwards the routes of ``router.forwarding.routes`` to the workers' frontends
+    (without it every request generates over OpenEngine ``Generate``)."""
     app = create_app(PoolModels(registry, router, shared), config, lifecycle=lifecycle)
     if metrics is not None:
         app.state.tokenkeys.metrics.include(metrics)
+    if door is not None:
+        mount_forwarded(app, door)
 
     async def workers(request: Request) -> Response:
         """Pools, their members and key strategy, every worker's state and refusals."""
@@ -175,6 +190,31 @@ def create_router_app(
     )
     app.add_middleware(RouteHeaders)
     return app
+
+
+def mount_forwarded(app: FastAPI, door: FrontDoor) -> None:
+    """Serve every forwarded route through ``door``; the frontend's own route of the same path
+    (its documentation kept) serves the workers that have no HTTP frontend."""
+    for path, forwarded in FORWARDED.items():
+        own = next(
+            (
+                r
+                for r in app.router.routes
+                if isinstance(r, APIRoute) and r.path == path and "POST" in r.methods
+            ),
+            None,
+        )
+        if own is not None:
+            app.router.routes.remove(own)
+        app.add_api_route(
+            path,
+            door.handler(forwarded, own.endpoint if own is not None else None),
+            methods=["POST"],
+            summary=own.summary if own is not None else "Forwarded to the chosen worker",
+            responses=own.responses if own is not None else None,
+            openapi_extra=own.openapi_extra if own is not None else None,
+            response_model=own.response_model if own is not None else None,
+        )
 
 
 def decision_body(decision: RouteDecision) -> dict[str, Any]:

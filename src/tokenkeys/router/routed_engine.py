@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
 from tokenkeys.errors import TokenkeysError, Unavailable
@@ -36,6 +37,13 @@ class RouteNote:
     decisions: list[RouteDecision] = field(default_factory=list)
     #: The worker that answered each prompt (differs from the decision after a retry).
     served_by: list[str] = field(default_factory=list)
+    #: Workers tried before one answered (the front door's retries).
+    retries: int = 0
+    #: The cached tokens expected and served (``router.forwarding.promise.Promise``).
+    promise: Any = None
+    #: A decision already taken for the next prompt (the front door's, when the worker it
+    #: chose has no HTTP frontend): the engine uses it instead of routing again.
+    preset: RouteDecision | None = None
 
 
 #: The note of the request being handled; set by the transport before generating.
@@ -92,8 +100,11 @@ class RoutedEngine:
     ) -> AsyncIterator[GenerateOutput]:
         """Route, forward and stream one prompt; outputs as the worker produced them."""
         ids = list(prompt_token_ids)
-        decision = await self.router.route(RouteRequest(ids, self.model, context))
         note = current_note.get()
+        if note is not None and note.preset is not None and note.preset.model == self.model:
+            decision, note.preset = note.preset, None
+        else:
+            decision = await self.router.route(RouteRequest(ids, self.model, context))
         if note is not None:
             note.decisions.append(decision)
         metrics = self.router.metrics

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from tokenkeys.errors import ConfigError
+from tokenkeys.router.forwarding.frontends import split_worker
+from tokenkeys.router.forwarding.promise import PromiseMetrics
 from tokenkeys.router.index.instrumented import InstrumentedIndex
 from tokenkeys.router.index.memory import DEFAULT_CAPACITY, MemoryPrefixIndex
 from tokenkeys.router.index.model import PrefixIndex
@@ -23,6 +25,7 @@ from tokenkeys.router.index.redis import RedisPrefixIndex
 from tokenkeys.router.ingest.ingestor import IngestMetrics
 from tokenkeys.router.metrics import RouterMetrics
 from tokenkeys.router.policy.cost import CostWeights
+from tokenkeys.router.policy.decision import Policy
 from tokenkeys.router.policy.precise import GrowthLedgers
 from tokenkeys.router.policy.router import POLICIES, Router, make_policy
 from tokenkeys.router.replicas.shared_load import (
@@ -31,7 +34,6 @@ from tokenkeys.router.replicas.shared_load import (
     SharedLoad,
 )
 from tokenkeys.router.routed_engine import RoutedEngine
-from tokenkeys.router.workers.discovery import check_address
 from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool import TRANSPORTS
 from tokenkeys.router.workers.pool_setup import PoolSettings, pool_factory
@@ -41,11 +43,15 @@ INDEXES = ("memory", "redis")
 
 
 @dataclass(frozen=True)
-class RouterConfig:
+class RoutingConfig:
     """Everything a router is configured with (the ``tokenkeys route`` options).
 
-    - ``workers``: engine gRPC addresses (``HOST:PORT``);
-    - ``policy``: ``precise``, ``round_robin`` or ``text_chunks`` (see ``router.policy.router``);
+    - ``workers``: engine gRPC addresses (``HOST:PORT``), each optionally followed by its
+      OpenAI HTTP frontend when it does not advertise one (``HOST:PORT,http://HOST:PORT``,
+      ``router.forwarding.frontends``);
+    - ``policy``: ``precise``, ``round_robin`` or ``text_chunks`` (see ``router.policy.router``),
+      or a policy object of your own (``router.policy.decision.Policy``: ``name``, ``choose``,
+      ``forget``; it is used as given, one per RoutingService);
     - ``index``: ``memory`` (bounded by ``index_capacity`` block keys, LRU) or ``redis`` at
       ``redis_url`` under ``redis_namespace`` (shared by every router replica using it);
     - ``transport``: KV events over ``zmq``, ``grpc`` or ``auto`` (ZMQ when advertised);
@@ -63,7 +69,7 @@ class RouterConfig:
     """
 
     workers: tuple[str, ...]
-    policy: str = "precise"
+    policy: str | Policy = "precise"
     index: str = "memory"
     redis_url: str | None = None
     redis_namespace: str = "tokenkeys"
@@ -81,11 +87,17 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if not self.workers:
             raise ConfigError("give at least one --worker HOST:PORT", field="worker")
-        for address in self.workers:
-            check_address(address)
-        if self.policy not in POLICIES:
+        for spec in self.workers:
+            split_worker(spec)
+        if isinstance(self.policy, str) and self.policy not in POLICIES:
             raise ConfigError(
                 f"--policy {self.policy!r} is not one of {', '.join(POLICIES)}", field="policy"
+            )
+        if not isinstance(self.policy, (str, Policy)):
+            raise ConfigError(
+                f"policy {self.policy!r} is neither a policy name ({', '.join(POLICIES)}) nor "
+                "a Policy object (name, choose, forget)",
+                field="policy",
             )
         if self.index not in INDEXES:
             raise ConfigError(
@@ -120,6 +132,17 @@ class RouterConfig:
                 field="down-after",
             )
 
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """The workers' gRPC addresses."""
+        return tuple(split_worker(spec)[0] for spec in self.workers)
+
+    @property
+    def named_frontends(self) -> dict[str, str]:
+        """The HTTP frontends named with ``--worker GRPC,URL``, by gRPC address."""
+        named = (split_worker(spec) for spec in self.workers)
+        return {address: url for address, url in named if url is not None}
+
     def make_index(self) -> PrefixIndex:
         """The configured prefix index (not yet instrumented)."""
         if self.index == "redis":
@@ -138,11 +161,13 @@ class RouterConfig:
 class RoutingService:
     """A running router: index, registry, Router; see the module doc."""
 
-    def __init__(self, config: RouterConfig, *, index: PrefixIndex | None = None) -> None:
+    def __init__(self, config: RoutingConfig, *, index: PrefixIndex | None = None) -> None:
         self.config = config
         self.metrics_registry = CollectorRegistry()
         self.metrics = RouterMetrics(self.metrics_registry)
         self.ingest_metrics = IngestMetrics(self.metrics_registry)
+        #: Promises against answers of the forwarded requests (``router.forwarding.promise``).
+        self.promises = PromiseMetrics(self.metrics_registry)
         inner = index if index is not None else config.make_index()
         self.index = InstrumentedIndex(inner, registry=self.metrics_registry)
         self.registry = WorkerRegistry(
@@ -162,8 +187,16 @@ class RoutingService:
         #: The cache growth the precise policy prices, per pool; the other replicas' placements
         #: are recorded here too (``shared``, which also places this router's decisions).
         self.growth = GrowthLedgers()
-        policy = make_policy(
-            config.policy, self.index, cost=config.cost, growth=self.growth, placements=self.shared
+        policy = (
+            make_policy(
+                config.policy,
+                self.index,
+                cost=config.cost,
+                growth=self.growth,
+                placements=self.shared,
+            )
+            if isinstance(config.policy, str)
+            else config.policy
         )
         self.router = Router(
             self.registry.pools,
@@ -174,7 +207,7 @@ class RoutingService:
 
     async def start(self) -> RoutingService:
         """Discover every worker once (unreachable ones are retried by the polls), then poll."""
-        for address in self.config.workers:
+        for address in self.config.addresses:
             await self.registry.add(address)
         await self.registry.start()
         await self.shared.start(self.registry.pools, self.growth.ledger)

@@ -40,6 +40,7 @@ from tokenkeys.server.grpc.engine_services import engine_service_adders
 from tokenkeys.server.grpc.server import ServiceAdder, start_grpc_server
 from tokenkeys.server.grpc.tokenizer import TokenizerService
 from tokenkeys.server.http_snapshot import add_snapshot_route
+from tokenkeys.server.runtime.discovery_messages import http_frontend_url
 from tokenkeys.server.runtime.engines import EngineRuntime
 from tokenkeys.serving.guards import build_guards
 from tokenkeys.serving.lifecycle import Lifecycle
@@ -179,7 +180,15 @@ class EngineServer:
         if self.runtime is not None:
             self.app.state.tokenkeys.metrics.include(self.runtime.metrics)
             add_snapshot_route(self.app, self.models, self.runtime)
-        return await serve_app(self.app, self.config, port)
+        server = await serve_app(self.app, self.config, port)
+        if self.runtime is not None:
+            self.runtime.state.http_frontend = http_frontend_url(
+                self.config.host,
+                server.port,
+                self.runtime.state.config.advertise_host,
+                self.config.tls,
+            )
+        return server
 
     def begin_drain(self) -> None:
         """Refuse new calls on both faces and end every KV-event subscription."""

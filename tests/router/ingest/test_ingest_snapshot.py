@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from routing_support import SYSTEM, engine_config, prompt_ids, routed, start_cluster, wait_until
 
-from tokenkeys.router.assembly import RouteConfig, RouteServer
+from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.routed_engine import RouteNote, current_note
-from tokenkeys.router.service import RouterConfig
+from tokenkeys.router.service import RoutingConfig
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
@@ -36,7 +36,7 @@ async def test_a_late_router_routes_a_cached_prefix_to_the_engine_holding_it(tmp
                 )
         assert stack.local().stream.next_seq - 2 > stored_at  # not replayable any more
 
-        config = RouterConfig(
+        config = RoutingConfig(
             workers=tuple(cluster.addresses),
             transport=transport,
             poll_interval=0.2,
@@ -44,7 +44,7 @@ async def test_a_late_router_routes_a_cached_prefix_to_the_engine_holding_it(tmp
             retry_delay=0.1,
             pools=PoolSettings(cache=tmp_path / "late"),
         )
-        late = await RouteServer(RouteConfig(config, http_port=None)).start()
+        late = await RouterProcess(RouterProcessConfig(config, http_port=None)).start()
         service = late.service
         await wait_until(
             lambda: all(

@@ -22,7 +22,7 @@ from tokenkeys.errors import ConfigError
 from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.policy.placement import Placement
 from tokenkeys.router.replicas.shared_load import LocalLoad, RedisSharedLoad
-from tokenkeys.router.service import RouterConfig
+from tokenkeys.router.service import RoutingConfig
 from tokenkeys.router.workers.load_view import LoadView
 
 
@@ -245,10 +245,10 @@ async def test_without_redis_each_replica_counts_its_own_and_recovers(start_redi
 
 def test_share_load_needs_the_redis_and_defaults_to_local():
     with pytest.raises(ConfigError, match="--share-load needs --redis-url") as info:
-        RouterConfig(workers=("127.0.0.1:1",), share_load=True)
+        RoutingConfig(workers=("127.0.0.1:1",), share_load=True)
     assert info.value.field == "redis-url"
-    assert isinstance(RouterConfig(workers=("127.0.0.1:1",)).make_shared_load(), LocalLoad)
-    config = RouterConfig(workers=("127.0.0.1:1",), share_load=True, redis_url="redis://h:1/0")
+    assert isinstance(RoutingConfig(workers=("127.0.0.1:1",)).make_shared_load(), LocalLoad)
+    config = RoutingConfig(workers=("127.0.0.1:1",), share_load=True, redis_url="redis://h:1/0")
     assert isinstance(config.make_shared_load(), RedisSharedLoad)
 
 

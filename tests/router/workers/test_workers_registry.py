@@ -24,7 +24,7 @@ from routing_support import (
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc
-from tokenkeys.router.service import RouterConfig, RoutingService
+from tokenkeys.router.service import RoutingConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
 
@@ -238,7 +238,7 @@ async def test_a_worker_dead_before_any_poll_noticed_is_skipped_and_checked_at_o
 async def _router_over(serve: ServeProcess, settings: PoolSettings, down_after: int):
     """A router polling the ``tokenkeys serve`` process every 50 ms with a 500 ms deadline;
     events over gRPC (a subscription replays what came before it: no ZMQ slow joiner)."""
-    config = RouterConfig(
+    config = RoutingConfig(
         workers=(serve.target,),
         transport="grpc",
         poll_interval=0.05,

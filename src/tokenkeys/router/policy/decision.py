@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from tokenkeys.keys import KeyContext
 from tokenkeys.router.policy.scorer import WorkerScore
@@ -84,6 +84,7 @@ class RouteDecision:
         return next((s.matched_blocks for s in self.ranking if s.worker == worker), 0)
 
 
+@runtime_checkable
 class Policy(Protocol):
     """One way of choosing a worker; see the module doc."""
 

@@ -127,6 +127,8 @@ class WorkerDescription:
     engine_name: str
     engine_version: str
     models: tuple[ModelDescription, ...]
+    #: Its OpenAI HTTP frontend (``ServerInfo.http_frontend``; "" when it advertises none).
+    http_frontend: str = ""
 
     def model(self, name: str) -> ModelDescription | None:
         """The served model called ``name``, if any."""
@@ -227,6 +229,7 @@ async def describe_worker(
         engine_name=info.engine_name,
         engine_version=info.engine_version,
         models=tuple(models),
+        http_frontend=info.http_frontend,
     )
 
 

@@ -30,12 +30,17 @@ class ControlService(openengine_pb2_grpc.ControlServicer):
     def __init__(self, models: ModelRegistry, runtime: EngineRuntime) -> None:
         self._models = models
         self._hosting = runtime.hosting
+        self._runtime = runtime
 
     @grpc_status.unary
     async def GetServerInfo(
         self, request: server_pb2.GetServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> server_pb2.ServerInfo:
-        return await self._hosting.server_info(request)
+        info = await self._hosting.server_info(request)
+        # This process's own HTTP frontend, also over a forwarded engine's answer: a router
+        # forwards OpenAI requests here, where this server's Preprocessor opens them.
+        info.http_frontend = self._runtime.state.http_frontend
+        return info
 
     @grpc_status.unary
     async def GetModelInfo(

@@ -26,6 +26,7 @@ from tokenkeys._gen.openengine.v1 import (
 )
 from tokenkeys.errors import ConfigError
 from tokenkeys.events.model import EventSourceInfo
+from tokenkeys.events.zmq_endpoint import routable_endpoint
 from tokenkeys.keys.proto import spec_ref
 from tokenkeys.server.grpc.tokenizer_info import supported_operations
 from tokenkeys.server.runtime.state import RuntimeState
@@ -51,6 +52,13 @@ def endpoint_of(address: str, protocol: str) -> kv_pb2.KvEndpoint:
     if match is None or match["host"] in ("", "*", "0.0.0.0", "::"):
         raise ConfigError(f"cannot advertise {address!r}: not a routable tcp host:port")
     return kv_pb2.KvEndpoint(host=match["host"], port=int(match["port"]), protocol=protocol)
+
+
+def http_frontend_url(host: str, port: int, advertise_host: str | None, tls: object) -> str:
+    """``ServerInfo.http_frontend``: the routable ``http(s)://host:port`` of the HTTP face
+    (a wildcard bind host advertised as ``advertise_host`` or this machine's address)."""
+    hostport = routable_endpoint(f"tcp://{host}:{port}", advertise_host).removeprefix("tcp://")
+    return f"{'https' if tls is not None else 'http'}://{hostport}"
 
 
 def server_info(runtime: RuntimeState, engines: Sequence[StreamedEngine]) -> server_pb2.ServerInfo:

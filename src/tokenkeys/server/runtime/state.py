@@ -38,6 +38,9 @@ class RuntimeState:
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     #: The routable ``host:port`` of this server's gRPC endpoint, known after start.
     grpc_address: str | None = None
+    #: Where this server's OpenAI HTTP frontend answers (``http://host:port``), once it
+    #: listens; advertised in ``ServerInfo.http_frontend`` so routers forward requests to it.
+    http_frontend: str = ""
     ready: bool = False
     draining: bool = False
 

@@ -1,0 +1,16 @@
+"""The front door: route a request with the one Preprocessor's ids, then forward it whole.
+
+``tokenkeys route`` decides as it always did (the pool's Preprocessor tokenizes, the keys are
+matched against the prefix index, the policy prices the workers) and then sends the client's
+own request to the chosen worker's OpenAI-compatible HTTP frontend, returning the worker's
+answer as it is. Each concern has its module:
+
+- :mod:`.routes`: which paths are forwarded, and how each one's prompt ids are found (one
+  registration per route);
+- :mod:`.frontends`: where a worker's HTTP frontend lives (advertised in
+  ``ServerInfo.http_frontend``, or named with ``--worker GRPC,URL``);
+- :mod:`.relay`: the HTTP client: headers in and out, events relayed whole;
+- :mod:`.promise`: what the router expected a worker to serve from cache, against what it
+  reported (one value per request, and its metrics);
+- :mod:`.door`: one request through all of them, with the retries before the first byte.
+"""

@@ -1,0 +1,326 @@
+"""One request through the front door: open, tokenize, route, forward, relay, keep the promise.
+
+:class:`FrontDoor` builds the handler of each forwarded route (``routes``). The request is
+opened as the worker's frontend opens it (bounded body, schema, model), its prompts tokenized
+by the pool's one Preprocessor and routed as before; then the client's bytes go to the chosen
+worker's frontend and its answer comes back: status, headers, body or events, error bodies
+included. A worker that refuses the connection, fails or answers 503 before the first byte of
+its answer is reported to the registry and the next worker of the ranking gets the request
+(each try counted as ``retried`` in ``tokenkeys_router_requests_total`` and said in
+``x-tokenkeys-retries``). A client that disconnects while it waits closes the worker's
+connection, which aborts the worker's request.
+
+A worker without an HTTP frontend is served as before the front door, by the frontend's own
+route over OpenEngine ``Generate`` (:class:`~tokenkeys.router.routed_engine.RoutedEngine`), with
+this decision handed to it (:attr:`RouteNote.preset`) so nothing is routed twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from tokenkeys.errors import Unavailable, Unsupported
+from tokenkeys.frontend.generation import key_context
+from tokenkeys.frontend.opening import Opened, open_request
+from tokenkeys.router.forwarding.frontends import WorkerFrontends
+from tokenkeys.router.forwarding.promise import Promise, PromiseMetrics, matched_at
+from tokenkeys.router.forwarding.relay import (
+    Relay,
+    WorkerUnreachable,
+    answer_headers,
+    events,
+    read_all,
+)
+from tokenkeys.router.forwarding.relay import raw as raw_chunks
+from tokenkeys.router.forwarding.routes import ForwardedRoute
+from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
+from tokenkeys.router.policy.router import Router
+from tokenkeys.router.replicas.shared_load import LocalLoad, SharedLoad
+from tokenkeys.router.routed_engine import RouteNote, current_note
+from tokenkeys.router.workers.load_view import Flight
+from tokenkeys.router.workers.pool import Member, Pool
+from tokenkeys.router.workers.registry import WorkerRegistry
+
+T = TypeVar("T")
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class ClientGone(Exception):
+    """The client disconnected before the worker answered."""
+
+
+@dataclass
+class _Trip:
+    """One attempt on one worker: what it holds of the load while it runs."""
+
+    member: Member
+    flight: Flight | None
+
+
+class FrontDoor:
+    """The forwarding handlers of a router app; see the module doc."""
+
+    def __init__(
+        self,
+        router: Router,
+        registry: WorkerRegistry,
+        frontends: WorkerFrontends,
+        relay: Relay,
+        promises: PromiseMetrics,
+        shared: SharedLoad | None = None,
+    ) -> None:
+        self.router = router
+        self.registry = registry
+        self.frontends = frontends
+        self.relay = relay
+        self.promises = promises
+        self.shared = shared if shared is not None else LocalLoad()
+
+    def handler(self, route: ForwardedRoute, fallback: Endpoint | None) -> Endpoint:
+        """The endpoint of ``route``; ``fallback`` serves a worker without an HTTP frontend."""
+
+        async def forward(request: Request) -> Response:
+            return await self.forward(request, route, fallback)
+
+        return forward
+
+    async def forward(
+        self, request: Request, route: ForwardedRoute, fallback: Endpoint | None
+    ) -> Response:
+        """Route ``request`` and answer with the chosen worker's answer."""
+        opened = await open_request(request, route.schema, route.check)
+        pool = self.router.pool(opened.model.name)
+        prompts = await opened.run(route.prompts, opened.model.preprocessor, opened.body)
+        context = key_context(opened.body)
+        decisions = []
+        for i, ids in enumerate(prompts):
+            # One worker serves the whole body: the first prompt decides, the others are only
+            # looked up (what they will find cached there is part of the promise).
+            wanted = RouteRequest(ids, pool.name, context)
+            decisions.append(await self.router.route(wanted, record=route.generates and i == 0))
+        first = decisions[0]
+        note = current_note.get() or RouteNote()
+        if self.frontends.url(first.worker) is None:
+            return await self._generate(request, opened, fallback, note, first)
+        note.decisions.append(first)
+        return await self._forward(request, opened, route, pool, prompts, decisions, note)
+
+    async def _generate(
+        self,
+        request: Request,
+        opened: Opened,
+        fallback: Endpoint | None,
+        note: RouteNote,
+        decision: RouteDecision,
+    ) -> Response:
+        if fallback is None:
+            raise Unsupported(
+                f"worker {decision.worker} advertises no HTTP frontend and "
+                f"{request.url.path} is only served by forwarding; name its frontend with "
+                "--worker GRPC_HOST:PORT,http://HOST:PORT",
+                field="worker",
+            )
+        note.preset = decision
+        return await fallback(Request(request.scope, _replay(opened.raw, request.receive)))
+
+    async def _forward(
+        self,
+        request: Request,
+        opened: Opened,
+        route: ForwardedRoute,
+        pool: Pool,
+        prompts: list[list[int]],
+        decisions: list[RouteDecision],
+        note: RouteNote,
+    ) -> Response:
+        first = decisions[0]
+        metrics = self.router.metrics
+        failures: list[str] = []
+        order = [first.worker, *first.fallbacks()]
+        for n, address in enumerate(order):
+            url, member = self.frontends.url(address), pool.members.get(address)
+            if url is None or member is None:
+                continue
+            trip = self._begin(pool, member, first, route.generates)
+            try:
+                response = await _unless_gone(
+                    request, self.relay.open(url + request.url.path, opened.raw, request.headers)
+                )
+                if response.status_code == 503 and n < len(order) - 1:
+                    await response.aclose()
+                    raise WorkerUnreachable("answered 503 (unavailable)")
+            except ClientGone:
+                self._end(trip)
+                # Nobody reads this answer; closing the worker's connection aborted its request.
+                return Response(status_code=499)
+            except WorkerUnreachable as exc:
+                self._end(trip)
+                metrics.requests.labels(address, "retried").inc()
+                failures.append(f"{address}: {exc}")
+                self.registry.suspect(address)
+                continue
+            except BaseException:
+                self._end(trip)
+                raise
+            if trip.flight is not None:
+                member.view.first_output(trip.flight)
+                self.shared.answered(trip.flight)
+            note.served_by.append(address)
+            note.retries = len(failures)
+            promise = Promise(
+                address,
+                pool.name,
+                pool.block_size,
+                tuple(len(p) for p in prompts),
+                matched_at(address, decisions),
+            )
+            return await self._answer(response, trip, promise, note, route.generates)
+        raise Unavailable(
+            f"no worker of {pool.name!r} accepted the request: " + "; ".join(failures or ["none"]),
+            field="model",
+        )
+
+    def _begin(self, pool: Pool, member: Member, decision: RouteDecision, load: bool) -> _Trip:
+        if not load:
+            return _Trip(member, None)
+        flight = member.view.begin(decision.keys, decision.cached_blocks(member.address))
+        self.shared.sent(pool.name, member.address, flight)
+        return _Trip(member, flight)
+
+    def _end(self, trip: _Trip) -> None:
+        if trip.flight is not None:
+            trip.member.view.end(trip.flight)
+            self.shared.finished(trip.flight)
+
+    async def _answer(
+        self,
+        response: httpx.Response,
+        trip: _Trip,
+        promise: Promise,
+        note: RouteNote,
+        generates: bool,
+    ) -> Response:
+        address = trip.member.address
+        status = response.status_code
+        kind = response.headers.get("content-type", "")
+        if not kind.startswith("text/event-stream") and not _chunked(response):
+            try:
+                body = await read_all(response)
+            finally:
+                self._end(trip)
+            self.registry.refresh(address)
+            self.router.metrics.requests.labels(address, "ok" if status < 500 else "failed").inc()
+            if status == 200 and generates:
+                promise = promise.answered(_usage(body))
+                self.promises.record(promise)
+            note.promise = promise
+            out = Response(body, status_code=status)
+            out.raw_headers = [h for h in out.raw_headers if h[0] == b"content-length"]
+            out.raw_headers += answer_headers(response)
+            return out
+        note.promise = promise
+        if kind.startswith("text/event-stream"):
+            body_iter = self._events(response, trip, promise, generates and status == 200)
+        else:
+            body_iter = self._chunks(response, trip)
+        out = StreamingResponse(body_iter, status_code=status)
+        out.raw_headers = answer_headers(response)
+        return out
+
+    async def _events(
+        self, response: httpx.Response, trip: _Trip, promise: Promise, keep: bool
+    ) -> AsyncIterator[bytes]:
+        seen = [promise]
+
+        def on_event(event: bytes) -> None:
+            if keep and b'"usage"' in event:
+                usage = _event_usage(event)
+                if usage is not None:
+                    seen[0] = seen[0].answered(usage)
+
+        address = trip.member.address
+        try:
+            async for chunk in events(response, on_event):
+                yield chunk
+            self.router.metrics.requests.labels(address, "ok").inc()
+        finally:
+            self._end(trip)
+            if keep:
+                self.promises.record(seen[0])
+
+    async def _chunks(self, response: httpx.Response, trip: _Trip) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in raw_chunks(response):
+                yield chunk
+        finally:
+            self._end(trip)
+
+
+def _chunked(response: httpx.Response) -> bool:
+    return "chunked" in response.headers.get("transfer-encoding", "").lower()
+
+
+def _usage(body: bytes) -> Any:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return doc.get("usage") if isinstance(doc, dict) else None
+
+
+def _event_usage(event: bytes) -> Any:
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data.startswith(b"{"):
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    chunk = orjson.loads(data)
+                    return chunk.get("usage") if isinstance(chunk, dict) else None
+    return None
+
+
+def _replay(body: bytes, receive: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
+    """An ASGI receive that gives ``body`` once, then the client's (its disconnect)."""
+    given = False
+
+    async def replay() -> dict:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(request: Request, call: Awaitable[T]) -> T:
+    """``call``'s result, or ClientGone (``call`` cancelled) when the client disconnects."""
+    task = asyncio.ensure_future(call)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise ClientGone

@@ -1,0 +1,86 @@
+"""The forwarded routes: a path, how its body becomes the prompt ids routing decides on.
+
+The router forwards a request whole, but decides where with the ids of the pool's one
+Preprocessor, the same call the worker's frontend makes for that route. A route is forwarded
+once it is registered here, e.g. (what the Anthropic Messages route needs, once the
+Preprocessor converts messages)::
+
+    register(ForwardedRoute("/v1/messages", lambda p, body: [p.tokenize_messages(body).ids]))
+
+``generates`` False makes the decision a dry one (render, count_tokens): the request is sent to
+the best worker, but no load or cache growth is recorded for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tokenkeys.frontend.opening import Schema
+from tokenkeys.frontend.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RenderChatRequest,
+    RenderCompletionRequest,
+)
+from tokenkeys.preprocess import Preprocessor
+from tokenkeys.preprocess.chat_schema import check_chat_request
+from tokenkeys.preprocess.completion import refuse_empty_prompt
+
+#: The prompt ids of a body (one list per prompt), from the pool's Preprocessor.
+Prompts = Callable[[Preprocessor, dict[str, Any]], list[list[int]]]
+
+
+@dataclass(frozen=True)
+class ForwardedRoute:
+    """One POST route the router forwards; see the module doc.
+
+    ``schema`` and ``check`` open the body as the worker's frontend does (its 400s are then the
+    router's, word for word, before anything is sent).
+    """
+
+    path: str
+    prompts: Prompts
+    schema: Schema = None
+    check: Callable[[dict[str, Any]], None] | None = None
+    generates: bool = True
+
+
+def completion_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
+    """A completions body's prompts, as /v1/completions tokenizes them."""
+    return [p.ids for p in preprocessor.tokenize_completion(body)]
+
+
+def chat_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
+    """A chat body's one rendered prompt, as /v1/chat/completions tokenizes it."""
+    return [preprocessor.tokenize_chat(body).tokens.ids]
+
+
+#: Forwarded routes by path, in registration order.
+FORWARDED: dict[str, ForwardedRoute] = {}
+
+
+def register(route: ForwardedRoute) -> ForwardedRoute:
+    """Forward ``route`` in every router app built from now on (a path registered twice is a
+    bug: the second registration would silently win)."""
+    if route.path in FORWARDED:
+        raise ValueError(f"route {route.path!r} is already forwarded")
+    FORWARDED[route.path] = route
+    return route
+
+
+register(
+    ForwardedRoute("/v1/completions", completion_prompts, CompletionRequest, refuse_empty_prompt)
+)
+register(
+    ForwardedRoute("/v1/chat/completions", chat_prompts, ChatCompletionRequest, check_chat_request)
+)
+register(
+    ForwardedRoute(
+        "/v1/completions/render", completion_prompts, RenderCompletionRequest, generates=False
+    )
+)
+register(
+    ForwardedRoute("/v1/chat/completions/render", chat_prompts, RenderChatRequest, generates=False)
+)

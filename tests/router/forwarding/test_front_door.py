@@ -1,0 +1,254 @@
+"""The front door over real loopback servers: ``tokenkeys serve`` engines with their HTTP
+frontends behind a router that routes, then forwards the client's request to them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from ports import free_port
+from routing_support import SYSTEM, Cluster, counter, engine_config, start_cluster, wait_until
+
+from tokenkeys.engine.config import SimulatedConfig
+from tokenkeys.engine.simulated.latency import LatencyModel
+from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
+from tokenkeys.router.service import RoutingConfig
+
+
+@pytest.fixture
+async def door(settings):  # noqa: ANN001, ANN201
+    cluster = await start_cluster(2, settings=settings, http=True, worker_http=True)
+    async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+        yield cluster, client
+    await cluster.close()
+
+
+def worker_url(cluster: Cluster, address: str) -> str:
+    return f"http://127.0.0.1:{cluster.stacks[cluster.number(address)].serving.http_port}"
+
+
+def without_ids(doc: dict) -> dict:
+    """An answer without what differs between two calls of the same request: id, time, and
+    the cached tokens (the second call finds the first one's blocks)."""
+    usage = {k: v for k, v in doc["usage"].items() if k != "prompt_tokens_details"}
+    return {**{k: v for k, v in doc.items() if k not in ("id", "created")}, "usage": usage}
+
+
+async def test_workers_advertise_their_http_frontend(door):
+    cluster, _ = door
+    for i, stack in enumerate(cluster.stacks):
+        ws = cluster.registry.workers[stack.target]
+        assert ws.description is not None
+        assert ws.description.http_frontend == f"http://127.0.0.1:{stack.serving.http_port}"
+        assert cluster.number(stack.target) == i
+
+
+async def test_a_forwarded_answer_is_the_workers_own(door):
+    cluster, client = door
+    body = {"prompt": SYSTEM, "max_tokens": 6, "temperature": 0, "seed": 7}
+    routed = await client.post("/v1/completions", json=body)
+    assert routed.status_code == 200, routed.text
+    worker = routed.headers["x-tokenkeys-worker"]
+    assert routed.headers["x-tokenkeys-retries"] == "0"
+    straight = await client.post(worker_url(cluster, worker) + "/v1/completions", json=body)
+    assert without_ids(routed.json()) == without_ids(straight.json())
+    assert routed.headers["content-type"] == straight.headers["content-type"]
+    names = [k.lower() for k, _ in routed.headers.raw]
+    assert len(names) == len(set(names)), "a header the router sets came twice"
+
+
+async def test_error_bodies_and_statuses_come_back_as_the_worker_sent_them(door):
+    cluster, client = door
+    # The simulated engine refuses stop strings (501); through the front door the refusal is
+    # the worker's, not the router's Generate path's.
+    body = {"prompt": "Hi", "max_tokens": 4, "stop": ["."]}
+    routed = await client.post("/v1/completions", json=body)
+    worker = routed.headers["x-tokenkeys-worker"]
+    straight = await client.post(worker_url(cluster, worker) + "/v1/completions", json=body)
+    assert routed.status_code == straight.status_code == 501
+    assert routed.json() == straight.json()
+    assert routed.headers.get("x-should-retry") == straight.headers.get("x-should-retry")
+
+
+async def test_the_promise_is_kept_and_reported_on_a_conversation(door):
+    cluster, client = door
+    messages = [{"role": "system", "content": SYSTEM}]
+    for turn in range(3):
+        messages.append({"role": "user", "content": f"Turn {turn}: when does the Elm train leave?"})
+        response = await client.post(
+            "/v1/chat/completions", json={"messages": messages, "max_tokens": 6}
+        )
+        assert response.status_code == 200, response.text
+        served = response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        expected = int(response.headers["x-tokenkeys-expected-cached-tokens"])
+        assert int(response.headers["x-tokenkeys-served-cached-tokens"]) == served
+        assert expected == served  # the index and the engine agree, block for block
+        if turn:
+            assert served > 0
+        content = response.json()["choices"][0]["message"]["content"]
+        messages.append({"role": "assistant", "content": content})
+        await cluster.settle()
+    worker = response.headers["x-tokenkeys-worker"]
+    assert counter(cluster, "tokenkeys_router_over_promises_total", worker=worker) == 0
+    assert counter(cluster, "tokenkeys_router_promise_difference_tokens_count") == 3
+
+
+async def test_a_stream_is_relayed_event_by_event_with_usage(door):
+    cluster, client = door
+    body = {
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}],
+        "max_tokens": 5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with client.stream("POST", "/v1/chat/completions", json=body) as routed:
+        assert routed.status_code == 200
+        assert routed.headers["content-type"].startswith("text/event-stream")
+        assert "x-tokenkeys-expected-cached-tokens" in routed.headers
+        text = (await routed.aread()).decode()
+    events = [e for e in text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: ") for e in events)
+    assert '"usage"' in events[-2]
+    worker = routed.headers["x-tokenkeys-worker"]
+    straight = await client.post(worker_url(cluster, worker) + "/v1/chat/completions", json=body)
+    assert len([e for e in straight.text.split("\n\n") if e]) == len(events)
+
+
+async def test_render_is_forwarded_and_tokenize_answered_by_the_router(door):
+    cluster, client = door
+    body = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 3}
+    routed = await client.post("/v1/chat/completions/render", json=body)
+    assert routed.status_code == 200, routed.text
+    worker = routed.headers["x-tokenkeys-worker"]
+    straight = await client.post(
+        worker_url(cluster, worker) + "/v1/chat/completions/render", json=body
+    )
+    assert routed.json()["token_ids"] == straight.json()["token_ids"]
+    tokens = await client.post("/tokenize", json={"messages": body["messages"]})
+    assert tokens.json()["tokens"] == routed.json()["token_ids"]
+    assert "x-tokenkeys-worker" not in tokens.headers
+
+
+async def test_a_worker_refusing_connections_gets_the_next_best(settings):
+    cluster = await start_cluster(2, settings=settings, worker_http=True)
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    a, b = cluster.addresses
+    config = RoutingConfig(
+        workers=(f"{a},{dead}", f"{b},{worker_url(cluster, b)}"),
+        policy="round_robin",  # every other request is decided for a
+        poll_interval=0.2,
+        timeout=1.0,
+        pools=settings,
+    )
+    router = await RouterProcess(RouterProcessConfig(config, http_port=0)).start()
+    try:
+        url = f"http://127.0.0.1:{router.http_port}"
+        served, retries = [], 0
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            for i in range(4):
+                body = {"prompt": f"{i} {SYSTEM}", "max_tokens": 3}
+                response = await client.post("/v1/completions", json=body)
+                assert response.status_code == 200, response.text
+                served.append(response.headers["x-tokenkeys-worker"])
+                retries += int(response.headers["x-tokenkeys-retries"])
+        assert served == [b] * 4
+        assert retries == 2
+        metrics = router.service.metrics.registry
+        assert (
+            metrics.get_sample_value(
+                "tokenkeys_router_requests_total", {"worker": a, "outcome": "retried"}
+            )
+            == 2
+        )
+    finally:
+        await router.stop()
+        await cluster.close()
+
+
+async def test_a_client_that_disconnects_aborts_the_workers_request(settings):
+    slow = SimulatedConfig(
+        latency=LatencyModel(decode_s_per_token=0.2, sleep=True)
+    )  # 100 s for 500
+    configs = [engine_config(engine=slow) for _ in range(2)]
+    cluster = await start_cluster(
+        2, settings=settings, http=True, worker_http=True, configs=configs
+    )
+    try:
+        body = {"prompt": SYSTEM, "max_tokens": 500, "stream": True, "ignore_eos": True}
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                worker = response.headers["x-tokenkeys-worker"]
+                async for _ in response.aiter_bytes():
+                    break  # the first event arrived: the worker is generating
+        engine = cluster.stacks[cluster.number(worker)].local()
+
+        async def idle() -> bool:
+            return (await engine.load()).running == 0
+
+        await wait_until(idle, what="the worker aborting the abandoned request")
+        assert (await engine.load()).running == 0
+    finally:
+        await cluster.close()
+
+
+async def test_a_client_that_disconnects_from_a_whole_answer_releases_the_worker(settings):
+    slow = SimulatedConfig(
+        latency=LatencyModel(decode_s_per_token=0.2, sleep=True)
+    )  # 100 s for 500
+    configs = [engine_config(engine=slow) for _ in range(2)]
+    cluster = await start_cluster(
+        2, settings=settings, http=True, worker_http=True, configs=configs
+    )
+    try:
+        body = {"prompt": SYSTEM, "max_tokens": 500, "ignore_eos": True}
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+            task = asyncio.ensure_future(client.post("/v1/completions", json=body))
+            engines = [s.local() for s in cluster.stacks]
+
+            async def busy() -> bool:
+                return any([(await e.load()).running for e in engines])
+
+            await wait_until(busy, what="the request reaching a worker")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        # The router let go of the worker's connection (vLLM aborts a request whose
+        # connection closes, its ``with_cancellation``; the simulated frontend finishes it).
+        pool = cluster.router.pool(None)
+
+        def released() -> bool:
+            return all(m.view.inflight == 0 for m in pool.members.values())
+
+        await wait_until(released, what="the router releasing the abandoned request")
+    finally:
+        await cluster.close()
+
+
+async def test_a_worker_that_dies_mid_stream_ends_it_as_vllm_reports_an_error(settings):
+    slow = SimulatedConfig(latency=LatencyModel(decode_s_per_token=0.05, sleep=True))
+    configs = [engine_config(engine=slow) for _ in range(2)]
+    cluster = await start_cluster(
+        2, settings=settings, http=True, worker_http=True, configs=configs
+    )
+    try:
+        body = {"prompt": SYSTEM, "max_tokens": 500, "stream": True, "ignore_eos": True}
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                assert response.status_code == 200
+                worker = response.headers["x-tokenkeys-worker"]
+                chunks = response.aiter_bytes()
+                received = await anext(chunks)
+                await cluster.stop_engine(cluster.number(worker))
+                async for chunk in chunks:
+                    received += chunk
+        events = [e for e in received.decode().split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert error["code"] == 503 and "broke off the stream" in error["message"]
+        assert all(json.loads(e.removeprefix("data: ")) for e in events[:-1])  # whole events
+    finally:
+        await cluster.close()
