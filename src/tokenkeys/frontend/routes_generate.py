@@ -112,7 +112,7 @@ async def completions(request: Request) -> Response:
     _record(state, model, "completions", [g.usage for g in done])
     decode = _decoder(model, options.skip_special_tokens)
     choices = [
-        shape.choice(i, decode(g.token_ids), g.finish_reason, g.token_ids, prompt)
+        shape.whole_choice(i, decode(g.token_ids), g.finish_reason, g.token_ids, prompt)
         for i, (g, prompt) in enumerate(zip(done, ids, strict=True))
     ]
     return json_response(shape.whole(choices, usage_body([g.usage for g in done])))
