@@ -12,7 +12,7 @@ config; a completion's unset ``max_tokens`` is 16).
 Order of checks, vLLM's: body (400), model (404, vLLM's words), beam search (400), the prompt
 (400/413/501), the context (400), the sampling parameters (400). Refused with 501 and the
 reason: what the Preprocessor does not build exactly (multimodal parts, truncation, embeddings),
-sampling fields not rebuilt here, ``/v1/messages/render``, ``/v1/responses/render`` and the
+sampling fields not rebuilt here, ``/v1/responses/render`` and the
 ``derender`` routes (see :data:`NOT_RENDERED`).
 """
 
@@ -48,8 +48,6 @@ COMPLETION_MAX_TOKENS = 16
 
 #: Routes of vLLM's render server not served exactly here, and why (each answers 501).
 NOT_RENDERED: Mapping[str, str] = {
-    "/v1/messages/render": "the Anthropic Messages to chat conversion is not implemented here; "
-    "send the conversation to /v1/chat/completions/render",
     "/v1/responses/render": "the Responses API (its input items, tools and instructions) is not "
     "rendered here; send the conversation to /v1/chat/completions/render",
     "/v1/completions/derender": "derendering needs vLLM's output processing (incremental "
@@ -89,7 +87,7 @@ def _check_completion(body: dict[str, Any]) -> None:
     check_request_fields(body)
 
 
-def _check_chat(body: dict[str, Any]) -> None:
+def check_chat_body(body: dict[str, Any]) -> None:
     """The chat request's own validators, before the model is looked up."""
     check_chat_request(body)
     _check_cache_salt(body.get("cache_salt"))
@@ -125,7 +123,7 @@ def defaults_of(model: ServedModel) -> dict[str, Any]:
     return found
 
 
-async def _open(request: Request, schema: Schema, check: Any) -> Opened:
+async def open_render(request: Request, schema: Schema, check: Any) -> Opened:
     """The shared opening step, an unknown model refused in vLLM's words, then beam search."""
     try:
         opened = await open_request(request, schema, check)
@@ -220,7 +218,7 @@ def _stream_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 async def render_completion(request: Request) -> Response:
     """The engine requests of a completion: one per prompt, in order."""
-    opened = await _open(request, RenderCompletionRequest, _check_completion)
+    opened = await open_render(request, RenderCompletionRequest, _check_completion)
     body, model = opened.body, opened.model
     limit = _context(model)
     requested = body.get("max_tokens")
@@ -241,7 +239,12 @@ async def render_completion(request: Request) -> Response:
 
 async def render_chat(request: Request) -> Response:
     """The engine request of a conversation, rendered by the model's chat template."""
-    opened = await _open(request, RenderChatRequest, _check_chat)
+    opened = await open_render(request, RenderChatRequest, check_chat_body)
+    return await render_chat_opened(request, opened)
+
+
+async def render_chat_opened(request: Request, opened: Opened) -> Response:
+    """The chat render of an opened request (also the Messages render, once converted)."""
     body, model = opened.body, opened.model
     limit = _context(model)
     field = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
