@@ -80,8 +80,11 @@ def test_vllm_messages_usage_is_the_count(vllm, sidecar) -> None:
 
 
 def _events(response: httpx.Response) -> list[tuple[str, dict]]:
-    """(event, data) of an Anthropic event stream, the message id aside."""
-    out, event = [], None
+    """(event, data) of an Anthropic event stream, the message id aside, and each run of text
+    deltas of one block joined: vLLM sends the tokens a step produced while the reader was busy
+    in one event, so where a stream is cut varies from run to run (what it says does not)."""
+    out: list[tuple[str, dict]] = []
+    event = None
     for line in response.text.splitlines():
         if line.startswith("event: "):
             event = line[7:]
@@ -89,6 +92,15 @@ def _events(response: httpx.Response) -> list[tuple[str, dict]]:
             data = json.loads(line[6:])
             if isinstance(data.get("message"), dict):
                 data["message"].pop("id", None)
+            last = out[-1][1] if out else {}
+            if (
+                event == "content_block_delta"
+                and last.get("type") == "content_block_delta"
+                and last.get("index") == data.get("index")
+                and last["delta"].get("type") == data["delta"].get("type") == "text_delta"
+            ):
+                last["delta"]["text"] += data["delta"]["text"]
+                continue
             out.append((event, data))
     return out
 
