@@ -152,3 +152,85 @@ def thinking_enabled(max_tokens: int = 2048) -> list[tuple[str, dict[str, Any]]]
         (f"thinking-on-{c}", {"max_tokens": max_tokens, "messages": conv, "thinking": thinking})
         for c, conv in CONVERSATIONS.items()
     ]
+
+
+# --- OpenAI Responses ------------------------------------------------------------------------
+
+
+def _said(text: str) -> dict[str, Any]:
+    """An assistant turn as a Responses output message (its whole shape, as vLLM requires)."""
+    return {
+        "type": "message",
+        "role": "assistant",
+        "id": "msg_1",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+_CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
+RESPONSES_INPUTS: dict[str, Any] = {
+    "string": "Bonjour! 東京 🎌",
+    "message": [{"role": "user", "content": "Hi there."}],
+    "input-text": [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Describe caches."}],
+        }
+    ],
+    "multi-turn": [
+        {"role": "user", "content": "Hi."},
+        _said("Hello!"),
+        {"role": "user", "content": "Name a prime."},
+    ],
+    "tool-call": [
+        {"role": "user", "content": "Weather in Paris?"},
+        _CALL,
+        {"type": "function_call_output", "call_id": "call_1", "output": "18 C"},
+    ],
+    "reasoning": [
+        {"role": "user", "content": "2+2?"},
+        {
+            "type": "reasoning",
+            "id": "rs_1",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "Four."}],
+        },
+        _said("4"),
+        {"role": "user", "content": "3+3?"},
+    ],
+}
+RESPONSES_TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+]
+
+
+def responses_requests() -> list[tuple[str, dict[str, Any]]]:
+    """(label, Responses body): every input form, with and without instructions and tools,
+    and a few sampling options; 6 x 2 x 2 + 3 requests."""
+    out = []
+    for (i, given), instructions, tools in itertools.product(
+        RESPONSES_INPUTS.items(), (None, "Answer briefly."), (False, True)
+    ):
+        body: dict[str, Any] = {"input": given}
+        if instructions:
+            body["instructions"] = instructions
+        if tools:
+            body["tools"] = RESPONSES_TOOLS
+        out.append((f"{i}-instr={bool(instructions)}-tools={tools}", body))
+    out += [
+        ("sampling", {"input": "Hi", "max_output_tokens": 9, "temperature": 0, "top_p": 0.5}),
+        ("stream", {"input": "Hi", "stream": True, "max_output_tokens": 5}),
+        ("kwargs", {"input": "Hi", "chat_template_kwargs": {"enable_thinking": False}}),
+        (
+            "bare-output-text",
+            {"input": [{"role": "assistant", "content": [{"type": "output_text", "text": "x"}]}]},
+        ),
+    ]
+    return out

@@ -9,6 +9,7 @@ from tokenkeys.frontend import (
     routes_generate,
     routes_messages,
     routes_render,
+    routes_responses,
     routes_system,
     routes_tokenize,
 )
@@ -23,6 +24,7 @@ from tokenkeys.frontend.schemas import (
     DetokenizeRequest,
     RenderChatRequest,
     RenderCompletionRequest,
+    RenderResponsesRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
@@ -82,6 +84,7 @@ def create_app(
     routes_tokenize.add_routes(app, config)
     routes_render.add_routes(app)
     routes_messages.add_routes(app)
+    routes_responses.add_routes(app)
     install_openapi(
         app,
         [
@@ -94,6 +97,7 @@ def create_app(
             RenderChatRequest,
             MessagesRequest,
             CountTokensRequest,
+            RenderResponsesRequest,
         ],
         _DESCRIPTION,
     )
