@@ -1,4 +1,5 @@
-"""Anthropic Messages requests generated systematically, for parity with vLLM 0.32.
+"""Anthropic Messages (and OpenAI Responses) requests generated systematically, for parity
+with vLLM 0.32.
 
 Every combination of a system form (none, a string, text blocks, a billing header block vLLM
 drops), a conversation (one turn, string and block content, multi-turn, tool use and results,
