@@ -145,8 +145,6 @@ def test_multimodal_parts_are_501_with_the_reason(client: httpx.Client) -> None:
 @pytest.mark.parametrize(
     "path",
     [
-        "/v1/messages/render",
-        "/v1/responses/render",
         "/v1/completions/derender",
         "/v1/chat/completions/derender",
     ],

@@ -65,6 +65,8 @@ ROUTES = {
     "POST /v1/completions",
     "POST /v1/completions/derender",
     "POST /v1/completions/render",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
     "POST /v1/messages/render",
     "POST /v1/responses/render",
 }

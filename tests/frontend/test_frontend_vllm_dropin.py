@@ -73,7 +73,8 @@ def server() -> Iterator[Server]:
 
 def test_completion_choices_carry_their_own_prompt_ids(server) -> None:
     # vllm/entrypoints/openai/completion/protocol.py (0.32): CompletionResponseChoice has
-    # prompt_token_ids: list[int]; serving.py fills it per choice when return_token_ids.
+    # prompt_token_ids: list[int] | None; serving.py fills it per choice when return_token_ids,
+    # and the answer is dumped whole (model_dump), so without it the key is null.
     prompts = ["one prompt", "another, longer prompt"]
     answer = server.openai.completions.create(
         model="smollm2", prompt=prompts, max_tokens=2, extra_body={"return_token_ids": True}
@@ -84,7 +85,8 @@ def test_completion_choices_carry_their_own_prompt_ids(server) -> None:
     assert all(c.token_ids for c in answer.choices)
     assert "prompt_token_ids" not in answer.model_extra
     plain = server.openai.completions.create(model="smollm2", prompt=prompts[0], max_tokens=2)
-    assert "prompt_token_ids" not in plain.choices[0].model_extra
+    assert plain.choices[0].model_extra["prompt_token_ids"] is None
+    assert plain.choices[0].model_extra["token_ids"] is None
 
 
 def test_completion_stream_sends_prompt_ids_in_the_first_chunk_of_each_choice(server) -> None:

@@ -201,3 +201,33 @@ def test_request_id_and_prompt_text_alike(pair) -> None:
     theirs, ours = pair.both("/v1/chat/completions", body)
     assert ok(ours)["id"] == ok(theirs)["id"]
     assert ok(ours)["prompt_text"] == ok(theirs)["prompt_text"]
+
+
+# --- Answer shapes (issue 34): every key vLLM sends, null where vLLM sends null ---------------
+
+
+def _keys(answer: dict) -> dict[str, set]:
+    """The keys of a whole answer, of its first choice and of that choice's message."""
+    choice = answer["choices"][0]
+    return {
+        "answer": set(answer),
+        "choice": set(choice),
+        "message": set(choice.get("message") or {}),
+    }
+
+
+@pytest.mark.parametrize("return_token_ids", [None, False, True])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/completions", {"prompt": "Hello"}), ("/v1/chat/completions", {"messages": USER})],
+    ids=["completions", "chat"],
+)
+def test_whole_answers_have_vllms_keys(pair, path: str, body: dict, return_token_ids) -> None:
+    sent = {**body, "max_tokens": 2}
+    if return_token_ids is not None:
+        sent["return_token_ids"] = return_token_ids
+    theirs, ours = pair.both(path, sent)
+    assert _keys(ok(ours)) == _keys(ok(theirs))
+    for key in ("prompt_token_ids", "token_ids"):
+        where = ok(ours) if key in ok(ours) else ok(ours)["choices"][0]
+        assert (where[key] is None) == (not return_token_ids)

@@ -17,7 +17,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from tokenkeys.engine.protocol import Usage
 from tokenkeys.keys import KeyContext
 
-Route = Literal["completions", "chat"]
+#: The generation routes handed through; "messages" is Anthropic's (its body as sent).
+Route = Literal["completions", "chat", "messages"]
 
 
 @dataclass(frozen=True)

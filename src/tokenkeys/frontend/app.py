@@ -5,7 +5,14 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from tokenkeys import __version__
-from tokenkeys.frontend import routes_generate, routes_render, routes_system, routes_tokenize
+from tokenkeys.frontend import (
+    routes_generate,
+    routes_messages,
+    routes_render,
+    routes_responses,
+    routes_system,
+    routes_tokenize,
+)
 from tokenkeys.frontend.config import HttpConfig
 from tokenkeys.frontend.errors import install_error_handlers
 from tokenkeys.frontend.guard import GuardMiddleware
@@ -17,9 +24,11 @@ from tokenkeys.frontend.schemas import (
     DetokenizeRequest,
     RenderChatRequest,
     RenderCompletionRequest,
+    RenderResponsesRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
+from tokenkeys.frontend.schemas_anthropic import CountTokensRequest, MessagesRequest
 from tokenkeys.frontend.state import AppState
 from tokenkeys.preprocess.incremental.metrics import incremental_registry
 from tokenkeys.serving.guards import Guards, build_guards
@@ -74,6 +83,8 @@ def create_app(
     routes_generate.add_routes(app)
     routes_tokenize.add_routes(app, config)
     routes_render.add_routes(app)
+    routes_messages.add_routes(app)
+    routes_responses.add_routes(app)
     install_openapi(
         app,
         [
@@ -84,6 +95,9 @@ def create_app(
             DetokenizeRequest,
             RenderCompletionRequest,
             RenderChatRequest,
+            MessagesRequest,
+            CountTokensRequest,
+            RenderResponsesRequest,
         ],
         _DESCRIPTION,
     )

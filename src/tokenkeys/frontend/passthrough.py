@@ -11,7 +11,8 @@ engine's, vLLM's own 400s included.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -23,11 +24,21 @@ from tokenkeys.frontend.opening import Opened
 
 
 async def forward(
-    request: Request, opened: Opened, engine: OpenAIPassThrough, route: Route
+    request: Request,
+    opened: Opened,
+    engine: OpenAIPassThrough,
+    route: Route,
+    sent: Mapping[str, Any] | None = None,
 ) -> Response:
-    """Answer one generation request with the engine's own answer; see the module doc."""
+    """Answer one generation request with the engine's own answer; see the module doc.
+
+    ``sent``: the body the engine gets when it is not ``opened.body`` (a Messages request goes
+    as the client sent it; ``opened.body`` is its chat conversion, which the Preprocessor
+    renders).
+    """
     body, model = opened.body, opened.model
-    refused = engine.refusal(body, route)
+    sent = body if sent is None else sent
+    refused = engine.refusal(sent, route)
     if refused is not None:
         raise Unsupported(refused[1], field=refused[0])
     context = key_context(body)
@@ -42,7 +53,7 @@ async def forward(
         chat = await opened.run(model.preprocessor.tokenize_chat, body)
         ids, text = [chat.tokens.ids], chat.prompt
     answer = await engine.answer(
-        OpenAIRequest(route, body, ids, context, opened.lora, request.headers, text)
+        OpenAIRequest(route, sent, ids, context, opened.lora, request.headers, text)
     )
     if answer.events is None:
         opened.state.metrics.record_generation(model.name, route, answer.usage)

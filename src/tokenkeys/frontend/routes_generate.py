@@ -27,7 +27,7 @@ from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.errors import error_of
 from tokenkeys.frontend.generation import EngineCall, eos_ids, key_context, usage_body
 from tokenkeys.frontend.openapi import add_body_route
-from tokenkeys.frontend.opening import open_request
+from tokenkeys.frontend.opening import Opened, open_request
 from tokenkeys.frontend.responses import ChatCompletionResponse, CompletionResponse
 from tokenkeys.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from tokenkeys.frontend.shapes import ChatShape, CompletionShape
@@ -44,7 +44,7 @@ from tokenkeys.serving.models import ServedModel
 S = TypeVar("S", CompletionShape, ChatShape)
 
 
-def _decoder(model: ServedModel, skip_special_tokens: bool):  # noqa: ANN202 - a small closure
+def decoder(model: ServedModel, skip_special_tokens: bool):  # noqa: ANN202 - a small closure
     def decode(ids: Sequence[int]) -> str:
         return model.preprocessor.detokenize(
             [ids], skip_special_tokens=skip_special_tokens, field_name="output"
@@ -95,6 +95,11 @@ def _call(  # noqa: ANN202
     return EngineCall(engine, options.params, key_context(body), lora, limit), options
 
 
+def chat_call(opened: Opened) -> tuple[EngineCall, sampling.Sampling]:
+    """The engine call of an opened chat request (also a converted Messages request)."""
+    return _call(opened.state, opened.model, opened.body, opened.lora, chat=True)
+
+
 async def completions(request: Request) -> Response:
     """OpenAI completions; the prompt may be text(s) or token ids."""
     opened = await open_request(request, CompletionRequest, refuse_empty_prompt)
@@ -110,9 +115,9 @@ async def completions(request: Request) -> Response:
         return await _stream(state, model, call, ids, options, shape, "completions")
     done = await call.run_all(ids)
     _record(state, model, "completions", [g.usage for g in done])
-    decode = _decoder(model, options.skip_special_tokens)
+    decode = decoder(model, options.skip_special_tokens)
     choices = [
-        shape.choice(i, decode(g.token_ids), g.finish_reason, g.token_ids, prompt)
+        shape.whole_choice(i, decode(g.token_ids), g.finish_reason, g.token_ids, prompt)
         for i, (g, prompt) in enumerate(zip(done, ids, strict=True))
     ]
     return json_response(shape.whole(choices, usage_body([g.usage for g in done])))
@@ -142,7 +147,7 @@ async def chat_completions(request: Request) -> Response:
         return await _stream(state, model, call, [ids], options, shape, "chat")
     (done,) = await call.run_all([ids])
     _record(state, model, "chat", [done.usage])
-    text = _decoder(model, options.skip_special_tokens)(done.token_ids)
+    text = decoder(model, options.skip_special_tokens)(done.token_ids)
     return json_response(
         shape.whole(text, done.finish_reason, usage_body([done.usage]), ids, done.token_ids)
     )
@@ -162,7 +167,7 @@ async def _stream(
     first = await call.start(prompts[0])
 
     async def events() -> AsyncIterator[bytes]:
-        decode = _decoder(model, options.skip_special_tokens)
+        decode = decoder(model, options.skip_special_tokens)
         usages: list[Usage] = []
         try:
             for index, prompt in enumerate(prompts):

@@ -12,8 +12,7 @@ config; a completion's unset ``max_tokens`` is 16).
 Order of checks, vLLM's: body (400), model (404, vLLM's words), beam search (400), the prompt
 (400/413/501), the context (400), the sampling parameters (400). Refused with 501 and the
 reason: what the Preprocessor does not build exactly (multimodal parts, truncation, embeddings),
-sampling fields not rebuilt here, ``/v1/messages/render``, ``/v1/responses/render`` and the
-``derender`` routes (see :data:`NOT_RENDERED`).
+sampling fields not rebuilt here, and the ``derender`` routes (see :data:`NOT_RENDERED`).
 """
 
 from __future__ import annotations
@@ -48,10 +47,6 @@ COMPLETION_MAX_TOKENS = 16
 
 #: Routes of vLLM's render server not served exactly here, and why (each answers 501).
 NOT_RENDERED: Mapping[str, str] = {
-    "/v1/messages/render": "the Anthropic Messages to chat conversion is not implemented here; "
-    "send the conversation to /v1/chat/completions/render",
-    "/v1/responses/render": "the Responses API (its input items, tools and instructions) is not "
-    "rendered here; send the conversation to /v1/chat/completions/render",
     "/v1/completions/derender": "derendering needs vLLM's output processing (incremental "
     "detokenization state, stop strings, tool and reasoning parsers), which does not run here; "
     "decode output ids with /detokenize",
@@ -89,7 +84,7 @@ def _check_completion(body: dict[str, Any]) -> None:
     check_request_fields(body)
 
 
-def _check_chat(body: dict[str, Any]) -> None:
+def check_chat_body(body: dict[str, Any]) -> None:
     """The chat request's own validators, before the model is looked up."""
     check_chat_request(body)
     _check_cache_salt(body.get("cache_salt"))
@@ -125,7 +120,7 @@ def defaults_of(model: ServedModel) -> dict[str, Any]:
     return found
 
 
-async def _open(request: Request, schema: Schema, check: Any) -> Opened:
+async def open_render(request: Request, schema: Schema, check: Any) -> Opened:
     """The shared opening step, an unknown model refused in vLLM's words, then beam search."""
     try:
         opened = await open_request(request, schema, check)
@@ -145,7 +140,7 @@ async def _open(request: Request, schema: Schema, check: Any) -> Opened:
     return opened
 
 
-def _context(model: ServedModel) -> int:
+def context_of(model: ServedModel) -> int:
     """The model's context length; render budgets cannot be computed without one."""
     limit = max_model_len_of(model)
     if limit <= 0:
@@ -157,7 +152,7 @@ def _context(model: ServedModel) -> int:
     return limit
 
 
-def _budget(
+def budget_of(
     prompt_len: int,
     requested: int | None,
     defaults: Mapping[str, Any],
@@ -184,7 +179,7 @@ def _request_id(request: Request, body: Mapping[str, Any], prefix: str) -> str:
     return f"{prefix}-{given if given is not None else secrets.token_hex(8)}"
 
 
-def _answer(
+def answer_of(
     request_id: str, ids: list[int], params: dict[str, Any], body: Mapping[str, Any]
 ) -> dict[str, Any]:
     """One ``GenerateRequest`` as vLLM's render server serializes it."""
@@ -220,9 +215,9 @@ def _stream_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 async def render_completion(request: Request) -> Response:
     """The engine requests of a completion: one per prompt, in order."""
-    opened = await _open(request, RenderCompletionRequest, _check_completion)
+    opened = await open_render(request, RenderCompletionRequest, _check_completion)
     body, model = opened.body, opened.model
-    limit = _context(model)
+    limit = context_of(model)
     requested = body.get("max_tokens")
     requested = COMPLETION_MAX_TOKENS if requested is None else requested
     check_requested(requested, "max_tokens", limit)
@@ -232,18 +227,23 @@ async def render_completion(request: Request) -> Response:
     base = _request_id(request, body, "cmpl")
     answers = []
     for i, prompt in enumerate(prompts):
-        budget = _budget(len(prompt.ids), requested, defaults, limit, text=texts)
+        budget = budget_of(len(prompt.ids), requested, defaults, limit, text=texts)
         params = sampling_params(body, budget, defaults, chat=False)
         request_id = base if len(prompts) == 1 else f"{base}-{i}"
-        answers.append(_answer(request_id, prompt.ids, params, body))
+        answers.append(answer_of(request_id, prompt.ids, params, body))
     return json_response(answers)
 
 
 async def render_chat(request: Request) -> Response:
     """The engine request of a conversation, rendered by the model's chat template."""
-    opened = await _open(request, RenderChatRequest, _check_chat)
+    opened = await open_render(request, RenderChatRequest, check_chat_body)
+    return await render_chat_opened(request, opened)
+
+
+async def render_chat_opened(request: Request, opened: Opened) -> Response:
+    """The chat render of an opened request (also the Messages render, once converted)."""
     body, model = opened.body, opened.model
-    limit = _context(model)
+    limit = context_of(model)
     field = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
     max_completion = body.get("max_completion_tokens")
     requested = max_completion if max_completion is not None else body.get("max_tokens")
@@ -253,9 +253,9 @@ async def render_chat(request: Request) -> Response:
     ids = chat.tokens.ids
     defaults = defaults_of(model)
     rendered = chat.prompt is not None
-    budget = _budget(len(ids), requested, defaults, limit, rendered=rendered, text=rendered)
+    budget = budget_of(len(ids), requested, defaults, limit, rendered=rendered, text=rendered)
     params = sampling_params(body, budget, defaults, chat=True)
-    return json_response(_answer(_request_id(request, body, "chatcmpl"), ids, params, body))
+    return json_response(answer_of(_request_id(request, body, "chatcmpl"), ids, params, body))
 
 
 def _not_rendered(path: str):  # noqa: ANN202 - a route handler

@@ -217,3 +217,20 @@ class RenderChatRequest(_RenderFields, ChatCompletionRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = 0
+
+
+class RenderResponsesRequest(_Request):
+    """``POST /v1/responses/render``: an OpenAI Responses request (vLLM 0.32's fields)."""
+
+    model: str | None = None
+    input: str | list[Json]
+    instructions: str | None = None
+    tools: list[Json] | None = None
+    tool_choice: str | Json | None = None
+    max_output_tokens: int | None = None
+    previous_response_id: str | None = None
+    temperature: float | int | None = None
+    top_p: float | int | None = None
+    stream: bool | None = False
+    request_id: str | None = None
+    chat_template_kwargs: Json | None = None

@@ -13,6 +13,14 @@ each choice or chunk also carries its generated ``token_ids``. ``return_prompt_t
 rendered chat prompt as ``prompt_text`` (first chunk in streams), and the answer id is
 ``cmpl-``/``chatcmpl-`` followed by the request's ``X-Request-Id`` header, else its
 ``request_id``, else a random id, as in vLLM 0.32.
+
+Keys are sent as vLLM 0.32 sends them: a whole answer is its response model dumped in full
+(``model_dump()``: every field, ``null`` when unset, so ``prompt_token_ids`` and ``token_ids``
+are ``null`` without ``return_token_ids``; a chat message's empty ``tool_calls`` is dropped by
+its serializer), a chunk holds the fields its handler sets (``model_dump_json(exclude_unset=
+True)``), so a completion chunk always carries ``prompt_token_ids``/``token_ids`` and a chat
+delta its ``token_ids``. The official ``openai`` client reads these as attributes and needs them
+present.
 """
 
 from __future__ import annotations
@@ -52,6 +60,10 @@ class Answer:
         }
         return out
 
+    def _ids(self, ids: list[int] | None) -> list[int] | None:
+        """``ids`` with ``return_token_ids``, else null (vLLM sets the key either way)."""
+        return ids if self.return_token_ids else None
+
     def _chunk(self, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
         out = self._head(kind)
         out["choices"] = [choice]
@@ -84,25 +96,43 @@ class CompletionShape(Answer):
         token_ids: list[int] | None,
         prompt_ids: list[int] | None = None,
     ) -> dict[str, Any]:
-        """One choice; ``prompt_ids`` are its prompt's ids (whole answers, first chunks)."""
-        out: dict[str, Any] = {
+        """A streamed choice; ``prompt_ids`` are its prompt's ids (on its first chunk)."""
+        return {
             "index": index,
             "text": text,
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "prompt_token_ids": self._ids(prompt_ids),
+            "token_ids": self._ids(token_ids),
         }
-        if self.return_token_ids:
-            if prompt_ids is not None:
-                out["prompt_token_ids"] = prompt_ids
-            if token_ids is not None:
-                out["token_ids"] = token_ids
-        return out
+
+    def whole_choice(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        token_ids: list[int],
+        prompt_ids: list[int],
+    ) -> dict[str, Any]:
+        """One choice of a whole answer (vLLM's ``CompletionResponseChoice``, every field)."""
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+            "token_ids": self._ids(token_ids),
+            "prompt_logprobs": None,
+            "prompt_token_ids": self._ids(prompt_ids),
+            "routed_experts": None,
+        }
 
     def whole(self, choices: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
         out = self._head(self.KIND)
         out["choices"] = choices
-        out["usage"] = usage
+        out.update(service_tier=None, system_fingerprint=None, usage=usage)
+        out.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
         return out
 
     def chunk(
@@ -136,21 +166,24 @@ class ChatShape(Answer):
         prompt_ids: list[int],
         token_ids: list[int],
     ) -> dict[str, Any]:
+        # vLLM's ChatMessage serializer drops an empty tool_calls.
+        message = {"role": "assistant", "content": text, "refusal": None, "annotations": None}
+        message.update(audio=None, function_call=None, reasoning=None)
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "message": message,
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "token_ids": self._ids(token_ids),
+            "routed_experts": None,
         }
         out = self._head(self.KIND)
-        if self.return_token_ids:
-            choice["token_ids"] = token_ids
-            out["prompt_token_ids"] = prompt_ids
-        if self.return_prompt_text:
-            out["prompt_text"] = self.prompt_text
         out["choices"] = [choice]
-        out["usage"] = usage
+        out.update(service_tier=None, system_fingerprint=None, usage=usage, prompt_logprobs=None)
+        out["prompt_token_ids"] = self._ids(prompt_ids)
+        out["prompt_text"] = self.prompt_text if self.return_prompt_text else None
+        out.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
         return out
 
     def opening(self, index: int, prompt_ids: list[int]) -> dict[str, Any] | None:
@@ -163,10 +196,8 @@ class ChatShape(Answer):
             "finish_reason": None,
         }
         out = self._chunk(self.CHUNK, choice)
-        if self.return_token_ids:
-            out["prompt_token_ids"] = prompt_ids
-        if self.return_prompt_text:
-            out["prompt_text"] = self.prompt_text
+        out["prompt_token_ids"] = self._ids(prompt_ids)
+        out["prompt_text"] = self.prompt_text if self.return_prompt_text else None
         return out
 
     def chunk(
@@ -184,6 +215,7 @@ class ChatShape(Answer):
             "logprobs": None,
             "finish_reason": finish_reason,
         }
-        if self.return_token_ids and token_ids is not None:
-            choice["token_ids"] = token_ids
+        if finish_reason is not None:
+            choice["stop_reason"] = None
+        choice["token_ids"] = self._ids(token_ids)
         return self._chunk(self.CHUNK, choice)

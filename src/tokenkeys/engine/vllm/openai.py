@@ -32,7 +32,13 @@ from tokenkeys.engine.passthrough import OpenAIAnswer, OpenAIRequest, Route
 from tokenkeys.engine.protocol import Usage
 from tokenkeys.engine.vllm.client import VllmHttpClient
 
-_PATHS: dict[Route, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+_PATHS: dict[Route, str] = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+    "messages": "/v1/messages",
+}
+#: Routes whose prompt is a rendered conversation: its ids go in kv_transfer_params.
+_RENDERED = ("chat", "messages")
 #: Request headers vLLM reads: the answer id ends in X-Request-Id.
 _HEADERS = ("x-request-id",)
 
@@ -69,8 +75,10 @@ _RULES: tuple[tuple[Route | None, str, Callable[[Any], bool], str], ...] = (
 
 def refusal(body: Mapping[str, Any], route: Route) -> tuple[str, str] | None:
     """The first field the sidecar cannot pass to vLLM exactly, as (field, reason), or None."""
+    # A Messages request is a chat request to vLLM once converted: the chat rules apply.
+    family: Route = "chat" if route == "messages" else route
     for only, name, refused, why in _RULES:
-        if only in (None, route) and refused(body.get(name)):
+        if only in (None, family) and refused(body.get(name)):
             return name, f"{name}={body.get(name)!r} is not supported through the sidecar: {why}"
     if route == "completions" and body.get("echo") is True and _has_text(body.get("prompt")):
         return "echo", (
@@ -91,7 +99,7 @@ def vllm_body(request: OpenAIRequest, model: str) -> dict[str, Any]:
     """The body vLLM gets: the client's, under vLLM's model name, with the Preprocessor's ids."""
     body = dict(request.body)
     body["model"] = model
-    if request.route == "chat":
+    if request.route in _RENDERED:
         kv = dict(body.get("kv_transfer_params") or {})
         kv["prompt_token_ids"] = request.prompts[0]
         body["kv_transfer_params"] = kv
@@ -111,6 +119,8 @@ async def answer(client: VllmHttpClient, request: OpenAIRequest, model: str) -> 
         if whole.status != 200:
             return OpenAIAnswer(whole.status, whole.body)
         doc = orjson.loads(whole.body)
+        if request.route == "messages":
+            return OpenAIAnswer(200, whole.body, usage=_anthropic_usages(doc))
         result = OpenAIAnswer(200, whole.body, usage=_usages(doc))
         if _wants_prompt_text(request):
             doc["prompt_text"] = request.prompt_text
@@ -120,8 +130,17 @@ async def answer(client: VllmHttpClient, request: OpenAIRequest, model: str) -> 
     if refused is not None:
         return OpenAIAnswer(refused.status, refused.body)
     result = OpenAIAnswer(200)
-    result.events = _events(lines, request, result)
+    if request.route == "messages":
+        result.events = _lines_as_sent(lines)
+    else:
+        result.events = _events(lines, request, result)
     return result
+
+
+async def _lines_as_sent(lines: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Anthropic's events (``event:`` and ``data:`` lines) exactly as vLLM sent them."""
+    async for line in lines:
+        yield line + b"\n"
 
 
 async def _events(
@@ -151,6 +170,17 @@ def _wants_prompt_text(request: OpenAIRequest) -> bool:
 def _usages(doc: Any) -> list[Usage]:
     usage = doc.get("usage") if isinstance(doc, dict) else None
     return [usage_of(usage)] if isinstance(usage, dict) else []
+
+
+def _anthropic_usages(doc: Any) -> list[Usage]:
+    """A Messages answer's usage: its prompt is input + cache creation + cache read tokens."""
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    if not isinstance(usage, dict):
+        return []
+    read = int(usage.get("cache_read_input_tokens") or 0)
+    created = int(usage.get("cache_creation_input_tokens") or 0)
+    prompt = int(usage.get("input_tokens") or 0) + read + created
+    return [Usage(prompt, int(usage.get("output_tokens") or 0), read)]
 
 
 def usage_of(usage: Mapping[str, Any]) -> Usage:

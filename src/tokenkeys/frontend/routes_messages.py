@@ -1,0 +1,176 @@
+"""Anthropic's Messages API on the one path: ``/v1/messages``, its ``count_tokens`` and ``render``.
+
+Each route validates the body as vLLM 0.32 does (:mod:`tokenkeys.frontend.schemas_anthropic`),
+converts it into the chat request vLLM renders (:mod:`tokenkeys.preprocess.anthropic`) and hands
+that to the model's one Preprocessor, so every number is the served one:
+
+- ``/v1/messages/render`` answers what ``vllm launch render`` answers (the chat render of the
+  converted request, ``chatcmpl-`` id, vLLM's ``render_messages_request``);
+- ``/v1/messages/count_tokens`` answers ``{"input_tokens": N, "context_management":
+  {"original_input_tokens": N}}``, N the rendered prompt's length (vLLM's ``count_tokens``,
+  with its probe for what ``thinking: disabled`` means for the model);
+- ``/v1/messages`` generates: in front of a real vLLM the request goes to vLLM's own
+  ``/v1/messages`` whole, with the Preprocessor's ids, and its answer or events come back as
+  vLLM sent them; on the simulated engine the answer is shaped as vLLM shapes a whole Messages
+  answer (``messages_full_converter``). Streaming on the simulated engine is refused (501).
+
+Images are refused with the chat path's 501 (multimodal is not served here yet) unless the
+request is text-only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tokenkeys.engine.passthrough import OpenAIPassThrough
+from tokenkeys.errors import Unsupported
+from tokenkeys.frontend import passthrough
+from tokenkeys.frontend.body import json_response
+from tokenkeys.frontend.generation import usage_body
+from tokenkeys.frontend.openapi import add_body_route
+from tokenkeys.frontend.opening import Opened
+from tokenkeys.frontend.render_params import unsupported_render_option
+from tokenkeys.frontend.routes_generate import chat_call, decoder
+from tokenkeys.frontend.routes_render import check_chat_body, open_render, render_chat_opened
+from tokenkeys.frontend.schemas_anthropic import CountTokensRequest, MessagesRequest
+from tokenkeys.frontend.state import engine_of
+from tokenkeys.preprocess.anthropic import (
+    disabled_thinking_effort,
+    merge_inline_system,
+    to_chat_request,
+)
+from tokenkeys.serving.models import ServedModel
+
+_EFFORTS: dict[str, str] = {}
+#: The one-turn chat vLLM renders to probe a template's reasoning efforts.
+_PROBE = [{"role": "user", "content": "Hi"}]
+
+
+def _disabled_effort(model: ServedModel) -> str:
+    """What ``thinking: disabled`` sets as ``reasoning_effort`` for this model (probed once)."""
+    key = model.tokenizer.fingerprint
+    if key not in _EFFORTS:
+
+        def render(effort: str) -> tuple[list[int], str | None]:
+            chat = model.preprocessor.tokenize_chat(
+                {"messages": _PROBE, "reasoning_effort": effort}
+            )
+            return chat.tokens.ids, chat.prompt
+
+        _EFFORTS[key] = disabled_thinking_effort(render)
+    return _EFFORTS[key]
+
+
+def _as_chat(opened: Opened, *, count: bool = False) -> Opened:
+    """The opened Messages request with its body converted to vLLM's chat request."""
+    model = opened.model
+    thinking = opened.body.get("thinking") or {}
+    effort = "none"
+    if count and thinking.get("type") == "disabled":
+        effort = _disabled_effort(model)
+    chat = to_chat_request(
+        opened.body,
+        merge_inline_system=merge_inline_system(model.preprocessor.chat),
+        disabled_effort=effort,
+        count=count,
+    )
+    return dataclasses.replace(opened, body=chat)
+
+
+async def render_messages(request: Request) -> Response:
+    """The engine request of a Messages conversation (vLLM's render API)."""
+    opened = _as_chat(await open_render(request, MessagesRequest, None))
+    check_chat_body(opened.body)
+    refused = unsupported_render_option(opened.body)
+    if refused is not None:
+        raise Unsupported(refused[1], field=refused[0])
+    return await render_chat_opened(request, opened)
+
+
+async def count_tokens(request: Request) -> Response:
+    """Anthropic's count: the length of the prompt the conversation renders to."""
+    opened = _as_chat(await open_render(request, CountTokensRequest, None), count=True)
+    chat = await opened.run(opened.model.preprocessor.tokenize_chat, opened.body)
+    n = len(chat.tokens.ids)
+    return json_response({"input_tokens": n, "context_management": {"original_input_tokens": n}})
+
+
+def _stop_reason(finish_reason: str | None) -> str | None:
+    """``_to_anthropic_stop_reason`` without tools or stop strings (the simulated engine's)."""
+    return {"length": "max_tokens", "stop": "end_turn"}.get(finish_reason or "")
+
+
+def anthropic_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``_build_anthropic_usage``: the prompt split into uncached and cache-read tokens."""
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    return {
+        "input_tokens": max(0, usage["prompt_tokens"] - cached),
+        "output_tokens": usage["completion_tokens"],
+        "cache_read_input_tokens": cached,
+    }
+
+
+async def messages(request: Request) -> Response:
+    """Anthropic Messages: generate the answer of a conversation."""
+    opened = await open_render(request, MessagesRequest, None)
+    model = opened.model
+    if isinstance(engine := engine_of(model), OpenAIPassThrough):
+        chat = _as_chat(opened)
+        # vLLM gets the Messages body as sent; the Preprocessor renders its chat conversion.
+        return await passthrough.forward(request, chat, engine, "messages", sent=opened.body)
+    if opened.body.get("stream"):
+        raise Unsupported(
+            "stream is not served on /v1/messages by the simulated engine; send stream: false, "
+            "or serve the model in front of a vLLM",
+            field="stream",
+        )
+    opened = _as_chat(opened)
+    call, options = chat_call(opened)
+    chat = await opened.run(model.preprocessor.tokenize_chat, opened.body)
+    ids = chat.tokens.ids
+    call.check([ids], rendered=chat.prompt is not None)
+    (done,) = await call.run_all([ids])
+    opened.state.metrics.record_generation(model.name, "messages", [done.usage])
+    text = decoder(model, options.skip_special_tokens)(done.token_ids)
+    given = request.headers.get("x-request-id") or opened.body.get("request_id")
+    answer = {
+        "id": f"chatcmpl-{given or uuid.uuid4().hex}",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": text}],
+        "model": opened.lora or model.name,
+        "stop_reason": _stop_reason(done.finish_reason),
+        "usage": anthropic_usage(usage_body([done.usage])),
+    }
+    return json_response(answer)
+
+
+def add_routes(app: FastAPI) -> None:
+    """Mount the three Messages routes (one opening step each, as every model route)."""
+    add_body_route(
+        app,
+        "/v1/messages",
+        messages,
+        MessagesRequest,
+        summary="Answer an Anthropic Messages conversation",
+    )
+    add_body_route(
+        app,
+        "/v1/messages/count_tokens",
+        count_tokens,
+        CountTokensRequest,
+        summary="The served prompt length of an Anthropic Messages conversation",
+    )
+    add_body_route(
+        app,
+        "/v1/messages/render",
+        render_messages,
+        MessagesRequest,
+        summary="The engine request of an Anthropic Messages conversation (vLLM's render API)",
+    )
