@@ -40,46 +40,12 @@ from tokenkeys.frontend.routes_generate import chat_call, decoder
 from tokenkeys.frontend.routes_render import check_chat_body, open_render, render_chat_opened
 from tokenkeys.frontend.schemas_anthropic import CountTokensRequest, MessagesRequest
 from tokenkeys.frontend.state import engine_of
-from tokenkeys.preprocess.anthropic import (
-    disabled_thinking_effort,
-    merge_inline_system,
-    to_chat_request,
-)
-from tokenkeys.serving.models import ServedModel
-
-_EFFORTS: dict[str, str] = {}
-#: The one-turn chat vLLM renders to probe a template's reasoning efforts.
-_PROBE = [{"role": "user", "content": "Hi"}]
-
-
-def _disabled_effort(model: ServedModel) -> str:
-    """What ``thinking: disabled`` sets as ``reasoning_effort`` for this model (probed once)."""
-    key = model.tokenizer.fingerprint
-    if key not in _EFFORTS:
-
-        def render(effort: str) -> tuple[list[int], str | None]:
-            chat = model.preprocessor.tokenize_chat(
-                {"messages": _PROBE, "reasoning_effort": effort}
-            )
-            return chat.tokens.ids, chat.prompt
-
-        _EFFORTS[key] = disabled_thinking_effort(render)
-    return _EFFORTS[key]
+from tokenkeys.preprocess.anthropic import chat_body
 
 
 def _as_chat(opened: Opened, *, count: bool = False) -> Opened:
     """The opened Messages request with its body converted to vLLM's chat request."""
-    model = opened.model
-    thinking = opened.body.get("thinking") or {}
-    effort = "none"
-    if count and thinking.get("type") == "disabled":
-        effort = _disabled_effort(model)
-    chat = to_chat_request(
-        opened.body,
-        merge_inline_system=merge_inline_system(model.preprocessor.chat),
-        disabled_effort=effort,
-        count=count,
-    )
+    chat = chat_body(opened.model.preprocessor, opened.body, count=count)
     return dataclasses.replace(opened, body=chat)
 
 

@@ -45,6 +45,7 @@ import jinja2.sandbox
 
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.preprocess.chat import ChatPrologue
+from tokenkeys.preprocess.preprocessor import Preprocessor
 
 #: Claude Code's attribution block: a per-request hash vLLM drops to keep the prefix cacheable.
 BILLING_HEADER = "x-anthropic-billing-header"
@@ -337,3 +338,40 @@ def merge_inline_system(prologue: ChatPrologue) -> bool:
     if prologue.options.chat_template is None and "tool_use" in prologue.templates:
         variants.append(prologue.templates["tool_use"])
     return any(needs_system_first(t) for t in variants)
+
+
+#: ``thinking: disabled``'s effort per tokenizer fingerprint (vLLM probes the template once).
+_EFFORTS: dict[str, str] = {}
+#: The one-turn chat vLLM renders to probe a template's reasoning efforts.
+_PROBE = [{"role": "user", "content": "Hi"}]
+
+
+def _disabled_effort(preprocessor: Preprocessor) -> str:
+    """What ``thinking: disabled`` sets as ``reasoning_effort`` for this model (probed once)."""
+    key = preprocessor.tokenizer.fingerprint
+    if key not in _EFFORTS:
+
+        def render(effort: str) -> tuple[list[int], str | None]:
+            chat = preprocessor.tokenize_chat({"messages": _PROBE, "reasoning_effort": effort})
+            return chat.tokens.ids, chat.prompt
+
+        _EFFORTS[key] = disabled_thinking_effort(render)
+    return _EFFORTS[key]
+
+
+def chat_body(
+    preprocessor: Preprocessor, body: Mapping[str, Any], *, count: bool = False
+) -> dict[str, Any]:
+    """The chat request a validated Messages body renders as on ``preprocessor``'s model: the
+    one conversion the frontend's routes and the router's forwarded routes share (``count``: a
+    count_tokens body, with vLLM's probe for what ``thinking: disabled`` means there)."""
+    thinking = body.get("thinking") or {}
+    effort = "none"
+    if count and thinking.get("type") == "disabled":
+        effort = _disabled_effort(preprocessor)
+    return to_chat_request(
+        body,
+        merge_inline_system=merge_inline_system(preprocessor.chat),
+        disabled_effort=effort,
+        count=count,
+    )

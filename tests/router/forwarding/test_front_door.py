@@ -252,3 +252,47 @@ async def test_a_worker_that_dies_mid_stream_ends_it_as_vllm_reports_an_error(se
         assert all(json.loads(e.removeprefix("data: ")) for e in events[:-1])  # whole events
     finally:
         await cluster.close()
+
+
+async def test_anthropic_messages_and_responses_are_routed_on_their_own_prompt(door):
+    """The Messages and Responses routes go to a worker chosen with the ids the worker itself
+    renders (the router's decision holds the conversation's prefix on its second turn), and come
+    back as the worker answered."""
+    cluster, client = door
+    body = {
+        "model": "smollm2-135m-instruct",
+        "max_tokens": 4,
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": "What is the first rule?"}],
+    }
+    counted = await client.post("/v1/messages/count_tokens", json=body)
+    assert counted.status_code == 200, counted.text
+    worker = counted.headers["x-tokenkeys-worker"]
+    url = worker_url(cluster, worker)
+    straight = await client.post(url + "/v1/messages/count_tokens", json=body)
+    assert counted.json() == straight.json()
+    rendered = await client.post("/v1/messages/render", json=body)
+    assert rendered.status_code == 200, rendered.text
+    assert len(rendered.json()["token_ids"]) == counted.json()["input_tokens"]
+    first = await client.post("/v1/messages", json=body)
+    assert first.status_code == 200, first.text
+    assert first.json()["type"] == "message"
+    holder = first.headers["x-tokenkeys-worker"]
+    # The engine's events of the first turn reach the router; the same conversation then
+    # goes to the worker that holds it, with the prefix promised.
+    await cluster.settle()
+    second = await client.post("/v1/messages", json=body)
+    assert second.headers["x-tokenkeys-worker"] == holder
+    assert int(second.headers["x-tokenkeys-expected-cached-tokens"]) > 0
+    responses = {
+        "model": "smollm2-135m-instruct",
+        "instructions": SYSTEM,
+        "input": "What is the first rule?",
+    }
+    routed = await client.post("/v1/responses/render", json=responses)
+    assert routed.status_code == 200, routed.text
+    own = await client.post(
+        worker_url(cluster, routed.headers["x-tokenkeys-worker"]) + "/v1/responses/render",
+        json=responses,
+    )
+    assert routed.json()["token_ids"] == own.json()["token_ids"]

@@ -22,10 +22,12 @@ Before the first of them the sidecar waits for vLLM to answer ``/health``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 
+from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
 from tokenkeys.engine.hosting import report_start
 from tokenkeys.engine.vllm.client import VllmHttpClient, VllmModel
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, Unavailable, Unsupported
@@ -199,3 +201,20 @@ async def _probe_tokenize(client: VllmHttpClient, name: str, tokenizer: Tokenize
             "(e.g. --backend transformers5) and the same tokenizer folder",
             field="backend",
         )
+
+
+async def prepare(config: EngineConfig) -> EngineConfig:
+    """Unless ``kv_events_vllm_version`` names one, the event layout is that of the release
+    vLLM reports (or the start is refused): the relay decodes vLLM's events with it and the
+    sidecar publishes them in it again."""
+    vllm = config.engine
+    assert isinstance(vllm, VllmEngineConfig)
+    if config.kv_events_vllm_version is not None:
+        return config
+    client = VllmHttpClient(vllm.url)
+    try:
+        version = await wire_version_of(client, vllm.wait_s)
+    finally:
+        await client.close()
+    log.info("KV events in vLLM %s's layout, the release vLLM at %s reports", version, vllm.url)
+    return dataclasses.replace(config, kv_events_vllm_version=version)

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
+from tokenkeys.engine.config import VllmEngineConfig
 from tokenkeys.engine.fronted import UpDown
 from tokenkeys.engine.hosting import EngineInputs
 from tokenkeys.engine.passthrough import OpenAIAnswer, OpenAIRequest, Route
@@ -39,7 +39,7 @@ from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationPara
 from tokenkeys.engine.registry import EngineKind
 from tokenkeys.engine.vllm import openai as vllm_openai
 from tokenkeys.engine.vllm import prompt_embeds, snapshot_scope
-from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, wire_version_of
+from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, prepare
 from tokenkeys.engine.vllm.client import VllmHttpClient
 from tokenkeys.engine.vllm.groups import learned_spec
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
@@ -366,23 +366,6 @@ class VllmSidecarEngine:
             )
         last = () if held is None else (held,)
         yield GenerateOutput(rid, last, True, finish, usage)
-
-
-async def prepare(config: EngineConfig) -> EngineConfig:
-    """Unless ``kv_events_vllm_version`` names one, the event layout is that of the release
-    vLLM reports (or the start is refused): the relay decodes vLLM's events with it and the
-    sidecar publishes them in it again."""
-    vllm = config.engine
-    assert isinstance(vllm, VllmEngineConfig)
-    if config.kv_events_vllm_version is not None:
-        return config
-    client = VllmHttpClient(vllm.url)
-    try:
-        version = await wire_version_of(client, vllm.wait_s)
-    finally:
-        await client.close()
-    log.info("KV events in vLLM %s's layout, the release vLLM at %s reports", version, vllm.url)
-    return dataclasses.replace(config, kv_events_vllm_version=version)
 
 
 def build(inputs: EngineInputs) -> VllmSidecarEngine:

@@ -2,10 +2,9 @@
 
 The router forwards a request whole, but decides where with the ids of the pool's one
 Preprocessor, the same call the worker's frontend makes for that route. A route is forwarded
-once it is registered here, e.g. (what the Anthropic Messages route needs, once the
-Preprocessor converts messages)::
-
-    register(ForwardedRoute("/v1/messages", lambda p, body: [p.tokenize_messages(body).ids]))
+once it is registered here: a path, how its body becomes prompt ids on the pool's Preprocessor
+(the conversion the worker's frontend makes, e.g. a Messages body into its chat request), and
+the schema the worker's frontend opens it with.
 
 ``generates`` False makes the decision a dry one (render, count_tokens): the request is sent to
 the best worker, but no load or cache growth is recorded for it.
@@ -23,8 +22,10 @@ from tokenkeys.frontend.schemas import (
     CompletionRequest,
     RenderChatRequest,
     RenderCompletionRequest,
+    RenderResponsesRequest,
 )
-from tokenkeys.preprocess import Preprocessor
+from tokenkeys.frontend.schemas_anthropic import CountTokensRequest, MessagesRequest
+from tokenkeys.preprocess import Preprocessor, anthropic, responses
 from tokenkeys.preprocess.chat_schema import check_chat_request
 from tokenkeys.preprocess.completion import refuse_empty_prompt
 
@@ -57,6 +58,22 @@ def chat_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[
     return [preprocessor.tokenize_chat(body).tokens.ids]
 
 
+def messages_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
+    """An Anthropic Messages body's prompt, as /v1/messages and its render tokenize it."""
+    return [preprocessor.tokenize_chat(anthropic.chat_body(preprocessor, body)).tokens.ids]
+
+
+def count_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
+    """A count_tokens body's prompt, as /v1/messages/count_tokens tokenizes it."""
+    chat = anthropic.chat_body(preprocessor, body, count=True)
+    return [preprocessor.tokenize_chat(chat).tokens.ids]
+
+
+def responses_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
+    """A Responses body's prompt, as /v1/responses/render tokenizes it."""
+    return [preprocessor.tokenize_chat(responses.to_chat_request(body)).tokens.ids]
+
+
 #: Forwarded routes by path, in registration order.
 FORWARDED: dict[str, ForwardedRoute] = {}
 
@@ -83,4 +100,14 @@ register(
 )
 register(
     ForwardedRoute("/v1/chat/completions/render", chat_prompts, RenderChatRequest, generates=False)
+)
+register(ForwardedRoute("/v1/messages", messages_prompts, MessagesRequest))
+register(ForwardedRoute("/v1/messages/render", messages_prompts, MessagesRequest, generates=False))
+register(
+    ForwardedRoute("/v1/messages/count_tokens", count_prompts, CountTokensRequest, generates=False)
+)
+register(
+    ForwardedRoute(
+        "/v1/responses/render", responses_prompts, RenderResponsesRequest, generates=False
+    )
 )
