@@ -137,12 +137,18 @@ async def test_the_relays_hash_check_catches_a_corrupted_hash(
             block_size=BLOCK,
         )
         blocks_before = len(sub.stored_blocks())
-        cluster.stacks[0].local().stream.emit(EventBatch(time.time(), (corrupted,)))
+        stream = cluster.stacks[0].local().stream
+        joins_before = stream.join_snapshots
+        stream.emit(EventBatch(time.time(), (corrupted,)))
         await _wait(lambda: len(sub.stored_blocks()) > blocks_before, "the corrupted store")
     finally:
         (counts,) = sub.close()
         await cluster.close()
-    assert counts["hash_mismatch"] == 1, counts
+    # A subscriber joining after the corrupted store (the router's own, reconnecting) is answered
+    # with the stream's snapshot, which names the corrupted block again: the relay may check it
+    # once more per such snapshot, and finds no other block wrong.
+    resent = stream.join_snapshots - joins_before
+    assert 1 <= counts["hash_mismatch"] <= 1 + resent, (counts, resent)
     assert counts["hash_checked"] == len(sub.stored_blocks()), counts
 
 
