@@ -9,7 +9,8 @@ promises it checked, the registry's refusals), tried in this order for each work
 - ``refused`` / ``down``: the worker is not routed to for another refusal, or is down (its
   entries were cleared);
 - ``promised_not_served``: the last request answered by the worker that shared this prefix
-  was promised a block (the index held it) that the worker did not serve: the index was stale;
+  was promised a block (the index held it) that the worker did not serve, and no event stored
+  that block since: the index is stale;
 - ``evicted``: the worker's events removed the block (the batch's sequence number and times);
 - ``other_context``: the worker holds the same tokens keyed with another key context this
   router routed recently (another ``cache_salt``, or none); the other salt is never shown;
@@ -161,6 +162,7 @@ class Explainer:
                 self._short[worker_id] = ShortAnswer(
                     tuple(keys[: block + 1]), expected, served, time.time()
                 )
+                self.removals.watch(worker_id, keys[block])
             return
         short = self._short.get(worker_id)
         if short is not None and served >= (short.block + 1) * block_size:
@@ -170,9 +172,8 @@ class Explainer:
     def short_answer(self, worker_id: str) -> ShortAnswer | None:
         """The last short answer of ``worker_id`` still standing, if any."""
         short = self._short.get(worker_id)
-        cleared = self.removals.cleared(worker_id)
-        if short is not None and cleared is not None and cleared.applied_at >= short.at:
-            return None  # rebuilt since: what was stale is gone
+        if short is None or not self.removals.watching(worker_id, short.keys[-1]):
+            return None  # stored again, or the worker was cleared since: no longer stale
         return short
 
     # --- explaining ------------------------------------------------------------------------

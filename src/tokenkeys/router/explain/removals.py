@@ -11,8 +11,10 @@ stored".
 Bounded: at most ``per_worker`` keys per worker (default 1,024), the oldest removal dropped
 first; a key removed again moves to the newest end. An entry costs about 150 bytes (the key, an
 ordered-dict slot, a shared mark), so the default is about 150 kB per worker. A key stored
-again is dropped from the record (it is held again). The record is this process's: a router
-replica sharing a Redis index remembers the removals it applied itself.
+again is dropped from the record (it is held again). One key per worker may be *watched*
+(a block the engine did not serve although the index held it) until an event stores it. The
+record is this process's: a router replica sharing a Redis index remembers the removals it
+applied itself.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class RemovalLog:
         self.backend = getattr(inner, "backend", type(inner).__name__)
         self._removed: dict[str, OrderedDict[int, Removal]] = {}
         self._cleared: dict[str, BatchMark] = {}
+        # One key per worker whose next store is awaited (``watch``).
+        self._watched: dict[str, int] = {}
 
     def removal(self, worker: str, key: int) -> Removal | None:
         """The last removal of ``key`` at ``worker`` still remembered, or None."""
@@ -62,6 +66,15 @@ class RemovalLog:
     def cleared(self, worker: str) -> BatchMark | None:
         """When ``worker`` was last cleared (None: not since this router started)."""
         return self._cleared.get(worker)
+
+    def watch(self, worker: str, key: int) -> None:
+        """Remember until it is stored (or the worker cleared) that ``key`` of ``worker`` was
+        found missing at the engine; one key per worker, the last one watched."""
+        self._watched[worker] = key
+
+    def watching(self, worker: str, key: int) -> bool:
+        """``key`` is watched at ``worker`` and no event stored it since."""
+        return self._watched.get(worker) == key
 
     @staticmethod
     def _mark(worker: str) -> BatchMark:
@@ -73,6 +86,9 @@ class RemovalLog:
     async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Forwarded; the keys are held again, so their removals are forgotten."""
         await self.inner.add(worker, keys, tier)
+        watched = self._watched.get(worker)
+        if watched is not None and watched in keys:
+            del self._watched[worker]
         removed = self._removed.get(worker)
         if removed:
             for key in keys:
@@ -94,6 +110,7 @@ class RemovalLog:
         nothing of which keys the worker held)."""
         await self.inner.clear(worker)
         self._removed.pop(worker, None)
+        self._watched.pop(worker, None)
         self._cleared[worker] = self._mark(worker)
 
     async def lookup(
