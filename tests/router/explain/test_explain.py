@@ -25,6 +25,7 @@ PROMPT = SYSTEM + "Which trains leave Alder before noon on weekdays, and from wh
 
 PROMISED = "tokenkeys_router_promised_cached_tokens_total"
 SERVED = "tokenkeys_router_served_cached_tokens_total"
+MISSES = "tokenkeys_router_misses_total"
 
 
 def prompt(n: int) -> str:
@@ -122,6 +123,11 @@ async def test_an_evicted_prefix_names_the_batch_that_removed_it(settings):
             assert detail["tier"] == "gpu"
             assert before < detail["seq"] <= follower.last_seq
             assert detail["engine_ts"] > 0 and detail["applied_at"] > 0
+            # Routed now, the miss is counted by its cause as the request was routed (its
+            # answer stores the blocks again, which must not hide the eviction).
+            chosen = (await send(client, PROMPT)).headers["x-tokenkeys-worker"]
+            cause = "evicted" if chosen == worker else "not_held"
+            assert counter(cluster, MISSES, worker=chosen, cause=cause) == 1
     finally:
         await cluster.close()
 
@@ -219,8 +225,7 @@ async def test_a_lost_batch_is_explained_by_the_short_answer_and_counted(setting
             assert mine["first_missing_block"] == served // 16
             # The accuracy metrics say it, per worker.
             assert counter(cluster, "tokenkeys_router_over_promises_total", worker=worker) == 1
-            missed = "tokenkeys_router_misses_total"
-            assert counter(cluster, missed, worker=worker, cause="promised_not_served") == 1
+            assert counter(cluster, MISSES, worker=worker, cause="promised_not_served") == 1
             promised = counter(
                 cluster, "tokenkeys_router_promised_cached_tokens_total", worker=worker
             )

@@ -10,10 +10,12 @@ Every forwarded request whose answer reports ``cached_tokens`` is counted per wo
   ``tokenkeys_router_over_promises_total`` (``router.forwarding.promise``);
 - ``tokenkeys_router_misses_total{worker, cause}``: per request that did not find every full
   block of its (first) prompt at its worker, the cause of the first block missed, from what is
-  known at once: ``promised_not_served`` (an over-promise), ``evicted`` (the worker's events
-  removed it), ``held_elsewhere`` (another ranked worker held a longer prefix) and
-  ``not_held`` (none of these; ``GET /router/explain`` tells the rest apart, at the cost of
-  a key computation per recent context).
+  known at once: ``promised_not_served`` (the answer: an over-promise), and as the request was
+  routed (the answer stores the prompt's blocks, which would hide an eviction) ``evicted``
+  (the worker's events removed it), ``held_elsewhere`` (another ranked worker held a longer
+  prefix) and ``not_held`` (none of these; ``GET /router/explain`` tells the rest apart, at
+  the cost of a key computation per recent context). A worker answering after a retry is
+  judged after its answer.
 
 The ratio to alert on: ``served / promised`` per worker over a window; it stays at 1 while the
 index is true (the partial block never counts in a promise), and falls when it is stale.
@@ -74,6 +76,20 @@ class Accuracy:
         self._logged: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
 
+    def miss(self, pool: Pool, decision: Any, worker: str, prompt_tokens: int) -> str | None:
+        """The cause of the first full block of the prompt ``worker`` does not hold, from what
+        is known at once, or None when it holds them all. Asked when the request is routed:
+        the answer's own blocks, stored once it is served, must not hide an eviction."""
+        keys = decision.keys
+        held = decision.cached_blocks(worker)
+        if not keys or held >= min(len(keys), max(prompt_tokens - 1, 0) // pool.block_size):
+            return None
+        if self.explainer.removals.removal(pool.index_id(worker), keys[held]):
+            return "evicted"
+        if any(s.matched_blocks > held for s in decision.ranking if s.worker != worker):
+            return "held_elsewhere"
+        return "not_held"
+
     def record(
         self,
         promise: Any,
@@ -81,9 +97,11 @@ class Accuracy:
         ids: Sequence[int],
         context: KeyContext | None,
         decision: Any,
+        missed: str | None,
     ) -> None:
         """Count one answered ``promise`` (a ``router.forwarding.promise.Promise``) of a request
-        whose first prompt is ``ids``, routed by ``decision``."""
+        whose first prompt is ``ids``, routed by ``decision``; ``missed`` is :meth:`miss` of
+        the worker that answered, as the request was routed."""
         served = promise.served_tokens
         if served is None:
             return
@@ -97,7 +115,7 @@ class Accuracy:
             return  # routed without keys (a baseline policy): nothing to explain by
         if len(promise.prompt_tokens) == 1:
             self.explainer.answered(pool.index_id(worker), keys, pool.block_size, expected, served)
-        cause = self._miss(promise, pool, keys, decision)
+        cause = "promised_not_served" if promise.over_promised else missed
         if cause is not None:
             self.misses.labels(worker, cause).inc()
         if promise.over_promised and worker not in self._logged:
@@ -105,20 +123,6 @@ class Accuracy:
             task = asyncio.ensure_future(self._log(promise, pool, ids, context, keys))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-
-    def _miss(self, promise: Any, pool: Pool, keys: Sequence[int], decision: Any) -> str | None:
-        """The cause of the first block the request missed at its worker, or None."""
-        if promise.over_promised:
-            return "promised_not_served"
-        held = promise.matched_blocks[0]
-        servable = min(len(keys), max(promise.prompt_tokens[0] - 1, 0) // pool.block_size)
-        if held >= servable:
-            return None
-        if self.explainer.removals.removal(pool.index_id(promise.worker), keys[held]):
-            return "evicted"
-        if any(s.matched_blocks > held for s in decision.ranking if s.worker != promise.worker):
-            return "held_elsewhere"
-        return "not_held"
 
     async def _log(
         self,

@@ -137,10 +137,19 @@ class FrontDoor:
     def _keeper(
         self, pool: Pool, ids: list[int], context: KeyContext | None, decision: RouteDecision
     ) -> Keep:
+        accuracy = self.accuracy
+        # The chosen worker's miss as routed (its answer stores the prompt's blocks).
+        chosen = accuracy.miss(pool, decision, decision.worker, len(ids)) if accuracy else None
+
         def keep(promise: Promise) -> None:
             self.promises.record(promise)
-            if self.accuracy is not None:
-                self.accuracy.record(promise, pool, ids, context, decision)
+            if accuracy is not None:
+                missed = (
+                    chosen
+                    if promise.worker == decision.worker
+                    else accuracy.miss(pool, decision, promise.worker, len(ids))
+                )
+                accuracy.record(promise, pool, ids, context, decision, missed)
 
         return keep
 
