@@ -32,8 +32,8 @@ FORBIDDEN = [
 
 #: The router's rooms, lowest first: each imports only the rooms before it (data flows one way:
 #: the index, the events that feed it, the workers followed, the policies choosing among them,
-#: what replicas share of those choices).
-ROUTER_ROOMS = ["index", "ingest", "workers", "policy", "replicas"]
+#: the explanations of what they found, what replicas share of those choices).
+ROUTER_ROOMS = ["index", "ingest", "workers", "policy", "explain", "replicas"]
 
 #: Modules of engine kinds (``engine.registry.KINDS`` names them): only engine/ imports them,
 #: and the router, whose workers are remote engines.

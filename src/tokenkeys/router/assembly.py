@@ -101,6 +101,7 @@ class RouterProcess:
             self.relay,
             service.promises,
             service.shared,
+            accuracy=service.accuracy,
         )
         self.app = create_router_app(
             service.registry,
@@ -110,6 +111,7 @@ class RouterProcess:
             lifecycle=self.lifecycle,
             shared=service.shared,
             door=door,
+            explainer=service.explainer,
         )
         return await serve_app(self.app, self.config, port)
 

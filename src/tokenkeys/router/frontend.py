@@ -31,6 +31,8 @@ from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.generation import key_context
 from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.routes_tokenize import tokenize_body
+from tokenkeys.router.explain.causes import Explainer
+from tokenkeys.router.explain.endpoint import HEADER_EXPLAIN, explain, header_value
 from tokenkeys.router.forwarding.door import FrontDoor
 from tokenkeys.router.forwarding.promise import promise_headers
 from tokenkeys.router.forwarding.routes import FORWARDED
@@ -108,6 +110,9 @@ def route_headers(note: RouteNote) -> list[tuple[bytes, bytes]]:
     if note.promise is not None:  # a forwarded request
         headers.append((HEADER_RETRIES.encode(), str(note.retries).encode()))
         headers += promise_headers(note.promise)
+    if note.explanation is not None:
+        part, blocks = note.explanation
+        headers.append((HEADER_EXPLAIN.encode(), header_value(part, note.promise, blocks)))
     return headers
 
 
@@ -150,12 +155,14 @@ def create_router_app(
     lifecycle: Lifecycle | None = None,
     shared: SharedLoad | None = None,
     door: FrontDoor | None = None,
+    explainer: Explainer | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible routing app; ``metrics`` (router, ingestion, index) is exported
     on ``/metrics`` beside the frontend's own; /health reports ``lifecycle`` (draining);
     ``shared`` tells the other router replicas what this one sends (``shared_load``);
     ``door`` forwards the routes of ``router.forwarding.routes`` to the workers' frontends
-    (without it every request generates over OpenEngine ``Generate``)."""
+    (without it every request generates over OpenEngine ``Generate``); ``explainer`` answers
+    ``GET|POST /router/explain`` (``router.explain.endpoint``)."""
     app = create_app(PoolModels(registry, router, shared), config, lifecycle=lifecycle)
     if metrics is not None:
         app.state.tokenkeys.metrics.include(metrics)
@@ -188,6 +195,18 @@ def create_router_app(
         methods=["POST"],
         summary="Where a completion or chat request would be routed, and why (dry run)",
     )
+    if explainer is not None:
+
+        async def explained(request: Request) -> Response:
+            """Per worker, the blocks of a request's prompt it holds and why not the next."""
+            return await explain(request, router, explainer)
+
+        app.add_api_route(
+            "/router/explain",
+            explained,
+            methods=["GET", "POST"],
+            summary="Why a request would miss the cache, per worker",
+        )
     app.add_middleware(RouteHeaders)
     return app
 

@@ -44,6 +44,9 @@ class RouteNote:
     #: A decision already taken for the next prompt (the front door's, when the worker it
     #: chose has no HTTP frontend): the engine uses it instead of routing again.
     preset: RouteDecision | None = None
+    #: The answering worker's explanation and the prompt's full blocks, when the request
+    #: asked for it (``x-tokenkeys-explain``, ``router.explain.endpoint``).
+    explanation: Any = None
 
 
 #: The note of the request being handled; set by the transport before generating.

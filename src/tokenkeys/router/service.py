@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from tokenkeys.errors import ConfigError
+from tokenkeys.router.explain.accuracy import Accuracy
+from tokenkeys.router.explain.causes import Explainer
+from tokenkeys.router.explain.removals import RemovalLog
 from tokenkeys.router.forwarding.frontends import split_worker
 from tokenkeys.router.forwarding.promise import PromiseMetrics
 from tokenkeys.router.index.instrumented import InstrumentedIndex
@@ -169,7 +172,9 @@ class RoutingService:
         #: Promises against answers of the forwarded requests (``router.forwarding.promise``).
         self.promises = PromiseMetrics(self.metrics_registry)
         inner = index if index is not None else config.make_index()
-        self.index = InstrumentedIndex(inner, registry=self.metrics_registry)
+        #: The removals the workers' events made, kept for explanations (``router.explain``).
+        self.removals = RemovalLog(inner)
+        self.index = InstrumentedIndex(self.removals, registry=self.metrics_registry)
         self.registry = WorkerRegistry(
             self.index,
             pool_factory(dataclasses.replace(config.pools, transport=config.transport)),
@@ -204,6 +209,10 @@ class RoutingService:
             metrics=self.metrics,
         )
         self.registry.on_leave.append(self.router.forget)
+        #: Why a prompt misses the cache, per worker (``GET /router/explain``).
+        self.explainer = Explainer(self.index, self.removals, self.registry.workers)
+        #: Promised against served cached tokens, misses by cause (``router.explain.accuracy``).
+        self.accuracy = Accuracy(self.explainer, self.metrics_registry)
 
     async def start(self) -> RoutingService:
         """Discover every worker once (unreachable ones are retried by the polls), then poll."""
@@ -222,5 +231,6 @@ class RoutingService:
     async def close(self) -> None:
         """Stop following workers and close the index."""
         await self.shared.close()
+        await self.accuracy.close()
         await self.registry.close()
         await self.index.close()

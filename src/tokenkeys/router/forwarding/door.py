@@ -31,6 +31,10 @@ from starlette.responses import Response, StreamingResponse
 from tokenkeys.errors import Unavailable, Unsupported
 from tokenkeys.frontend.generation import key_context
 from tokenkeys.frontend.opening import Opened, open_request
+from tokenkeys.keys import KeyContext
+from tokenkeys.router.explain.accuracy import Accuracy
+from tokenkeys.router.explain.causes import Explanation
+from tokenkeys.router.explain.endpoint import asked
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
 from tokenkeys.router.forwarding.promise import Promise, PromiseMetrics, matched_at
 from tokenkeys.router.forwarding.relay import (
@@ -52,6 +56,8 @@ from tokenkeys.router.workers.registry import WorkerRegistry
 
 T = TypeVar("T")
 Endpoint = Callable[[Request], Awaitable[Response]]
+#: Records one finished request's promise (metrics, accuracy).
+Keep = Callable[[Promise], None]
 
 
 class ClientGone(Exception):
@@ -77,6 +83,8 @@ class FrontDoor:
         relay: Relay,
         promises: PromiseMetrics,
         shared: SharedLoad | None = None,
+        *,
+        accuracy: Accuracy | None = None,
     ) -> None:
         self.router = router
         self.registry = registry
@@ -84,6 +92,8 @@ class FrontDoor:
         self.relay = relay
         self.promises = promises
         self.shared = shared if shared is not None else LocalLoad()
+        #: Promised against served per worker, and the explanations (``router.explain``).
+        self.accuracy = accuracy
 
     def handler(self, route: ForwardedRoute, fallback: Endpoint | None) -> Endpoint:
         """The endpoint of ``route``; ``fallback`` serves a worker without an HTTP frontend."""
@@ -112,7 +122,36 @@ class FrontDoor:
         if self.frontends.url(first.worker) is None:
             return await self._generate(request, opened, fallback, note, first)
         note.decisions.append(first)
-        return await self._forward(request, opened, route, pool, prompts, decisions, note)
+        explained = None
+        if self.accuracy is not None:
+            explainer = self.accuracy.explainer
+            explainer.routed(pool, context)
+            if asked(request):  # taken now: the worker's answer stores the prompt's blocks
+                keys = first.keys or None
+                explained = await explainer.explain(pool, prompts[0], context, keys=keys)
+        keep = self._keeper(pool, prompts[0], context, first)
+        return await self._forward(
+            request, opened, route, pool, prompts, decisions, note, keep, explained
+        )
+
+    def _keeper(
+        self, pool: Pool, ids: list[int], context: KeyContext | None, decision: RouteDecision
+    ) -> Keep:
+        accuracy = self.accuracy
+        # The chosen worker's miss as routed (its answer stores the prompt's blocks).
+        chosen = accuracy.miss(pool, decision, decision.worker, len(ids)) if accuracy else None
+
+        def keep(promise: Promise) -> None:
+            self.promises.record(promise)
+            if accuracy is not None:
+                missed = (
+                    chosen
+                    if promise.worker == decision.worker
+                    else accuracy.miss(pool, decision, promise.worker, len(ids))
+                )
+                accuracy.record(promise, pool, ids, context, decision, missed)
+
+        return keep
 
     async def _generate(
         self,
@@ -141,6 +180,8 @@ class FrontDoor:
         prompts: list[list[int]],
         decisions: list[RouteDecision],
         note: RouteNote,
+        keep: Keep,
+        explained: Explanation | None,
     ) -> Response:
         first = decisions[0]
         metrics = self.router.metrics
@@ -183,7 +224,11 @@ class FrontDoor:
                 tuple(len(p) for p in prompts),
                 matched_at(address, decisions),
             )
-            return await self._answer(response, trip, promise, note, route.generates)
+            part = explained.worker(address) if explained is not None else None
+            if part is not None:
+                assert explained is not None
+                note.explanation = (part, explained.prompt_blocks)
+            return await self._answer(response, trip, promise, note, route.generates, keep)
         raise Unavailable(
             f"no worker of {pool.name!r} accepted the request: " + "; ".join(failures or ["none"]),
             field="model",
@@ -208,6 +253,7 @@ class FrontDoor:
         promise: Promise,
         note: RouteNote,
         generates: bool,
+        keep: Keep,
     ) -> Response:
         address = trip.member.address
         status = response.status_code
@@ -221,7 +267,7 @@ class FrontDoor:
             self.router.metrics.requests.labels(address, "ok" if status < 500 else "failed").inc()
             if status == 200 and generates:
                 promise = promise.answered(_usage(body))
-                self.promises.record(promise)
+                keep(promise)
             note.promise = promise
             out = Response(body, status_code=status)
             out.raw_headers = [h for h in out.raw_headers if h[0] == b"content-length"]
@@ -229,7 +275,7 @@ class FrontDoor:
             return out
         note.promise = promise
         if kind.startswith("text/event-stream"):
-            body_iter = self._events(response, trip, promise, generates and status == 200)
+            body_iter = self._events(response, trip, promise, generates and status == 200, keep)
         else:
             body_iter = self._chunks(response, trip)
         out = StreamingResponse(body_iter, status_code=status)
@@ -237,7 +283,7 @@ class FrontDoor:
         return out
 
     async def _events(
-        self, response: httpx.Response, trip: _Trip, promise: Promise, keep: bool
+        self, response: httpx.Response, trip: _Trip, promise: Promise, keep: bool, record: Keep
     ) -> AsyncIterator[bytes]:
         seen = [promise]
 
@@ -255,7 +301,7 @@ class FrontDoor:
         finally:
             self._end(trip)
             if keep:
-                self.promises.record(seen[0])
+                record(seen[0])
 
     async def _chunks(self, response: httpx.Response, trip: _Trip) -> AsyncIterator[bytes]:
         try:

@@ -105,6 +105,7 @@ class ZmqEventConsumer:
                     batch,
                     restarted=delivery.restarted,
                     lost_before=delivery.lost_before,
+                    seq=delivery.seq,
                 ):
                     self.applied_at = time.time()
                 self.backoff.succeeded()

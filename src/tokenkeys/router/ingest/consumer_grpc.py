@@ -196,6 +196,7 @@ class GrpcEventConsumer:
                 # A first subscription holds no position: a run starts far above 0
                 # (restart-safe sequence numbers), which is no loss.
                 lost_before=max(0, seq - expected) if self._next is not None else 0,
+                seq=seq,
             )
         except Unavailable as exc:
             self.resyncing = True

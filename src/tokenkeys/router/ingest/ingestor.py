@@ -29,7 +29,10 @@ workers may be applied concurrently.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -55,6 +58,25 @@ PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attentio
 
 #: The operation of every ``AllBlocksCleared`` (see ``EventIngestor._operation``).
 _CLEAR = ("clear", "", (), None)
+
+
+@dataclass(frozen=True)
+class BatchMark:
+    """Where the index update being applied comes from: a worker's batch, its sequence number
+    (None when the transport gives none), the engine's timestamp and when it was applied here.
+    """
+
+    worker: str
+    seq: int | None
+    engine_ts: float | None
+    applied_at: float
+
+
+#: The batch whose events are being applied, set by :meth:`EventIngestor.apply` for the index
+#: calls it makes (one task applies one worker's batch), so that what wraps the index (the
+#: removals kept for explanations, ``router.explain.removals``) knows which event removed a
+#: key without the index Protocol carrying it.
+applying: ContextVar[BatchMark | None] = ContextVar("tokenkeys_applying_batch", default=None)
 
 
 class IngestMetrics:
@@ -179,15 +201,26 @@ class EventIngestor:
         *,
         restarted: bool = False,
         lost_before: int = 0,
+        seq: int | None = None,
     ) -> bool:
         """Apply one batch of ``worker``'s events; False when the batch was ignored.
 
         ``restarted`` and ``lost_before`` come from the transport (a
         :class:`~tokenkeys.events.zmq_subscriber.Delivery`): either clears the worker first.
+        ``seq`` is the batch's sequence number, marked on the index calls (:data:`applying`).
         Index errors propagate (the index may then hold part of the batch; the caller resets
         the worker once the index is back).
         """
         check_worker(worker)
+        mark = applying.set(BatchMark(worker, seq, batch.ts, time.time()))
+        try:
+            return await self._apply(worker, batch, restarted, lost_before)
+        finally:
+            applying.reset(mark)
+
+    async def _apply(
+        self, worker: str, batch: EventBatch, restarted: bool, lost_before: int
+    ) -> bool:
         if restarted:
             await self.reset(worker, "publisher_restart")
         elif lost_before > 0:
