@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from tokenkeys.errors import Unavailable, Unsupported
+from tokenkeys.frontend.access_log import note_prompt_tokens
 from tokenkeys.frontend.generation import key_context
 from tokenkeys.frontend.opening import Opened, open_request
 from tokenkeys.keys import KeyContext
@@ -122,6 +123,10 @@ class FrontDoor:
         if self.frontends.url(first.worker) is None:
             return await self._generate(request, opened, fallback, note, first)
         note.decisions.append(first)
+        if route.generates:
+            # The access line's prompt tokens: the ids the router decided on are the worker's,
+            # whose Preprocessor fingerprint the pool checked; a stream's usage comes too late.
+            note_prompt_tokens(sum(len(ids) for ids in prompts))
         explained = None
         if self.accuracy is not None:
             explainer = self.accuracy.explainer
