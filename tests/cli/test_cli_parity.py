@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_port
+from served import Served
 
 from tokenkeys.parity.corpus import BUILT_IN
 
-from ports import free_port
-from served import Served
 from support import run_cli
 
 #: A ChatML template without SmolLM2's default system prompt: only conversations that bring
