@@ -5,9 +5,12 @@ differing shapes named with their first differing token; a corpus file; exit sta
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 from ports import free_port
 from served import Served
@@ -149,3 +152,75 @@ def test_usage_errors_and_an_absent_engine() -> None:
     assert code == 1
     errors = [s["error"] for s in json.loads(out)["shapes"]]
     assert all(e.startswith(f"engine {closed} /v1/") for e in errors)
+
+
+class _NoScaleOut(ThreadingHTTPServer):
+    """A stand-in for ``vllm serve`` without ``--enable-scale-out`` (no real vLLM runs in this
+    module): the render routes answer vLLM's 403, every other request goes to a real serve."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Relay)
+        self.target = target
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Relay(BaseHTTPRequestHandler):
+    server: _NoScaleOut
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        answer = httpx.get(self.server.target + self.path)
+        self._answer(answer.status_code, answer.content)
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["content-length"]))
+        if self.path.endswith("/render"):
+            message = {"error": {"message": "Scale-out endpoints are disabled", "code": 403}}
+            self._answer(403, json.dumps(message).encode())
+            return
+        answer = httpx.post(
+            self.server.target + self.path,
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        self._answer(answer.status_code, answer.content)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def no_scale_out(engine: str) -> Iterator[str]:
+    server = _NoScaleOut(engine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.url
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_without_render_routes_tokenize_counts_chat_and_completions(no_scale_out: str) -> None:
+    code, out, _ = _parity("--engine", no_scale_out, "--json")
+    assert code == 1  # Messages and Responses cannot be verified without their render routes
+    shapes = json.loads(out)["shapes"]
+    for shape in shapes:
+        if shape["route"] in ("chat", "completions"):
+            assert shape["status"] == "certified", shape
+            assert shape["source"].startswith("/tokenize (/v1/")
+            assert shape["source"].endswith("/render answered 403)")
+        else:
+            assert shape["status"] == "unverified", shape
+            assert "answered 403" in shape["source"]
+    code, out, _ = _parity("--engine", no_scale_out)
+    assert "unverified  messages-tools (messages, none (/v1/messages/render answered 403;" in out
