@@ -5,6 +5,8 @@ differing shapes named with their first differing token; a corpus file; exit sta
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,12 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from doc_blocks import run_shell, shell_block, swap_ports
 from ports import free_port
 from served import Served
 
 from tokenkeys.parity.corpus import BUILT_IN
 
-from support import run_cli
+from support import REPO, run_cli
 
 #: A ChatML template without SmolLM2's default system prompt: only conversations that bring
 #: their own system message render the same on both sides.
@@ -224,3 +227,32 @@ def test_without_render_routes_tokenize_counts_chat_and_completions(no_scale_out
             assert "answered 403" in shape["source"]
     code, out, _ = _parity("--engine", no_scale_out)
     assert "unverified  messages-tools (messages, none (/v1/messages/render answered 403;" in out
+
+
+def test_the_documented_check_runs_as_written(tmp_path: Path) -> None:
+    # ``tokenkeys`` is this checkout's; the block's two ports become free ones.
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "tokenkeys").write_text(f'#!/bin/sh\nexec {sys.executable} -m tokenkeys.cli "$@"\n')
+    (shims / "tokenkeys").chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO / "src"),
+    }
+    grpc_port, http_port = free_port(), free_port()
+    block = swap_ports(
+        shell_block(
+            "docs/router.md",
+            "tests/cli/test_cli_parity.py::test_the_documented_check_runs_as_written",
+        ),
+        {50061: grpc_port, 8010: http_port},
+    )
+    with run_shell(block, cwd=tmp_path, env=env, listens={"serve": [http_port]}) as ran:
+        lines = ran.stdout.splitlines()
+    assert lines[-1] == (
+        f"{len(BUILT_IN)} of {len(BUILT_IN)} shapes certified against "
+        f"http://127.0.0.1:{http_port} (smollm2-135m-instruct)"
+    )
+    assert len(lines) == len(BUILT_IN) + 1
+    assert all(line.startswith("certified   ") for line in lines[:-1])
