@@ -15,8 +15,9 @@ from tokenkeys.cli.serve_http import load_chat_template
 from tokenkeys.limits import Limits
 from tokenkeys.parity import corpus
 from tokenkeys.parity.compare import Result, check
-from tokenkeys.parity.engine import Engine
+from tokenkeys.parity.engine import LiveEngine
 from tokenkeys.preprocess.chat import ChatOptions
+from tokenkeys.preprocess.preprocessor import Preprocessor
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.terminal import printable
 from tokenkeys.tokenizer import TokenizerOptions
@@ -82,7 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_parity)
 
 
-def _preprocessor(args: argparse.Namespace):  # noqa: ANN202 - a Preprocessor
+def _preprocessor(args: argparse.Namespace) -> Preprocessor:
+    """The Preprocessor of ``--tokenizer`` (or the embedded one), backend and template given."""
     source = (
         ModelSource.default() if args.tokenizer is None else ModelSource.parse(str(args.tokenizer))
     )
@@ -131,7 +133,7 @@ def _window(context: dict, index: int) -> str:
 
 def run_parity(args: argparse.Namespace) -> int:
     shapes = corpus.load(args.corpus) if args.corpus is not None else list(corpus.BUILT_IN)
-    engine = Engine(args.engine, args.timeout)
+    engine = LiveEngine(args.engine, args.timeout)
     try:
         pre = _preprocessor(args)
         model = args.model or engine.first_model()

@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenkeys.errors import TokenkeysError
 from tokenkeys.parity.corpus import Shape
-from tokenkeys.parity.engine import Engine, EngineError
+from tokenkeys.parity.engine import EngineError, LiveEngine
 from tokenkeys.parity.local import served_ids
 from tokenkeys.preprocess.preprocessor import Preprocessor
 
@@ -87,7 +87,7 @@ def _context(pre: Preprocessor, ids: list[int], index: int) -> dict[str, Any]:
     }
 
 
-def check(pre: Preprocessor, engine: Engine, shape: Shape, model: str) -> Result:
+def check(pre: Preprocessor, engine: LiveEngine, shape: Shape, model: str) -> Result:
     """Render ``shape`` on the engine and on ``pre``, and compare the ids."""
     body = {**shape.body, "model": model}
     try:

@@ -53,7 +53,7 @@ class Fetched:
     source: str
 
 
-class Engine:
+class LiveEngine:
     """An engine's HTTP API at ``base`` (``http://HOST:PORT``), each call bounded by ``timeout``."""
 
     def __init__(self, base: str, timeout: float) -> None:
