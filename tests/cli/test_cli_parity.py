@@ -5,8 +5,6 @@ differing shapes named with their first differing token; a corpus file; exit sta
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,13 +12,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from doc_blocks import run_shell, shell_block, swap_ports
+from doc_blocks import checkout_env, run_shell, shell_block, swap_ports
 from ports import free_port
 from served import Served
 
 from tokenkeys.parity.corpus import BUILT_IN
 
-from support import REPO, run_cli
+from support import run_cli
 
 #: A ChatML template without SmolLM2's default system prompt: only conversations that bring
 #: their own system message render the same on both sides.
@@ -231,15 +229,7 @@ def test_without_render_routes_tokenize_counts_chat_and_completions(no_scale_out
 
 def test_the_documented_check_runs_as_written(tmp_path: Path) -> None:
     # ``tokenkeys`` is this checkout's; the block's two ports become free ones.
-    shims = tmp_path / "bin"
-    shims.mkdir()
-    (shims / "tokenkeys").write_text(f'#!/bin/sh\nexec {sys.executable} -m tokenkeys.cli "$@"\n')
-    (shims / "tokenkeys").chmod(0o755)
-    env = {
-        **os.environ,
-        "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
-        "PYTHONPATH": str(REPO / "src"),
-    }
+    env = checkout_env(tmp_path)
     grpc_port, http_port = free_port(), free_port()
     block = swap_ports(
         shell_block(
