@@ -145,6 +145,8 @@ def test_usage_errors_and_an_absent_engine() -> None:
     assert code == 2 and "--engine" in err
     code, _, err = _parity("--engine", "127.0.0.1:8000")
     assert code == 2 and "give an http://HOST:PORT URL" in err
+    code, _, err = _parity("--engine", "http://127.0.0.1:8000", "--timeout", "0")
+    assert code == 2 and "--timeout 0.0: give a positive number of seconds" in err
     closed = f"http://127.0.0.1:{free_port()}"
     code, _, err = _parity("--engine", closed, "--timeout", "5")
     assert code == 2 and f"engine {closed} /v1/models" in err

@@ -59,6 +59,10 @@ class LiveEngine:
     def __init__(self, base: str, timeout: float) -> None:
         if not base.startswith(("http://", "https://")):
             raise ConfigError(f"--engine {base!r}: give an http://HOST:PORT URL", field="engine")
+        if not timeout > 0:
+            raise ConfigError(
+                f"--timeout {timeout}: give a positive number of seconds", field="timeout"
+            )
         self.base = base.rstrip("/")
         self._client = httpx.Client(base_url=self.base, timeout=timeout)
         #: Render routes found absent, with the status that said so.
