@@ -20,6 +20,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -80,6 +81,20 @@ def swap_ports(text: str, ports: Mapping[int, int]) -> str:
     for doc_port, port in ports.items():
         text = re.sub(rf"(?<![\d.]){doc_port}(?!\d)", str(port), text)
     return text
+
+
+def checkout_env(folder: Path) -> dict[str, str]:
+    """The environment a block runs in: ``tokenkeys`` is this checkout's (a shim in
+    ``folder/bin`` runs ``python -m tokenkeys.cli`` on its sources)."""
+    shims = folder / "bin"
+    shims.mkdir()
+    (shims / "tokenkeys").write_text(f'#!/bin/sh\nexec {sys.executable} -m tokenkeys.cli "$@"\n')
+    (shims / "tokenkeys").chmod(0o755)
+    return {
+        **os.environ,
+        "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO / "src"),
+    }
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ def test_every_synopsis_block_lists_every_option_of_its_command() -> None:
         assert gen.render(text, parsers) == text, (
             f"{path.relative_to(REPO)} lags the CLI: run python3 scripts/gen_synopses.py"
         )
-    # Every command has a synopsis in api.md, and route one in router.md too.
-    assert sorted(found) == sorted([*parsers, "route"])
+    # Every command has a synopsis in api.md, and route and parity one in router.md too.
+    assert sorted(found) == sorted([*parsers, "route", "parity"])
 
 
 def test_a_synopsis_without_an_option_is_found() -> None:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 from pathlib import Path
 
-from doc_blocks import parse_json_stream, run_shell, shell_block, swap_ports
+from doc_blocks import checkout_env, parse_json_stream, run_shell, shell_block, swap_ports
 from ports import free_port
 
 from tokenkeys.keys.deployment import KeySpecOptions, build_spec
@@ -49,16 +47,7 @@ def test_readme_python_example(tmp_path: Path, capsys) -> None:
 def test_the_tour_runs_as_written(tmp_path: Path) -> None:
     # ``tokenkeys`` is this checkout's; HOME is the test's (pull and route keep their cache
     # there); the tour's three ports become free ones, nothing else changes.
-    shims = tmp_path / "bin"
-    shims.mkdir()
-    (shims / "tokenkeys").write_text(f'#!/bin/sh\nexec {sys.executable} -m tokenkeys.cli "$@"\n')
-    (shims / "tokenkeys").chmod(0o755)
-    env = {
-        **os.environ,
-        "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
-        "PYTHONPATH": str(REPO / "src"),
-        "HOME": str(tmp_path),
-    }
+    env = {**checkout_env(tmp_path), "HOME": str(tmp_path)}
     grpc_port, http_port, router_port = free_port(), free_port(), free_port()
     tour = swap_ports(
         shell_block("README.md", "tests/test_readme.py::test_the_tour_runs_as_written"),

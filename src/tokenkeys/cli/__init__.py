@@ -13,7 +13,7 @@ from tokenkeys.cli import interrupts
 # Each module exposes register(subparsers); a subcommand's parser sets ``func(args) -> int``.
 # Imported by build_parser, not here: they take seconds to import (FastAPI, gRPC, tokenizers),
 # and main() latches Ctrl-C first (tokenkeys.cli.interrupts) so one pressed meanwhile counts.
-_MODULES = ("serve", "route", "tokens", "pull", "keys")
+_MODULES = ("serve", "route", "tokens", "pull", "keys", "parity")
 #: Exit status when the reader of stdout went away (``tokenkeys keys --list | head``): what a
 #: shell reports for a program ended by SIGPIPE, 128 + 13.
 EXIT_BROKEN_PIPE = 141
