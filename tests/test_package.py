@@ -73,26 +73,36 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _wheel(dist: Path) -> Path:
+    """The one wheel built: ``py3-none-any`` without a compiler, else tagged for this platform,
+    since it then holds the compiled key core and index table (setup.py's optional extensions)."""
+    (wheel,) = dist.glob(f"tokenkeys-{VERSION}-*.whl")
+    return wheel
+
+
 @pytest.fixture(scope="module")
 def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtualenv holding the built wheel with its ``smg`` extra; its ``bin`` folder."""
-    wheel = dist / f"tokenkeys-{VERSION}-py3-none-any.whl"
+    wheel = _wheel(dist)
     recipe = VenvRecipe("tokenkeys-wheel", steps=(PipInstall(("--no-compile", f"{wheel}[smg]")),))
     return _environment(recipe, tmp_path_factory.mktemp("venv")).parent
 
 
 def test_build_makes_an_sdist_and_a_wheel_holding_what_serving_reads(dist: Path) -> None:
-    assert sorted(p.name for p in dist.iterdir()) == [
-        f"tokenkeys-{VERSION}-py3-none-any.whl",
-        f"tokenkeys-{VERSION}.tar.gz",
-    ]
-    with zipfile.ZipFile(dist / f"tokenkeys-{VERSION}-py3-none-any.whl") as wheel:
+    wheel_path = _wheel(dist)
+    assert sorted(p.name for p in dist.iterdir()) == sorted(
+        [wheel_path.name, f"tokenkeys-{VERSION}.tar.gz"]
+    )
+    with zipfile.ZipFile(wheel_path) as wheel:
         names = set(wheel.namelist())
         metadata = wheel.read(f"tokenkeys-{VERSION}.dist-info/METADATA").decode()
         entry_points = wheel.read(f"tokenkeys-{VERSION}.dist-info/entry_points.txt").decode()
     # The embedded default tokenizer and the generated OpenEngine code ship in the wheel.
     assert "tokenkeys/data/smollm2-135m-instruct/tokenizer.json" in names
     assert "tokenkeys/_gen/openengine/v1/tokenizer_pb2_grpc.py" in names
+    # Built with the machine's compiler: the compiled key core and index table are in it.
+    assert any(n.startswith("tokenkeys/keys/_chains.") for n in names)
+    assert any(n.startswith("tokenkeys/router/index/_table.") for n in names)
     assert "tokenkeys = tokenkeys.cli:main" in entry_points
     assert 'Requires-Dist: smg-grpc-proto==0.4.28; extra == "smg"' in metadata
     with tarfile.open(dist / f"tokenkeys-{VERSION}.tar.gz") as sdist:

@@ -53,6 +53,7 @@ CASES = [
 #: Every route the served document names; a new route must be added here, so it is fuzzed too.
 ROUTES = {
     "GET /health",
+    "GET /livez",
     "GET /metrics",
     "GET /tokenizer_info",
     "GET /v1/models",

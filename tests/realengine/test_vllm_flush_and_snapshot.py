@@ -31,7 +31,7 @@ from smg_stubs import require_smg_stubs
 from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME, VllmServer
 
 require_smg_stubs()
-from tokenkeys._gen_smg import common_pb2, vllm_engine_pb2_grpc  # noqa: E402
+from tokenkeys.server.grpc.vllm_engine.stubs import common_pb2, vllm_engine_pb2_grpc  # noqa: E402
 
 pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 

@@ -5,7 +5,8 @@ consumer of vLLM's wire) connects once to a served simulated engine's KV-event e
 keeps an index of what the events say is cached. The engine stops and starts again on the same
 ports with an empty cache, and publishes its run's opening ``AllBlocksCleared`` at once, while
 the SUB is still reconnecting (ZMQ retries every 100 ms): ZMQ's slow joiner loses it. The
-publisher sees the SUB's subscription when it is attached again and publishes the stream's
+publisher (started with ``--kv-events-join-snapshot``) sees the SUB's subscription when it is
+attached again and publishes the stream's
 snapshot (``events.stream``), so the SUB's index ends equal to the new engine's cache, holding
 none of the old run's blocks. Issue 36 measured 53 stale blocks in a consumer of this kind.
 """
@@ -94,7 +95,7 @@ async def generate(stack: EngineStack, tokens: list[int]) -> None:
 
 
 async def test_a_subscriber_connected_across_a_restart_keeps_none_of_the_old_runs_blocks():
-    config = engine_config()
+    config = engine_config(kv_events_join_snapshot=True)
     stack = await start_stack(config)
     parts = stack.runtime.parts(stack.models.names[0])
     sub = PlainSubscriber(parts.zmq_source().endpoint)
@@ -122,7 +123,7 @@ async def test_a_subscriber_connected_across_a_restart_keeps_none_of_the_old_run
 async def test_joins_get_the_snapshot_and_consumers_in_step_stay_in_step():
     """A second subscriber joining publishes the snapshot to every subscriber: the first,
     already in step, applies it and is where it was; the newcomer is in step at once."""
-    stack = await start_stack(engine_config())
+    stack = await start_stack(engine_config(kv_events_join_snapshot=True))
     endpoint = stack.runtime.parts(stack.models.names[0]).zmq_source().endpoint
     first = PlainSubscriber(endpoint)
     second = None

@@ -219,6 +219,13 @@ def _add_event_group(ev: argparse._ArgumentGroup) -> None:
         default=10_000,
         help="batches a SubscribeKvEvents client may fall behind before its stream ends",
     )
+    ev.add_argument(
+        "--kv-events-join-snapshot",
+        action="store_true",
+        help="answer each ZMQ subscriber's (re)join with the cache's snapshot, so a subscriber "
+        "kept across an engine restart drops the old run's blocks (off by default; not for "
+        "hybrid models; docs/integrations.md)",
+    )
 
 
 def tokenizer_only(args: argparse.Namespace) -> bool:
@@ -316,6 +323,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         kv_events_buffer_steps=args.kv_events_buffer_steps,
         kv_events_hwm=args.kv_events_hwm,
         kv_events_subscriber_backlog=args.kv_events_subscriber_backlog,
+        kv_events_join_snapshot=args.kv_events_join_snapshot,
         instance_id=args.instance_id or new_instance_id(),
         advertise_host=args.advertise_host,
     )

@@ -182,6 +182,8 @@ class EngineConfig:
     kv_events_buffer_steps: int = 10_000
     kv_events_hwm: int = 100_000
     kv_events_subscriber_backlog: int = 10_000
+    #: Answer each ZMQ subscriber's join with the stream's snapshot (``events.stream``).
+    kv_events_join_snapshot: bool = False
     instance_id: str = field(default_factory=new_instance_id)
     advertise_host: str | None = None
 

@@ -2,7 +2,9 @@
 subscribers (the gRPC ``SubscribeKvEvents`` stream), so every transport carries the same batches
 under the same sequence numbers.
 
-A ZMQ subscriber that joins (or rejoins after its publisher restarted) receives only what is
+With ``snapshot_on_join`` (``--kv-events-join-snapshot``; off by default), a ZMQ subscriber
+that joins is answered as follows. A ZMQ subscriber that joins (or rejoins after its publisher
+restarted) receives only what is
 published after ZMQ attached it: a restarted engine's opening ``AllBlocksCleared`` is lost to a
 subscriber that stayed connected across the restart and had not reconnected yet, and one that
 never replays keeps the old run's blocks for good. So the stream answers every join its
@@ -10,7 +12,11 @@ publisher reports (``ZmqEventPublisher.on_join``) with its snapshot as an ordina
 stream: ``AllBlocksCleared``, then one ``BlockStored`` per block cached now. Applying it leaves
 a consumer that was in step where it was, and puts one that missed the clear (or joined late)
 in step; a snapshot never names a block the engine does not hold (``events.snapshot``), so it
-never makes a consumer over-promise. Joins arriving together get one snapshot.
+never makes a consumer over-promise. Joins arriving together get one snapshot. It is off by
+default: the snapshot is as large as the cache and goes to every subscriber, and on a hybrid
+model (several KV-cache groups) its BlockStored events were seen naming the wrong group for
+blocks of the sliding-window groups (vLLM 0.32, tests/realengine/test_vllm_hybrid.py), so the
+subscribers' groups went wrong; until the ledger keeps groups apart it must not reach them.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class EventStream:
         buffer_steps: int = 10_000,
         subscriber_backlog: int = 10_000,
         first_seq: int = 0,
+        snapshot_on_join: bool = False,
     ) -> None:
         for name, value in (("buffer_steps", buffer_steps), ("backlog", subscriber_backlog)):
             if value < 1:
@@ -74,7 +81,7 @@ class EventStream:
         #: Snapshots published because a ZMQ subscriber joined (see the module doc).
         self.join_snapshots = 0
         self._join_pending = False
-        if publisher is not None:
+        if publisher is not None and snapshot_on_join:
             publisher.on_join = self._joined
 
     @property

@@ -116,6 +116,7 @@ class StreamedHosting:
             buffer_steps=config.kv_events_buffer_steps,
             subscriber_backlog=config.kv_events_subscriber_backlog,
             first_seq=first_seq,
+            snapshot_on_join=config.kv_events_join_snapshot,
         )
         # A run's first batch clears what any consumer kept of an earlier run of this engine
         # (its prefix cache is empty now; behind a restarted sidecar, vLLM's is replayed).
