@@ -102,10 +102,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     counts = {name: {"passed": 0, "failed": 0, "skipped": 0} for name in EVIDENCE}
     for outcome in ("passed", "failed", "error", "skipped"):
         for report in reporter.stats.get(outcome, []):
-            if report.when != "call" and outcome == "passed":
+            if getattr(report, "when", None) != "call" and outcome == "passed":
                 continue
+            # A module that fails to import leaves a CollectReport, which has no keywords: its
+            # error is in pytest's own summary, and the tiers count what ran.
+            keywords = getattr(report, "keywords", {})
             for name in EVIDENCE:
-                if name in report.keywords:
+                if name in keywords:
                     counts[name]["failed" if outcome == "error" else outcome] += 1
     reporter.section("engine evidence")
     for name, what in EVIDENCE.items():

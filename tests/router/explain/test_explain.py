@@ -94,7 +94,9 @@ async def test_held_elsewhere_never_stored_and_held(settings):
             # Since the worker was last cleared: its run's opening AllBlocksCleared.
             since = mine["detail"]["since"]
             follower = next(iter(cluster.registry.workers[worker].followers.values()))
-            assert since["seq"] <= follower.last_seq and since["applied_at"] > 0
+            # A clear the router made itself (following the worker anew) has no event number.
+            assert since["seq"] is None or since["seq"] <= follower.last_seq
+            assert since["applied_at"] > 0
     finally:
         await cluster.close()
 
