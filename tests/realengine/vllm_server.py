@@ -59,7 +59,9 @@ class ServerConfig:
     ``num_blocks`` caps the KV cache (``--num-gpu-blocks-override``), so a test can make vLLM
     evict; ``prompt_embeds`` starts vLLM with ``--enable-prompt-embeds``; ``dev_mode`` sets
     ``VLLM_SERVER_DEV_MODE=1``, under which vLLM 0.32 serves its dev routes, among them
-    ``POST /reset_prefix_cache`` (smg's FlushCache behind the sidecar). ``replica`` tells
+    ``POST /reset_prefix_cache`` (smg's FlushCache behind the sidecar). ``chat_template`` is a
+    Jinja file (``tests/data/chat_templates``) given as ``--chat-template``, for a worker that
+    renders some requests differently from the model's own template. ``replica`` tells
     apart servers of the same options that a test needs at once (two workers to route over).
     """
 
@@ -71,6 +73,7 @@ class ServerConfig:
     num_blocks: int | None = None
     prompt_embeds: bool = False
     dev_mode: bool = False
+    chat_template: str | None = None
     replica: int = 0
 
     def second(self) -> ServerConfig:
@@ -90,6 +93,8 @@ class ServerConfig:
             label += "-dev"
         if self.num_blocks:
             label += f"-{self.num_blocks}blocks"
+        if self.chat_template:
+            label += f"-template-{Path(self.chat_template).stem}"
         return label + (f"-replica{self.replica}" if self.replica else "")
 
 
@@ -97,6 +102,14 @@ class ServerConfig:
 #: server the parity modules share. Its dev routes are on (nothing the other modules observe
 #: changes; ``/reset_prefix_cache`` is there for FlushCache).
 DEFAULT_CONFIG = ServerConfig(lora=True, dev_mode=True)
+
+#: Another chat template for the model (no default system message): ``ServerConfig.chat_template``.
+OTHER_CHAT_TEMPLATE = str(
+    Path(__file__).resolve().parents[1]
+    / "data"
+    / "chat_templates"
+    / "chatml_no_default_system.jinja"
+)
 
 
 @dataclass(frozen=True)
@@ -157,6 +170,8 @@ class VllmServer:
             args += ["--num-gpu-blocks-override", str(self.config.num_blocks)]
         if self.config.prompt_embeds:
             args += ["--enable-prompt-embeds"]
+        if self.config.chat_template:
+            args += ["--chat-template", self.config.chat_template]
         if self.lora_path:
             args += ["--enable-lora", "--max-lora-rank", "8"]
             args += ["--lora-modules", f"{LORA_NAME}={self.lora_path}"]
