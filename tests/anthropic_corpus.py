@@ -169,6 +169,11 @@ def _said(text: str) -> dict[str, Any]:
     }
 
 
+def _unfinished(text: str) -> dict[str, Any]:
+    """An assistant output message still in progress: vLLM continues it (no generation prompt)."""
+    return {**_said(text), "status": "in_progress"}
+
+
 _CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
 RESPONSES_INPUTS: dict[str, Any] = {
     "string": "Bonjour! 東京 🎌",
@@ -202,6 +207,15 @@ RESPONSES_INPUTS: dict[str, Any] = {
         {"role": "user", "content": "3+3?"},
     ],
 }
+_TWO_CALLS = [
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    _CALL,
+    {**_CALL, "call_id": "call_2", "arguments": '{"city": "Rome"}'},
+    {"type": "function_call_output", "call_id": "call_1", "output": "18 C"},
+    {"type": "function_call_output", "call_id": "call_2", "output": "24 C"},
+    _said("Paris 18 C, Rome 24 C."),
+    {"role": "user", "content": "And tomorrow?"},
+]
 RESPONSES_TOOLS = [
     {
         "type": "function",
@@ -214,7 +228,8 @@ RESPONSES_TOOLS = [
 
 def responses_requests() -> list[tuple[str, dict[str, Any]]]:
     """(label, Responses body): every input form, with and without instructions and tools,
-    and a few sampling options; 6 x 2 x 2 + 3 requests."""
+    a few sampling options, reasoning effort, tool_choice none, an unfinished assistant turn
+    (continued), parallel calls with their outputs, a system item; 6 x 2 x 2 + 9 requests."""
     out = []
     for (i, given), instructions, tools in itertools.product(
         RESPONSES_INPUTS.items(), (None, "Answer briefly."), (False, True)
@@ -229,6 +244,26 @@ def responses_requests() -> list[tuple[str, dict[str, Any]]]:
         ("sampling", {"input": "Hi", "max_output_tokens": 9, "temperature": 0, "top_p": 0.5}),
         ("stream", {"input": "Hi", "stream": True, "max_output_tokens": 5}),
         ("kwargs", {"input": "Hi", "chat_template_kwargs": {"enable_thinking": False}}),
+        ("effort", {"input": "Hi", "reasoning": {"effort": "low"}}),
+        (
+            "effort-none",
+            {"input": [{"role": "user", "content": "Hi"}], "reasoning": {"effort": "none"}},
+        ),
+        ("tool-choice-none", {"input": "Hi", "tools": RESPONSES_TOOLS, "tool_choice": "none"}),
+        (
+            "continued",
+            {"input": [{"role": "user", "content": "Count to 3."}, _unfinished("1, 2,")]},
+        ),
+        ("two-calls", {"input": _TWO_CALLS, "tools": RESPONSES_TOOLS}),
+        (
+            "system-item",
+            {
+                "input": [
+                    {"role": "system", "content": "Be terse."},
+                    {"role": "user", "content": "Hi"},
+                ]
+            },
+        ),
         (
             "bare-output-text",
             {"input": [{"role": "assistant", "content": [{"type": "output_text", "text": "x"}]}]},

@@ -17,8 +17,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from tokenkeys.engine.protocol import Usage
 from tokenkeys.keys import KeyContext
 
-#: The generation routes handed through; "messages" is Anthropic's (its body as sent).
-Route = Literal["completions", "chat", "messages"]
+#: The generation routes handed through; "messages" is Anthropic's and "responses" OpenAI's
+#: Responses API (each with its body as sent).
+Route = Literal["completions", "chat", "messages", "responses"]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 from tokenkeys.errors import TokenkeysError
 from tokenkeys.parity.corpus import Shape
 from tokenkeys.parity.engine import EngineError, LiveEngine
-from tokenkeys.parity.local import served_ids
+from tokenkeys.parity.local import conversion, served_ids
 from tokenkeys.preprocess.preprocessor import Preprocessor
 
 #: Tokens shown either side of the first difference.
@@ -91,7 +91,7 @@ def check(pre: Preprocessor, engine: LiveEngine, shape: Shape, model: str) -> Re
     """Render ``shape`` on the engine and on ``pre``, and compare the ids."""
     body = {**shape.body, "model": model}
     try:
-        fetched = engine.ids(shape.route, body)
+        fetched = engine.ids(shape.route, body, conversion(pre, shape.route, body))
     except (EngineError, TokenkeysError) as exc:
         return Result(shape.name, shape.route, "error", detail={"error": str(exc)})
     if fetched.ids is None:
@@ -109,6 +109,16 @@ def check(pre: Preprocessor, engine: LiveEngine, shape: Shape, model: str) -> Re
         return Result(shape.name, shape.route, "differs", fetched.source, total, detail)
     if len(ours) != len(fetched.ids):
         detail = {"error": f"the engine rendered {len(fetched.ids)} prompts, tokenkeys {len(ours)}"}
+        return Result(shape.name, shape.route, "differs", fetched.source, total, detail)
+    if fetched.count is not None and fetched.count != len(ours[0]):
+        detail = {
+            "error": f"the engine counts {fetched.count} prompt tokens for the request as sent, "
+            f"tokenkeys renders {len(ours[0])}",
+            "engine_tokens": fetched.count,
+            "tokenkeys_tokens": len(ours[0]),
+            "likely_cause": f"likely: the {shape.route} conversion (the engine converts the "
+            "request into another conversation)",
+        }
         return Result(shape.name, shape.route, "differs", fetched.source, total, detail)
     for n, (theirs, mine) in enumerate(zip(fetched.ids, ours, strict=True)):
         index = first_difference(theirs, mine)

@@ -4,8 +4,11 @@ The render routes are vLLM 0.32's (``vllm/entrypoints/scale_out/render/api_route
 by ``vllm launch render``, by ``vllm serve --enable-scale-out`` and by ``tokenkeys serve``).
 ``vllm serve`` without ``--enable-scale-out`` answers them 403 and an engine without them 404:
 then a conversation or a completion is counted by ``/tokenize`` (which takes the same prompt
-options) and the result says so. A Messages or Responses shape has no such fallback (its
-conversion is what is being checked), so it is left unverified.
+options) and the result says so. A Messages or Responses shape is then checked in two parts:
+the engine's ``/tokenize`` of tokenkeys' chat conversion (the template), and the engine's own
+count of the request as sent (its conversion): ``/v1/messages/count_tokens``, or the
+``usage.input_tokens`` of a one-token ``/v1/responses`` answer. Without a conversion to send it
+is left unverified.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ RENDER = {
 TOKENIZE = "/tokenize"
 #: Statuses meaning "this engine does not serve the route" (vLLM: 403 without scale-out).
 ABSENT = (403, 404)
+#: The engine's own count of a request as sent, per route without /tokenize of its own.
+COUNT = {"messages": "/v1/messages/count_tokens", "responses": "/v1/responses"}
 #: Fields of a chat body vLLM's ``TokenizeChatRequest`` reads.
 _TOKENIZE_CHAT = (
     "model",
@@ -51,6 +56,9 @@ class Fetched:
 
     ids: list[list[int]] | None
     source: str
+    #: The engine's own prompt length for the request as sent (Messages and Responses without
+    #: render routes), which ``ids`` (of tokenkeys' conversion) must also match.
+    count: int | None = None
 
 
 class LiveEngine:
@@ -94,8 +102,13 @@ class LiveEngine:
                 field="engine",
             ) from None
 
-    def ids(self, route: str, body: Mapping[str, Any]) -> Fetched:
-        """The engine's ids for ``body`` on ``route``: rendered, else tokenized."""
+    def ids(
+        self, route: str, body: Mapping[str, Any], conversion: Mapping[str, Any] | None = None
+    ) -> Fetched:
+        """The engine's ids for ``body`` on ``route``: rendered, else tokenized.
+
+        ``conversion``: tokenkeys' chat conversion of a Messages or Responses body, tokenized
+        by the engine when it has no render route (with the engine's own count of ``body``)."""
         path = RENDER[route]
         if path not in self._absent:
             answer = self._post(path, body)
@@ -118,7 +131,45 @@ class LiveEngine:
                     _ids_in(_json(answer, self.base, TOKENIZE), "tokens", self.base, TOKENIZE)
                 )
             return Fetched(out, f"{TOKENIZE} ({why})")
-        return Fetched(None, f"none ({why}; a {route} conversion has no other exact source)")
+        if conversion is None:
+            return Fetched(None, f"none ({why}; a {route} conversion has no other exact source)")
+        chat = {k: conversion[k] for k in _TOKENIZE_CHAT if k in conversion}
+        chat["chat_template_kwargs"] = _template_kwargs(conversion)
+        answer = _json(self._post(TOKENIZE, chat), self.base, TOKENIZE)
+        ids = _ids_in(answer, "tokens", self.base, TOKENIZE)
+        count = self._count(route, body)
+        source = f"{TOKENIZE} of tokenkeys' conversion and {COUNT[route]}'s count ({why})"
+        return Fetched([ids], source, count)
+
+    def _count(self, route: str, body: Mapping[str, Any]) -> int:
+        """The engine's prompt length for ``body`` as sent (see the module doc)."""
+        path = COUNT[route]
+        if route == "messages":
+            sent = {k: v for k, v in body.items() if k not in ("max_tokens", "stop_sequences")}
+            return _int_in(_json(self._post(path, sent), self.base, path), ("input_tokens",), path)
+        one = {**body, "max_output_tokens": 1, "temperature": 0, "stream": False, "store": False}
+        answer = _json(self._post(path, one), self.base, path)
+        return _int_in(answer, ("usage", "input_tokens"), path)
+
+
+def _template_kwargs(chat: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat's template kwargs with ``reasoning_effort`` laid in as generation lays it
+    (vLLM's /tokenize ignores the field itself): it also sets ``enable_thinking`` unless the
+    kwargs do."""
+    kwargs = dict(chat.get("chat_template_kwargs") or {})
+    effort = chat.get("reasoning_effort")
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", effort)
+        kwargs.setdefault("enable_thinking", effort != "none")
+    return kwargs
+
+
+def _int_in(item: Any, keys: tuple[str, ...], path: str) -> int:
+    for key in keys:
+        item = item.get(key) if isinstance(item, dict) else None
+    if not isinstance(item, int):
+        raise EngineError(f"{path}: the answer has no {'.'.join(keys)} count")
+    return item
 
 
 def _json(answer: httpx.Response, base: str, path: str) -> Any:

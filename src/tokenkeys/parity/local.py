@@ -29,6 +29,15 @@ _BY_ROUTE: dict[str, Callable[[Preprocessor, Mapping[str, Any]], list[list[int]]
 }
 
 
+def conversion(pre: Preprocessor, route: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The chat body tokenkeys renders for a Messages or Responses body (None for the others)."""
+    if route == "messages":
+        return chat_body(pre, body)
+    if route == "responses":
+        return responses.to_chat_request(body)
+    return None
+
+
 def served_ids(pre: Preprocessor, route: str, body: Mapping[str, Any]) -> list[list[int]]:
     """The prompts' ids tokenkeys serves for ``body`` on ``route`` (one list per prompt)."""
     return _BY_ROUTE[route](pre, body)

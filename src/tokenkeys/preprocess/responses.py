@@ -15,7 +15,11 @@ body the model's one Preprocessor renders:
   other item with a ``role`` → that message as sent; an item of another type is a 400 naming
   ``input``, as vLLM's.
 - ``tools`` of type ``function`` (flat: ``name``, ``description``, ``parameters``, ``strict``)
-  → chat functions.
+  → chat functions; ``tool_choice: "none"`` is carried (the server may drop the tools for it).
+- The template flags (``ResponsesRequest.build_chat_params``): a last input item that is a
+  message or reasoning item with ``status`` ``in_progress`` or ``incomplete`` is continued
+  (``continue_final_message``, no generation prompt); ``reasoning.effort`` →
+  ``reasoning_effort`` (which sets ``enable_thinking`` unless the kwargs do).
 
 Refused with 501 naming the field (not rebuilt exactly here): ``custom_tool_call`` items and
 namespaced calls, tools other than functions, and a ``text.format`` other than text (structured
@@ -138,6 +142,17 @@ def tools_of(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return out
 
 
+def continues_final(given: Any) -> bool:
+    """vLLM's ``should_continue_final_message``: the last input item is an unfinished message
+    or reasoning item (``status`` ``in_progress`` or ``incomplete``)."""
+    if not isinstance(given, list) or not given or not isinstance(given[-1], Mapping):
+        return False
+    last = given[-1]
+    if last.get("type", "message") not in ("message", "reasoning"):
+        return False
+    return last.get("status") in ("in_progress", "incomplete")
+
+
 def to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """The chat body rendered for a Responses body: its messages, tools and template kwargs."""
     fmt = ((body.get("text") or {}).get("format") or {}).get("type")
@@ -150,6 +165,14 @@ def to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     tools = tools_of(body)
     if tools is not None:
         chat["tools"] = tools
+    if tools is not None and body.get("tool_choice") == "none":
+        chat["tool_choice"] = "none"
     if body.get("chat_template_kwargs") is not None:
         chat["chat_template_kwargs"] = body["chat_template_kwargs"]
+    effort = (body.get("reasoning") or {}).get("effort")
+    if effort is not None:
+        chat["reasoning_effort"] = effort
+    if continues_final(body.get("input")):
+        chat["continue_final_message"] = True
+        chat["add_generation_prompt"] = False
     return chat

@@ -36,9 +36,13 @@ _PATHS: dict[Route, str] = {
     "completions": "/v1/completions",
     "chat": "/v1/chat/completions",
     "messages": "/v1/messages",
+    "responses": "/v1/responses",
 }
-#: Routes whose prompt is a rendered conversation: its ids go in kv_transfer_params.
-_RENDERED = ("chat", "messages")
+#: Routes whose prompt is a rendered conversation: its ids go in kv_transfer_params (vLLM's
+#: Responses render reads them there too: ``OnlineRenderer.preprocess_chat``).
+_RENDERED = ("chat", "messages", "responses")
+#: Routes whose events go back as vLLM sent them (``event:`` and ``data:`` lines).
+_NAMED_EVENTS = ("messages", "responses")
 #: Request headers vLLM reads: the answer id ends in X-Request-Id.
 _HEADERS = ("x-request-id",)
 
@@ -75,8 +79,8 @@ _RULES: tuple[tuple[Route | None, str, Callable[[Any], bool], str], ...] = (
 
 def refusal(body: Mapping[str, Any], route: Route) -> tuple[str, str] | None:
     """The first field the sidecar cannot pass to vLLM exactly, as (field, reason), or None."""
-    # A Messages request is a chat request to vLLM once converted: the chat rules apply.
-    family: Route = "chat" if route == "messages" else route
+    # Messages and Responses requests are chat requests to vLLM once converted: the chat rules.
+    family: Route = "chat" if route in ("messages", "responses") else route
     for only, name, refused, why in _RULES:
         if only in (None, family) and refused(body.get(name)):
             return name, f"{name}={body.get(name)!r} is not supported through the sidecar: {why}"
@@ -121,6 +125,8 @@ async def answer(client: VllmHttpClient, request: OpenAIRequest, model: str) -> 
         doc = orjson.loads(whole.body)
         if request.route == "messages":
             return OpenAIAnswer(200, whole.body, usage=_anthropic_usages(doc))
+        if request.route == "responses":
+            return OpenAIAnswer(200, whole.body, usage=_responses_usages(doc))
         result = OpenAIAnswer(200, whole.body, usage=_usages(doc))
         if _wants_prompt_text(request):
             doc["prompt_text"] = request.prompt_text
@@ -130,16 +136,19 @@ async def answer(client: VllmHttpClient, request: OpenAIRequest, model: str) -> 
     if refused is not None:
         return OpenAIAnswer(refused.status, refused.body)
     result = OpenAIAnswer(200)
-    if request.route == "messages":
-        result.events = _lines_as_sent(lines)
+    if request.route in _NAMED_EVENTS:
+        result.events = _lines_as_sent(lines, result)
     else:
         result.events = _events(lines, request, result)
     return result
 
 
-async def _lines_as_sent(lines: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Anthropic's events (``event:`` and ``data:`` lines) exactly as vLLM sent them."""
+async def _lines_as_sent(lines: AsyncIterator[bytes], result: OpenAIAnswer) -> AsyncIterator[bytes]:
+    """Named events (``event:`` and ``data:`` lines) exactly as vLLM sent them; the usage of a
+    Responses stream is read from its ``response.completed`` event on the way."""
     async for line in lines:
+        if line.startswith(b"data:") and b'"response.completed"' in line:
+            result.usage.extend(_responses_usages(orjson.loads(line[5:]).get("response")))
         yield line + b"\n"
 
 
@@ -181,6 +190,21 @@ def _anthropic_usages(doc: Any) -> list[Usage]:
     created = int(usage.get("cache_creation_input_tokens") or 0)
     prompt = int(usage.get("input_tokens") or 0) + read + created
     return [Usage(prompt, int(usage.get("output_tokens") or 0), read)]
+
+
+def _responses_usages(doc: Any) -> list[Usage]:
+    """A Responses answer's usage (input tokens, of which cached, and output tokens)."""
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    if not isinstance(usage, dict):
+        return []
+    details = usage.get("input_tokens_details") or {}
+    return [
+        Usage(
+            int(usage.get("input_tokens") or 0),
+            int(usage.get("output_tokens") or 0),
+            int(details.get("cached_tokens") or 0),
+        )
+    ]
 
 
 def usage_of(usage: Mapping[str, Any]) -> Usage:

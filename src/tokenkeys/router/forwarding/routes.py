@@ -70,7 +70,7 @@ def count_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list
 
 
 def responses_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
-    """A Responses body's prompt, as /v1/responses/render tokenizes it."""
+    """A Responses body's prompt, as /v1/responses and its render tokenize it."""
     return [preprocessor.tokenize_chat(responses.to_chat_request(body)).tokens.ids]
 
 
@@ -106,6 +106,7 @@ register(ForwardedRoute("/v1/messages/render", messages_prompts, MessagesRequest
 register(
     ForwardedRoute("/v1/messages/count_tokens", count_prompts, CountTokensRequest, generates=False)
 )
+register(ForwardedRoute("/v1/responses", responses_prompts, RenderResponsesRequest))
 register(
     ForwardedRoute(
         "/v1/responses/render", responses_prompts, RenderResponsesRequest, generates=False
