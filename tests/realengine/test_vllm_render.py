@@ -26,6 +26,7 @@ import pytest
 
 from chat_fixtures import CONVERSATIONS, TOOL_CONVERSATION, TOOLS, openai_form
 from served_pair import SERVE_ARGS, Pair, TokenkeysServe
+from support import run_cli
 from text_corpus import all_strings
 from vllm_render import VllmRenderServer
 from vllm_server import MAX_MODEL_LEN, TinyModel
@@ -331,6 +332,28 @@ def test_responses_render_refuses_previous_response_id_as_vllm(render_pair) -> N
         render_pair, "/v1/responses/render", {"input": "Hi", "previous_response_id": "resp_1"}
     )
     assert theirs.status_code == 400
+
+
+def test_parity_certifies_every_built_in_shape_on_the_render_routes(render_pair) -> None:
+    """``tokenkeys parity`` against ``vllm launch render``: every shape by its render route."""
+    done = run_cli(
+        "parity", "--engine", str(render_pair.engine.base_url), "--backend", "transformers5",
+        "--json", "--timeout", "120", check=False,
+    )  # fmt: skip
+    report = json.loads(done.stdout)
+    for shape in report["shapes"]:
+        assert shape["status"] == "certified", shape
+        assert shape["source"] == f"/v1/{RENDER_PATHS[shape['route']]}/render", shape
+    assert done.returncode == 0, done.stderr
+
+
+#: The render route of each parity route, under /v1/.
+RENDER_PATHS = {
+    "chat": "chat/completions",
+    "completions": "completions",
+    "messages": "messages",
+    "responses": "responses",
+}
 
 
 GENERATION_DEFAULTS = {
