@@ -42,8 +42,9 @@ def test_openapi_validates_and_lists_every_route(paths) -> None:
         "/v1/messages",
         "/v1/messages/count_tokens",
         "/v1/messages/render",
+        "/v1/responses",
         "/v1/responses/render",
-        # vLLM's render server's routes not served exactly here: 501 with the reason.
+        # vLLM's derender routes (issue 34).
         "/v1/completions/derender",
         "/v1/chat/completions/derender",
     }

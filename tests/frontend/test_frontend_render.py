@@ -142,19 +142,6 @@ def test_multimodal_parts_are_501_with_the_reason(client: httpx.Client) -> None:
     assert answer.status_code == 501 and "image" in answer.json()["error"]["message"]
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        "/v1/completions/derender",
-        "/v1/chat/completions/derender",
-    ],
-)
-def test_routes_not_served_exactly_are_501(client: httpx.Client, path: str) -> None:
-    answer = client.post(path, json={})
-    assert answer.status_code == 501
-    assert answer.json()["error"]["message"].startswith(f"{path} is not served here: ")
-
-
 def test_generation_is_refused_with_the_reason(client: httpx.Client) -> None:
     for path, body in (
         ("/v1/completions", {"prompt": "hi"}),

@@ -69,6 +69,7 @@ ROUTES = {
     "POST /v1/messages",
     "POST /v1/messages/count_tokens",
     "POST /v1/messages/render",
+    "POST /v1/responses",
     "POST /v1/responses/render",
 }
 

@@ -10,7 +10,8 @@ sampling options with vLLM's defaults and its serialization, and vLLM's refusals
 A second pair serves a copy of the model whose generation_config.json sets sampling defaults.
 
 Deliberate differences, each asserted here: multimodal parts (501 with the reason, as /tokenize;
-vLLM answers 400 for a text-only model) and the routes not served exactly (501).
+vLLM answers 400 for a text-only model). The derender routes are compared in
+``test_vllm_derender.py``; ``tokenkeys parity`` certifies every built-in shape here too.
 """
 
 from __future__ import annotations
@@ -248,19 +249,6 @@ def test_multimodal_parts_are_501_with_the_reason(render_pair) -> None:
     # As /tokenize answers the same request.
     tokenize = render_pair.ours.post("/tokenize", json={"model": "tiny", **body})
     assert tokenize.status_code == 501
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        "/v1/completions/derender",
-        "/v1/chat/completions/derender",
-    ],
-)
-def test_routes_not_served_exactly_answer_501(render_pair, path: str) -> None:
-    ours = render_pair.ours.post(path, json={"model": "tiny"})
-    assert ours.status_code == 501
-    assert "not served here" in ours.json()["error"]["message"]
 
 
 # --- Anthropic Messages (issue 34): the render of vLLM's Messages-to-chat conversion ------------

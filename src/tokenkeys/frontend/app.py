@@ -6,6 +6,7 @@ from fastapi import FastAPI
 
 from tokenkeys import __version__
 from tokenkeys.frontend import (
+    routes_derender,
     routes_generate,
     routes_messages,
     routes_render,
@@ -85,6 +86,7 @@ def create_app(
     routes_render.add_routes(app)
     routes_messages.add_routes(app)
     routes_responses.add_routes(app)
+    routes_derender.add_routes(app)
     install_openapi(
         app,
         [

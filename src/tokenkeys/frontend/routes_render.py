@@ -11,8 +11,9 @@ config; a completion's unset ``max_tokens`` is 16).
 
 Order of checks, vLLM's: body (400), model (404, vLLM's words), beam search (400), the prompt
 (400/413/501), the context (400), the sampling parameters (400). Refused with 501 and the
-reason: what the Preprocessor does not build exactly (multimodal parts, truncation, embeddings),
-sampling fields not rebuilt here, and the ``derender`` routes (see :data:`NOT_RENDERED`).
+reason: what the Preprocessor does not build exactly (multimodal parts, truncation, embeddings)
+and sampling fields not rebuilt here. The derender routes are
+:mod:`~tokenkeys.frontend.routes_derender`'s.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from starlette.responses import Response
 from tokenkeys.engine.context_window import check_requested, fit
 from tokenkeys.errors import InvalidArgument, NotFound, Unsupported, vllm_invalid
 from tokenkeys.frontend.body import json_response
-from tokenkeys.frontend.openapi import ERROR_RESPONSES, add_body_route
+from tokenkeys.frontend.openapi import add_body_route
 from tokenkeys.frontend.opening import Opened, Schema, open_request
 from tokenkeys.frontend.render_params import (
     generation_defaults,
@@ -44,16 +45,6 @@ from tokenkeys.serving.models import ServedModel
 
 #: vLLM's ``CompletionRequest.max_tokens`` default (``normalize_null_max_tokens``).
 COMPLETION_MAX_TOKENS = 16
-
-#: Routes of vLLM's render server not served exactly here, and why (each answers 501).
-NOT_RENDERED: Mapping[str, str] = {
-    "/v1/completions/derender": "derendering needs vLLM's output processing (incremental "
-    "detokenization state, stop strings, tool and reasoning parsers), which does not run here; "
-    "decode output ids with /detokenize",
-    "/v1/chat/completions/derender": "derendering needs vLLM's output processing (incremental "
-    "detokenization state, stop strings, tool and reasoning parsers), which does not run here; "
-    "decode output ids with /detokenize",
-}
 
 _DEFAULTS: dict[str, dict[str, Any]] = {}
 #: vLLM 0.32's cache-salt rule (``vllm/entrypoints/generate/base/protocol.py``).
@@ -258,18 +249,8 @@ async def render_chat_opened(request: Request, opened: Opened) -> Response:
     return json_response(answer_of(_request_id(request, body, "chatcmpl"), ids, params, body))
 
 
-def _not_rendered(path: str):  # noqa: ANN202 - a route handler
-    reason = NOT_RENDERED[path]
-
-    async def refuse(request: Request) -> Response:
-        raise Unsupported(f"{path} is not served here: {reason}")
-
-    refuse.__doc__ = f"501: {reason}"
-    return refuse
-
-
 def add_routes(app: FastAPI) -> None:
-    """Mount the render routes (and the 501s of the ones not served exactly)."""
+    """Mount the render routes."""
     add_body_route(
         app,
         "/v1/completions/render",
@@ -284,12 +265,3 @@ def add_routes(app: FastAPI) -> None:
         RenderChatRequest,
         summary="The engine request of a conversation (vLLM's render API)",
     )
-    for path in NOT_RENDERED:
-        app.add_api_route(
-            path,
-            _not_rendered(path),
-            methods=["POST"],
-            responses=ERROR_RESPONSES,
-            summary="Not served here (501 with the reason)",
-            name=path.strip("/").replace("/", "_"),
-        )

@@ -1,0 +1,356 @@
+"""Derender answers as vLLM 0.32's render server gives them, without a tool or reasoning parser.
+
+vLLM 0.32 (``scale_out/derender/serving.py`` ``ServingDerender``, ``renderers/
+online_derenderer.py`` ``OnlineDerenderer``) turns a token-out answer into an OpenAI one: every
+choice's ids are detokenized incrementally after the prompt (``prompt_token_ids``, else the
+answer's own), with the request's ``skip_special_tokens`` (default true); finish and stop
+reasons are the engine's; usage is the caller's prompt count (0 without one) and the ids'
+count. Answers are serialized as vLLM's pydantic models dump (every key, nulls included).
+
+Without a parser configured vLLM derenders plain text, whatever ``tools`` the original request
+carried; tokenkeys serves no parser, so it answers as such a server. The bounds are vLLM's
+(``_validate_derender_bounds``): ``VLLM_MAX_N_SEQUENCES`` (16384) answers and choices, each id
+list within the context.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tokenkeys.derender.incremental import Window, advance, seed
+from tokenkeys.derender.pieces import Pieces
+from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.frontend.schemas_derender import (
+    GenerateChoice,
+    GenerateChunk,
+    GenerateResponse,
+    StreamState,
+)
+
+#: vLLM's ``VLLM_MAX_N_SEQUENCES`` default.
+MAX_SEQUENCES = 16384
+
+
+def check_bounds(answers: Sequence[GenerateResponse], max_model_len: int) -> None:
+    """vLLM's resource bounds on derender payloads (400s in its words)."""
+    if len(answers) > MAX_SEQUENCES:
+        raise InvalidArgument(
+            f"generate_responses count ({len(answers)}) exceeds server maximum "
+            f"({MAX_SEQUENCES}). Set VLLM_MAX_N_SEQUENCES to increase this limit."
+        )
+    for answer in answers:
+        if len(answer.choices) > MAX_SEQUENCES:
+            raise InvalidArgument(
+                f"choices count ({len(answer.choices)}) in response '{answer.request_id}' "
+                f"exceeds server maximum ({MAX_SEQUENCES})."
+            )
+        for choice in answer.choices:
+            if choice.token_ids and len(choice.token_ids) > max_model_len:
+                raise InvalidArgument(
+                    f"token_ids length ({len(choice.token_ids)}) in choice {choice.index} "
+                    f"exceeds max_model_len ({max_model_len})."
+                )
+
+
+def check_prompt_ids(prompts: Sequence[Sequence[int] | None], max_model_len: int) -> None:
+    """Caller-given prompt ids within the context (vLLM's ``_validate_prompt_token_ids``)."""
+    for ids in prompts:
+        if ids is not None and len(ids) > max_model_len:
+            raise InvalidArgument(
+                f"prompt_token_ids length ({len(ids)}) exceeds max_model_len ({max_model_len}).",
+                field="prompt_token_ids",
+            )
+
+
+def refuse_unrebuilt(answer: GenerateResponse | GenerateChunk) -> None:
+    """501 for what an answer carries that is not rebuilt here (logprobs, metrics, prompt
+    logprobs), naming the field: vLLM resolves and normalizes them."""
+    for choice in answer.choices:
+        if choice.logprobs is not None:
+            raise Unsupported(
+                "derendering logprobs (resolving token strings and bytes) is not served here; "
+                "send the answer without logprobs",
+                field="logprobs",
+            )
+    if answer.metrics is not None:
+        raise Unsupported("derendering per-request metrics is not served here", field="metrics")
+    given = getattr(answer, "prompt_logprobs", None) or []
+    if any(entry is not None for entry in given):
+        raise Unsupported("derendering prompt logprobs is not served here", field="prompt_logprobs")
+
+
+def _skip(original: Mapping[str, Any] | None) -> bool:
+    """``skip_special_tokens`` of the original request (vLLM's ``_decode_params``; the other
+    flag, ``spaces_between_special_tokens``, does not change a tokenizers-library decode)."""
+    return original is None or original.get("skip_special_tokens") is not False
+
+
+def _usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+
+
+def _ids(choice: GenerateChoice, where: str) -> list[int]:
+    if not choice.token_ids:
+        raise InvalidArgument(f"choice {choice.index}{where} has empty or null token_ids")
+    return choice.token_ids
+
+
+def _prompt(
+    given: Sequence[int] | None, answer: GenerateResponse | GenerateChunk
+) -> Sequence[int] | None:
+    """The prompt ids a decode starts after: the caller's, else the answer's own."""
+    return given if given is not None else answer.prompt_token_ids
+
+
+def _request_id(answer: GenerateResponse | GenerateChunk) -> str:
+    return answer.request_id if answer.request_id is not None else str(uuid.uuid4())
+
+
+def chat_answer(
+    codec: Pieces,
+    answer: GenerateResponse,
+    model: str,
+    prompt_tokens: int | None,
+    prompt_ids: Sequence[int] | None,
+    chat_request: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """A ``ChatCompletionResponse`` of a whole token-out answer."""
+    skip = _skip(chat_request)
+    start = seed(codec, _prompt(prompt_ids, answer), skip=skip)
+    with_ids = chat_request is not None and chat_request.get("return_token_ids") is True
+    choices = []
+    for choice in answer.choices:
+        text, _ = advance(codec, start, _ids(choice, ""), skip=skip)
+        message = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        }
+        choices.append(
+            {
+                "index": choice.index,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+                "token_ids": choice.token_ids if with_ids else None,
+                "routed_experts": None,
+            }
+        )
+    prompt = prompt_tokens if prompt_tokens is not None else 0
+    completion = sum(len(c.token_ids or ()) for c in answer.choices)
+    return {
+        "id": _request_id(answer),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": _usage(prompt, completion),
+        "prompt_logprobs": answer.prompt_logprobs,
+        "prompt_token_ids": None,
+        "prompt_text": None,
+        "kv_transfer_params": answer.kv_transfer_params,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+
+
+def completion_answer(
+    codec: Pieces,
+    answers: Sequence[GenerateResponse],
+    model: str,
+    prompt_tokens: Sequence[int] | None,
+    prompt_ids: Sequence[Sequence[int] | None] | None,
+    completion_request: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """A ``CompletionResponse`` of one token-out answer per prompt."""
+    skip = _skip(completion_request)
+    counts = list(prompt_tokens) if prompt_tokens is not None else [0] * len(answers)
+    seeds = list(prompt_ids) if prompt_ids is not None else [None] * len(answers)
+    choices: list[dict[str, Any]] = []
+    completion = 0
+    for answer, given in zip(answers, seeds, strict=True):
+        start = seed(codec, _prompt(given, answer), skip=skip)
+        for choice in answer.choices:
+            ids = _ids(choice, f" in response {answer.request_id}")
+            text, _ = advance(codec, start, ids, skip=skip)
+            choices.append(
+                {
+                    "index": len(choices),
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": choice.finish_reason,
+                    "stop_reason": choice.stop_reason,
+                    "token_ids": None,
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": None,
+                    "routed_experts": None,
+                }
+            )
+            completion += len(ids)
+    first = answers[0]
+    kv = first.kv_transfer_params
+    if any(a.kv_transfer_params != kv for a in answers[1:]):
+        kv = None  # vLLM: differing transfer parameters are not merged
+    prompt = sum(counts)
+    return {
+        "id": _request_id(first),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": _usage(prompt, completion),
+        "kv_transfer_params": kv,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+
+
+def _window(state: StreamState | None) -> Window | None:
+    if state is None:
+        return None
+    return Window(tuple(state.prev_tokens), state.prefix_offset, state.read_offset)
+
+
+def _stream_usage(chunk: GenerateChunk, prompt_tokens: int | None) -> dict[str, Any] | None:
+    if chunk.usage is None:
+        return None
+    prompt = prompt_tokens if prompt_tokens is not None else (chunk.usage.get("prompt_tokens") or 0)
+    return _usage(prompt, chunk.usage.get("completion_tokens") or 0)
+
+
+def _stream_start(
+    codec: Pieces,
+    chunk: GenerateChunk,
+    state: StreamState | None,
+    prompt_ids: Sequence[int] | None,
+    skip: bool,
+) -> tuple[StreamState, Window]:
+    """The state a chunk continues: the client's, else seeded from the prompt."""
+    if len(chunk.choices) > 1:
+        raise InvalidArgument("derender streams take at most one choice per chunk")
+    if state is not None:
+        return state, _window(state)  # type: ignore[return-value]
+    window = seed(codec, _prompt(prompt_ids, chunk), skip=skip)
+    return StreamState(
+        prev_tokens=list(window.pieces), prefix_offset=window.prefix, read_offset=window.read
+    ), window
+
+
+def _with_window(state: StreamState, window: Window, **changes: Any) -> StreamState:
+    return state.model_copy(
+        update={
+            "prev_tokens": list(window.pieces),
+            "prefix_offset": window.prefix,
+            "read_offset": window.read,
+            **changes,
+        }
+    )
+
+
+def chat_chunk(
+    codec: Pieces,
+    chunk: GenerateChunk,
+    state: StreamState | None,
+    model: str,
+    prompt_tokens: int | None,
+    prompt_ids: Sequence[int] | None,
+    chat_request: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """One ``DerenderChatStreamResponse``: the chat chunk and the state after it."""
+    skip = _skip(chat_request)
+    state, window = _stream_start(codec, chunk, state, prompt_ids, skip)
+    with_ids = chat_request is not None and chat_request.get("return_token_ids") is True
+    choices = []
+    for choice in chunk.choices:
+        ids = choice.token_ids or []
+        text, window = advance(codec, window, ids, skip=skip)
+        role = None if state.role_sent else "assistant"
+        tail = (state.logprob_context_token_ids + ids)[-4:]
+        state = _with_window(state, window, role_sent=True, logprob_context_token_ids=tail)
+        choices.append(
+            {
+                "index": choice.index,
+                "delta": {"role": role, "content": text or None, "reasoning": None},
+                "logprobs": None,
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+                "token_ids": choice.token_ids if with_ids else None,
+            }
+        )
+    body = {
+        "id": _request_id(chunk),
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": _stream_usage(chunk, prompt_tokens),
+        "system_fingerprint": None,
+        "prompt_token_ids": None,
+        "prompt_text": None,
+        "metrics": None,
+    }
+    return {"chunk": body, "stream_state": state.model_dump()}
+
+
+def completion_chunk(
+    codec: Pieces,
+    chunk: GenerateChunk,
+    state: StreamState | None,
+    model: str,
+    prompt_tokens: int | None,
+    prompt_ids: Sequence[int] | None,
+    completion_request: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """One ``DerenderCompletionStreamResponse``: the completion chunk and the state after it."""
+    skip = _skip(completion_request)
+    state, window = _stream_start(codec, chunk, state, prompt_ids, skip)
+    choices = []
+    for choice in chunk.choices:
+        ids = choice.token_ids or []
+        text, window = advance(codec, window, ids, skip=skip)
+        state = _with_window(
+            state,
+            window,
+            logprob_context_token_ids=(state.logprob_context_token_ids + ids)[-4:],
+            logprob_text_offset=state.logprob_text_offset + len(text),
+        )
+        choices.append(
+            {
+                "index": choice.index,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
+        )
+    body = {
+        "id": _request_id(chunk),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": _stream_usage(chunk, prompt_tokens),
+        "system_fingerprint": None,
+        "metrics": None,
+    }
+    return {"chunk": body, "stream_state": state.model_dump()}
