@@ -22,15 +22,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic_corpus
+import derender_cases
 import httpx
 import pytest
 
 from chat_fixtures import CONVERSATIONS, TOOL_CONVERSATION, TOOLS, openai_form
-from served_pair import SERVE_ARGS, Pair, TokenkeysServe
+from served_pair import SERVE_ARGS, Pair, TokenkeysServe, ok
 from support import run_cli
 from text_corpus import all_strings
 from vllm_render import VllmRenderServer
-from vllm_server import MAX_MODEL_LEN, TinyModel
+from vllm_server import MAX_MODEL_LEN, MODEL_NAME, TinyModel
 
 pytestmark = pytest.mark.realengine
 
@@ -342,6 +343,113 @@ RENDER_PATHS = {
     "messages": "messages",
     "responses": "responses",
 }
+
+
+# --- Derender (issue 34) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(derender_cases.CASES))
+def test_vllms_derender_tests_pass_on_both(render_pair, name: str) -> None:
+    """vLLM 0.32's own derender tests, assertions unchanged, hold for vLLM and for tokenkeys."""
+    derender_cases.CASES[name](render_pair.engine, MODEL_NAME)
+    derender_cases.CASES[name](render_pair.ours, MODEL_NAME)
+
+
+#: Output texts derendered: the text corpus' first strings, special and added tokens, a split
+#: multi-byte character, spaces at the edges.
+DERENDERED = [
+    *[t for t in all_strings() if t][:40],
+    "Hi<repo_name>there<|im_end|>",
+    "<|im_start|>assistant\nDone.<|im_end|><|endoftext|>",
+    "  leading and trailing  ",
+    "Hello ✅ world 日本語 🎌",
+]
+
+
+#: The texts also derendered as streams, one token per chunk.
+STREAMED = DERENDERED[::5] + DERENDERED[-4:]
+
+
+def _steady(answer: dict) -> dict:
+    """An answer without its clock (``created``), which differs between any two calls."""
+    if "chunk" in answer:
+        return {**answer, "chunk": _steady(answer["chunk"])}
+    return {k: v for k, v in answer.items() if k != "created"}
+
+
+def _output_ids(pair: Pair, text: str) -> list[int]:
+    answer = pair.ours.post("/tokenize", json={"prompt": text, "add_special_tokens": False})
+    return answer.json()["tokens"]
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip", "keep"])
+def test_derender_equals_vllm(render_pair, skip: bool) -> None:
+    """Whole answers (chat and completions, seeded by the prompt or not) and streams one token
+    per chunk (each side carrying its own state, and tokenkeys carrying vLLM's): the same
+    answers and states, the clock aside."""
+    prompt = ok(render_pair.ours.post("/v1/chat/completions/render", json={"messages": USER}))
+    seed_ids = prompt["token_ids"]
+    chat_request = {"messages": USER, "skip_special_tokens": skip, "return_token_ids": True}
+    completion_request = {"prompt": "x", "skip_special_tokens": skip}
+    for text in DERENDERED:
+        ids = _output_ids(render_pair, text)
+        if not ids:
+            continue  # an answer without output ids is a 400 (vLLM's own test above)
+        choice = {"index": 0, "token_ids": ids, "finish_reason": "length"}
+        answer = {"request_id": "r1", "choices": [choice], "prompt_token_ids": seed_ids}
+        for path, body in (
+            ("/v1/chat/completions/derender", {"generate_response": answer}),
+            (
+                "/v1/chat/completions/derender",
+                {"generate_response": answer, "chat_request": chat_request, "prompt_tokens": 9},
+            ),
+            (
+                "/v1/completions/derender",
+                {"generate_responses": [answer, answer], "completion_request": completion_request},
+            ),
+            (
+                "/v1/completions/derender",
+                {"generate_responses": [answer], "prompt_token_ids": [None]},
+            ),
+        ):
+            theirs, ours = render_pair.both(path, body)
+            assert theirs.status_code == 200, theirs.text
+            assert _steady(ours.json()) == _steady(theirs.json()), (text, path)
+        if text not in STREAMED:
+            continue
+        for path, original in (
+            ("/v1/chat/completions/derender", {"chat_request": chat_request}),
+            ("/v1/completions/derender", {"completion_request": completion_request}),
+        ):
+            state_v = state_t = None
+            for n, token in enumerate(ids):
+                last = n == len(ids) - 1
+                chunk = {
+                    "request_id": "r2",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "token_ids": [token],
+                            "finish_reason": "stop" if last else None,
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": n + 1, "total_tokens": n + 4}
+                    if last
+                    else None,
+                }
+                body = {
+                    "stream": True,
+                    "generate_chunk": chunk,
+                    "prompt_token_ids": seed_ids,
+                    **original,
+                }
+                theirs, ours = render_pair.both(path, {**body, "stream_state": state_v})
+                assert theirs.status_code == 200, theirs.text
+                assert _steady(ours.json()) == _steady(theirs.json()), (text, path, n)
+                # And each side continues the other's state.
+                on_ours, mine = render_pair.both(path, {**body, "stream_state": state_t})
+                assert _steady(mine.json()) == _steady(on_ours.json()), (text, path, n)
+                state_v, state_t = theirs.json()["stream_state"], mine.json()["stream_state"]
 
 
 GENERATION_DEFAULTS = {
