@@ -17,7 +17,7 @@ Json = dict[str, Any]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class GenerateChoice(_Body):
