@@ -121,3 +121,23 @@ def test_previous_response_id_is_vllms_not_found(vllm, sidecar) -> None:
     ours = _post(sidecar.url, "/v1/responses", body)
     assert theirs.status_code == 404, theirs.text
     assert (ours.status_code, ours.json()) == (theirs.status_code, theirs.json())
+
+
+#: What the simulated engine's answer cannot share with vLLM's: what was generated.
+_GENERATED = frozenset({"output", "usage", "status", "incomplete_details"})
+
+
+def test_simulated_answer_has_vllms_shape(pair) -> None:
+    """``tokenkeys serve`` on its simulated engine answers /v1/responses with vLLM's keys and
+    the same echo of the request (sampling defaults, budget, tools, tool choice, ...); only
+    what was generated differs. The prompt is the same: usage.input_tokens is equal."""
+    for label, body in GENERATED[::4] + [("echo", {"input": "Hi", "top_p": 0.5, "user": "u"})]:
+        theirs, ours = pair.both("/v1/responses", {**body, "max_output_tokens": 3})
+        assert ours.status_code == theirs.status_code == 200, (label, ours.text, theirs.text)
+        want, got = _steady(theirs.json()), _steady(ours.json())
+        assert set(got) == set(want), label
+        assert {k: v for k, v in got.items() if k not in _GENERATED} == {
+            k: v for k, v in want.items() if k not in _GENERATED
+        }, label
+        assert got["usage"]["input_tokens"] == want["usage"]["input_tokens"], label
+        assert set(got["usage"]) == set(want["usage"]), label

@@ -265,6 +265,30 @@ def _with_window(state: StreamState, window: Window, **changes: Any) -> StreamSt
     )
 
 
+def _envelope(
+    chunk: GenerateChunk,
+    kind: str,
+    model: str,
+    choices: list[dict[str, Any]],
+    prompt_tokens: int | None,
+    state: StreamState,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """A derendered stream chunk (vLLM's key order) with the state after it."""
+    body = {
+        "id": _request_id(chunk),
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": _stream_usage(chunk, prompt_tokens),
+        "system_fingerprint": None,
+        **extra,
+        "metrics": None,
+    }
+    return {"chunk": body, "stream_state": state.model_dump()}
+
+
 def chat_chunk(
     codec: Pieces,
     chunk: GenerateChunk,
@@ -295,19 +319,8 @@ def chat_chunk(
                 "token_ids": choice.token_ids if with_ids else None,
             }
         )
-    body = {
-        "id": _request_id(chunk),
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": _stream_usage(chunk, prompt_tokens),
-        "system_fingerprint": None,
-        "prompt_token_ids": None,
-        "prompt_text": None,
-        "metrics": None,
-    }
-    return {"chunk": body, "stream_state": state.model_dump()}
+    extra = {"prompt_token_ids": None, "prompt_text": None}
+    return _envelope(chunk, "chat.completion.chunk", model, choices, prompt_tokens, state, extra)
 
 
 def completion_chunk(
@@ -343,14 +356,4 @@ def completion_chunk(
                 "token_ids": None,
             }
         )
-    body = {
-        "id": _request_id(chunk),
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": _stream_usage(chunk, prompt_tokens),
-        "system_fingerprint": None,
-        "metrics": None,
-    }
-    return {"chunk": body, "stream_state": state.model_dump()}
+    return _envelope(chunk, "text_completion", model, choices, prompt_tokens, state, {})

@@ -11,6 +11,9 @@ body (400), model (404), bounds (400), prompt ids within the context (400). Not 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -37,6 +40,27 @@ def _model_name(opened: Opened) -> str:
     return opened.body.get("model") or opened.model.name
 
 
+async def _chunk(
+    opened: Opened,
+    derender: Callable[..., dict[str, Any]],
+    stream: DerenderChatStream | DerenderCompletionStream,
+    original: dict[str, Any] | None,
+) -> Response:
+    """One stream chunk derendered (``derender`` is the chat or completions one)."""
+    answers.refuse_unrebuilt(stream.generate_chunk)
+    chunk = await opened.run(
+        derender,
+        pieces_of(opened.model.tokenizer),
+        stream.generate_chunk,
+        stream.stream_state,
+        _model_name(opened),
+        stream.prompt_tokens,
+        stream.prompt_token_ids,
+        original,
+    )
+    return json_response(chunk)
+
+
 async def derender_chat(request: Request) -> Response:
     """A chat answer (or one stream chunk of it) from the engine's output ids."""
     opened = await open_render(request, chat_schema, None)
@@ -45,7 +69,6 @@ async def derender_chat(request: Request) -> Response:
     original = body.get("chat_request")
     if original is not None:
         validate(ChatCompletionRequest, original)
-    codec = pieces_of(model.tokenizer)
     if body.get("stream") is True:
         stream = DerenderChatStream.model_validate(body)
         prior = len(stream.stream_state.output_token_ids) if stream.stream_state else 0
@@ -61,25 +84,14 @@ async def derender_chat(request: Request) -> Response:
                 f"prompt_token_ids length ({given}) plus output_token_ids length ({prior}) "
                 f"plus delta ({delta}) exceeds max_model_len ({limit})."
             )
-        answers.refuse_unrebuilt(stream.generate_chunk)
-        chunk = await opened.run(
-            answers.chat_chunk,
-            codec,
-            stream.generate_chunk,
-            stream.stream_state,
-            _model_name(opened),
-            stream.prompt_tokens,
-            stream.prompt_token_ids,
-            original,
-        )
-        return json_response(chunk)
+        return await _chunk(opened, answers.chat_chunk, stream, original)
     whole = DerenderChat.model_validate(body)
     answers.check_bounds([whole.generate_response], limit)
     answers.check_prompt_ids([whole.prompt_token_ids], limit)
     answers.refuse_unrebuilt(whole.generate_response)
     answer = await opened.run(
         answers.chat_answer,
-        codec,
+        pieces_of(model.tokenizer),
         whole.generate_response,
         _model_name(opened),
         whole.prompt_tokens,
@@ -97,22 +109,10 @@ async def derender_completion(request: Request) -> Response:
     original = body.get("completion_request")
     if original is not None:
         validate(CompletionRequest, original)
-    codec = pieces_of(model.tokenizer)
     if body.get("stream") is True:
         stream = DerenderCompletionStream.model_validate(body)
         answers.check_prompt_ids([stream.prompt_token_ids], limit)
-        answers.refuse_unrebuilt(stream.generate_chunk)
-        chunk = await opened.run(
-            answers.completion_chunk,
-            codec,
-            stream.generate_chunk,
-            stream.stream_state,
-            _model_name(opened),
-            stream.prompt_tokens,
-            stream.prompt_token_ids,
-            original,
-        )
-        return json_response(chunk)
+        return await _chunk(opened, answers.completion_chunk, stream, original)
     whole = DerenderCompletion.model_validate(body)
     if not whole.generate_responses:
         raise InvalidArgument("generate_responses must not be empty", field="generate_responses")
@@ -122,7 +122,7 @@ async def derender_completion(request: Request) -> Response:
         answers.refuse_unrebuilt(answer)
     result = await opened.run(
         answers.completion_answer,
-        codec,
+        pieces_of(model.tokenizer),
         whole.generate_responses,
         _model_name(opened),
         whole.prompt_tokens,
