@@ -111,8 +111,19 @@ def _prompt(
     return given if given is not None else answer.prompt_token_ids
 
 
-def _request_id(answer: GenerateResponse | GenerateChunk) -> str:
-    return answer.request_id if answer.request_id is not None else str(uuid.uuid4())
+def _head(
+    answer: GenerateResponse | GenerateChunk, kind: str, model: str, choices: list[Any]
+) -> dict[str, Any]:
+    """The keys every derendered answer opens with: the engine's request id (a random one
+    without it, as vLLM's default), the object kind, the clock, the model, the choices."""
+    request_id = answer.request_id if answer.request_id is not None else str(uuid.uuid4())
+    return {
+        "id": request_id,
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+    }
 
 
 def chat_answer(
@@ -153,11 +164,7 @@ def chat_answer(
     prompt = prompt_tokens if prompt_tokens is not None else 0
     completion = sum(len(c.token_ids or ()) for c in answer.choices)
     return {
-        "id": _request_id(answer),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
+        **_head(answer, "chat.completion", model, choices),
         "service_tier": None,
         "system_fingerprint": None,
         "usage": _usage(prompt, completion),
@@ -209,11 +216,7 @@ def completion_answer(
         kv = None  # vLLM: differing transfer parameters are not merged
     prompt = sum(counts)
     return {
-        "id": _request_id(first),
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
+        **_head(first, "text_completion", model, choices),
         "service_tier": None,
         "system_fingerprint": None,
         "usage": _usage(prompt, completion),
@@ -276,11 +279,7 @@ def _envelope(
 ) -> dict[str, Any]:
     """A derendered stream chunk (vLLM's key order) with the state after it."""
     body = {
-        "id": _request_id(chunk),
-        "object": kind,
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
+        **_head(chunk, kind, model, choices),
         "usage": _stream_usage(chunk, prompt_tokens),
         "system_fingerprint": None,
         **extra,
@@ -289,71 +288,47 @@ def _envelope(
     return {"chunk": body, "stream_state": state.model_dump()}
 
 
-def chat_chunk(
+def stream_chunk(
+    chat: bool,
     codec: Pieces,
     chunk: GenerateChunk,
     state: StreamState | None,
     model: str,
     prompt_tokens: int | None,
     prompt_ids: Sequence[int] | None,
-    chat_request: Mapping[str, Any] | None,
+    original: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    """One ``DerenderChatStreamResponse``: the chat chunk and the state after it."""
-    skip = _skip(chat_request)
+    """One ``DerenderChatStreamResponse`` (``chat``) or ``DerenderCompletionStreamResponse``:
+    the chunk and the state after it. ``original`` is the chat or completion request."""
+    skip = _skip(original)
     state, window = _stream_start(codec, chunk, state, prompt_ids, skip)
-    with_ids = chat_request is not None and chat_request.get("return_token_ids") is True
+    with_ids = chat and original is not None and original.get("return_token_ids") is True
     choices = []
     for choice in chunk.choices:
         ids = choice.token_ids or []
         text, window = advance(codec, window, ids, skip=skip)
-        role = None if state.role_sent else "assistant"
         tail = (state.logprob_context_token_ids + ids)[-4:]
-        state = _with_window(state, window, role_sent=True, logprob_context_token_ids=tail)
-        choices.append(
-            {
-                "index": choice.index,
-                "delta": {"role": role, "content": text or None, "reasoning": None},
-                "logprobs": None,
-                "finish_reason": choice.finish_reason,
-                "stop_reason": choice.stop_reason,
-                "token_ids": choice.token_ids if with_ids else None,
-            }
-        )
-    extra = {"prompt_token_ids": None, "prompt_text": None}
-    return _envelope(chunk, "chat.completion.chunk", model, choices, prompt_tokens, state, extra)
-
-
-def completion_chunk(
-    codec: Pieces,
-    chunk: GenerateChunk,
-    state: StreamState | None,
-    model: str,
-    prompt_tokens: int | None,
-    prompt_ids: Sequence[int] | None,
-    completion_request: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """One ``DerenderCompletionStreamResponse``: the completion chunk and the state after it."""
-    skip = _skip(completion_request)
-    state, window = _stream_start(codec, chunk, state, prompt_ids, skip)
-    choices = []
-    for choice in chunk.choices:
-        ids = choice.token_ids or []
-        text, window = advance(codec, window, ids, skip=skip)
-        state = _with_window(
-            state,
-            window,
-            logprob_context_token_ids=(state.logprob_context_token_ids + ids)[-4:],
-            logprob_text_offset=state.logprob_text_offset + len(text),
-        )
-        choices.append(
-            {
-                "index": choice.index,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": choice.finish_reason,
-                "stop_reason": choice.stop_reason,
-                "prompt_token_ids": None,
-                "token_ids": None,
-            }
+        ending = {"finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+        if chat:
+            role = None if state.role_sent else "assistant"
+            state = _with_window(state, window, role_sent=True, logprob_context_token_ids=tail)
+            delta = {"role": role, "content": text or None, "reasoning": None}
+            choices.append(
+                {"index": choice.index, "delta": delta, "logprobs": None, **ending}
+                | {"token_ids": choice.token_ids if with_ids else None}
+            )
+        else:
+            offset = state.logprob_text_offset + len(text)
+            state = _with_window(
+                state, window, logprob_context_token_ids=tail, logprob_text_offset=offset
+            )
+            choices.append(
+                {"index": choice.index, "text": text, "logprobs": None, **ending}
+                | {"prompt_token_ids": None, "token_ids": None}
+            )
+    if chat:
+        extra = {"prompt_token_ids": None, "prompt_text": None}
+        return _envelope(
+            chunk, "chat.completion.chunk", model, choices, prompt_tokens, state, extra
         )
     return _envelope(chunk, "text_completion", model, choices, prompt_tokens, state, {})

@@ -11,10 +11,10 @@ body (400), model (404), bounds (400), prompt ids within the context (400). Not 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -23,7 +23,7 @@ from tokenkeys.derender.pieces import pieces_of
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.frontend.body import json_response, validate
 from tokenkeys.frontend.openapi import add_body_route
-from tokenkeys.frontend.opening import Opened
+from tokenkeys.frontend.opening import Opened, Schema
 from tokenkeys.frontend.routes_render import context_of, open_render
 from tokenkeys.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from tokenkeys.frontend.schemas_derender import (
@@ -42,14 +42,14 @@ def _model_name(opened: Opened) -> str:
 
 async def _chunk(
     opened: Opened,
-    derender: Callable[..., dict[str, Any]],
     stream: DerenderChatStream | DerenderCompletionStream,
     original: dict[str, Any] | None,
 ) -> Response:
-    """One stream chunk derendered (``derender`` is the chat or completions one)."""
+    """One stream chunk derendered."""
     answers.refuse_unrebuilt(stream.generate_chunk)
     chunk = await opened.run(
-        derender,
+        answers.stream_chunk,
+        isinstance(stream, DerenderChatStream),
         pieces_of(opened.model.tokenizer),
         stream.generate_chunk,
         stream.stream_state,
@@ -61,14 +61,24 @@ async def _chunk(
     return json_response(chunk)
 
 
+async def _open(
+    request: Request, schema: Schema, name: str, checked: type[BaseModel]
+) -> tuple[Opened, int, dict[str, Any] | None]:
+    """The opened body, the model's context and the original request (``name``, checked
+    against ``checked``, as vLLM validates it)."""
+    opened = await open_render(request, schema, None)
+    original = opened.body.get(name)
+    if original is not None:
+        validate(checked, original)
+    return opened, context_of(opened.model), original
+
+
 async def derender_chat(request: Request) -> Response:
     """A chat answer (or one stream chunk of it) from the engine's output ids."""
-    opened = await open_render(request, chat_schema, None)
+    opened, limit, original = await _open(
+        request, chat_schema, "chat_request", ChatCompletionRequest
+    )
     body, model = opened.body, opened.model
-    limit = context_of(model)
-    original = body.get("chat_request")
-    if original is not None:
-        validate(ChatCompletionRequest, original)
     if body.get("stream") is True:
         stream = DerenderChatStream.model_validate(body)
         prior = len(stream.stream_state.output_token_ids) if stream.stream_state else 0
@@ -84,7 +94,7 @@ async def derender_chat(request: Request) -> Response:
                 f"prompt_token_ids length ({given}) plus output_token_ids length ({prior}) "
                 f"plus delta ({delta}) exceeds max_model_len ({limit})."
             )
-        return await _chunk(opened, answers.chat_chunk, stream, original)
+        return await _chunk(opened, stream, original)
     whole = DerenderChat.model_validate(body)
     answers.check_bounds([whole.generate_response], limit)
     answers.check_prompt_ids([whole.prompt_token_ids], limit)
@@ -103,16 +113,14 @@ async def derender_chat(request: Request) -> Response:
 
 async def derender_completion(request: Request) -> Response:
     """A completion answer (or one stream chunk of it) from the engine's output ids."""
-    opened = await open_render(request, completion_schema, None)
+    opened, limit, original = await _open(
+        request, completion_schema, "completion_request", CompletionRequest
+    )
     body, model = opened.body, opened.model
-    limit = context_of(model)
-    original = body.get("completion_request")
-    if original is not None:
-        validate(CompletionRequest, original)
     if body.get("stream") is True:
         stream = DerenderCompletionStream.model_validate(body)
         answers.check_prompt_ids([stream.prompt_token_ids], limit)
-        return await _chunk(opened, answers.completion_chunk, stream, original)
+        return await _chunk(opened, stream, original)
     whole = DerenderCompletion.model_validate(body)
     if not whole.generate_responses:
         raise InvalidArgument("generate_responses must not be empty", field="generate_responses")
