@@ -220,7 +220,8 @@ class RenderChatRequest(_RenderFields, ChatCompletionRequest):
 
 
 class RenderResponsesRequest(_Request):
-    """``POST /v1/responses/render``: an OpenAI Responses request (vLLM 0.32's fields)."""
+    """``POST /v1/responses`` and ``/v1/responses/render``: an OpenAI Responses request (vLLM
+    0.32's fields; those a route reads are typed here, so a bad one is a 400 naming it)."""
 
     model: str | None = None
     input: str | list[Json]
@@ -234,3 +235,15 @@ class RenderResponsesRequest(_Request):
     stream: bool | None = False
     request_id: str | None = None
     chat_template_kwargs: Json | None = None
+    reasoning: Json | None = None
+    text: Json | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = None
+    background: bool | None = None
+    store: bool | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
