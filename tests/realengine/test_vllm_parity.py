@@ -26,7 +26,7 @@ from support import run_cli
 from vllm_server import DEFAULT_CONFIG, OTHER_CHAT_TEMPLATE, ServerConfig
 
 OTHER = ServerConfig(chat_template=OTHER_CHAT_TEMPLATE)
-pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG, OTHER)]
+pytestmark = pytest.mark.realengine
 
 #: The built-in shapes that carry a system message (or instructions) of their own, which the
 #: other template renders as the model's own does.
@@ -43,6 +43,7 @@ def parity(url: str, *extra: str) -> tuple[int, dict]:
     return done.returncode, json.loads(done.stdout)
 
 
+@pytest.mark.vllm_servers(DEFAULT_CONFIG)
 def test_every_built_in_shape_is_certified_against_vllm(vllm_pool) -> None:
     code, report = parity(vllm_pool.get(DEFAULT_CONFIG).url)
     shapes = {s["name"]: s for s in report["shapes"]}
@@ -53,6 +54,7 @@ def test_every_built_in_shape_is_certified_against_vllm(vllm_pool) -> None:
     assert code == 0
 
 
+@pytest.mark.vllm_servers(OTHER)
 def test_another_template_names_the_shapes_that_differ(vllm_pool) -> None:
     url = vllm_pool.get(OTHER).url
     code, report = parity(url)
