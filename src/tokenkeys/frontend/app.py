@@ -30,6 +30,7 @@ from tokenkeys.frontend.schemas import (
     TokenizeCompletionRequest,
 )
 from tokenkeys.frontend.schemas_anthropic import CountTokensRequest, MessagesRequest
+from tokenkeys.frontend.schemas_derender import DerenderChat, DerenderCompletion
 from tokenkeys.frontend.state import AppState
 from tokenkeys.preprocess.incremental.metrics import incremental_registry
 from tokenkeys.serving.guards import Guards, build_guards
@@ -100,6 +101,8 @@ def create_app(
             MessagesRequest,
             CountTokensRequest,
             RenderResponsesRequest,
+            DerenderCompletion,
+            DerenderChat,
         ],
         _DESCRIPTION,
     )
