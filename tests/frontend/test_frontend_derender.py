@@ -123,20 +123,41 @@ def test_skipping_specials_keeps_other_added_tokens(served, codec: Pieces) -> No
     assert kept == "Hi<repo_name>there<|im_end|>"
 
 
-@pytest.mark.parametrize(
-    ("extra", "field"),
-    [
-        ({"logprobs": {"content": [{"token_id": 1, "logprob": -1.0}]}}, "logprobs"),
-    ],
-)
-def test_what_is_not_rebuilt_is_501_naming_the_field(served, extra: dict, field: str) -> None:
-    choice = {"index": 0, "token_ids": [42], **extra}
-    answer = served[0].post(
-        "/v1/chat/completions/derender",
-        json={"generate_response": {"request_id": "r", "choices": [choice]}},
-    )
-    assert answer.status_code == 501, answer.text
-    assert answer.json()["error"]["param"] == field
-    metrics = {"request_id": "r", "choices": [{"index": 0, "token_ids": [42]}], "metrics": {}}
-    answer = served[0].post("/v1/chat/completions/derender", json={"generate_response": metrics})
-    assert (answer.status_code, answer.json()["error"]["param"]) == (501, "metrics")
+def test_what_is_not_rebuilt_is_501_naming_the_field(served) -> None:
+    for extra, field in (
+        ({"metrics": {}}, "metrics"),
+        ({"prompt_logprobs": [{}]}, "prompt_logprobs"),
+    ):
+        answer = {"request_id": "r", "choices": [{"index": 0, "token_ids": [42]}], **extra}
+        got = served[0].post("/v1/chat/completions/derender", json={"generate_response": answer})
+        assert (got.status_code, got.json()["error"]["param"]) == (501, field), got.text
+
+
+def _entry(token_id: int, *tops: int) -> dict:
+    top = [{"token_id": t, "logprob": -2.0} for t in tops]
+    return {"token_id": token_id, "logprob": -1, "top_logprobs": top}
+
+
+def test_logprobs_are_spelled_and_split_characters_completed(served) -> None:
+    """Each sampled token's text, bytes and top candidates; a character whose bytes span
+    tokens is read after the tokens before it (the last of its tokens carries it whole)."""
+    client, pre = served
+    ids = _encode(pre, "Hi 🎌")
+    assert len(ids) > 2  # the flag's four bytes span byte tokens
+    content = [_entry(i, ids[0]) for i in ids]
+    answer = {
+        "request_id": "r",
+        "choices": [{"index": 0, "token_ids": ids, "logprobs": {"content": content}}],
+    }
+    got = client.post("/v1/chat/completions/derender", json={"generate_response": answer}).json()
+    spelled = got["choices"][0]["logprobs"]["content"]
+    assert spelled[0]["token"] == "Hi"
+    assert "".join(e["token"] for e in spelled) == "Hi 🎌"
+    assert spelled[-1]["token"].endswith("🎌")
+    assert all(e["logprob"] == -1.0 and e["top_logprobs"][0]["token"] == "Hi" for e in spelled)
+    assert spelled[0]["bytes"] == list(b"Hi")
+    completion = client.post(
+        "/v1/completions/derender", json={"generate_responses": [answer]}
+    ).json()["choices"][0]["logprobs"]
+    assert completion["tokens"] == [e["token"] for e in spelled]
+    assert completion["text_offset"][0] == 0 and completion["top_logprobs"][0] == {"Hi": -2.0}

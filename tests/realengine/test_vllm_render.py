@@ -377,6 +377,12 @@ def _steady(answer: dict) -> dict:
     return {k: v for k, v in answer.items() if k != "created"}
 
 
+def _logprob(token: int, other: int) -> dict:
+    """A sampled token's logprob entry with two candidates (itself and another)."""
+    tops = [{"token_id": token, "logprob": -0.5, "rank": 1}, {"token_id": other, "logprob": -2}]
+    return {"token_id": token, "logprob": -0.5, "rank": 1, "top_logprobs": tops}
+
+
 def _output_ids(pair: Pair, text: str) -> list[int]:
     answer = pair.ours.post("/tokenize", json={"prompt": text, "add_special_tokens": False})
     return answer.json()["tokens"]
@@ -384,9 +390,9 @@ def _output_ids(pair: Pair, text: str) -> list[int]:
 
 @pytest.mark.parametrize("skip", [True, False], ids=["skip", "keep"])
 def test_derender_equals_vllm(render_pair, skip: bool) -> None:
-    """Whole answers (chat and completions, seeded by the prompt or not) and streams one token
-    per chunk (each side carrying its own state, and tokenkeys carrying vLLM's): the same
-    answers and states, the clock aside."""
+    """Whole answers (chat and completions, seeded by the prompt or not, with output logprobs)
+    and streams one token per chunk (each side carrying its own state, and each continuing the
+    other's): the same answers and states, the clock aside."""
     prompt = ok(render_pair.ours.post("/v1/chat/completions/render", json={"messages": USER}))
     seed_ids = prompt["token_ids"]
     chat_request = {"messages": USER, "skip_special_tokens": skip, "return_token_ids": True}
@@ -395,7 +401,13 @@ def test_derender_equals_vllm(render_pair, skip: bool) -> None:
         ids = _output_ids(render_pair, text)
         if not ids:
             continue  # an answer without output ids is a 400 (vLLM's own test above)
-        choice = {"index": 0, "token_ids": ids, "finish_reason": "length"}
+        content = [_logprob(token, ids[0]) for token in ids]
+        choice = {
+            "index": 0,
+            "token_ids": ids,
+            "finish_reason": "length",
+            "logprobs": {"content": content},
+        }
         answer = {"request_id": "r1", "choices": [choice], "prompt_token_ids": seed_ids}
         for path, body in (
             ("/v1/chat/completions/derender", {"generate_response": answer}),
@@ -431,6 +443,7 @@ def test_derender_equals_vllm(render_pair, skip: bool) -> None:
                             "index": 0,
                             "token_ids": [token],
                             "finish_reason": "stop" if last else None,
+                            "logprobs": {"content": [_logprob(token, ids[0])]},
                         }
                     ],
                     "usage": {"prompt_tokens": 3, "completion_tokens": n + 1, "total_tokens": n + 4}

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenkeys.derender.incremental import Window, advance, seed
+from tokenkeys.derender.logprobs import Speller, chat_logprobs, completion_logprobs
 from tokenkeys.derender.pieces import Pieces
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.frontend.schemas_derender import (
@@ -32,6 +33,8 @@ from tokenkeys.frontend.schemas_derender import (
 
 #: vLLM's ``VLLM_MAX_N_SEQUENCES`` default.
 MAX_SEQUENCES = 16384
+#: vLLM's ``ModelConfig.max_logprobs`` default.
+MAX_LOGPROBS = 20
 
 
 def check_bounds(answers: Sequence[GenerateResponse], max_model_len: int) -> None:
@@ -53,6 +56,18 @@ def check_bounds(answers: Sequence[GenerateResponse], max_model_len: int) -> Non
                     f"token_ids length ({len(choice.token_ids)}) in choice {choice.index} "
                     f"exceeds max_model_len ({max_model_len})."
                 )
+            content = choice.logprobs.content if choice.logprobs is not None else None
+            if content and len(content) > max_model_len:
+                raise InvalidArgument(
+                    f"logprobs.content length ({len(content)}) in choice {choice.index} "
+                    f"exceeds max_model_len ({max_model_len})."
+                )
+            for entry in content or ():
+                if len(entry.top_logprobs) > MAX_LOGPROBS:
+                    raise InvalidArgument(
+                        f"top_logprobs count ({len(entry.top_logprobs)}) in choice "
+                        f"{choice.index} exceeds max_logprobs ({MAX_LOGPROBS})."
+                    )
 
 
 def check_prompt_ids(prompts: Sequence[Sequence[int] | None], max_model_len: int) -> None:
@@ -66,15 +81,8 @@ def check_prompt_ids(prompts: Sequence[Sequence[int] | None], max_model_len: int
 
 
 def refuse_unrebuilt(answer: GenerateResponse | GenerateChunk) -> None:
-    """501 for what an answer carries that is not rebuilt here (logprobs, metrics, prompt
-    logprobs), naming the field: vLLM resolves and normalizes them."""
-    for choice in answer.choices:
-        if choice.logprobs is not None:
-            raise Unsupported(
-                "derendering logprobs (resolving token strings and bytes) is not served here; "
-                "send the answer without logprobs",
-                field="logprobs",
-            )
+    """501 for what an answer carries that is not rebuilt here (metrics, prompt logprobs),
+    naming the field: vLLM normalizes them into its own models."""
     if answer.metrics is not None:
         raise Unsupported("derendering per-request metrics is not served here", field="metrics")
     given = getattr(answer, "prompt_logprobs", None) or []
@@ -86,6 +94,23 @@ def _skip(original: Mapping[str, Any] | None) -> bool:
     """``skip_special_tokens`` of the original request (vLLM's ``_decode_params``; the other
     flag, ``spaces_between_special_tokens``, does not change a tokenizers-library decode)."""
     return original is None or original.get("skip_special_tokens") is not False
+
+
+def _chat_logprobs(
+    speller: Speller, choice: GenerateChoice, context: Sequence[int] = ()
+) -> dict[str, Any] | None:
+    """A choice's logprobs spelled (:mod:`tokenkeys.derender.logprobs`), None without."""
+    if choice.logprobs is None:
+        return None
+    return chat_logprobs(speller, choice.logprobs.model_dump(), context)
+
+
+def _completion_logprobs(
+    speller: Speller, choice: GenerateChoice, context: Sequence[int] = (), offset: int = 0
+) -> dict[str, Any] | None:
+    """The completion form of :func:`_chat_logprobs`."""
+    chat = _chat_logprobs(speller, choice, context)
+    return None if chat is None else completion_logprobs(chat, offset)
 
 
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
@@ -127,7 +152,7 @@ def _head(
 
 
 def chat_answer(
-    codec: Pieces,
+    speller: Speller,
     answer: GenerateResponse,
     model: str,
     prompt_tokens: int | None,
@@ -135,7 +160,7 @@ def chat_answer(
     chat_request: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """A ``ChatCompletionResponse`` of a whole token-out answer."""
-    skip = _skip(chat_request)
+    skip, codec = _skip(chat_request), speller.codec
     start = seed(codec, _prompt(prompt_ids, answer), skip=skip)
     with_ids = chat_request is not None and chat_request.get("return_token_ids") is True
     choices = []
@@ -154,7 +179,7 @@ def chat_answer(
             {
                 "index": choice.index,
                 "message": message,
-                "logprobs": None,
+                "logprobs": _chat_logprobs(speller, choice),
                 "finish_reason": choice.finish_reason,
                 "stop_reason": choice.stop_reason,
                 "token_ids": choice.token_ids if with_ids else None,
@@ -178,7 +203,7 @@ def chat_answer(
 
 
 def completion_answer(
-    codec: Pieces,
+    speller: Speller,
     answers: Sequence[GenerateResponse],
     model: str,
     prompt_tokens: Sequence[int] | None,
@@ -186,7 +211,7 @@ def completion_answer(
     completion_request: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """A ``CompletionResponse`` of one token-out answer per prompt."""
-    skip = _skip(completion_request)
+    skip, codec = _skip(completion_request), speller.codec
     counts = list(prompt_tokens) if prompt_tokens is not None else [0] * len(answers)
     seeds = list(prompt_ids) if prompt_ids is not None else [None] * len(answers)
     choices: list[dict[str, Any]] = []
@@ -200,7 +225,7 @@ def completion_answer(
                 {
                     "index": len(choices),
                     "text": text,
-                    "logprobs": None,
+                    "logprobs": _completion_logprobs(speller, choice),
                     "finish_reason": choice.finish_reason,
                     "stop_reason": choice.stop_reason,
                     "token_ids": None,
@@ -290,7 +315,7 @@ def _envelope(
 
 def stream_chunk(
     chat: bool,
-    codec: Pieces,
+    speller: Speller,
     chunk: GenerateChunk,
     state: StreamState | None,
     model: str,
@@ -300,8 +325,9 @@ def stream_chunk(
 ) -> dict[str, Any]:
     """One ``DerenderChatStreamResponse`` (``chat``) or ``DerenderCompletionStreamResponse``:
     the chunk and the state after it. ``original`` is the chat or completion request."""
-    skip = _skip(original)
+    skip, codec = _skip(original), speller.codec
     state, window = _stream_start(codec, chunk, state, prompt_ids, skip)
+    context, offset = state.logprob_context_token_ids, state.logprob_text_offset
     with_ids = chat and original is not None and original.get("return_token_ids") is True
     choices = []
     for choice in chunk.choices:
@@ -314,16 +340,20 @@ def stream_chunk(
             state = _with_window(state, window, role_sent=True, logprob_context_token_ids=tail)
             delta = {"role": role, "content": text or None, "reasoning": None}
             choices.append(
-                {"index": choice.index, "delta": delta, "logprobs": None, **ending}
+                {"index": choice.index, "delta": delta}
+                | {"logprobs": _chat_logprobs(speller, choice, context), **ending}
                 | {"token_ids": choice.token_ids if with_ids else None}
             )
         else:
-            offset = state.logprob_text_offset + len(text)
             state = _with_window(
-                state, window, logprob_context_token_ids=tail, logprob_text_offset=offset
+                state,
+                window,
+                logprob_context_token_ids=tail,
+                logprob_text_offset=state.logprob_text_offset + len(text),
             )
+            resolved = _completion_logprobs(speller, choice, context, offset)
             choices.append(
-                {"index": choice.index, "text": text, "logprobs": None, **ending}
+                {"index": choice.index, "text": text, "logprobs": resolved, **ending}
                 | {"prompt_token_ids": None, "token_ids": None}
             )
     if chat:

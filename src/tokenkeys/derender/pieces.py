@@ -16,6 +16,7 @@ a backend without one (``transformers``) is refused, never approximated.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -59,6 +60,19 @@ def special_tokens(config: Mapping[str, Any], smap: Mapping[str, Any]) -> list[s
     return list(dict.fromkeys(out))
 
 
+def space_marker(pipeline_json: str) -> str | None:
+    """The Metaspace replacement character of a pipeline's pre-tokenizer (vLLM's
+    ``get_leading_space_marker``), or None when decoding a single token keeps its spaces."""
+    pre = json.loads(pipeline_json).get("pre_tokenizer") or {}
+    if pre.get("type") == "Metaspace":
+        return pre.get("replacement", "▁")
+    if pre.get("type") == "Sequence":
+        for sub in pre.get("pretokenizers", []):
+            if sub.get("type") == "Metaspace":
+                return sub.get("replacement", "▁")
+    return None
+
+
 class Pieces:
     """One tokenizer's pieces and piece decoder; see the module doc."""
 
@@ -74,6 +88,8 @@ class Pieces:
         import tokenizers
 
         self._tok = tokenizers.Tokenizer.from_str(pipeline)
+        #: The Metaspace character a single-token decode strips at the start (None: none).
+        self.marker = space_marker(pipeline)
         self._lock = threading.Lock()  # one Rust tokenizer, shared by worker threads
         self.size = tokenizer.vocab_size
         folder = tokenizer.folder
@@ -88,6 +104,11 @@ class Pieces:
         skip = self.special_ids if skip_special_tokens else frozenset()
         with self._lock:
             return [self._tok.id_to_token(i) or "" for i in ids if i not in skip]
+
+    def piece(self, token_id: int) -> str | None:
+        """The id's vocabulary piece, None without one."""
+        with self._lock:
+            return self._tok.id_to_token(token_id)
 
     def text(self, pieces: Sequence[str]) -> str:
         """``convert_tokens_to_string(pieces)``: the decoder on the pieces (joined by spaces

@@ -6,11 +6,12 @@ request ``/render`` rendered, and answer the ``CompletionResponse`` / ``ChatComp
 (or the chunk and the next state) vLLM's render server answers: plain text by vLLM's incremental
 detokenization on the model's tokenizer (:mod:`tokenkeys.derender`). Order of checks, vLLM's:
 body (400), model (404), bounds (400), prompt ids within the context (400). Not rebuilt here
-(501 naming the field): logprobs, per-request metrics, prompt logprobs.
+(501 naming the field): per-request metrics, prompt logprobs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -19,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenkeys.derender import answers
+from tokenkeys.derender.logprobs import Speller
 from tokenkeys.derender.pieces import pieces_of
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.frontend.body import json_response, validate
@@ -36,6 +38,16 @@ from tokenkeys.frontend.schemas_derender import (
 )
 
 
+def _speller(opened: Opened) -> Speller:
+    """The model's pieces and its decode (special tokens kept: each id is spelled alone)."""
+    tokenizer = opened.model.tokenizer
+
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode([ids], skip_special_tokens=False)[0]
+
+    return Speller(decode, pieces_of(tokenizer))
+
+
 def _model_name(opened: Opened) -> str:
     return opened.body.get("model") or opened.model.name
 
@@ -50,7 +62,7 @@ async def _chunk(
     chunk = await opened.run(
         answers.stream_chunk,
         isinstance(stream, DerenderChatStream),
-        pieces_of(opened.model.tokenizer),
+        _speller(opened),
         stream.generate_chunk,
         stream.stream_state,
         _model_name(opened),
@@ -78,7 +90,7 @@ async def derender_chat(request: Request) -> Response:
     opened, limit, original = await _open(
         request, chat_schema, "chat_request", ChatCompletionRequest
     )
-    body, model = opened.body, opened.model
+    body = opened.body
     if body.get("stream") is True:
         stream = DerenderChatStream.model_validate(body)
         prior = len(stream.stream_state.output_token_ids) if stream.stream_state else 0
@@ -101,7 +113,7 @@ async def derender_chat(request: Request) -> Response:
     answers.refuse_unrebuilt(whole.generate_response)
     answer = await opened.run(
         answers.chat_answer,
-        pieces_of(model.tokenizer),
+        _speller(opened),
         whole.generate_response,
         _model_name(opened),
         whole.prompt_tokens,
@@ -116,7 +128,7 @@ async def derender_completion(request: Request) -> Response:
     opened, limit, original = await _open(
         request, completion_schema, "completion_request", CompletionRequest
     )
-    body, model = opened.body, opened.model
+    body = opened.body
     if body.get("stream") is True:
         stream = DerenderCompletionStream.model_validate(body)
         answers.check_prompt_ids([stream.prompt_token_ids], limit)
@@ -130,7 +142,7 @@ async def derender_completion(request: Request) -> Response:
         answers.refuse_unrebuilt(answer)
     result = await opened.run(
         answers.completion_answer,
-        pieces_of(model.tokenizer),
+        _speller(opened),
         whole.generate_responses,
         _model_name(opened),
         whole.prompt_tokens,

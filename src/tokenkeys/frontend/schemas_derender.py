@@ -20,6 +20,26 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
+class GenerateLogProb(_Body):
+    """One (token id, logprob) candidate."""
+
+    token_id: int
+    logprob: float
+    rank: int | None = None
+
+
+class GenerateLogProbsContent(GenerateLogProb):
+    """The sampled token at one position and its top candidates."""
+
+    top_logprobs: list[GenerateLogProb] = Field(default_factory=list)
+
+
+class GenerateLogProbs(_Body):
+    """Output logprobs of one choice, one entry per generated token."""
+
+    content: list[GenerateLogProbsContent] | None = None
+
+
 class GenerateChoice(_Body):
     """One choice of a token-out answer."""
 
@@ -27,7 +47,7 @@ class GenerateChoice(_Body):
     finish_reason: str | None = "stop"
     stop_reason: int | str | None = None
     token_ids: list[NonNegativeInt] | None = None
-    logprobs: Json | None = None
+    logprobs: GenerateLogProbs | None = None
 
 
 class GenerateStreamChoice(GenerateChoice):
