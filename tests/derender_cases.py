@@ -7,7 +7,9 @@ suite runs them against ``tokenkeys serve`` (tests/frontend/test_frontend_derend
 against both ``vllm launch render`` and tokenkeys in tests/realengine/test_vllm_render.py, so a
 case that does not hold for vLLM 0.32 itself would show there.
 
-Left out, and why: the logprobs, metrics and oversized-logprobs cases (derendering logprobs and
+Left out, and why: the logprobs cases of the stored version (they send ``token: "token_id:N"``
+placeholders, a later protocol than 0.32's ``token_id`` entries: vLLM 0.32 refuses them; output
+logprobs are compared with vLLM's instead in test_vllm_render.py), the metrics case (derendering
 metrics is refused here, 501 naming the field), the leading-space cases (they assume a
 SentencePiece tokenizer; the suite's models are byte-level) and the parser cases (no parser is
 configured on either server).
