@@ -15,13 +15,20 @@ again is dropped from the record (it is held again). One key per worker may be *
 (a block the engine did not serve although the index held it) until an event stores it. The
 record is this process's: a router replica sharing a Redis index remembers the removals it
 applied itself.
+
+It also keeps the **order** of each worker's index updates, which the repair of a stale worker
+reads (``router.explain.repair``): every ``add``, ``remove`` and ``clear`` of a worker is one
+tick of its clock, and for the last ``history`` keys touched (default 4,096, about 100 bytes
+each) the tick of their last store and last removal. A key forgotten for the bound makes every
+question about ticks at or before it unanswerable (``Since.known`` is False), never a wrong
+answer. A caller may await a key's next store (:meth:`RemovalLog.await_store`).
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from tokenkeys.errors import ConfigError
@@ -30,6 +37,8 @@ from tokenkeys.router.ingest.ingestor import BatchMark, applying
 
 #: Default number of removed keys remembered per worker.
 DEFAULT_PER_WORKER = 1024
+#: Default number of keys whose last store and removal ticks are remembered per worker.
+DEFAULT_HISTORY = 4096
 
 
 @dataclass(frozen=True)
@@ -41,15 +50,38 @@ class Removal:
     mark: BatchMark
 
 
+@dataclass(frozen=True)
+class Since:
+    """What a worker's index updates did to one key after a tick (:meth:`RemovalLog.since`).
+
+    ``known`` is False when the history forgot what it would need (then nothing else may be
+    read from it); ``stored`` and ``removed``: the key was stored, removed after the tick (the
+    last of each is kept, so ``removed`` also covers a removal before a later store);
+    ``cleared``: the worker was cleared after it; ``any_removal``: some key was removed after it.
+    """
+
+    known: bool
+    stored: bool = False
+    removed: bool = False
+    cleared: bool = False
+    any_removal: bool = False
+
+
 class RemovalLog:
     """A :class:`PrefixIndex` recording what the index it wraps was told to remove."""
 
-    def __init__(self, inner: PrefixIndex, *, per_worker: int = DEFAULT_PER_WORKER) -> None:
-        if type(per_worker) is not int or per_worker < 1:
-            raise ConfigError(
-                f"per_worker must be a positive number of keys, got {per_worker!r}",
-                field="per_worker",
-            )
+    def __init__(
+        self,
+        inner: PrefixIndex,
+        *,
+        per_worker: int = DEFAULT_PER_WORKER,
+        history: int = DEFAULT_HISTORY,
+    ) -> None:
+        for name, value in (("per_worker", per_worker), ("history", history)):
+            if type(value) is not int or value < 1:
+                raise ConfigError(
+                    f"{name} must be a positive number of keys, got {value!r}", field=name
+                )
         self.inner = inner
         self.per_worker = per_worker
         self.backend = getattr(inner, "backend", type(inner).__name__)
@@ -57,6 +89,15 @@ class RemovalLog:
         self._cleared: dict[str, BatchMark] = {}
         # One key per worker whose next store is awaited (``watch``).
         self._watched: dict[str, int] = {}
+        self.history = history
+        # Per worker: its clock, [last store tick, last removal tick] per key (oldest first),
+        # the newest tick the bound made it forget, its last removal and clear ticks.
+        self._tick: dict[str, int] = {}
+        self._ticks: dict[str, OrderedDict[int, list[int]]] = {}
+        self._floor: dict[str, int] = {}
+        self._last_removal: dict[str, int] = {}
+        self._last_clear: dict[str, int] = {}
+        self._awaited: dict[str, dict[int, Callable[[], None]]] = {}
 
     def removal(self, worker: str, key: int) -> Removal | None:
         """The last removal of ``key`` at ``worker`` still remembered, or None."""
@@ -76,6 +117,75 @@ class RemovalLog:
         """``key`` is watched at ``worker`` and no event stored it since."""
         return self._watched.get(worker) == key
 
+    def tick(self, worker: str) -> int:
+        """``worker``'s clock now: the number of its index updates so far."""
+        return self._tick.get(worker, 0)
+
+    def since(self, worker: str, key: int, tick: int) -> Since:
+        """What ``worker``'s updates after ``tick`` did to ``key``; see :class:`Since`."""
+        if tick < self._floor.get(worker, 0):
+            return Since(known=False)
+        stored, removed = self._ticks.get(worker, {}).get(key, (0, 0))
+        return Since(
+            known=True,
+            stored=stored > tick,
+            removed=removed > tick,
+            cleared=self.cleared_since(worker, tick),
+            any_removal=self._last_removal.get(worker, 0) > tick,
+        )
+
+    def cleared_since(self, worker: str, tick: int) -> bool:
+        """``worker`` was cleared after ``tick``."""
+        return self._last_clear.get(worker, 0) > tick
+
+    def await_store(self, worker: str, key: int, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` once, after ``key`` is next stored at ``worker`` or the worker is
+        cleared; False (and nothing awaited) when that key is awaited already."""
+        awaited = self._awaited.setdefault(worker, {})
+        if key in awaited:
+            return False
+        awaited[key] = callback
+        return True
+
+    def awaited(self, worker: str) -> int:
+        """How many keys of ``worker`` are awaited."""
+        return len(self._awaited.get(worker, ()))
+
+    def forget_awaited(self, worker: str, key: int) -> None:
+        """Stop awaiting ``key`` at ``worker``."""
+        self._awaited.get(worker, {}).pop(key, None)
+
+    def _advance(self, worker: str, keys: Sequence[int], slot: int) -> int:
+        """One tick of ``worker``'s clock for an update of ``keys`` (slot 0: stored, 1:
+        removed, none for a clear); the bound forgets the oldest keys."""
+        tick = self._tick[worker] = self._tick.get(worker, 0) + 1
+        if slot < 0:
+            return tick
+        ticks = self._ticks.setdefault(worker, OrderedDict())
+        if len(keys) > self.history:
+            self._floor[worker] = tick
+            keys = keys[-self.history :]
+        for key in keys:
+            entry = ticks.get(key)
+            if entry is None:
+                entry = ticks[key] = [0, 0]
+            else:
+                ticks.move_to_end(key)
+            entry[slot] = tick
+        while len(ticks) > self.history:
+            _, forgotten = ticks.popitem(last=False)
+            self._floor[worker] = max(self._floor.get(worker, 0), *forgotten)
+        return tick
+
+    def _release(self, worker: str, keys: Sequence[int] | None) -> None:
+        """Call the callbacks awaiting ``keys`` (None: every key) of ``worker``."""
+        awaited = self._awaited.get(worker)
+        if not awaited:
+            return
+        found = list(awaited) if keys is None else [k for k in keys if k in awaited]
+        for key in found:
+            awaited.pop(key)()
+
     @staticmethod
     def _mark(worker: str) -> BatchMark:
         mark = applying.get()
@@ -86,6 +196,8 @@ class RemovalLog:
     async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Forwarded; the keys are held again, so their removals are forgotten."""
         await self.inner.add(worker, keys, tier)
+        self._advance(worker, keys, 0)
+        self._release(worker, keys)
         watched = self._watched.get(worker)
         if watched is not None and watched in keys:
             del self._watched[worker]
@@ -97,6 +209,7 @@ class RemovalLog:
     async def remove(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Forwarded, then each key's removal recorded (the oldest dropped past the bound)."""
         await self.inner.remove(worker, keys, tier)
+        self._last_removal[worker] = self._advance(worker, keys, 1)
         removal = Removal(tier, self._mark(worker))
         removed = self._removed.setdefault(worker, OrderedDict())
         for key in keys[-self.per_worker :]:
@@ -112,6 +225,8 @@ class RemovalLog:
         self._removed.pop(worker, None)
         self._watched.pop(worker, None)
         self._cleared[worker] = self._mark(worker)
+        self._last_clear[worker] = self._advance(worker, (), -1)
+        self._release(worker, None)
 
     async def lookup(
         self, keys: Sequence[int], workers: Collection[str] | None = None
