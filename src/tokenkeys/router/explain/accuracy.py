@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from tokenkeys.keys import KeyContext
 from tokenkeys.router.explain.causes import Explainer
-from tokenkeys.router.explain.repair import Repair
+from tokenkeys.router.explain.repair import Repair, ShortAnswerCase
 from tokenkeys.router.workers.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,10 @@ class Accuracy:
         if len(promise.prompt_tokens) == 1:
             self.explainer.answered(pool.index_id(worker), keys, pool.block_size, expected, served)
             if promise.over_promised and self.repair is not None and worker == decision.worker:
-                self.repair.short(pool, worker, keys, served // pool.block_size, missed.tick)
+                block = served // pool.block_size
+                case = ShortAnswerCase.of(pool, worker, keys, block, missed.tick)
+                if case is not None:
+                    self.repair.short(case)
         cause = "promised_not_served" if promise.over_promised else missed.cause
         if cause is not None:
             self.misses.labels(worker, cause).inc()

@@ -64,6 +64,17 @@ class ShortAnswerCase:
     routed_tick: int
     hybrid: bool
 
+    @classmethod
+    def of(
+        cls, pool: Pool, address: str, keys: Sequence[int], block: int, routed_tick: int
+    ) -> ShortAnswerCase | None:
+        """The case of ``address`` serving ``pool``'s prompt with block ``keys`` from ``block``
+        on (None when ``block`` is no block of the prompt)."""
+        if not 0 <= block < len(keys):
+            return None
+        worker = pool.index_id(address)
+        return cls(address, pool.name, worker, block, keys[block], routed_tick, pool.layout.hybrid)
+
 
 class Repair:
     """Judges short answers and asks for the repair of a worker proven stale; see the module
@@ -95,21 +106,13 @@ class Repair:
         self._open: dict[str, list[ShortAnswerCase]] = {}
         self._stale: dict[str, dict[int, int]] = {}
 
-    def short(
-        self, pool: Pool, address: str, keys: Sequence[int], block: int, routed_tick: int
-    ) -> None:
-        """``address`` served fewer cached blocks of ``pool``'s prompt with block ``keys`` than
-        promised, from ``block`` on; the request was routed at the worker's ``routed_tick``."""
-        if not 0 <= block < len(keys):
-            return
-        worker = pool.index_id(address)
-        case = ShortAnswerCase(
-            address, pool.name, worker, block, keys[block], routed_tick, pool.layout.hybrid
-        )
+    def short(self, case: ShortAnswerCase) -> None:
+        """Judge a short answer now, or once its block is stored again (see the module doc)."""
         if self._judge(case):
             return
+        worker = case.worker
         if not self.removals.await_store(worker, case.key, lambda: self._judge(case, True)):
-            self.verdicts.labels(address, "unresolved").inc()  # its block is awaited already
+            self.verdicts.labels(case.address, "unresolved").inc()  # its block is awaited already
             return
         cases = self._open.setdefault(worker, [])
         cases.append(case)
