@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import secrets
 import time
 import uuid
@@ -45,7 +46,7 @@ from tokenkeys.engine.vllm.groups import learned_spec
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.engine.vllm.openai import usage_of
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, TokenkeysError, Unavailable
-from tokenkeys.events.model import AllBlocksCleared, EventBatch
+from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, EventBatch
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
@@ -254,6 +255,10 @@ class VllmSidecarEngine:
                 )
                 continue
             self.check.observe(batch)
+            if _test_drops(batch):
+                log.warning("test fault %s: kept a KV-event batch from subscribers", TEST_DROP)
+                self.stream.ledger.apply(batch)  # the snapshot stays true: the repair's source
+                continue
             self.stream.emit(batch)
 
     def refusal(self, body: Mapping[str, Any], route: Route) -> tuple[str, str] | None:
@@ -366,6 +371,22 @@ class VllmSidecarEngine:
             )
         last = () if held is None else (held,)
         yield GenerateOutput(rid, last, True, finish, usage)
+
+
+#: A test-only fault, never set in production: while the file this environment variable names
+#: exists, the relay keeps every vLLM batch that removes a block from its subscribers (no gap
+#: in their numbering: lost without a trace) while its ledger, the snapshot's source, still
+#: applies it. The stale index a relay bug leaves behind, for the repair's real-engine test
+#: (tests/realengine/test_vllm_explain.py).
+TEST_DROP = "TOKENKEYS_TEST_DROP_REMOVAL_BATCHES"
+
+
+def _test_drops(batch: EventBatch) -> bool:
+    """The test-only fault :data:`TEST_DROP` is on and ``batch`` removes a block."""
+    path = os.environ.get(TEST_DROP)
+    if not path or not os.path.exists(path):
+        return False
+    return any(isinstance(e, BlockRemoved) for e in batch.events)
 
 
 def build(inputs: EngineInputs) -> VllmSidecarEngine:
