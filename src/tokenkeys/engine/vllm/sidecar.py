@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import secrets
 import time
 import uuid
@@ -42,11 +41,12 @@ from tokenkeys.engine.vllm import openai as vllm_openai
 from tokenkeys.engine.vllm import prompt_embeds, snapshot_scope
 from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, prepare
 from tokenkeys.engine.vllm.client import VllmHttpClient
+from tokenkeys.engine.vllm.fault import TEST_DROP, fault_drops
 from tokenkeys.engine.vllm.groups import learned_spec
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.engine.vllm.openai import usage_of
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, TokenkeysError, Unavailable
-from tokenkeys.events.model import AllBlocksCleared, BlockRemoved, EventBatch
+from tokenkeys.events.model import AllBlocksCleared, EventBatch
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
@@ -255,7 +255,7 @@ class VllmSidecarEngine:
                 )
                 continue
             self.check.observe(batch)
-            if _test_drops(batch):
+            if fault_drops(batch):
                 log.warning("test fault %s: kept a KV-event batch from subscribers", TEST_DROP)
                 self.stream.ledger.apply(batch)  # the snapshot stays true: the repair's source
                 continue
@@ -371,22 +371,6 @@ class VllmSidecarEngine:
             )
         last = () if held is None else (held,)
         yield GenerateOutput(rid, last, True, finish, usage)
-
-
-#: A test-only fault, never set in production: while the file this environment variable names
-#: exists, the relay keeps every vLLM batch that removes a block from its subscribers (no gap
-#: in their numbering: lost without a trace) while its ledger, the snapshot's source, still
-#: applies it. The stale index a relay bug leaves behind, for the repair's real-engine test
-#: (tests/realengine/test_vllm_explain.py).
-TEST_DROP = "TOKENKEYS_TEST_DROP_REMOVAL_BATCHES"
-
-
-def _test_drops(batch: EventBatch) -> bool:
-    """The test-only fault :data:`TEST_DROP` is on and ``batch`` removes a block."""
-    path = os.environ.get(TEST_DROP)
-    if not path or not os.path.exists(path):
-        return False
-    return any(isinstance(e, BlockRemoved) for e in batch.events)
 
 
 def build(inputs: EngineInputs) -> VllmSidecarEngine:
