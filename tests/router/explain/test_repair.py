@@ -159,7 +159,9 @@ async def test_forgotten_history_and_a_full_queue_leave_cases_unresolved():
     s = Setup(history=2, pending=1)
     await s.events(stored(*PROMPT))
     tick = s.routed()
-    await s.events(stored(21, 22, 23))  # the bound forgets keys touched at or after tick
+    # Two generations of three keys each past the bound of two: what came before is forgotten.
+    await s.events(stored(21, 22, 23))
+    await s.events(stored(31, 32, 33))
     s.short(2, tick)
     assert s.verdicts() == {"unresolved": 1}
     tick = s.routed()

@@ -18,10 +18,11 @@ applied itself.
 
 It also keeps the **order** of each worker's index updates, which the repair of a stale worker
 reads (``router.explain.repair``): every ``add``, ``remove`` and ``clear`` of a worker is one
-tick of its clock, and for the last ``history`` keys touched (default 4,096, about 100 bytes
-each) the tick of their last store and last removal. A key forgotten for the bound makes every
-question about ticks at or before it unanswerable (``Since.known`` is False), never a wrong
-answer. A caller may await a key's next store (:meth:`RemovalLog.await_store`).
+tick of its clock, and for at least the last ``history`` keys stored (default 4,096; at most
+twice that are kept, about 100 bytes each) the tick of their last store, likewise for
+removals. A question about ticks the bound may have forgotten is unanswerable
+(``Since.known`` is False), never answered wrong. A caller may await a key's next store
+(:meth:`RemovalLog.await_store`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,36 @@ class Removal:
 
     tier: str
     mark: BatchMark
+
+
+class _Ticks:
+    """The last tick each key was touched, for at least the ``bound`` keys touched last.
+
+    Two generations of plain dicts, written with C-speed bulk updates (this is on the path of
+    every batch): when the current one passes ``bound`` keys, it becomes the previous one and
+    the one before is forgotten, its newest tick becoming ``floor``. A key without an entry was
+    not touched after ``floor``.
+    """
+
+    __slots__ = ("bound", "current", "previous", "floor", "_closed")
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.current: dict[int, int] = {}
+        self.previous: dict[int, int] = {}
+        self.floor = 0
+        self._closed = 0  # the tick at which ``previous`` stopped receiving keys
+
+    def note(self, keys: Sequence[int], tick: int) -> None:
+        self.current.update(dict.fromkeys(keys, tick))
+        if len(self.current) > self.bound:
+            self.floor = self._closed
+            self.previous, self.current, self._closed = self.current, {}, tick
+
+    def last(self, key: int) -> int:
+        """The last tick ``key`` was touched, or 0 (not since ``floor``)."""
+        tick = self.current.get(key)
+        return tick if tick is not None else self.previous.get(key, 0)
 
 
 @dataclass(frozen=True)
@@ -90,11 +121,11 @@ class RemovalLog:
         # One key per worker whose next store is awaited (``watch``).
         self._watched: dict[str, int] = {}
         self.history = history
-        # Per worker: its clock, [last store tick, last removal tick] per key (oldest first),
-        # the newest tick the bound made it forget, its last removal and clear ticks.
+        # Per worker: its clock, the last store and the last removal tick of its keys, its
+        # last removal and clear ticks.
         self._tick: dict[str, int] = {}
-        self._ticks: dict[str, OrderedDict[int, list[int]]] = {}
-        self._floor: dict[str, int] = {}
+        self._stores: dict[str, _Ticks] = {}
+        self._removals: dict[str, _Ticks] = {}
         self._last_removal: dict[str, int] = {}
         self._last_clear: dict[str, int] = {}
         self._awaited: dict[str, dict[int, Callable[[], None]]] = {}
@@ -123,13 +154,15 @@ class RemovalLog:
 
     def since(self, worker: str, key: int, tick: int) -> Since:
         """What ``worker``'s updates after ``tick`` did to ``key``; see :class:`Since`."""
-        if tick < self._floor.get(worker, 0):
+        stores, removals = self._stores.get(worker), self._removals.get(worker)
+        if (stores is not None and tick < stores.floor) or (
+            removals is not None and tick < removals.floor
+        ):
             return Since(known=False)
-        stored, removed = self._ticks.get(worker, {}).get(key, (0, 0))
         return Since(
             known=True,
-            stored=stored > tick,
-            removed=removed > tick,
+            stored=stores is not None and stores.last(key) > tick,
+            removed=removals is not None and removals.last(key) > tick,
             cleared=self.cleared_since(worker, tick),
             any_removal=self._last_removal.get(worker, 0) > tick,
         )
@@ -155,26 +188,16 @@ class RemovalLog:
         """Stop awaiting ``key`` at ``worker``."""
         self._awaited.get(worker, {}).pop(key, None)
 
-    def _advance(self, worker: str, keys: Sequence[int], slot: int) -> int:
-        """One tick of ``worker``'s clock for an update of ``keys`` (slot 0: stored, 1:
-        removed, none for a clear); the bound forgets the oldest keys."""
+    def _advance(self, worker: str, keys: Sequence[int], kind: str) -> int:
+        """One tick of ``worker``'s clock for an update of ``keys`` (``kind``: ``stored``,
+        ``removed`` or ``cleared``)."""
         tick = self._tick[worker] = self._tick.get(worker, 0) + 1
-        if slot < 0:
-            return tick
-        ticks = self._ticks.setdefault(worker, OrderedDict())
-        if len(keys) > self.history:
-            self._floor[worker] = tick
-            keys = keys[-self.history :]
-        for key in keys:
-            entry = ticks.get(key)
-            if entry is None:
-                entry = ticks[key] = [0, 0]
-            else:
-                ticks.move_to_end(key)
-            entry[slot] = tick
-        while len(ticks) > self.history:
-            _, forgotten = ticks.popitem(last=False)
-            self._floor[worker] = max(self._floor.get(worker, 0), *forgotten)
+        if kind != "cleared":
+            ticks = self._stores if kind == "stored" else self._removals
+            found = ticks.get(worker)
+            if found is None:
+                found = ticks[worker] = _Ticks(self.history)
+            found.note(keys, tick)
         return tick
 
     def _release(self, worker: str, keys: Sequence[int] | None) -> None:
@@ -196,7 +219,7 @@ class RemovalLog:
     async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Forwarded; the keys are held again, so their removals are forgotten."""
         await self.inner.add(worker, keys, tier)
-        self._advance(worker, keys, 0)
+        self._advance(worker, keys, "stored")
         self._release(worker, keys)
         watched = self._watched.get(worker)
         if watched is not None and watched in keys:
@@ -209,7 +232,7 @@ class RemovalLog:
     async def remove(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Forwarded, then each key's removal recorded (the oldest dropped past the bound)."""
         await self.inner.remove(worker, keys, tier)
-        self._last_removal[worker] = self._advance(worker, keys, 1)
+        self._last_removal[worker] = self._advance(worker, keys, "removed")
         removal = Removal(tier, self._mark(worker))
         removed = self._removed.setdefault(worker, OrderedDict())
         for key in keys[-self.per_worker :]:
@@ -225,7 +248,7 @@ class RemovalLog:
         self._removed.pop(worker, None)
         self._watched.pop(worker, None)
         self._cleared[worker] = self._mark(worker)
-        self._last_clear[worker] = self._advance(worker, (), -1)
+        self._last_clear[worker] = self._advance(worker, (), "cleared")
         self._release(worker, None)
 
     async def lookup(
