@@ -1,8 +1,9 @@
 """Acceptance of issue 36 on real vLLM: the router's promise, its explanations and its repair.
 
-Two vLLM 0.32 servers with a small KV cache (160 blocks of 32 tokens: a little more than one
-4096-token request, so a few prompts overflow it), each behind its ``tokenkeys serve`` sidecar,
-and ``tokenkeys route`` in front, as a user runs them. Every claim is checked against what vLLM
+Two vLLM 0.32 servers, each behind its ``tokenkeys serve`` sidecar, and ``tokenkeys route`` in
+front, as a user runs them: the shared default server and one with a small KV cache (160 blocks
+of 32 tokens: a little more than one 4096-token request, so a few prompts overflow it), on which
+the evictions happen. Every claim is checked against what vLLM
 itself did (its ``cached_tokens``, its ``/tokenize``):
 
 - 200 requests over shared system prompts: the promise equals vLLM's ``cached_tokens`` on every
@@ -16,8 +17,9 @@ itself did (its ``cached_tokens``, its ``/tokenize``):
   events prove the index stale, the worker is resynchronised from its sidecar's snapshot and
   promises match again.
 
-The module's servers start twice (the two workers) and one of them once more with the other
-chat template (the last test); nothing else uses this configuration.
+The module adds one configuration (the small cache: the default one's million tokens cannot be
+overflowed in a test's time), started once, and once more with the other chat template (the
+last test); nothing else uses it, so it is stopped at the end.
 """
 
 from __future__ import annotations
@@ -35,12 +37,19 @@ from route_process import RouteProcess
 from test_vllm_sidecar import wait_for
 
 from served_pair import TokenkeysServe, sidecar_args
-from vllm_server import BLOCK_SIZE, MODEL_NAME, OTHER_CHAT_TEMPLATE, ServerConfig, VllmServer
+from vllm_server import (
+    BLOCK_SIZE,
+    DEFAULT_CONFIG,
+    MODEL_NAME,
+    OTHER_CHAT_TEMPLATE,
+    ServerConfig,
+    VllmServer,
+)
 
 #: A small cache: vLLM needs 128 blocks for one 4096-token request.
-EXPLAIN = ServerConfig(num_blocks=160)
+SMALL = ServerConfig(num_blocks=160)
 
-pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(EXPLAIN, EXPLAIN.second())]
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG, SMALL)]
 
 VOCAB = 49152
 VERSION = ("--kv-events-vllm-version", "0.32")
@@ -60,7 +69,7 @@ def fault(tmp_path_factory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def engines(vllm_pool) -> list[VllmServer]:
-    return [vllm_pool.get(EXPLAIN), vllm_pool.get(EXPLAIN.second())]
+    return [vllm_pool.get(DEFAULT_CONFIG), vllm_pool.get(SMALL)]
 
 
 @pytest.fixture(scope="module")
@@ -222,9 +231,10 @@ def test_held_elsewhere_and_another_cache_salt(router, sidecars) -> None:
 def test_a_prefix_evicted_by_overflowing_vllm_names_its_batch(router, sidecars) -> None:
     rng = random.Random(362)
     prompt = tokens(rng, 6 * BLOCK_SIZE + 5)
-    worker = complete(router, prompt).headers["x-tokenkeys-worker"]
+    sidecar = sidecars[1]  # the small cache
+    worker = sidecar.target
+    assert direct(sidecar, prompt) == 0
     settled(router, prompt, worker)
-    sidecar = by_target(sidecars, worker)
     before = metric(metrics(router), "tokenkeys_router_kv_events_total", type="BlockRemoved")
     overflow(sidecar, rng)
     last = tokens(rng, 4 * BLOCK_SIZE)
@@ -243,11 +253,11 @@ def test_a_prefix_evicted_by_overflowing_vllm_names_its_batch(router, sidecars) 
 def test_a_dropped_batch_is_detected_by_short_answers_and_repaired(router, sidecars, fault):
     rng = random.Random(363)
     first, second = tokens(rng, 5 * BLOCK_SIZE + 3), tokens(rng, 5 * BLOCK_SIZE + 9)
-    worker = complete(router, first).headers["x-tokenkeys-worker"]
-    settled(router, first, worker)
-    sidecar = by_target(sidecars, worker)
-    assert direct(sidecar, second) == 0
-    settled(router, second, worker)
+    sidecar = sidecars[1]  # the small cache
+    worker = sidecar.target
+    for prompt in (first, second):
+        assert direct(sidecar, prompt) == 0
+        settled(router, prompt, worker)
     # The test-only fault: the relay keeps every batch that evicts from the router.
     fault.touch()
     try:
@@ -333,5 +343,5 @@ def test_a_worker_restarted_with_another_chat_template_renders_differently(
         finally:
             new.stop()
     finally:
-        # Nothing else uses this server: stopped, the pool drops it at its next request.
+        # Nothing else uses this server (SMALL): stopped, the pool drops it if asked again.
         restarted.stop()
