@@ -1,9 +1,8 @@
 """Acceptance of issue 36 on real vLLM: the router's promise, its explanations and its repair.
 
-Two vLLM 0.32 servers, each behind its ``tokenkeys serve`` sidecar, and ``tokenkeys route`` in
-front, as a user runs them: the shared default server and one with a small KV cache (160 blocks
-of 32 tokens: a little more than one 4096-token request, so a few prompts overflow it), on which
-the evictions happen. Every claim is checked against what vLLM
+Two vLLM 0.32 servers with a small KV cache (160 blocks of 32 tokens: a little more than one
+4096-token request, so a few prompts overflow it), each behind its ``tokenkeys serve`` sidecar,
+and ``tokenkeys route`` in front, as a user runs them. Every claim is checked against what vLLM
 itself did (its ``cached_tokens``, its ``/tokenize``):
 
 - 200 requests over shared system prompts: the promise equals vLLM's ``cached_tokens`` on every
@@ -17,9 +16,8 @@ itself did (its ``cached_tokens``, its ``/tokenize``):
   events prove the index stale, the worker is resynchronised from its sidecar's snapshot and
   promises match again.
 
-The module adds one configuration (the small cache: the default one's million tokens cannot be
-overflowed in a test's time), started once, and once more with the other chat template (the
-last test); nothing else uses it, so it is stopped at the end.
+The module's servers start twice (the two workers) and one of them once more with the other
+chat template (the last test); nothing else uses this configuration.
 """
 
 from __future__ import annotations
@@ -37,19 +35,12 @@ from route_process import RouteProcess
 from test_vllm_sidecar import wait_for
 
 from served_pair import TokenkeysServe, sidecar_args
-from vllm_server import (
-    BLOCK_SIZE,
-    DEFAULT_CONFIG,
-    MODEL_NAME,
-    OTHER_CHAT_TEMPLATE,
-    ServerConfig,
-    VllmServer,
-)
+from vllm_server import BLOCK_SIZE, MODEL_NAME, OTHER_CHAT_TEMPLATE, ServerConfig, VllmServer
 
 #: A small cache: vLLM needs 128 blocks for one 4096-token request.
-SMALL = ServerConfig(num_blocks=160)
+EXPLAIN = ServerConfig(num_blocks=160)
 
-pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG, SMALL)]
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(EXPLAIN, EXPLAIN.second())]
 
 VOCAB = 49152
 VERSION = ("--kv-events-vllm-version", "0.32")
@@ -69,7 +60,7 @@ def fault(tmp_path_factory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def engines(vllm_pool) -> list[VllmServer]:
-    return [vllm_pool.get(DEFAULT_CONFIG), vllm_pool.get(SMALL)]
+    return [vllm_pool.get(EXPLAIN), vllm_pool.get(EXPLAIN.second())]
 
 
 @pytest.fixture(scope="module")
@@ -231,10 +222,9 @@ def test_held_elsewhere_and_another_cache_salt(router, sidecars) -> None:
 def test_a_prefix_evicted_by_overflowing_vllm_names_its_batch(router, sidecars) -> None:
     rng = random.Random(362)
     prompt = tokens(rng, 6 * BLOCK_SIZE + 5)
-    sidecar = sidecars[1]  # the small cache
-    worker = sidecar.target
-    assert direct(sidecar, prompt) == 0
+    worker = complete(router, prompt).headers["x-tokenkeys-worker"]
     settled(router, prompt, worker)
+    sidecar = by_target(sidecars, worker)
     before = metric(metrics(router), "tokenkeys_router_kv_events_total", type="BlockRemoved")
     overflow(sidecar, rng)
     last = tokens(rng, 4 * BLOCK_SIZE)
@@ -253,11 +243,11 @@ def test_a_prefix_evicted_by_overflowing_vllm_names_its_batch(router, sidecars) 
 def test_a_dropped_batch_is_detected_by_short_answers_and_repaired(router, sidecars, fault):
     rng = random.Random(363)
     first, second = tokens(rng, 5 * BLOCK_SIZE + 3), tokens(rng, 5 * BLOCK_SIZE + 9)
-    sidecar = sidecars[1]  # the small cache
-    worker = sidecar.target
-    for prompt in (first, second):
-        assert direct(sidecar, prompt) == 0
-        settled(router, prompt, worker)
+    worker = complete(router, first).headers["x-tokenkeys-worker"]
+    settled(router, first, worker)
+    sidecar = by_target(sidecars, worker)
+    assert direct(sidecar, second) == 0
+    settled(router, second, worker)
     # The test-only fault: the relay keeps every batch that evicts from the router.
     fault.touch()
     try:
@@ -343,5 +333,5 @@ def test_a_worker_restarted_with_another_chat_template_renders_differently(
         finally:
             new.stop()
     finally:
-        # Nothing else uses this server (SMALL): stopped, the pool drops it if asked again.
+        # Nothing else uses this server: stopped, the pool drops it at its next request.
         restarted.stop()
