@@ -34,9 +34,9 @@ SERVE_ARGS = (
 class TokenkeysServe:
     """``tokenkeys serve`` of this checkout as a subprocess on free loopback ports."""
 
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.grpc_port = free_port()
+    def __init__(self, *args: str, ports: tuple[int, int] | None = None) -> None:
+        # ``ports``: (HTTP, gRPC) of a sidecar started again in place of another.
+        self.port, self.grpc_port = ports if ports is not None else (free_port(), free_port())
         #: The gRPC address (``--worker`` of a router).
         self.target = f"127.0.0.1:{self.grpc_port}"
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}

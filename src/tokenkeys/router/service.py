@@ -19,6 +19,7 @@ from tokenkeys.errors import ConfigError
 from tokenkeys.router.explain.accuracy import Accuracy
 from tokenkeys.router.explain.causes import Explainer
 from tokenkeys.router.explain.removals import RemovalLog
+from tokenkeys.router.explain.repair import Repair
 from tokenkeys.router.forwarding.frontends import split_worker
 from tokenkeys.router.forwarding.promise import PromiseMetrics
 from tokenkeys.router.index.instrumented import InstrumentedIndex
@@ -212,7 +213,9 @@ class RoutingService:
         #: Why a prompt misses the cache, per worker (``GET /router/explain``).
         self.explainer = Explainer(self.index, self.removals, self.registry.workers)
         #: Promised against served cached tokens, misses by cause (``router.explain.accuracy``).
-        self.accuracy = Accuracy(self.explainer, self.metrics_registry)
+        #: Short answers judged by the workers' events; a worker proven stale is resynced.
+        self.repair = Repair(self.removals, self.registry.repair, self.metrics_registry)
+        self.accuracy = Accuracy(self.explainer, self.metrics_registry, self.repair)
 
     async def start(self) -> RoutingService:
         """Discover every worker once (unreachable ones are retried by the polls), then poll."""

@@ -8,7 +8,17 @@ import logging
 
 import httpx
 from engine_stack import start_stack
-from routing_support import SYSTEM, Cluster, counter, engine_config, start_cluster
+from routing_support import (
+    SYSTEM,
+    Cluster,
+    counter,
+    engine_config,
+    engine_run,
+    index_run,
+    prompt_ids,
+    start_cluster,
+    wait_until,
+)
 
 from tokenkeys.engine.config import SimulatedConfig
 from tokenkeys.keys import make_spec
@@ -253,5 +263,72 @@ async def test_explain_refuses_an_unknown_route_and_a_bad_body(settings):
             chat = {"messages": [{"role": "user", "content": PROMPT}]}
             ok = await client.request("GET", "/router/explain", json={"body": chat})
             assert ok.status_code == 200 and ok.json()["route"] == "/v1/chat/completions"
+    finally:
+        await cluster.close()
+
+
+async def test_a_dropped_batch_is_proven_by_short_answers_and_repaired_by_snapshot(settings):
+    """A test-only fault drops the batches that evicted two prompts; routed again, each is
+    promised and served short, the engine stores it anew with no removal seen: two proofs, the
+    worker is resynchronised from its snapshot, and promises hold again."""
+    cluster = await cluster_of(settings, blocks=24)
+    try:
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+            worker = (await send(client, PROMPT)).headers["x-tokenkeys-worker"]
+            other_prompt = "Another opening entirely, then: " + SYSTEM
+            direct = worker_url(cluster, worker) + "/v1/completions"
+            answer = await client.post(direct, json={"prompt": other_prompt, "max_tokens": 2})
+            assert answer.status_code == 200
+            await cluster.settle()
+            ids = [prompt_ids(cluster, PROMPT), prompt_ids(cluster, other_prompt)]
+            for prompt_of in ids:
+                assert await index_run(cluster, prompt_of, worker) == engine_run(
+                    cluster, prompt_of, cluster.number(worker)
+                )
+            # The fault: the router's follower drops every batch while the cache overflows
+            # (the subscriber saw them: no gap, nothing replayed). The consumer looks its
+            # handler up before it waits, so the fault stays in place and is switched off.
+            follower = next(iter(cluster.registry.workers[worker].followers.values()))
+            original = follower.handle
+            dropping = True
+
+            async def drop(delivery) -> None:  # noqa: ANN001
+                if not dropping:
+                    return await original(delivery)
+                follower.last_seq = delivery.seq
+
+            follower.handle = drop
+            for n in range(6):
+                answer = await client.post(direct, json={"prompt": prompt(n), "max_tokens": 2})
+                assert answer.status_code == 200
+            await cluster.settle()  # every batch of the overflow reached the fault
+            dropping = False
+            number = cluster.number(worker)
+            for p in ids:  # the index is stale: it still claims the evicted blocks
+                assert engine_run(cluster, p, number) < await index_run(cluster, p, worker)
+            for text in (PROMPT, other_prompt):
+                response = await send(client, text)
+                assert response.headers["x-tokenkeys-worker"] == worker
+                expected = int(response.headers["x-tokenkeys-expected-cached-tokens"])
+                assert int(response.headers["x-tokenkeys-served-cached-tokens"]) < expected
+            resyncs = "tokenkeys_router_worker_resyncs_total"
+            await wait_until(
+                lambda: counter(cluster, resyncs, reason="stale_answers", source="snapshot") == 1,
+                what="the repair of the stale worker",
+            )
+            short = "tokenkeys_router_short_answers_total"
+            assert counter(cluster, short, worker=worker, verdict="stale") == 2
+            assert counter(cluster, short, verdict="explained") == 0
+            await cluster.settle()
+            for text in [PROMPT, other_prompt, *(prompt(n) for n in range(6))]:
+                p = prompt_ids(cluster, text)
+                assert await index_run(cluster, p, worker) == engine_run(cluster, p, number)
+            # Promises hold again: every answer serves exactly what was promised.
+            for text in (PROMPT, prompt(5), other_prompt, prompt(4)):
+                response = await send(client, text)
+                served = response.headers["x-tokenkeys-served-cached-tokens"]
+                assert served == response.headers["x-tokenkeys-expected-cached-tokens"]
+                await cluster.settle()
+            assert counter(cluster, resyncs, reason="stale_answers") == 1
     finally:
         await cluster.close()

@@ -41,6 +41,7 @@ from tokenkeys.engine.vllm import openai as vllm_openai
 from tokenkeys.engine.vllm import prompt_embeds, snapshot_scope
 from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, prepare
 from tokenkeys.engine.vllm.client import VllmHttpClient
+from tokenkeys.engine.vllm.fault import TEST_DROP, fault_drops
 from tokenkeys.engine.vllm.groups import learned_spec
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.engine.vllm.openai import usage_of
@@ -254,6 +255,10 @@ class VllmSidecarEngine:
                 )
                 continue
             self.check.observe(batch)
+            if fault_drops(batch):
+                log.warning("test fault %s: kept a KV-event batch from subscribers", TEST_DROP)
+                self.stream.ledger.apply(batch)  # the snapshot stays true: the repair's source
+                continue
             self.stream.emit(batch)
 
     def refusal(self, body: Mapping[str, Any], route: Route) -> tuple[str, str] | None:

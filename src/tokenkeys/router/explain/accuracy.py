@@ -20,7 +20,9 @@ Every forwarded request whose answer reports ``cached_tokens`` is counted per wo
 The ratio to alert on: ``served / promised`` per worker over a window; it stays at 1 while the
 index is true (the partial block never counts in a promise), and falls when it is stale.
 
-The first over-promise of each worker is logged with the worker's explanation of that prompt.
+The first over-promise of each worker is logged with the worker's explanation of that prompt,
+and every short answer of a one-prompt request goes to the repair (``router.explain.repair``),
+which resynchronises a worker whose events prove its index stale.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -35,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from tokenkeys.keys import KeyContext
 from tokenkeys.router.explain.causes import Explainer
+from tokenkeys.router.explain.repair import Repair, ShortAnswerCase
 from tokenkeys.router.workers.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -43,11 +47,25 @@ log = logging.getLogger(__name__)
 MISS_CAUSES = ("promised_not_served", "evicted", "held_elsewhere", "not_held")
 
 
-class Accuracy:
-    """Counts answered promises on ``registry``; tells ``explainer`` of short answers."""
+@dataclass(frozen=True)
+class Miss:
+    """A worker's miss as a request was routed (:meth:`Accuracy.miss`): the cause of its first
+    full block not held (None: it holds them all) and the worker's clock of index updates then
+    (``RemovalLog.tick``), from which the repair judges a short answer."""
 
-    def __init__(self, explainer: Explainer, registry: CollectorRegistry) -> None:
+    cause: str | None
+    tick: int
+
+
+class Accuracy:
+    """Counts answered promises on ``registry``; tells ``explainer`` of short answers, and
+    ``repair`` (when given) too."""
+
+    def __init__(
+        self, explainer: Explainer, registry: CollectorRegistry, repair: Repair | None = None
+    ) -> None:
         self.explainer = explainer
+        self.repair = repair
         self.promised = Counter(
             "tokenkeys_router_promised_cached_tokens",
             "Cached prompt tokens the router expected workers to serve (answered requests)",
@@ -76,19 +94,21 @@ class Accuracy:
         self._logged: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
 
-    def miss(self, pool: Pool, decision: Any, worker: str, prompt_tokens: int) -> str | None:
-        """The cause of the first full block of the prompt ``worker`` does not hold, from what
-        is known at once, or None when it holds them all. Asked when the request is routed:
-        the answer's own blocks, stored once it is served, must not hide an eviction."""
+    def miss(self, pool: Pool, decision: Any, worker: str, prompt_tokens: int) -> Miss:
+        """The :class:`Miss` of ``worker`` for ``decision``'s prompt, from what is known at
+        once. Asked when the request is routed: the answer's own blocks, stored once it is
+        served, must not hide an eviction."""
+        removals = self.explainer.removals
+        tick = removals.tick(pool.index_id(worker))
         keys = decision.keys
         held = decision.cached_blocks(worker)
         if not keys or held >= min(len(keys), max(prompt_tokens - 1, 0) // pool.block_size):
-            return None
-        if self.explainer.removals.removal(pool.index_id(worker), keys[held]):
-            return "evicted"
+            return Miss(None, tick)
+        if removals.removal(pool.index_id(worker), keys[held]):
+            return Miss("evicted", tick)
         if any(s.matched_blocks > held for s in decision.ranking if s.worker != worker):
-            return "held_elsewhere"
-        return "not_held"
+            return Miss("held_elsewhere", tick)
+        return Miss("not_held", tick)
 
     def record(
         self,
@@ -97,11 +117,12 @@ class Accuracy:
         ids: Sequence[int],
         context: KeyContext | None,
         decision: Any,
-        missed: str | None,
+        missed: Miss,
     ) -> None:
         """Count one answered ``promise`` (a ``router.forwarding.promise.Promise``) of a request
         whose first prompt is ``ids``, routed by ``decision``; ``missed`` is :meth:`miss` of
-        the worker that answered, as the request was routed."""
+        the worker that answered, as the request was routed (after its answer for a worker
+        retried: its short answer is not judged, its clock being the answer's)."""
         served = promise.served_tokens
         if served is None:
             return
@@ -115,7 +136,12 @@ class Accuracy:
             return  # routed without keys (a baseline policy): nothing to explain by
         if len(promise.prompt_tokens) == 1:
             self.explainer.answered(pool.index_id(worker), keys, pool.block_size, expected, served)
-        cause = "promised_not_served" if promise.over_promised else missed
+            if promise.over_promised and self.repair is not None and worker == decision.worker:
+                block = served // pool.block_size
+                case = ShortAnswerCase.of(pool, worker, keys, block, missed.tick)
+                if case is not None:
+                    self.repair.short(case)
+        cause = "promised_not_served" if promise.over_promised else missed.cause
         if cause is not None:
             self.misses.labels(worker, cause).inc()
         if promise.over_promised and worker not in self._logged:

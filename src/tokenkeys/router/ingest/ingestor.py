@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -155,6 +155,7 @@ class EventIngestor:
         group_idx: int | None = None,
         layout: GroupLayout | None = None,
         metrics: IngestMetrics | None = None,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         if not isinstance(spec, SpecRef):
             raise InvalidArgument(
@@ -167,6 +168,9 @@ class EventIngestor:
         #: Sliding-window groups indexed under keys of their own.
         self.windows = frozenset(w.index for w in layout.windows) if layout is not None else ()
         self.metrics = metrics if metrics is not None else IngestMetrics()
+        #: Told the worker whose batches were lost for good, once it was cleared (the worker
+        #: registry rebuilds it from its engine's snapshot: ``WorkerRegistry.repair``).
+        self.on_lost = on_lost
 
     async def reset(self, worker: str, reason: str) -> None:
         """Clear ``worker`` from the index and count it under ``reason``."""
@@ -225,6 +229,8 @@ class EventIngestor:
             await self.reset(worker, "publisher_restart")
         elif lost_before > 0:
             await self.reset(worker, "events_lost")
+            if self.on_lost is not None:
+                self.on_lost(worker)
         spec = batch.spec
         if spec is not self.spec and spec != self.spec:  # `is`: the same object is equal
             reason = "no_spec" if spec is None else "foreign_spec"

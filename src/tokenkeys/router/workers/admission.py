@@ -42,8 +42,11 @@ class Admission:
         metrics: RouterMetrics,
         ingest_metrics: IngestMetrics,
         timeout: float,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.index = index
+        #: Told the index id of a worker whose events were lost for good (the registry's repair).
+        self.on_lost = on_lost
         self.pool_factory = pool_factory
         self.following = following
         self.workers = workers
@@ -104,6 +107,7 @@ class Admission:
                 pool.key_spec.spec,
                 layout=pool.layout,
                 metrics=self.ingest_metrics,
+                on_lost=self.on_lost,
             )
         return pool
 

@@ -150,6 +150,10 @@ async def follow_events(
     worker = index_worker_id(ws.address, model)
     assert source.spec is not None
     start = await load_snapshot(ws.channel, model, worker, ingestor, source.spec.spec)
+    if start is None:
+        ws.snapshot_models.discard(model)
+    else:
+        ws.snapshot_models.add(model)
     if resync is not None:
         origin = "replay" if start is None else "snapshot"
         ingestor.metrics.resyncs.labels(worker, resync, origin).inc()

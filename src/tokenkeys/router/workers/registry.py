@@ -64,6 +64,8 @@ class WorkerRegistry:
         self.metrics = metrics if metrics is not None else RouterMetrics()
         self.workers: dict[str, WorkerState] = {}
         self._tasks = BackgroundTasks()
+        # (address, model) pairs whose repair (a background resync) is under way.
+        self._repairing: set[tuple[str, str]] = set()
         self.following = EventFollowing(
             retry_delay=retry_delay,
             foreign_interval=foreign_interval,
@@ -78,6 +80,7 @@ class WorkerRegistry:
             metrics=self.metrics,
             ingest_metrics=ingest_metrics if ingest_metrics is not None else IngestMetrics(),
             timeout=timeout,
+            on_lost=self._lost,
         )
         self.health = HealthPolling(
             index,
@@ -155,6 +158,31 @@ class WorkerRegistry:
         ``reason`` (``EventFollowing.resync``); False when it is not followed."""
         ws = self.workers.get(address)
         return ws is not None and await self.following.resync(ws, model, reason)
+
+    def repair(self, address: str, model: str, reason: str) -> bool:
+        """:meth:`resync` in the background (a caller inside a consumer, or answering a request,
+        must not wait for it); False when one of that worker and model is under way already."""
+        if (address, model) in self._repairing:
+            return False
+        self._repairing.add((address, model))
+
+        async def run() -> None:
+            try:
+                await self.resync(address, model, reason)
+            finally:
+                self._repairing.discard((address, model))
+
+        self._tasks.spawn(run())
+        return True
+
+    def _lost(self, worker: str) -> None:
+        """Events of index id ``worker`` were lost for good: it was cleared; rebuild it from
+        its snapshot when its engine has one (without, a resync would only replay the same
+        buffer and lose them again, so the worker stays cleared and is followed on)."""
+        address, _, model = worker.partition("@")
+        ws = self.workers.get(address)
+        if ws is not None and model in ws.snapshot_models:
+            self.repair(address, model, "events_lost")
 
     def engine(self, address: str, model: str) -> RemoteEngine:
         """The forwarding engine of ``model`` at ``address`` (a ready member)."""

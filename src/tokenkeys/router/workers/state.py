@@ -40,6 +40,8 @@ class WorkerState:
     #: The event consumer of each model (``last_seq``, ``resyncing``).
     followers: dict[str, ZmqEventConsumer | GrpcEventConsumer] = field(default_factory=dict)
     error: str | None = None
+    #: The models whose events were last followed from the engine's snapshot (``following``).
+    snapshot_models: set[str] = field(default_factory=set)
     #: GetLoad polls in a row a ready worker left unanswered before the deadline (``health``).
     missed_polls: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
