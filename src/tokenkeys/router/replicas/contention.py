@@ -13,10 +13,11 @@ the two kinds one router would have decided differently:
   prefill those shared blocks there: a prefix computed twice, which one router avoids (its
   second request sees the first's blocks in flight and follows them, ``LoadView.inflight_prefix``).
   ``split_blocks`` counts the blocks computed twice.
-- ``piled``: two prompts sharing no leading block both put new blocks on the same worker,
-  each priced without the other's growth (``GrowthLedger``): one router would have priced
-  the first and may have spread the second elsewhere. (May: the cost model could still
-  choose the same worker; this is the upper bound of what was missed.)
+- ``piled``: two new prompts (nothing of either cached or in flight where it went: it
+  prefills from its first block) sharing no leading block went to the same worker, each
+  priced without the other's growth (``GrowthLedger``): one router would have priced the
+  first and may have spread the second elsewhere. (May: the cost model could still choose
+  the same worker; this is the upper bound of what was missed.)
 
 Each pair is counted once, by the replica whose own entry came first in the stream, when it
 applies the later one (the other replica, applying the earlier, skips it); the counts of all
@@ -110,7 +111,7 @@ class Contention:
                 if twice:
                     self.split += 1
                     self.split_blocks += twice
-            elif not shared and own.worker == worker and own.fresh and fresh_set:
+            elif not shared and own.worker == worker and _new(own.keys, own.fresh, keys, fresh):
                 self.piled += 1
         return contended
 
@@ -127,3 +128,10 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def _new(
+    a: Sequence[int], a_fresh: frozenset[int], b: Sequence[int], b_fresh: Sequence[int]
+) -> bool:
+    """Both prompts are new where they went: each prefills from its first block."""
+    return bool(a and b and b_fresh) and a[0] in a_fresh and b[0] == b_fresh[0]
