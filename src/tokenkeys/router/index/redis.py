@@ -14,10 +14,10 @@ within a shard:
 - ``<tag>:workers``: a SET of the workers holding anything in this shard.
 
 ``{ns}:layout`` records the shard count (``SET NX``): every replica adopts what the first one
-wrote, and one configured otherwise is refused. Writes are coalesced: every ``add`` and
-``remove`` made in one turn of the event loop (a router applies many engines' event batches
-at once, one follower each) is queued, and the next turn sends them all as one pipeline of
-``WRITE`` script calls, one per shard touched (a new one past :data:`CHUNK` keys), each
+wrote, and one configured otherwise is refused. Writes are coalesced (``index.redis_writes``):
+every ``add`` and ``remove`` made in one turn of the event loop (a router applies many engines'
+event batches at once, one follower each) is queued, and the next turn sends them all as one
+pipeline of ``WRITE`` script calls, one per shard touched (a new one past ``CHUNK`` keys), each
 carrying its writes in the order they were made and atomic: other replicas see it whole or
 not at all. Each node is sent its calls once. So a thousand engines' 32-block batches cost
 about a dozen script calls, not a dozen per batch: before, ingest on a 3-master cluster here
@@ -47,10 +47,8 @@ Errors: see ``index.redis_store``.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -68,9 +66,8 @@ from tokenkeys.router.index.model import (
     check_worker,
 )
 from tokenkeys.router.index.redis_store import RedisStore, ScriptCall
+from tokenkeys.router.index.redis_writes import CHUNK, TurnWrites, chunks
 
-#: Keys per script call: bounds how long one call holds Redis (a script blocks the server).
-CHUNK = 2048
 #: Longest worker list sent to one script (Lua's ``unpack`` stops near 8000 values); a longer
 #: lookup filter is applied to the answer instead, which gives the same result. (The same
 #: limit bounds the workers holding one prompt's first block: thousands, far beyond a pool.)
@@ -104,10 +101,6 @@ def shard_tags(namespace: str, shards: int) -> list[str]:
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
-
-
-def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 #: A worker's run over keys: (count, comma-joined tiers) segments, run-length encoded.
@@ -151,46 +144,6 @@ def _join(size: int, first: str, pieces: Sequence[tuple[Sequence[int], Run]]) ->
         else:
             out.append([1, tiers])
     return tuple((count, tiers) for count, tiers in out)
-
-
-@dataclass
-class _Flush:
-    """The writes queued in one turn of the event loop, and their common outcome."""
-
-    done: asyncio.Future[None]
-    ops: list[tuple[str, str, str, Sequence[int]]] = field(default_factory=list)
-
-
-def _write_calls(
-    prefixes: list[str], ttl_ms: int, ops: Sequence[tuple[str, str, str, Sequence[int]]]
-) -> list[ScriptCall]:
-    """``WRITE`` calls for ``ops`` (op, worker, tier, keys), in order: per shard, groups of
-    one op's keys in that shard, a new call whenever a call reaches :data:`CHUNK` keys."""
-    n = len(prefixes)
-    calls: list[ScriptCall] = []
-    open_: dict[int, tuple[list[Any], list[int]]] = {}  # shard -> (args, [keys in it])
-
-    def group(shard: int, op: str, worker: str, tier: str, keys: Sequence[int]) -> None:
-        for chunk in _chunks(keys, CHUNK):
-            args, size = open_.get(shard, (None, [0]))
-            if args is None or size[0] + len(chunk) > CHUNK:
-                p = prefixes[shard]
-                args, size = [p, ttl_ms], [0]
-                open_[shard] = (args, size)
-                calls.append(ScriptCall(lua.WRITE, [p + "workers"], args))
-            args += [op, worker, tier, ",".join(map(str, chunk))]
-            size[0] += len(chunk)
-
-    for op, worker, tier, keys in ops:
-        if n == 1:
-            group(0, op, worker, tier, keys)
-            continue
-        by_shard: dict[int, list[int]] = {}
-        for key in keys:
-            by_shard.setdefault(key % n, []).append(key)
-        for shard, shard_keys in by_shard.items():
-            group(shard, op, worker, tier, shard_keys)
-    return calls
 
 
 class RedisPrefixIndex:
@@ -242,8 +195,7 @@ class RedisPrefixIndex:
         self.where = self._store.where
         self._wanted = shards
         self._prefixes: list[str] | None = None
-        self._flush: _Flush | None = None
-        self._flushing: set[asyncio.Future[None]] = set()
+        self._writes = TurnWrites(self._store, self._ttl_ms)
 
     @classmethod
     def from_url(
@@ -304,43 +256,14 @@ class RedisPrefixIndex:
         await self._write("r", worker, keys, tier)
 
     async def _write(self, op: str, worker: str, keys: Sequence[int], tier: str) -> None:
-        """Check the arguments, then queue the write for this turn's flush (module doc) and
-        wait for it."""
+        """Check the arguments, then queue the write for this turn's pipeline and wait for
+        it (``index.redis_writes``)."""
         check_worker(worker)
         check_tier(tier)
         check_keys(keys)
         prefixes = await self._layout()
-        if not keys:
-            return
-        flush = self._flush
-        if flush is None:
-            flush = self._flush = _Flush(asyncio.get_running_loop().create_future())
-            asyncio.get_running_loop().call_soon(self._start_flush, prefixes)
-        flush.ops.append((op, worker, tier, keys))
-        await asyncio.shield(flush.done)
-
-    def _start_flush(self, prefixes: list[str]) -> None:
-        flush, self._flush = self._flush, None
-        if flush is not None:
-            task = asyncio.ensure_future(self._run_flush(prefixes, flush))
-            self._flushing.add(task)
-            task.add_done_callback(self._flushing.discard)
-
-    async def _run_flush(self, prefixes: list[str], flush: _Flush) -> None:
-        """One pipeline for every write queued in a turn: per shard, ``WRITE`` calls of at most
-        :data:`CHUNK` keys carrying the writes in the order they were made."""
-        try:
-            await self._store.batch("write", _write_calls(prefixes, self._ttl_ms, flush.ops))
-        except BaseException as exc:
-            if not flush.done.done():
-                flush.done.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-        else:
-            flush.done.set_result(None)
-        # Nobody may be waiting (every writer cancelled): the error is theirs, not the loop's.
-        if flush.done.done() and not flush.done.cancelled():
-            flush.done.exception()
+        if keys:
+            await self._writes.write(prefixes, op, worker, tier, keys)
 
     async def clear(self, worker: str) -> None:
         """Forget all of ``worker``'s blocks, a chunk per shard at a time, then the worker."""
@@ -403,7 +326,7 @@ class RedisPrefixIndex:
         calls, pieces = [], []
         for shard, where in positions.items():
             p = prefixes[shard]
-            for chunk in _chunks(where, CHUNK):
+            for chunk in chunks(where, CHUNK):
                 ids = ",".join([str(keys[i]) for i in chunk])
                 for start in range(0, len(names), MAX_SCRIPT_FILTER):
                     group = names[start : start + MAX_SCRIPT_FILTER]
@@ -436,7 +359,5 @@ class RedisPrefixIndex:
     async def close(self) -> None:
         """Finish the writes queued, then close the client if this index created it
         (idempotent)."""
-        self._start_flush(self._prefixes or [])
-        if self._flushing:
-            await asyncio.wait(list(self._flushing))
+        await self._writes.drain()
         await self._store.close()
