@@ -230,10 +230,10 @@ def _flush(url: str) -> None:
     """Empty every master of the bench's own cluster (their replicas follow)."""
     import redis
 
-    client = redis.RedisCluster.from_url(url)
+    client = redis.RedisCluster.from_url(url, socket_timeout=300)
     try:
         for node in client.get_primaries():
-            node.redis_connection.flushall()
+            node.redis_connection.flushall(asynchronous=True)  # GBs at full size
     finally:
         client.close()
 
@@ -241,7 +241,7 @@ def _flush(url: str) -> None:
 def _used_memory(url: str) -> int:
     import redis
 
-    client = redis.RedisCluster.from_url(url)
+    client = redis.RedisCluster.from_url(url, socket_timeout=60)
     try:
         return sum(
             int(n.redis_connection.info("memory")["used_memory"]) for n in client.get_primaries()
@@ -333,6 +333,9 @@ def run(
                     f"Cluster row with {replicas} router replicas: the masters' `used_memory` "
                     f"{peak / 2**30:.2f} GiB at the end ({total:,} blocks written)."
                 )
+                print(
+                    rows[-1], notes[-1], sep="\n", file=sys.stderr, flush=True
+                )  # kept if later rows fail
                 _flush(cluster.url)  # the next row starts from an empty cluster
         finally:
             cluster.remove()
