@@ -24,6 +24,7 @@ from routing_support import wait_until
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.policy.placement import Placement
+from tokenkeys.router.replicas.contention import Contention
 from tokenkeys.router.replicas.shared_load import LocalLoad, RedisSharedLoad
 from tokenkeys.router.service import RoutingConfig, RoutingService
 from tokenkeys.router.workers.load_view import Flight, LoadView
@@ -356,3 +357,27 @@ def test_the_shared_figures_are_on_the_routers_metrics():
         )
         == 0.0
     )
+
+
+def test_only_decisions_neither_side_had_seen_are_counted():
+    """The contention count over stream positions alone: own placements the peer had seen
+    (at or before its ``seen``) and those appended after the peer's entry are not this
+    replica's to count; the ones in between are, split or piled by what they placed."""
+    clock = Clock()
+    c = Contention(clock=clock)
+    old = c.decided("m", "w1", (1, 2), (1, 2))
+    c.appended([old], b"10-0")  # seen by the peer below
+    mid = [c.decided("m", "w1", (1, 2), (1, 2)), c.decided("m", "w1", (5,), (5,))]
+    c.appended(mid, b"20-0")  # after the peer's seen, before its entry: concurrent
+    late = c.decided("m", "w2", (1, 2), (1, 2))
+    c.appended([late], b"40-0")  # after the peer's entry: the peer counts that pair
+    unsent = c.decided("m", "w2", (1, 2), (1, 2))  # not appended yet: also the peer's
+    assert unsent.at is None
+    # The peer placed prompt (1, 2, 3) on w2, new there, having seen up to 15-0; entry 30-0.
+    assert c.peer_placed("m", "w2", [1, 2, 3], [1, 2, 3], b"15-0", (30, 0)) == 2
+    assert (c.concurrent, c.split, c.split_blocks, c.piled) == (2, 1, 2, 0)
+    # A new prompt on w1, sharing nothing with (5,): piled with it; (1, 2) shares nothing.
+    assert c.peer_placed("m", "w1", [9], [9], b"15-0", (31, 0)) == 2
+    assert (c.concurrent, c.split, c.piled) == (4, 1, 2)
+    clock.now += 60.0  # past the window: nothing is kept to compare
+    assert c.peer_placed("m", "w1", [9], [9], b"0-0", (50, 0)) == 0

@@ -100,8 +100,15 @@ class Contention:
         upto = entry_id(seen) if seen else (0, 0)
         fresh_set = frozenset(fresh)
         contended = 0
-        for own in self._own:
-            if own.model != model or own.at is None or not upto < own.at < at:
+        # Own placements are appended in order: from the newest back, those not appended yet
+        # and those after ``at`` are skipped, and the first at or before ``seen`` ends the
+        # scan, so it visits the concurrent ones only (not the whole window at a high rate).
+        for own in reversed(self._own):
+            if own.at is None or own.at >= at:
+                continue
+            if own.at <= upto:
+                break
+            if own.model != model:
                 continue
             contended += 1
             self.concurrent += 1
