@@ -26,10 +26,12 @@ The extrapolation to 100M blocks and 10,000 engines is on paper from these measu
 
 Sizes. The default (what ``python3 bench/run.py`` runs) is the issue's full size: 1,000 engines
 x 10,000 blocks (10M blocks) in every memory replica, and 1,000 engines x
-:data:`CLUSTER_BLOCKS` on the cluster (``--cluster-blocks N`` to change it; the full 10,000 took
-longer than this machine's share allows, see docs/benchmarks.md). ``--quick`` is the small
-smoke size: 200 x 1,000 in memory, 100 x 200 on the cluster. A memory row is skipped, with a
-note, when the machine's available memory cannot hold its replicas' indexes; the cluster is
+:data:`CLUSTER_BLOCKS` on the cluster (``--cluster-blocks N`` to change it). The full 10M on the
+cluster runs with ``--cluster-only --cluster-replicas 0 --cluster-blocks 10000`` (about 2.3 GiB
+on the masters; with a replica per master twice that, see docs/benchmarks.md); the cluster's
+ingest applies each round's batches concurrently, as a router's followers do. ``--quick`` is
+the small smoke size: 200 x 1,000 in memory, 100 x 200 on the cluster. A memory row is skipped,
+with a note, when the machine's available memory cannot hold its replicas' indexes; the cluster is
 flushed after each row.
 """
 
@@ -77,30 +79,40 @@ def _batches(engines: list[str], blocks: int, seed: int):
             yield engine, EventBatch(0.0, (BlockStored(hashes, None, (), BLOCK),), 0, spec)
 
 
-async def _ingest(index, engines: list[str], blocks: int, seed: int) -> tuple[float, float, int]:
-    """Seconds spent applying (generation excluded), CPU seconds of it, and blocks applied."""
+async def _ingest(
+    index, engines: list[str], blocks: int, seed: int, concurrent: bool = False
+) -> tuple[float, float, int]:
+    """Seconds spent applying (generation excluded), CPU seconds of it, and blocks applied.
+
+    ``concurrent``: each round's batches (one per engine) are applied at once, as a router's
+    followers (one task per engine) apply them; the Redis index then sends a turn's writes as
+    one pipeline. Otherwise one after the other (the in-memory index: no I/O to overlap)."""
     from tokenkeys.events.model import SpecRef
     from tokenkeys.router.ingest.ingestor import EventIngestor
 
     ingestor = EventIngestor(index, SpecRef("bench/standin", "0" * 64))
     spent, cpu, count = 0.0, 0.0, 0
     chunk: list = []
+    size = len(engines) if concurrent else 1000
     for item in _batches(engines, blocks, seed):
         chunk.append(item)
-        if len(chunk) == 1000:
-            wall, used = await _apply(ingestor, chunk)
+        if len(chunk) == size:
+            wall, used = await _apply(ingestor, chunk, concurrent)
             spent, cpu, count = spent + wall, cpu + used, count + len(chunk) * STEP_BLOCKS
             chunk = []
     if chunk:
-        wall, used = await _apply(ingestor, chunk)
+        wall, used = await _apply(ingestor, chunk, concurrent)
         spent, cpu, count = spent + wall, cpu + used, count + len(chunk) * STEP_BLOCKS
     return spent, cpu, count
 
 
-async def _apply(ingestor, chunk: list) -> tuple[float, float]:
+async def _apply(ingestor, chunk: list, concurrent: bool) -> tuple[float, float]:
     start, started = time.perf_counter(), time.process_time()
-    for engine, batch in chunk:
-        await ingestor.apply(engine, batch)
+    if concurrent:
+        await asyncio.gather(*(ingestor.apply(engine, batch) for engine, batch in chunk))
+    else:
+        for engine, batch in chunk:
+            await ingestor.apply(engine, batch)
     return time.perf_counter() - start, time.process_time() - started
 
 
@@ -177,7 +189,7 @@ def _cluster_replica(
     async def go() -> tuple[float, float, int]:
         index = RedisPrefixIndex.from_url(url, namespace=namespace, timeout=30)
         try:
-            return await _ingest(index, engines, blocks, seed)
+            return await _ingest(index, engines, blocks, seed, concurrent=True)
         finally:
             await index.close()
 
@@ -220,10 +232,10 @@ def _flush(url: str) -> None:
     """Empty every master of the bench's own cluster (their replicas follow)."""
     import redis
 
-    client = redis.RedisCluster.from_url(url)
+    client = redis.RedisCluster.from_url(url, socket_timeout=300)
     try:
         for node in client.get_primaries():
-            node.redis_connection.flushall()
+            node.redis_connection.flushall(asynchronous=True)  # GBs at full size
     finally:
         client.close()
 
@@ -231,7 +243,7 @@ def _flush(url: str) -> None:
 def _used_memory(url: str) -> int:
     import redis
 
-    client = redis.RedisCluster.from_url(url)
+    client = redis.RedisCluster.from_url(url, socket_timeout=60)
     try:
         return sum(
             int(n.redis_connection.info("memory")["used_memory"]) for n in client.get_primaries()
@@ -240,8 +252,16 @@ def _used_memory(url: str) -> int:
         client.close()
 
 
-def run(quick: bool, cluster_blocks: int = CLUSTER_BLOCKS) -> str:
-    """The Markdown section (see the module doc)."""
+def run(
+    quick: bool,
+    cluster_blocks: int = CLUSTER_BLOCKS,
+    *,
+    memory: bool = True,
+    cluster_replicas: int = 1,
+    router_replicas: tuple[int, ...] = (2, 4),
+) -> str:
+    """The Markdown section (see the module doc); ``memory`` False runs the cluster rows
+    alone, ``cluster_replicas`` Redis replicas per master, ``router_replicas`` the rows."""
     from redis_local import start_cluster
     from timing import load_note
 
@@ -249,7 +269,7 @@ def run(quick: bool, cluster_blocks: int = CLUSTER_BLOCKS) -> str:
     cl_engines, cl_blocks = (100, 200) if quick else (1_000, cluster_blocks)
     lines = ["## Fleet scale (`bench_fleet`)", ""]
     rows, notes, between = [], [], []
-    for replicas in (2, 4):
+    for replicas in router_replicas if memory else ():
         need = replicas * mem_engines * mem_blocks * BYTES_PER_BLOCK_NEEDED
         if need > _available_memory():
             notes.append(
@@ -277,12 +297,12 @@ def run(quick: bool, cluster_blocks: int = CLUSTER_BLOCKS) -> str:
                 for k in PROMPTS
             )
         )
-    cluster = start_cluster()
+    cluster = start_cluster(cluster_replicas)
     if cluster is None:
         notes.append("Cluster rows skipped: no `redis-server`/`redis-cli` here.")
     else:
         try:
-            for replicas in (2, 4):
+            for replicas in router_replicas:
                 namespace = f"bench-fleet-{uuid.uuid4().hex[:6]}"
                 names = _engines(cl_engines)
                 before = _used_memory(cluster.url)
@@ -303,12 +323,21 @@ def run(quick: bool, cluster_blocks: int = CLUSTER_BLOCKS) -> str:
                 rate = sum(r["blocks"] / r["seconds"] for r in res)
                 per_cpu = sum(r["blocks"] / r["cpu"] for r in res) / len(res)
                 scores = asyncio.run(_score_cluster(cluster.url, namespace, names))
+                peak = _used_memory(cluster.url)
                 rows.append(
-                    f"| cluster (3 masters) | {replicas} | {cl_engines:,} x {cl_blocks:,} | "
+                    f"| cluster (3 masters{_replicas_of(cluster_replicas)}) | {replicas} | "
+                    f"{cl_engines:,} x {cl_blocks:,} | "
                     f"{rate:,.0f} | {rate / replicas:,.0f} | {per_cpu:,.0f} | {per:.0f} B | "
                     + " | ".join(_score_cell(scores, k) for k in PROMPTS)
                     + f" | {os.getloadavg()[0]:.1f} |"
                 )
+                notes.append(
+                    f"Cluster row with {replicas} router replicas: the masters' `used_memory` "
+                    f"{peak / 2**30:.2f} GiB at the end ({total:,} blocks written)."
+                )
+                print(
+                    rows[-1], notes[-1], sep="\n", file=sys.stderr, flush=True
+                )  # kept if later rows fail
                 _flush(cluster.url)  # the next row starts from an empty cluster
         finally:
             cluster.remove()
@@ -345,6 +374,10 @@ def run(quick: bool, cluster_blocks: int = CLUSTER_BLOCKS) -> str:
     return "\n".join(lines)
 
 
+def _replicas_of(n: int) -> str:
+    return ", no replicas" if n == 0 else f", {n} replica{'s' if n > 1 else ''} each"
+
+
 async def _score_cluster(url: str, namespace: str, names: list[str]) -> dict[str, list]:
     from tokenkeys.router.index.redis import RedisPrefixIndex
 
@@ -360,4 +393,18 @@ if __name__ == "__main__":
     blocks = CLUSTER_BLOCKS
     if "--cluster-blocks" in sys.argv:
         blocks = int(sys.argv[sys.argv.index("--cluster-blocks") + 1])
-    print(run("--quick" in sys.argv, blocks))
+    replicas = 1
+    if "--cluster-replicas" in sys.argv:
+        replicas = int(sys.argv[sys.argv.index("--cluster-replicas") + 1])
+    rows = (2, 4)
+    if "--router-replicas" in sys.argv:
+        rows = tuple(int(n) for n in sys.argv[sys.argv.index("--router-replicas") + 1].split(","))
+    print(
+        run(
+            "--quick" in sys.argv,
+            blocks,
+            memory="--cluster-only" not in sys.argv,
+            cluster_replicas=replicas,
+            router_replicas=rows,
+        )
+    )

@@ -41,8 +41,10 @@ A last, small section routes over two real vLLM 0.32 servers behind sidecars
 (``routing_vllm``): vLLM's own ``cached_tokens``, precise against round robin.
 
 ``--replicas N`` runs only the concurrent workload's one-router and sharing-replica rows, N
-times, with what placing costs (``_place_cost``, ``placing_processes``); ``--processes`` runs
-each of those routers in a process of its own, as an operator does (``routing_processes``).
+times, with what sharing adds to a decision (``_share_cost``; each row's decision time, p50,
+against one router's in the same run) and what replicas deciding at the same instant missed
+of each other (``router.replicas.contention``); ``--processes`` runs each of those routers in
+a process of its own, as an operator does (``routing_processes``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,6 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-from placing_processes import burst_note
 from redis_local import LocalRedis
 from routing_processes import run_policy_processes
 from routing_smg import POLICIES as SMG_POLICIES
@@ -75,7 +76,9 @@ from routing_workload import (
     drive,
     finish,
     router_config,
+    sharing_figures,
     start_engines,
+    time_decisions,
     wait_quiet,
     workloads,
 )
@@ -84,9 +87,10 @@ from timing import pct
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.policy.cost import CostWeights, GrowthLedger
 from tokenkeys.router.policy.placement import Placement
-from tokenkeys.router.replicas.shared_load import RedisSharedLoad
+from tokenkeys.router.replicas.shared_load import LocalLoad, RedisSharedLoad
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RoutingService
+from tokenkeys.router.workers.load_view import Flight
 
 PLOT = ROOT / "docs" / "routing.png"
 #: (row name, --policy, cost weights of the precise policy, router replicas, --share-load).
@@ -120,6 +124,9 @@ async def _run_policy(
     routers = [await RouterProcess(RouterProcessConfig(config)).start() for _ in range(replicas)]
     await _shared_ready([r.service for r in routers])
     services = [r.service for r in routers]
+    decide: list[float] = []
+    for service in services:
+        time_decisions(service, decide)
     balancer = random.Random(11)  # the load balancer's picks, apart from the workload's draws
     try:
         pool = services[0].router.pool(None)
@@ -151,11 +158,8 @@ async def _run_policy(
                     break
 
         result = await drive(w, send, restart, settle=lambda: _settle(services))
-        # What placing a decision through the store cost, per decision (replica rows only).
-        shared = [s.shared for s in services if isinstance(s.shared, RedisSharedLoad)]
-        result["place"] = [t for shared_load in shared for t in shared_load.place_seconds]
-        result["redecided"] = sum(shared_load.redecided for shared_load in shared)
-        result["forced"] = sum(shared_load.forced for shared_load in shared)
+        result["decide"] = decide
+        result.update(sharing_figures([s.shared for s in services]))
         return finish(result, result["served"])
     finally:
         for router in routers:
@@ -364,7 +368,7 @@ async def _run_async(quick: bool) -> str:
         "(16 tokens here). Every replica follows every engine's KV events. In the replica rows "
         "the replicas share their requests in flight (blocks in use, queued prefill) and "
         "their cache growth through one Redis (`--share-load`, router.replicas.shared_load: each "
-        "decision made on local memory and placed on a Redis stream, in groups; docs/"
+        "decision made on local memory at once and told afterwards on a Redis stream; docs/"
         "router.md); in the unshared row each "
         "counts only its own, so two new prefixes routed by different replicas can land on "
         "one engine.",
@@ -410,29 +414,32 @@ def _smg_note(where: str, ran: bool) -> str:
 
 
 def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
-    """The sharing replicas against one router, and what placing cost their decisions."""
+    """The sharing replicas against one router: hit ratio, decision time, what they missed."""
+    one = res["precise"]
     parts = []
     for n in rows:
         r = res[n]
-        cost = ""
-        if r["place"]:
-            place = r["place"]
-            cost = (
-                f" (placing {_us(place, 50)} / {_us(place, 99)} per decision p50 / p99; "
-                f"{r['redecided']} decided again, {r['forced']} of {len(place)} placed as they "
-                "stood after 8"
-            )
-            if r.get("took"):  # routers in processes of their own (routing_processes)
-                cost += f"; {_took(r)}"
-            cost += ")"
-        parts.append(f"{n.split(', ')[1]} **{r['hit'] / res['precise']['hit']:.2f}x**{cost}")
+        added = pct(r["decide"], 50) - pct(one["decide"], 50)
+        figures = (
+            f" (decision {_us(r['decide'], 50)} p50, {1e6 * added:+,.0f} µs against one "
+            f"router's {_us(one['decide'], 50)}; {r['concurrent']} pairs decided at the same "
+            f"instant, {r['split']} of them a prefix placed on two workers "
+            f"({r['split_blocks']} blocks computed twice), {r['piled']} new prefixes piled on "
+            f"one worker; a peer's entry applied {_ms(r['fold'], 50)} / {_ms(r['fold'], 99)} "
+            "p50 / p99 after it was appended"
+        )
+        if r.get("took"):  # routers in processes of their own (routing_processes)
+            figures += f"; {_took(r)}"
+        figures += ")"
+        parts.append(f"{n.split(', ')[1]} **{r['hit'] / one['hit']:.2f}x**{figures}")
     return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."
 
 
-async def _place_cost(url: str, decisions: int = 2000) -> str:
-    """What placing adds to one decision with no burst queued: one replica placing one
-    decision at a time while a second follows the stream (wall and CPU per decision)."""
-    namespace = f"bench-place-{uuid.uuid4().hex[:8]}"
+async def _share_cost(url: str, decisions: int = 2000) -> str:
+    """What sharing adds to one decision, alone: the shared load's bookkeeping on the decision
+    path (``place`` around the decision, ``sent`` with the request) for an 8k-token prompt,
+    against one router's (``LocalLoad``), CPU per decision, a peer following."""
+    namespace = f"bench-share-{uuid.uuid4().hex[:8]}"
     a, b = RedisSharedLoad(url, namespace=namespace), RedisSharedLoad(url, namespace=namespace)
     keys = tuple(range(512))  # an 8k-token prompt's block keys
     placement = Placement("m", "w", keys, keys[256:], 256.0)
@@ -441,17 +448,27 @@ async def _place_cost(url: str, decisions: int = 2000) -> str:
     try:
         while not (a.following and b.following):
             await asyncio.sleep(0.01)
-        cpu = []
-        for _ in range(decisions):
-            started = time.process_time()
-            await a.place(lambda: (placement, None))
-            cpu.append(time.process_time() - started)
-        wall = list(a.place_seconds)
+        costs = {}
+        for name, shared in (("one router", LocalLoad()), ("sharing", a)):
+            cpu = []
+            for i in range(decisions):
+                flight = Flight(keys, keys[256:], 0.0)
+                started = time.thread_time()
+                await shared.place(lambda: (placement, None))
+                shared.sent("m", "w", flight)
+                shared.finished(flight)
+                cpu.append(time.thread_time() - started)
+                if i % 32 == 31:
+                    await asyncio.sleep(0)  # the batches go out as in a router
+            costs[name] = cpu
+        added = pct(costs["sharing"], 50) - pct(costs["one router"], 50)
         return (
-            f"Placing one decision with no burst queued ({decisions} decisions, 8k-token "
-            f"prompt, one peer following, load average {os.getloadavg()[0]:.1f}): "
-            f"{_us(wall, 50)} / {_us(wall, 99)} wall p50 / p99, {_us(cpu, 50)} / "
-            f"{_us(cpu, 99)} of the router's CPU."
+            f"What sharing adds to one decision, alone ({decisions} decisions of an 8k-token "
+            f"prompt, `place` + `sent` + `finished`, one peer following, load average "
+            f"{os.getloadavg()[0]:.1f}): {_us(costs['sharing'], 50)} / "
+            f"{_us(costs['sharing'], 99)} CPU p50 / p99 against one router's "
+            f"{_us(costs['one router'], 50)}: **{1e6 * added:+,.1f} µs p50**; {a.batches} "
+            f"XADD batches carried {a.appended} changes."
         )
     finally:
         await a.close()
@@ -465,7 +482,11 @@ def _took(r: dict) -> str:
 
 
 def _us(values: list[float], q: float) -> str:
-    return f"{1e6 * pct(values, q):,.0f} µs"
+    return f"{1e6 * pct(values, q):,.0f} µs" if values else "n/a"
+
+
+def _ms(values: list[float], q: float) -> str:
+    return f"{1e3 * pct(values, q):.1f} ms" if values else "n/a"
 
 
 async def _replica_rows(repeat: int, processes: bool) -> str:
@@ -476,8 +497,7 @@ async def _replica_rows(repeat: int, processes: bool) -> str:
     shared = LocalRedis()
     lines = []
     try:
-        lines.append("- " + await _place_cost(shared.url))
-        lines.append("- " + await asyncio.to_thread(burst_note, shared.url))
+        lines.append("- " + await _share_cost(shared.url))
         with tempfile.TemporaryDirectory() as cache:
             for i in range(repeat):
                 res = {}

@@ -62,9 +62,9 @@ class LocalRedis:
         client.close()
 
 
-def start_cluster():  # noqa: ANN201 (the harness's RedisClusterServers)
-    """A fresh 3-master cluster (``.url`` names a node, ``.remove()`` ends it), or None when
-    ``redis-server``/``redis-cli`` are missing."""
+def start_cluster(replicas: int = 1):  # noqa: ANN201 (the harness's RedisClusterServers)
+    """A fresh 3-master cluster with ``replicas`` replicas per master (``.url`` names a node,
+    ``.remove()`` ends it), or None when ``redis-server``/``redis-cli`` are missing."""
     server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if server is None or cli is None:
         return None
@@ -73,4 +73,4 @@ def start_cluster():  # noqa: ANN201 (the harness's RedisClusterServers)
             sys.path.insert(0, str(path))
     from redis_cluster import RedisClusterServers
 
-    return RedisClusterServers(server, cli).start()
+    return RedisClusterServers(server, cli, replicas).start()

@@ -1,15 +1,15 @@
 """The concurrent workload's routers as an operator runs them: each in a process of its own.
 
 ``bench_routing`` runs its routers in the bench's own process and event loop, beside the
-clients, so a sharing replica's placement could wait behind the other replicas' work (it was
-measured not to be the cause: docs/benchmarks.md). Here every router (the one router of the
-reference row, or each of 2-4 sharing replicas) is a process of its own (``RouterProcess`` with
-its HTTP frontend, as ``tokenkeys route`` runs), the bench process only plays the conversations
-over HTTP (``/v1/chat/completions``: the router tokenizes, as it does for a client) to a replica
-picked at random per request, as a load balancer does. The served worker comes from the router's
-``x-tokenkeys-worker`` header, the counts from the engines' usage; each replica reports its
-placing figures over a pipe when the run ends, with its event loop's lag (how late a 5 ms sleep
-wakes: how long a ready callback, such as a placement's reply, waits behind the loop's other
+clients, so a burst's decisions there are made back to back in one turn of the loop. Here
+every router (the one router of the reference row, or each of 2-4 sharing replicas) is a
+process of its own (``RouterProcess`` with its HTTP frontend, as ``tokenkeys route`` runs),
+the bench process only plays the conversations over HTTP (``/v1/chat/completions``: the
+router tokenizes, as it does for a client) to a replica picked at random per request, as a
+load balancer does. The served worker comes from the router's ``x-tokenkeys-worker`` header,
+the counts from the engines' usage; each replica reports its decision times and sharing
+figures over a pipe when the run ends, with its event loop's lag (how late a 5 ms sleep
+wakes: how long a ready callback, such as a peer's entry, waits behind the loop's other
 work). The bench also times each request from sent to answered.
 """
 
@@ -30,14 +30,15 @@ from routing_workload import (
     drive,
     finish,
     router_config,
+    sharing_figures,
     start_engines,
+    time_decisions,
     wait_quiet,
 )
 
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.frontend import HEADER_WORKER
 from tokenkeys.router.policy.cost import CostWeights
-from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.service import RoutingConfig
 
 #: Seconds between the loop-lag probe's wake-ups.
@@ -56,6 +57,8 @@ async def _serve(config: RoutingConfig, conn: Any) -> None:
     """One router process: start, say its port, then answer the bench's commands."""
     server = await RouterProcess(RouterProcessConfig(config, http_port=0)).start()
     service = server.service
+    decide: list[float] = []
+    time_decisions(service, decide)
     lags: list[float] = []
     probe = asyncio.create_task(_lag(lags))
     try:
@@ -69,20 +72,13 @@ async def _serve(config: RoutingConfig, conn: Any) -> None:
             command = await loop.run_in_executor(None, conn.recv)
             if command == "begin":  # the workload starts: lag from here on
                 lags.clear()
+                decide.clear()
             elif command == "settle":  # the round's engine events applied here
                 await wait_quiet(service)
                 conn.send("settled")
             elif command == "stats":
-                shared = service.shared
-                placed = isinstance(shared, RedisSharedLoad)
-                conn.send(
-                    {
-                        "place": list(shared.place_seconds) if placed else [],
-                        "redecided": shared.redecided if placed else 0,
-                        "forced": shared.forced if placed else 0,
-                        "lag": lags[:],
-                    }
-                )
+                stats = sharing_figures([service.shared])
+                conn.send({**stats, "decide": decide[:], "lag": lags[:]})
             else:
                 break
     finally:
@@ -142,12 +138,12 @@ async def run_policy_processes(
                 raise NotImplementedError("the process mode runs the concurrent workload")
 
             result = await drive(w, send, restart, settle)
-        result.update(place=[], redecided=0, forced=0, lag=[], took=took)
+        result.update(sharing_figures([]), decide=[], lag=[], took=took)
         for pipe in pipes:
             pipe.send("stats")
             stats = await asyncio.to_thread(pipe.recv)
-            for name in ("place", "redecided", "forced", "lag"):
-                result[name] += stats[name]
+            for name, value in stats.items():
+                result[name] += value
         return finish(result, Counter(result["served"]))
     finally:
         for pipe in pipes:

@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,7 @@ from timing import pct
 
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.router.policy.cost import CostWeights
+from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.service import RoutingConfig, RoutingService
 from tokenkeys.router.workers.pool_setup import PoolSettings
 
@@ -129,6 +131,39 @@ def start_engine(w: Workload, port: str = "0", http_port: str = "0") -> Engine:
             return Engine(proc, address, "http://127.0.0.1:" + line.rsplit(":", 1)[1].strip())
     proc.kill()
     raise RuntimeError("tokenkeys serve did not start")
+
+
+def time_decisions(service: RoutingService, into: list[float]) -> None:
+    """Record the wall time of each of ``service``'s routing decisions (the policy's
+    ``choose``: keys, lookup, scoring, the cost model, and the sharing's bookkeeping) into
+    ``into``."""
+    policy = service.router.policy
+    choose = policy.choose
+
+    async def timed(*args: object, **kwargs: object) -> object:
+        began = time.perf_counter()
+        try:
+            return await choose(*args, **kwargs)
+        finally:
+            into.append(time.perf_counter() - began)
+
+    policy.choose = timed  # type: ignore[method-assign]
+
+
+def sharing_figures(shared: list[object]) -> dict:
+    """What the sharing replicas of one row missed of each other and how late they heard it
+    (``router.replicas.contention``, ``RedisSharedLoad.fold_lag``); zeros for one router."""
+    loads = [s for s in shared if isinstance(s, RedisSharedLoad)]
+    out = {"concurrent": 0, "split": 0, "split_blocks": 0, "piled": 0, "fold": [], "batches": 0}
+    for s in loads:
+        c = s.contention
+        out["concurrent"] += c.concurrent
+        out["split"] += c.split
+        out["split_blocks"] += c.split_blocks
+        out["piled"] += c.piled
+        out["fold"] += list(s.fold_lag)
+        out["batches"] += s.batches
+    return out
 
 
 async def wait_quiet(service: RoutingService, rounds: int = 5) -> None:

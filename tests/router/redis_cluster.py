@@ -35,14 +35,17 @@ def _distinct_ports(n: int) -> list[int]:
 class RedisClusterServers:
     """Six cluster-mode servers (3 masters + 3 replicas) and the cluster they form."""
 
-    def __init__(self, server: str, cli: str) -> None:
+    def __init__(self, server: str, cli: str, replicas: int = 1) -> None:
         self.server = server
         self.cli = cli
+        #: Replicas per master (the bench's largest fleet runs without: memory).
+        self.replicas_per_master = replicas
         self.dir = tempfile.mkdtemp(prefix="tokenkeys-cluster-")
         # Data and cluster-bus ports, all distinct: picked one by one, a bus port once equalled
         # another node's data port, which then failed to start ("Address already in use").
-        picked = _distinct_ports(4 * MASTERS)
-        self.ports, self._bus_ports = picked[: 2 * MASTERS], picked[2 * MASTERS :]
+        nodes = (1 + replicas) * MASTERS
+        picked = _distinct_ports(2 * nodes)
+        self.ports, self._bus_ports = picked[:nodes], picked[nodes:]
         self.procs: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -54,7 +57,7 @@ class RedisClusterServers:
         return [f"redis://127.0.0.1:{port}/0" for port in self.ports]
 
     def start(self) -> RedisClusterServers:
-        """Start the six nodes and form the cluster; on any failure none stays running."""
+        """Start the nodes and form the cluster; on any failure none stays running."""
         try:
             for port, bus_port in zip(self.ports, self._bus_ports, strict=True):
                 node_dir = os.path.join(self.dir, str(port))
@@ -68,7 +71,8 @@ class RedisClusterServers:
             for port in self.ports:
                 self._wait(lambda c: c.ping(), port, "start")
             nodes = [f"127.0.0.1:{port}" for port in self.ports]
-            create = [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1"]
+            create = [self.cli, "--cluster", "create", *nodes]
+            create += ["--cluster-replicas", str(self.replicas_per_master)]
             subprocess.run(
                 [*create, "--cluster-yes"],
                 check=True,

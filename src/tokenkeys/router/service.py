@@ -32,6 +32,7 @@ from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.policy.decision import Policy
 from tokenkeys.router.policy.precise import GrowthLedgers
 from tokenkeys.router.policy.router import POLICIES, Router, make_policy
+from tokenkeys.router.replicas import metrics as replica_metrics
 from tokenkeys.router.replicas.shared_load import (
     LocalLoad,
     RedisSharedLoad,
@@ -190,8 +191,9 @@ class RoutingService:
         )
         #: What the replicas share of their load (``shared_load``; nothing without share_load).
         self.shared = config.make_shared_load()
+        replica_metrics.register(self.shared, self.metrics_registry)
         #: The cache growth the precise policy prices, per pool; the other replicas' placements
-        #: are recorded here too (``shared``, which also places this router's decisions).
+        #: are recorded here too (``shared``, which also tells the peers this router's).
         self.growth = GrowthLedgers()
         policy = (
             make_policy(

@@ -151,3 +151,33 @@ async def test_more_holders_than_one_script_takes_are_walked_in_groups(redis_bac
     want = {w: PrefixMatch(w, ((1 + i % len(keys), GPU),)) for i, w in enumerate(names)}
     assert await index.lookup(keys) == want
     assert await index.lookup(keys, names[::3]) == {w: want[w] for w in names[::3]}
+
+
+@pytest.mark.parametrize("shards", [1, 8])
+async def test_writes_of_one_turn_go_together_in_the_order_they_were_made(
+    redis_backend, monkeypatch, shards
+):
+    """Many workers' writes made in one turn of the event loop (a router's followers applying
+    their batches at once) reach Redis as one pipeline, and apply in the order made: an add
+    then a remove of the same block leaves it removed, a remove then an add leaves it held."""
+    index = redis_backend.new(shards=shards)
+    await index.add("w0", [1])  # the layout is settled; from here, count the pipelines
+    pipelines = []
+    batch = index._store.batch
+
+    async def counted(op, calls):  # noqa: ANN001, ANN202
+        pipelines.append(op)
+        return await batch(op, calls)
+
+    monkeypatch.setattr(index._store, "batch", counted)
+    keys = list(range(10, 3010))  # more than one WRITE call's worth (CHUNK) on one shard
+    writes = [index.add(f"w{i}", keys[: 100 * i]) for i in range(1, 31)]
+    writes += [index.remove("w1", [10]), index.remove("w0", [1]), index.add("w0", [1])]
+    await asyncio.gather(*writes)
+    assert pipelines == ["write"]
+    got = await index.lookup([1])
+    assert set(got) == {"w0"}
+    got = await index.lookup(keys)
+    assert "w1" not in got  # its first block was removed after it was added
+    assert {w: m.blocks for w, m in got.items()} == {f"w{i}": 100 * i for i in range(2, 31)}
+    assert await index.workers() == {f"w{i}" for i in range(31)}

@@ -113,42 +113,13 @@ def test_trust_flags_silence_only_after_requests_and_forgets_it_when_events_come
     assert [s.reason for s in suspicions(view, 101.0, 30.0, 161.0)] == ["events_silent"]
 
 
-def test_a_hold_counts_as_a_flight_until_its_request_takes_it_over():
-    """A placement being agreed with router replicas is priced like a request sent (its blocks
-    in use, its fresh blocks queued) so that decisions made meanwhile see it; the request of
-    that placement takes the hold over and counts once."""
-    clock = Clock()
-    view = LoadView(clock=clock)
-    view.hold((1, 2, 3), (2, 3))
-    assert view.inflight == 1 and view.inflight_prefix([1, 2, 3, 9]) == 3
-    assert view.queued_prefill(frozenset()) == 2 and view.sent == 0
-    clock.now += 5.0
-    flight = view.begin([1, 2, 3], cached=1)  # the hold goes; fresh as if it never was
-    assert flight.fresh == (2, 3) and view.inflight == 1 and view.sent == 1
-    assert view.queued_prefill(frozenset()) == 2 and not view.holds
-    view.end(flight)
-    assert (view.inflight, dict(view.inflight_keys), dict(view.prefilling_keys)) == (0, {}, {})
-
-
-def test_a_withdrawn_hold_leaves_nothing_and_times_nothing():
-    clock = Clock()
-    view = LoadView(clock=clock)
-    view.hold((1, 2), (1, 2))
-    view.hold((1, 2), (2,))  # a second placement of the same prompt
-    assert view.inflight == 2 and view.queued_prefill(frozenset()) == 2  # distinct blocks
-    clock.now += 30.0
-    assert view.unhold((1, 2)) and view.unhold((1, 2)) and not view.unhold((1, 2))
-    assert (view.inflight, dict(view.inflight_keys), dict(view.prefilling_keys)) == (0, {}, {})
-    assert view.request_seconds is None and not view.holds  # nothing ran
-
-
 def test_only_this_routers_own_requests_judge_a_workers_report():
-    """A peer replica's requests and this router's holds are counted for load, but a worker
-    that reports fewer than those is not under-reporting: whether a peer's request reached it
-    (or ended) is only as timely as the peer's entries, and a hold was never sent."""
+    """Peer replicas' requests are counted for load, but a worker that reports fewer than
+    those is not under-reporting: whether a peer's request reached it (or ended) is only as
+    timely as the peer's entries."""
     view = LoadView(clock=Clock())
     view.adopt((1, 2), (2,))
-    view.hold((5,), (5,))
+    view.adopt((5,), (5,))
     for _ in range(5):
         view.polled(0, 0.0, 0)
     assert view.underreports == 0 and view.load == 2.0

@@ -5,55 +5,72 @@ Each runs on the keys of one shard (one hash tag, so one cluster slot) and is at
 
 from tokenkeys.router.index.redis_store import Script
 
-# KEYS: workers set, the worker's key set, block hashes...; ARGV: worker, tier, ttl ms, ids...
-ADD = Script(
+# KEYS: the shard's workers set (it routes the call to the shard's node); ARGV: the shard's
+# key prefix, the ttl in ms (0: none), then groups of four: op ('a' add, 'r' remove), worker,
+# tier, the block keys as comma-joined decimals. The writes of many event batches (any
+# workers) go as one call per shard, applied in order; the names are built here, as WALK does,
+# because a client encodes (and a cluster client hashes) every key apart. All keys share the
+# tag of KEYS[1], so the script stays within its slot. An add sets the worker's tiers of each
+# block (sorted, comma-joined), adds the block to the worker's key set and the worker to the
+# workers set, refreshing expiries with a ttl; a remove takes the tier off, the block off the
+# worker's set when no tier is left, and the worker off the workers set when its set is empty.
+# Server time is the ingest's bound on a cluster: a new block costs one HSETNX, the worker's
+# set one SADD per thousand blocks (the tier merge only when the worker already holds it).
+WRITE = Script(
     """
-local worker, tier, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-for i = 3, #KEYS do
-  local key = KEYS[i]
-  local cur = redis.call('HGET', key, worker)
-  if not cur then
-    redis.call('HSET', key, worker, tier)
-  elseif cur ~= tier then
-    local list, found = {}, false
-    for t in string.gmatch(cur, '[^,]+') do
-      if t == tier then found = true end
-      list[#list + 1] = t
-    end
-    if not found then
-      list[#list + 1] = tier
-      table.sort(list)
-      redis.call('HSET', key, worker, table.concat(list, ','))
-    end
-  end
-  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
-  redis.call('SADD', KEYS[2], ARGV[i + 1])
-end
-if ttl > 0 and #KEYS > 2 then redis.call('PEXPIRE', KEYS[2], ttl) end
-redis.call('SADD', KEYS[1], worker)
-return 0
-"""
-)
-
-# KEYS: workers set, the worker's key set, block hashes...; ARGV: worker, tier, ids...
-REMOVE = Script(
-    """
-local worker, tier = ARGV[1], ARGV[2]
-for i = 3, #KEYS do
-  local key = KEYS[i]
-  local cur = redis.call('HGET', key, worker)
-  if cur == tier then
-    redis.call('HDEL', key, worker)
-    redis.call('SREM', KEYS[2], ARGV[i])
-  elseif cur then
-    local list, found = {}, false
-    for t in string.gmatch(cur, '[^,]+') do
-      if t == tier then found = true else list[#list + 1] = t end
-    end
-    if found then redis.call('HSET', key, worker, table.concat(list, ',')) end
+local prefix, ttl = ARGV[1], tonumber(ARGV[2])
+local function members(cmd, set, ids)
+  for i = 1, #ids, 1000 do
+    redis.call(cmd, set, unpack(ids, i, math.min(i + 999, #ids)))
   end
 end
-if redis.call('SCARD', KEYS[2]) == 0 then redis.call('SREM', KEYS[1], worker) end
+for g = 3, #ARGV, 4 do
+  local op, worker, tier = ARGV[g], ARGV[g + 1], ARGV[g + 2]
+  local wset = prefix .. 'w:' .. worker
+  local ids = {}
+  for id in string.gmatch(ARGV[g + 3], '[^,]+') do
+    local key = prefix .. 'b:' .. id
+    if op == 'a' then
+      ids[#ids + 1] = id
+      if redis.call('HSETNX', key, worker, tier) == 0 then
+        local cur = redis.call('HGET', key, worker)
+        if cur ~= tier then
+          local list, found = {}, false
+          for t in string.gmatch(cur, '[^,]+') do
+            if t == tier then found = true end
+            list[#list + 1] = t
+          end
+          if not found then
+            list[#list + 1] = tier
+            table.sort(list)
+            redis.call('HSET', key, worker, table.concat(list, ','))
+          end
+        end
+      end
+      if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+    else
+      local cur = redis.call('HGET', key, worker)
+      if cur == tier then
+        redis.call('HDEL', key, worker)
+        ids[#ids + 1] = id
+      elseif cur then
+        local list, found = {}, false
+        for t in string.gmatch(cur, '[^,]+') do
+          if t == tier then found = true else list[#list + 1] = t end
+        end
+        if found then redis.call('HSET', key, worker, table.concat(list, ',')) end
+      end
+    end
+  end
+  if op == 'a' then
+    members('SADD', wset, ids)
+    if #ids > 0 and ttl > 0 then redis.call('PEXPIRE', wset, ttl) end
+    redis.call('SADD', KEYS[1], worker)
+  else
+    members('SREM', wset, ids)
+    if redis.call('SCARD', wset) == 0 then redis.call('SREM', KEYS[1], worker) end
+  end
+end
 return 0
 """
 )

@@ -227,26 +227,10 @@ class GrowthLedger:
 
     horizon: int = GROWTH_HORIZON
     growth: dict[str, float] = field(default_factory=dict)
-    #: Growth of decisions being agreed with router replicas (``router.replicas.shared_load``), by
-    #: worker: priced at once, recorded (and decayed) only once agreed.
-    held: dict[str, list[float]] = field(default_factory=dict)
 
     def get(self, worker: str) -> float:
-        """The worker's decayed growth and its held growth (0 when it got nothing)."""
-        held = self.held.get(worker)
-        return self.growth.get(worker, 0.0) + (sum(held) if held else 0.0)
-
-    def hold(self, worker: str, new_blocks: float) -> None:
-        """A decision being agreed would put ``new_blocks`` into ``worker``'s cache."""
-        self.held.setdefault(worker, []).append(new_blocks)
-
-    def unhold(self, worker: str, new_blocks: float) -> None:
-        """That decision was agreed (and is recorded next) or given up."""
-        held = self.held.get(worker)
-        if held is not None and new_blocks in held:
-            held.remove(new_blocks)
-            if not held:
-                del self.held[worker]
+        """The worker's decayed growth (0 when it got nothing)."""
+        return self.growth.get(worker, 0.0)
 
     def record(self, worker: str, new_blocks: float) -> None:
         """One decision: every worker's growth decays, then ``worker``'s grows."""
@@ -258,4 +242,3 @@ class GrowthLedger:
     def forget(self, worker: str) -> None:
         """Drop a worker that left the pool."""
         self.growth.pop(worker, None)
-        self.held.pop(worker, None)

@@ -8,8 +8,7 @@ recent cache growth, weighted by :class:`~tokenkeys.router.policy.cost.CostWeigh
 cheapest worker. The index missing (Redis down) or the keys not computable right now leave
 load and growth to decide. The last two steps read only this router's memory; with router
 replicas sharing their load they run inside :meth:`~tokenkeys.router.policy.placement.
-Placements.place`, which may run them again on the peers' placements
-(``router.policy.placement``).
+Placements.place`, which keeps what they placed for the peers (``router.policy.placement``).
 """
 
 from __future__ import annotations
@@ -63,8 +62,8 @@ class GrowthLedgers:
 
 class PrecisePolicy:
     """Routes by the prefix ``index`` the pools' events feed, pricing cache ``growth``
-    (default: its own :class:`GrowthLedgers`); ``placements`` agrees each decision with the
-    other router replicas (default: none, one router)."""
+    (default: its own :class:`GrowthLedgers`); ``placements`` keeps each decision's placement
+    for the other router replicas (default: none, one router)."""
 
     name = "precise"
 
@@ -153,7 +152,7 @@ class PrecisePolicy:
         if record:
             costs = await self.placements.place(decide)
             best = costs[0]
-            # At once, before any await: the placement is agreed on this router's memory.
+            # At once, before any await: the next decision prices this one's growth.
             self.growth.record(pool.name, best.worker, best.prefill_blocks)
         else:
             costs = decide()[1]

@@ -7,45 +7,43 @@ two of them may send two new prefixes to one worker before any event or load pol
 :class:`SharedLoad` is how they tell each other:
 
 - :class:`LocalLoad` shares nothing (one router; today's behaviour).
-- :class:`RedisSharedLoad` appends every decision's placement (the request it sends, the
-  blocks it prefills, the growth it causes) and every flight's first output and end to one
-  Redis stream of the namespace (``router.replicas.shared_stream``), and applies what the other
+- :class:`RedisSharedLoad` appends every request it sends (its worker, block keys, the blocks
+  it prefills there, the growth its decision priced), every first output and end to one Redis
+  stream of the namespace (``router.replicas.shared_stream``), and applies what the other
   replicas append to its own load views and growth ledgers, in the stream's order.
 
-A decision is made on local memory, then placed (``router.policy.placement``): one atomic
-round trip appends it unless a peer placed something since this replica last looked, in which
-case the peer's entries come back, are applied, and the decision is made again (at most
-``retries`` times, then placed as it stands). A burst routed by several replicas at once is
-thereby decided as one router would decide it, one placement after the other.
-
-A replica's own decisions do not queue one round trip each: those asked while one of its
-placements is out are decided in order and placed together (``router.replicas.placement_groups``).
-First outputs, ends and heartbeats are batched by a background task (one ``XADD`` per batch).
+A decision waits for nothing: it is made on this replica's memory at once, exactly as one
+router makes it, and what it placed is told afterwards. A background task appends the changes
+in batches (one ``XADD`` per batch; the changes made while one is out form the next), and a
+follower reads the peers' with ``XREAD BLOCK``, folding each entry in as it arrives. So the
+decision path makes no network call, and Redis being slow or away never delays a request.
+The price: two replicas deciding within the same moment (before either's entry reached the
+other) decide without each other. That is counted, not hidden (``router.replicas.contention``:
+prefixes placed on two workers at once and computed twice, unrelated new prefixes piled on one
+worker), and exported on /metrics (``router.replicas.metrics``).
 
 This follows Dynamo's router replica sync (ai-dynamo/dynamo ``lib/llm/src/kv_router/
-sequence.rs``, ``--router-replica-sync``: each replica broadcasts its active-sequence events
-to the others), over Redis instead of NATS, so a deployment that shares the index in Redis
-needs nothing else; Dynamo's broadcast is after the fact, the placement here is agreed before
-the request is sent. On a Redis Cluster any node serves as the URL (the stream lives on the
-slot of its hash tag; the cluster client finds it).
+sequence.rs``, ``--router-replica-sync``: each replica broadcasts its active-sequence events to
+the others beside its decisions, not in front of them), over Redis instead of NATS, so a
+deployment that shares the index in Redis needs nothing else. On a Redis Cluster any node
+serves as the URL (the stream lives on the slot of its hash tag; the cluster client finds it).
 
-A peer's flights are only as good as its entries (``router.replicas.peer_flights``). A replica that
-stops appending (crashed, cut off) sends a heartbeat no more: after ``peer_timeout`` seconds
-its flights are ended here.
-When this replica loses the stream it ends every peer flight it holds and routes on its own
-counts (local-only, as with :class:`LocalLoad`: decisions are not placed, a round trip to a
-Redis that is away would only delay them) until it follows the stream again, from its newest
-entry; entries of flights it never saw start are ignored.
+A peer's flights are only as good as its entries (``router.replicas.peer_flights``). A replica
+that stops appending (crashed, cut off) sends a heartbeat no more: after ``peer_timeout``
+seconds its flights are ended here. When this replica loses the stream it ends every peer
+flight it holds, says so (a warning, ``following`` 0 on /metrics) and routes on its own counts,
+as one router does, until it follows the stream again from its newest entry; entries of
+flights it never saw start are ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -55,15 +53,14 @@ from tokenkeys.errors import Unavailable
 from tokenkeys.router.index.redis_store import RedisStore
 from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.policy.placement import Placement
+from tokenkeys.router.replicas.contention import Contention, OwnPlacement
 from tokenkeys.router.replicas.peer_flights import PeerFlights
-from tokenkeys.router.replicas.placement_groups import GroupPlacer
 from tokenkeys.router.replicas.shared_stream import (
     ALIVE,
     ANSWERED,
     FINISHED,
     GREW,
     MAXLEN,
-    PLACE,
     PLACED,
     READ_LIMIT,
     Cursor,
@@ -83,7 +80,7 @@ class SharedLoad(Protocol):
     the policy's :class:`~tokenkeys.router.policy.placement.Placements`."""
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """Agree on a decision with the other replicas (``router.policy.placement``)."""
+        """Run a decision (``router.policy.placement``); what it placed is told later."""
         ...
 
     def sent(self, model: str, address: str, flight: Flight) -> None:
@@ -130,9 +127,11 @@ class LocalLoad:
         """Nothing to close."""
 
 
-#: Seconds a placement may wait for its request (``sent``) before it is ended for the peers
-#: (its worker left the pool before the request went out).
+#: Seconds a decision's growth waits for its request (``sent``) before it is told alone (its
+#: worker left the pool before the request went out).
 _CLAIM_SECONDS = 2.0
+#: How many fold-in lags (:attr:`RedisSharedLoad.fold_lag`) are kept.
+_LAGS = 100_000
 
 
 class RedisSharedLoad:
@@ -141,8 +140,8 @@ class RedisSharedLoad:
     ``url``: any node of the Redis (or Redis Cluster) the replicas share; ``namespace``: the
     pool's (the stream is ``tokenkeys:{<namespace>:load}``); ``heartbeat`` seconds between
     this replica's signs of life; ``peer_timeout`` seconds of a peer's silence after which its
-    flights are ended here; ``timeout`` bounds each Redis call; ``retries`` how often a
-    decision is made again after peers' placements before it is placed as it stands.
+    flights are ended here; ``timeout`` bounds each Redis call (never a decision's: none
+    makes one).
     """
 
     def __init__(
@@ -153,7 +152,6 @@ class RedisSharedLoad:
         heartbeat: float = 1.0,
         peer_timeout: float = 5.0,
         timeout: float = 1.0,
-        retries: int = 8,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
@@ -165,82 +163,49 @@ class RedisSharedLoad:
         self._store = RedisStore.from_url(url, timeout=timeout, label="shared load")
         self._block_ms = max(int(1000 * min(heartbeat, timeout / 2)), 1)
         self._outbox: list[list[Any]] = []
+        self._outbox_own: list[OwnPlacement] = []
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._serials: dict[int, int] = {}  # id(own flight) -> serial
         self._next = 0
-        # Own placements not yet claimed by a request: (model, address, keys) -> (serial, when).
-        self._placed: dict[tuple[str, str, tuple[int, ...]], list[tuple[int, float]]] = {}
+        # Decisions whose request has not gone out yet: (model, address, keys) -> [(growth,
+        # when)], oldest first; ``sent`` tells the growth with the request.
+        self._decided: dict[tuple[str, str, tuple[int, ...]], list[tuple[float, float]]] = {}
         self._cursor = Cursor()
         # Peers' flights applied here (their timeout and clock are this replica's).
         self._peers = PeerFlights(self.member, self.ledger, timeout=peer_timeout, clock=clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._pools: Mapping[str, Pool] = {}
         self._ledgers: Ledgers | None = None
+        #: Decisions made here and by peers without each other (``router.replicas.contention``).
+        self.contention = Contention(clock=clock)
         #: Changes not appended because Redis could not be reached (for /metrics, tests).
         self.dropped = 0
+        #: Changes appended, and the ``XADD`` calls (batches) that carried them.
+        self.appended = 0
+        self.batches = 0
+        #: Seconds from a peer's entry being appended to its being applied here (wall clocks).
+        self.fold_lag: deque[float] = deque(maxlen=_LAGS)
         #: Whether the stream is followed now (False: local-only).
         self.following = False
-        self._placer = GroupPlacer(self, retries=retries)
 
     # ------------------------------------------------------------------ this replica's side
 
-    def _post(self, item: list[Any]) -> None:
+    def _post(self, item: list[Any], own: OwnPlacement | None = None) -> None:
         self._outbox.append(item)
+        if own is not None:
+            self._outbox_own.append(own)
         self._wake.set()
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """Decide, then place the decision on the stream (``router.replicas.placement_groups``)."""
-        return await self._placer.place(decide)
-
-    # The placer's view of the stream (``router.replicas.placement_groups.Stream``).
-
-    def next_serial(self) -> int:
-        """A new serial for one of this replica's flights."""
-        self._next += 1
-        return self._next
-
-    async def append(self, placements: list[tuple[int, Placement]], force: bool) -> bool:
-        """One ``PLACE`` round trip for ``placements``; the peers' entries it brings back are
-        applied here. Raises Unavailable when Redis fails."""
-        changes = [[PLACED, serial, *_fields(p)] for serial, p in placements]
-        batch = msgpack.packb([self.replica, changes])
-        args = [self._cursor.id, self.replica, batch, int(force), MAXLEN, READ_LIMIT]
-        appended, news = await self._store.run("place", PLACE, [self.key], args)
-        self._take(news)
-        if appended and self._cursor.read < READ_LIMIT:  # nothing unread up to this entry
-            self._cursor.advance(appended)
-        return bool(appended)
-
-    def claim(self, serial: int, placement: Placement) -> None:
-        """The placement is agreed: its request, when sent, takes its serial."""
-        self._placed.setdefault(_claim(placement), []).append((serial, self.clock()))
-
-    def withdraw(self, serial: int, placement: Placement) -> None:
-        """An agreed placement no request will take: unclaimed, and ended for the peers."""
-        self._unclaim(_claim(placement), lambda claim: claim[0] == serial)
-
-    def _unclaim(
-        self, key: tuple[str, str, tuple[int, ...]], which: Callable[[tuple[int, float]], bool]
-    ) -> int:
-        """Drop the claims of ``key`` that ``which`` picks, ending each for the peers; how
-        many were dropped."""
-        claims = self._placed.get(key, [])
-        gone = [c for c in claims if which(c)]
-        for claim in gone:
-            claims.remove(claim)
-            self.ended(claim[0])
-        if not claims:
-            self._placed.pop(key, None)
-        return len(gone)
-
-    def ended(self, serial: int) -> None:
-        """Tell the peers that ``serial`` ended."""
-        self._post([FINISHED, serial])
-
-    def grew(self, placement: Placement) -> None:
-        """Tell the peers the growth of a decision that stands unplaced."""
-        self._post([GREW, 0, placement.model, placement.worker, placement.growth])
+        """Decide on this replica's memory, at once; the decision's growth is told with its
+        request (:meth:`sent`). Never suspends: no network call on a decision's path."""
+        placement, result = decide()
+        p = placement
+        self._decided.setdefault((p.model, p.worker, p.keys), []).append(
+            (float(p.growth), self.clock())
+        )
+        return result
 
     def member(self, model: str, address: str) -> Any:
         """The pool member at ``address`` of ``model``, or None."""
@@ -251,33 +216,20 @@ class RedisSharedLoad:
         """The growth ledger of ``model``'s pool (None before :meth:`start`)."""
         return None if self._ledgers is None or model not in self._pools else self._ledgers(model)
 
-    @property
-    def place_seconds(self) -> collections.deque[float]:
-        """Seconds each placed decision took from being asked to agreed."""
-        return self._placer.place_seconds
-
-    @property
-    def redecided(self) -> int:
-        """Decisions made again after peers' placements."""
-        return self._placer.redecided
-
-    @property
-    def forced(self) -> int:
-        """Decisions placed as they stood after every retry."""
-        return self._placer.forced
-
     def sent(self, model: str, address: str, flight: Flight) -> None:
-        """The flight of a placed decision takes its placement's serial; any other (a retry
-        on another worker, a decision not placed) is appended as placed now."""
-        claims = self._placed.get((model, address, flight.keys))
-        if claims:
-            serial, _ = claims.pop(0)
-            if not claims:
-                del self._placed[(model, address, flight.keys)]
-        else:
-            serial = self.next_serial()
-            self._post([PLACED, serial, model, address, list(flight.keys), list(flight.fresh), 0])
-        self._serials[id(flight)] = serial
+        """Tell the request, with its decision's growth (none: a retry on another worker)."""
+        key = (model, address, flight.keys)
+        growth = 0.0
+        decided = self._decided.get(key)
+        if decided:
+            growth, _ = decided.pop(0)
+            if not decided:
+                del self._decided[key]
+        self._next += 1
+        serial = self._serials[id(flight)] = self._next
+        own = self.contention.decided(model, address, flight.keys, flight.fresh)
+        change = [PLACED, serial, model, address, list(flight.keys), list(flight.fresh), growth]
+        self._post([*change, self._cursor.id], own)
 
     def answered(self, flight: Flight) -> None:
         """Tell the end of the flight's prefill."""
@@ -292,14 +244,19 @@ class RedisSharedLoad:
             self._post([FINISHED, serial])
 
     def _unclaimed(self) -> None:
-        """End, here and for the peers, placements no request took up in time."""
+        """Tell the growth of decisions whose request never went out in time, alone."""
         now = self.clock()
-        for key in list(self._placed):
-            expired = self._unclaim(key, lambda claim: now - claim[1] > _CLAIM_SECONDS)
-            member = self.member(key[0], key[1]) if expired else None
-            if member is not None:
-                for _ in range(expired):  # their holds here go too
-                    member.view.unhold(key[2])
+        for key in list(self._decided):
+            keep = []
+            for growth, when in self._decided[key]:
+                if now - when > _CLAIM_SECONDS:
+                    self._post([GREW, 0, key[0], key[1], growth])
+                else:
+                    keep.append((growth, when))
+            if keep:
+                self._decided[key] = keep
+            else:
+                del self._decided[key]
 
     async def start(self, pools: Mapping[str, Pool], ledgers: Ledgers) -> None:
         """Start appending and following (in the background; Redis may be away)."""
@@ -313,16 +270,19 @@ class RedisSharedLoad:
             self._wake.clear()
             self._unclaimed()
             batch, self._outbox = self._outbox, []
-            placing = int(any(change[0] == PLACED for change in batch))
+            owns, self._outbox_own = self._outbox_own, []
             batch.append([ALIVE, 0])
             data = msgpack.packb([self.replica, batch])
-            fields = ("r", self.replica, "p", placing, "d", data)  # the order PLACE reads
-            command = ("XADD", self.key, "MAXLEN", "~", MAXLEN, "*", *fields)
+            command = ("XADD", self.key, "MAXLEN", "~", MAXLEN, "*", "r", self.replica, "d", data)
             try:
-                await self._store.command("publish", *command)
+                at = await self._store.command("publish", *command)
             except Unavailable as exc:
                 self.dropped += len(batch) - 1
                 log.debug("shared load: appending to %s failed: %s", self.url, exc.message)
+                continue
+            self.appended += len(batch) - 1
+            self.batches += 1
+            self.contention.appended(owns, at)
 
     # ------------------------------------------------------------------------ peers' side
 
@@ -342,11 +302,13 @@ class RedisSharedLoad:
                         self._take(raw)
                     self._peers.expire()
             except Unavailable as exc:
-                log.warning(
-                    "shared load: stream at %s lost, routing on own counts: %s",
-                    self.url,
-                    exc.message,
-                )
+                if self.following:
+                    log.warning(
+                        "shared load: stream at %s lost, routing on this replica's own "
+                        "counts until it is back: %s",
+                        self.url,
+                        exc.message,
+                    )
             finally:
                 self.following = False
                 self._peers.end_all()
@@ -355,15 +317,23 @@ class RedisSharedLoad:
             delay = min(delay * 2, 2.0)
 
     def _take(self, raw: Any) -> None:
-        for replica, data in self._cursor.after(raw):
+        now_ms = time.time() * 1000
+        for at, replica, data in self._cursor.after(raw):
             if replica.decode() != self.replica:
-                self.apply(msgpack.unpackb(data))
+                self.fold_lag.append(max(now_ms - at[0], 0.0) / 1000)
+                self.apply(msgpack.unpackb(data), at)
 
-    def apply(self, message: list[Any]) -> None:
-        """Apply one appended batch (``[replica, changes]``); this replica's own is skipped."""
+    def apply(self, message: list[Any], at: tuple[int, int] = (0, 0)) -> None:
+        """Apply one appended batch (``[replica, changes]``, stream entry ``at``); this
+        replica's own is skipped."""
         peer, changes = message
-        if peer != self.replica:
-            self._peers.apply(peer, changes)
+        if peer == self.replica:
+            return
+        self._peers.apply(peer, changes)
+        for change in changes:
+            if change[0] == PLACED and len(change) > 7:
+                model, address, keys, fresh, _, seen = change[2:8]
+                self.contention.peer_placed(model, address, keys, fresh, seen, at)
 
     @property
     def peer_flights(self) -> int:
@@ -377,19 +347,9 @@ class RedisSharedLoad:
         self._stopping.set()
         self._wake.set()
         tasks, self._tasks = self._tasks, []
-        timeout = 2 * self._timeout + self._block_ms / 1000
-        await self._placer.close(timeout)  # its round trip ends within the call timeout
         if tasks:
+            timeout = 2 * self._timeout + self._block_ms / 1000
             _, late = await asyncio.wait(tasks, timeout=timeout)
             for task in late:
                 task.cancel()
         await self._store.close()
-
-
-def _fields(placement: Placement) -> list[Any]:
-    p = placement
-    return [p.model, p.worker, list(p.keys), list(p.fresh), float(p.growth)]
-
-
-def _claim(placement: Placement) -> tuple[str, str, tuple[int, ...]]:
-    return placement.model, placement.worker, placement.keys

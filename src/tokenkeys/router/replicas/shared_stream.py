@@ -1,18 +1,12 @@
-"""The Redis stream router replicas share their load through, and the one script it needs.
+"""The Redis stream router replicas share their load through.
 
 Every change a replica tells the others (a placement, a request's first output or end, a
-sign of life) is one entry of the namespace's stream (``XADD``, fields ``r``: the replica,
-``p``: ``1`` when the batch places a request, else ``0``, ``d``: its msgpack batch), so all
-replicas read one order of changes. Each keeps a cursor,
-the last entry it applied, advanced by whichever reader gets an entry first: its follower
-(``XREAD BLOCK``) or a placement's reply. :data:`PLACE` is that placement: atomically it
-reads the entries after the caller's cursor and, unless one of them is a peer's placement
-(or the caller insists), appends the caller's placement. (A peer's first outputs, ends and
-heartbeats change loads too, but they come continuously and do not make two decisions go
-the same way; deciding again on each of them would only serialize the replicas longer.) So
-two replicas never both record a decision made without the other's placement. The stream is
-capped (``MAXLEN ~``): a replica keeps up with it, or it loses the stream and starts again
-from the newest entry.
+sign of life) goes into one entry of the namespace's stream (``XADD``, fields ``r``: the
+replica, ``d``: its msgpack batch of changes), so all replicas read one order of changes. A
+replica appends in batches from a background task and follows the stream with ``XREAD
+BLOCK``; its :class:`Cursor` is the last entry it applied. Nothing on a decision's path
+waits for the stream (``router.replicas.shared_load``). The stream is capped (``MAXLEN ~``):
+a replica keeps up with it, or it loses the stream and starts again from the newest entry.
 """
 
 from __future__ import annotations
@@ -20,39 +14,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tokenkeys.router.index.redis_store import Script
-
 #: Kinds of change in an entry's batch: ``[PLACED, serial, model, address, keys, fresh,
-#: growth]``, ``[ANSWERED, serial]``, ``[FINISHED, serial]``, ``[GREW, 0, model, address,
-#: growth]`` (a decision not placed: local-only), ``[ALIVE, 0]`` (a sign of life).
+#: growth, seen]`` (a request sent; ``seen``: the last entry its replica had applied when it
+#: decided), ``[ANSWERED, serial]``, ``[FINISHED, serial]``, ``[GREW, 0, model, address,
+#: growth]`` (a decision whose request never went out: its growth alone), ``[ALIVE, 0]``.
 PLACED, ANSWERED, FINISHED, GREW, ALIVE = range(5)
 
 #: Entries the stream keeps (about; Redis trims whole nodes): seconds of a busy pool, which
 #: its replicas read as they come. An entry carries its prompt's block keys (9 B each).
 MAXLEN = 10_000
-#: Entries one read or placement hands back at most.
+#: Entries one read hands back at most.
 READ_LIMIT = 1_000
-
-#: KEYS: the stream. ARGV: the caller's cursor, its replica id, its entry's batch, 1 to
-#: append whatever was read, MAXLEN, READ_LIMIT. Returns {id appended or "", entries read}.
-PLACE = Script(
-    """
-local news = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', tonumber(ARGV[6]))
-if ARGV[4] ~= '1' then
-  for _, entry in ipairs(news) do
-    local fields = entry[2]
-    for i = 1, #fields, 2 do
-      if fields[i] == 'r' and fields[i + 1] ~= ARGV[2] and fields[i + 3] == '1' then
-        return {'', news}
-      end
-    end
-  end
-end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], '*', 'r', ARGV[2], 'p', '1',
-  'd', ARGV[3])
-return {id, news}
-"""
-)
 
 
 def stream_key(namespace: str) -> str:
@@ -69,7 +41,7 @@ def entry_id(raw: bytes | str) -> tuple[int, int]:
 
 def entries(raw: Iterable[Sequence[Any]]) -> Iterator[tuple[tuple[int, int], bytes, bytes]]:
     """(id, replica, batch) of each stream entry as a reply holds it: ``[id, fields]``, the
-    fields a flat list (a script's reply) or a mapping (redis-py's parsed ``XREAD``)."""
+    fields a flat list (a raw reply) or a mapping (redis-py's parsed ``XREAD``)."""
     for raw_id, fields in raw:
         if not isinstance(fields, Mapping):
             fields = dict(zip(fields[::2], fields[1::2], strict=True))
@@ -77,8 +49,7 @@ def entries(raw: Iterable[Sequence[Any]]) -> Iterator[tuple[tuple[int, int], byt
 
 
 class Cursor:
-    """The last entry of the stream applied here: every entry after it is applied once, by
-    whichever reader (the follower, a placement's reply) hands it over first."""
+    """The last entry of the stream applied here: every entry after it is applied once."""
 
     def __init__(self) -> None:
         self.id = "0-0"
@@ -99,11 +70,11 @@ class Cursor:
         if at > self._at:
             self.id, self._at = text, at
 
-    def after(self, raw: Iterable[Sequence[Any]]) -> Iterator[tuple[bytes, bytes]]:
-        """(replica, batch) of the entries of ``raw`` after the cursor, which follows them."""
+    def after(self, raw: Iterable[Sequence[Any]]) -> Iterator[tuple[tuple[int, int], bytes, bytes]]:
+        """(id, replica, batch) of the entries of ``raw`` after the cursor, which follows them."""
         self.read = 0
         for at, replica, data in entries(raw):
             self.read += 1
             if at > self._at:
                 self.id, self._at = f"{at[0]}-{at[1]}", at
-                yield replica, data
+                yield at, replica, data

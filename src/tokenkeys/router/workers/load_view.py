@@ -14,17 +14,15 @@ arrives, as Dynamo counts a request's prefill tokens until it is marked prefill-
 its first streamed item (``lib/llm/src/kv_router.rs`` ``KvPushRouter``). The worker's KV
 capacity comes with each poll.
 
-Router replicas sharing their load (``router.replicas.shared_load``) add two kinds of flights to
-the same counts: a peer's requests (:meth:`LoadView.adopt`), and this router's own placements still
-being agreed or not yet sent (:meth:`LoadView.hold`), so that its next decisions see them at
-once; :meth:`LoadView.begin` takes over a hold of the same prompt.
+Router replicas sharing their load (``router.replicas.shared_load``) add the peers' requests
+to the same counts (:meth:`LoadView.adopt`), as their stream entries arrive.
 
 The counts of this router's own requests check the worker (``trust``): one that reports fewer
 requests than this router itself has sent there and not seen end is not believed
 (:attr:`LoadView.load` takes the larger), and the polls that did so are counted; requests sent
-since its last event batch tell a silent worker. Peers' flights and holds never enter that
+since its last event batch tell a silent worker. Peers' flights never enter that
 check: whether a peer's request reached the worker, or ended, is only as timely as the peer's
-stream entries, and a hold was not sent at all.
+stream entries.
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ class Flight:
     fresh: tuple[int, ...]
     started: float
     prefilling: bool = True
-    #: Sent by this router (:meth:`LoadView.begin`), not a peer's or a hold.
+    #: Sent by this router (:meth:`LoadView.begin`), not a peer's.
     own: bool = False
 
 
@@ -76,8 +74,6 @@ class LoadView:
     inflight_keys: Counter[int] = field(default_factory=Counter)
     #: Of those, the requests this router itself sent (what the worker must at least report).
     sent: int = 0
-    #: Holds not yet taken over by a request, by prompt (oldest first).
-    holds: dict[tuple[int, ...], list[Flight]] = field(default_factory=dict)
     #: The fresh blocks of those requests still in prefill (one count per request).
     prefilling_keys: Counter[int] = field(default_factory=Counter)
     #: Running mean of how long this router's requests there took (None before the first).
@@ -169,10 +165,8 @@ class LoadView:
 
     def begin(self, keys: Sequence[int], cached: int = 0) -> Flight:
         """A request with these prompt block keys was sent there, its first ``cached`` blocks
-        cached there as far as the index knew; returns its :class:`Flight`. It takes over the
-        oldest hold of the same prompt, if any (its placement's)."""
+        cached there as far as the index knew; returns its :class:`Flight`."""
         keys = tuple(keys)
-        self.unhold(keys)
         fresh = self.fresh(keys, cached)
         flight = self._count(keys, fresh)
         flight.own = True
@@ -188,30 +182,6 @@ class LoadView:
         and under-reporting are judged by this router's own requests only: it knows when it
         sent them and when they ended.)"""
         return self._count(tuple(keys), tuple(fresh))
-
-    def hold(self, keys: Sequence[int], fresh: Sequence[int]) -> None:
-        """This router placed (or is placing) a request of these prompt block keys there and
-        has not sent it yet: counted as a flight until :meth:`begin` takes it over or
-        :meth:`unhold` withdraws it. Holds of one prompt are alike but for their ``fresh``
-        blocks, so each is withdrawn exactly once, oldest first."""
-        keys = tuple(keys)
-        self.holds.setdefault(keys, []).append(self._count(keys, tuple(fresh)))
-
-    def unhold(self, keys: Sequence[int]) -> bool:
-        """Withdraw the oldest hold of this prompt (its placement refused, or never sent);
-        whether there was one. Request durations are not touched: nothing ran."""
-        keys = tuple(keys)
-        held = self.holds.get(keys)
-        if not held:
-            return False
-        flight = held.pop(0)
-        if not held:
-            del self.holds[keys]
-        self.inflight -= 1
-        _take(self.inflight_keys, flight.keys)
-        if flight.prefilling:
-            _take(self.prefilling_keys, flight.fresh)
-        return True
 
     def _count(self, keys: tuple[int, ...], fresh: tuple[int, ...]) -> Flight:
         self.inflight += 1
