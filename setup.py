@@ -13,8 +13,11 @@ setup(
     ext_modules=[
         Extension(
             "tokenkeys.keys._chains",
-            sources=["src/tokenkeys/keys/_native/chains.c"],
-            depends=["src/tokenkeys/keys/_native/sha256.h"],
+            sources=[f"src/tokenkeys/keys/_native/{name}.c" for name in ("chains", "walk", "xxh")],
+            depends=[
+                f"src/tokenkeys/keys/_native/{name}.h"
+                for name in ("encode", "sha256", "walk", "xxh")
+            ],
             optional=True,
         ),
         Extension(
