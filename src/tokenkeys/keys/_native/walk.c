@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "encode.h"
+
 static int open_tokens(Walk *w, PyObject *obj, Py_ssize_t bs) {
     if (bs <= 0) {
         PyErr_SetString(PyExc_ValueError, "block size must be positive");
@@ -35,7 +37,7 @@ int walk_open(Walk *w, PyObject *key_type, PyObject *tokens, Py_ssize_t bs, size
     if (open_tokens(w, tokens, bs) < 0) return -1;
     w->dlen = dlen;
     w->is_signed = is_signed;
-    w->scratch = PyMem_Malloc(fixed + (size_t)bs * per_token + 4);
+    w->scratch = PyMem_Malloc(fixed + (size_t)bs * per_token + CBOR_SLACK);
     if (w->type != NULL) {
         w->keys = PyList_New(w->n_blocks);
     } else {

@@ -12,7 +12,7 @@ typedef struct {
     Py_buffer view;
     const uint32_t *tokens;
     Py_ssize_t n_blocks, bs;
-    uint8_t *scratch;      /* one block's payload, with 4 bytes of slack (encode.h) */
+    uint8_t *scratch;      /* one block's payload, with CBOR_SLACK bytes of slack (encode.h) */
     PyTypeObject *type;    /* BlockKey (a tuple subclass), or NULL: raw buffers */
     PyObject *keys;        /* the list of BlockKey (type set) */
     PyObject *digests;     /* raw: bytes of n_blocks * dlen */
