@@ -22,7 +22,13 @@ setup(
         ),
         Extension(
             "tokenkeys.router.index._table",
-            sources=["src/tokenkeys/router/index/_native/table.c"],
+            sources=[
+                f"src/tokenkeys/router/index/_native/{name}.c"
+                for name in ("table", "slots", "keys", "bulk")
+            ],
+            depends=[
+                f"src/tokenkeys/router/index/_native/{name}.h" for name in ("slots", "keys", "bulk")
+            ],
             optional=True,
         ),
     ]

@@ -11,20 +11,10 @@ workers, so they share one object, and a lookup finds where the holders change b
 identities in C (the table's ``runs``) instead of asking every worker about every key in Python:
 the work per key no longer grows with the number of workers.
 
-A lookup's LRU touch is deferred, exactly. Moving each matched key to the newest end is a probe
-of the table per key, as costly as the lookup's own read (at 10M keys, milliseconds for a
-128k-token prompt), and nothing a lookup answers depends on it: only eviction order does. So
-:meth:`lookup` records what it would touch (a copy of the matched keys, in order) and the
-pending touches are applied, in the order the lookups ran, before anything that depends on or
-shows recency order: at the start of every :meth:`add`, :meth:`remove` and :meth:`clear` (so
-before any eviction), and when :attr:`_entries` is read; a lookup that brings the pending
-amount past :data:`_PENDING_BOUND` keys applies the oldest ones until it is back within it (a
-memory bound; without updates each lookup then pays about its own touch, as before). Applying
-the oldest first keeps the order the lookups ran. Between two mutations the table's
-keys do not change, so every pending key is still in the table when it is applied, and moving
-keys to the end in the same order later leaves the same order as moving them at once (lookups
-read holder sets, never the order). Every observer of the order therefore sees exactly the
-order an eager touch gives; the tests compare it with an eager reference model.
+A lookup's LRU touch is eager and cheap: the table's ``runs`` keeps the slots it found, and
+``touch_found`` moves the ones the lookup used (a copy of nothing, no second probe) while they
+are still in cache. (Deferring the touch to the next update, as this index once did, only moved
+its cost: each touch was still paid, after a second probe of keys no longer in cache.)
 
 Garbage collection: a full pass of CPython's cycle collector walks every entry of every
 container it tracks, so an index of millions of keys in tracked containers stalls its process
@@ -39,17 +29,14 @@ takes it out of those passes for good, however far it grows.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Collection, Sequence
-from itertools import islice, repeat
+from itertools import repeat
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.index.model import (
     DEFAULT_TIER,
     PrefixMatch,
     check_filter,
-    check_key_range,
-    check_key_types,
     check_keys,
     check_tier,
     check_worker,
@@ -63,9 +50,6 @@ DEFAULT_CAPACITY = 1_000_000
 # Distinct holder sets kept before unused ones are dropped (the sweep also runs when the table
 # doubles since the last one, so its cost stays proportional to the growth).
 _SWEEP_FLOOR = 4096
-# Most keys of deferred LRU touches kept (512 kB of references): past it a lookup applies the
-# oldest pending touches itself, so without updates each lookup pays about its own touch.
-_PENDING_BOUND = 1 << 16
 
 
 class _Holders:
@@ -106,13 +90,9 @@ class MemoryPrefixIndex:
             )
         self.capacity = capacity
         self.evictions = 0
-        # key -> its holders; insertion order is recency order (oldest first) once the pending
-        # touches are applied (read it through `_entries` wherever the order matters). The C
-        # table where built, else a PyKeyTable: the same methods (index/table.py).
+        # key -> its holders; insertion order is recency order (oldest first). The C table
+        # where built, else a PyKeyTable: the same methods (index/table.py).
         self._table: PyKeyTable = new_table()
-        # Lookups' deferred LRU touches, oldest first, and how many keys they hold (module doc).
-        self._pending: deque[list[int]] = deque()
-        self._pending_keys = 0
         # worker -> its keys (values unused). Plain dicts of ints, not sets: CPython tracks
         # every set for the cycle collector, whose full passes then walk each entry (1,000
         # workers' sets of a 10M-key index: most of a collection's time), while a dict
@@ -131,18 +111,8 @@ class MemoryPrefixIndex:
 
     @property
     def _entries(self) -> PyKeyTable:
-        """The table in exact recency order: the pending touches applied first."""
-        self._apply_touches()
+        """The table, in recency order (oldest first)."""
         return self._table
-
-    def _apply_touches(self, keep: int = 0) -> None:
-        """Apply the lookups' deferred touches, oldest first (the order the lookups ran), until
-        at most ``keep`` keys are pending (module doc)."""
-        pending, touch = self._pending, self._table.touch
-        while self._pending_keys > keep:
-            keys = pending.popleft()
-            touch(keys)
-            self._pending_keys -= len(keys)
 
     def _tiers(self, tiers: tuple[str, ...]) -> tuple[str, ...]:
         return self._tier_sets.setdefault(tiers, tiers)
@@ -192,7 +162,6 @@ class MemoryPrefixIndex:
         """Record that ``worker`` holds ``keys`` on ``tier``; may evict the oldest keys."""
         check_worker(worker)
         check_tier(tier)
-        self._apply_touches()  # before any eviction: it takes the least recently used
         self._sweep()
         entries, change = self._table, (worker, tier)
         single = self._singles.get(change)
@@ -245,7 +214,6 @@ class MemoryPrefixIndex:
         check_worker(worker)
         check_tier(tier)
         check_keys(keys)
-        self._apply_touches()
         held = self._by_worker.get(worker)
         if held is None:
             return
@@ -272,7 +240,6 @@ class MemoryPrefixIndex:
     async def clear(self, worker: str) -> None:
         """Forget all of ``worker``'s blocks."""
         check_worker(worker)
-        self._apply_touches()
         entries = self._table
         for key in self._by_worker.pop(worker, ()):
             holders = entries[key]
@@ -290,10 +257,13 @@ class MemoryPrefixIndex:
         self, keys: Sequence[int], workers: Collection[str] | None = None
     ) -> dict[str, PrefixMatch]:
         """Each worker's consecutive run over ``keys``; stops when no worker continues."""
-        check_key_types(keys)
-        groups = self._table.runs(keys)
+        entries = self._table
+        groups = None
+        if isinstance(keys, Sequence) and not isinstance(keys, (str, bytes)):
+            groups = entries.runs(keys)
+        if groups is None:  # a key that is not an int in [0, 2**64): named here
+            check_keys(keys)
         end = sum(count for _, count in groups)
-        check_key_range(keys, end)  # the held prefix's keys are table keys, in range
         allowed = check_filter(workers)
         if not groups:
             return {}
@@ -326,13 +296,9 @@ class MemoryPrefixIndex:
             segments.append((end - start, tiers))
             out[worker] = PrefixMatch(worker, tuple(segments))
             longest = end
-        # What a lookup used is recently used: touched later, exactly (module doc). A copy, so
-        # that a caller changing its list afterwards cannot change what is touched.
+        # What a lookup used is recently used: the slots runs() found, moved while in cache.
         if longest:
-            self._pending.append(keys[:longest] if type(keys) is list else [*islice(keys, longest)])
-            self._pending_keys += longest
-            if self._pending_keys > _PENDING_BOUND:
-                self._apply_touches(keep=_PENDING_BOUND)
+            entries.touch_found(longest)
         return out
 
     async def workers(self) -> frozenset[str]:

@@ -1,0 +1,203 @@
+/* The key table's bulk methods (bulk.h). */
+#include "bulk.h"
+
+#include "keys.h"
+
+/* Key j as a Python int (new reference): the caller's own object where it gave a list. */
+static PyObject *key_object(const Keys *k, Py_ssize_t j) {
+    if (k->seq != NULL) {
+        PyObject *item = PySequence_Fast_ITEMS(k->seq)[j];
+        Py_INCREF(item);
+        return item;
+    }
+    return PyLong_FromUnsignedLongLong(k->keys[j]);
+}
+
+static int append_run(PyObject *out, PyObject *holders, Py_ssize_t count) {
+    PyObject *pair = Py_BuildValue("(On)", holders, count);
+    int rc = pair == NULL ? -1 : PyList_Append(out, pair);
+    Py_XDECREF(pair);
+    return rc;
+}
+
+/* Keep the slots found, for touch_found(). */
+static int remember(KeyTable *t, const uint32_t *slots, Py_ssize_t n) {
+    if (n > t->found_cap) {
+        uint32_t *more = PyMem_Realloc(t->found, (size_t)n * sizeof(uint32_t));
+        if (more == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->found = more;
+        t->found_cap = n;
+    }
+    memcpy(t->found, slots, (size_t)n * sizeof(uint32_t));
+    t->found_n = n;
+    t->found_version = t->version;
+    return 0;
+}
+
+/* runs(keys): [(holders, count), ...] over the longest prefix of keys in the table, one pair per
+ * run of consecutive keys with the same holder object; None, when a key is not an exact int in
+ * [0, 2**64) (the caller's check then names it). The slots of that prefix are kept for
+ * touch_found(). */
+PyObject *table_runs(KeyTable *t, PyObject *keys) {
+    Keys k;
+    if (keys_open(&k, keys) < 0) return NULL;
+    if (!k.all_ok) {
+        keys_close(&k);
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(0), *current = NULL;
+    uint32_t *slots = PyMem_Malloc((size_t)(k.size ? k.size : 1) * sizeof(uint32_t));
+    Py_ssize_t count = 0, held = 0;
+    if (out == NULL || slots == NULL) goto fail;
+    probe_start(t, &k);
+    for (; held < k.size; held++) {
+        uint32_t i = probe(t, &k, held);
+        if (i == NIL) break;
+        slots[held] = i;
+        PyObject *value = t->slots[i].value;
+        if (value == current) {
+            count++;
+            continue;
+        }
+        if (current != NULL && append_run(out, current, count) < 0) goto fail;
+        current = value;
+        count = 1;
+    }
+    if (current != NULL && append_run(out, current, count) < 0) goto fail;
+    if (remember(t, slots, held) < 0) goto fail;
+    PyMem_Free(slots);
+    keys_close(&k);
+    return out;
+fail:
+    if (out == NULL || slots == NULL) PyErr_NoMemory();
+    Py_XDECREF(out);
+    PyMem_Free(slots);
+    keys_close(&k);
+    return NULL;
+}
+
+/* Make slots newest in order; their neighbours, which each move rewrites, requested first. */
+static void move_all(KeyTable *t, const uint32_t *found, Py_ssize_t n) {
+    for (Py_ssize_t at = 0; at < n; at += BATCH) {
+        Py_ssize_t end = n - at < BATCH ? n : at + BATCH;
+        for (Py_ssize_t j = at; j < end; j++) {
+            const Slot *s = &t->slots[found[j]];
+            if (s->prev != NIL) PREFETCH(&t->slots[s->prev]);
+            if (s->next != NIL) PREFETCH(&t->slots[s->next]);
+        }
+        /* Moves relink slots, never move them: the slots found stay valid. */
+        for (Py_ssize_t j = at; j < end; j++) slots_move_to_end(t, found[j]);
+    }
+}
+
+/* touch_found(n): make the first n keys the last runs() found the newest, in order. Valid only
+ * while no slot has moved since (the index calls it right after runs(), in the same lookup),
+ * while the slots read are still in cache. */
+PyObject *table_touch_found(KeyTable *t, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > t->found_n || t->found_version != t->version) {
+        PyErr_SetString(PyExc_RuntimeError, "touch_found() after a change of the table");
+        return NULL;
+    }
+    move_all(t, t->found, n);
+    Py_RETURN_NONE;
+}
+
+/* touch(keys): make each key (all present) the newest, in order. */
+PyObject *table_touch(KeyTable *t, PyObject *keys) {
+    Keys k;
+    if (keys_open(&k, keys) < 0) return NULL;
+    uint32_t *found = PyMem_Malloc((size_t)(k.size ? k.size : 1) * sizeof(uint32_t));
+    if (found == NULL) {
+        keys_close(&k);
+        return PyErr_NoMemory();
+    }
+    probe_start(t, &k);
+    for (Py_ssize_t j = 0; j < k.size; j++) {
+        found[j] = probe(t, &k, j);
+        if (found[j] == NIL) {
+            PyObject *key = key_object(&k, j);
+            if (key != NULL) PyErr_SetObject(PyExc_KeyError, key);
+            Py_XDECREF(key);
+            PyMem_Free(found);
+            keys_close(&k);
+            return NULL;
+        }
+    }
+    move_all(t, found, k.size);
+    PyMem_Free(found);
+    keys_close(&k);
+    Py_RETURN_NONE;
+}
+
+PyObject *table_pop_oldest(KeyTable *t, PyObject *unused) {
+    if (t->head == NIL) {
+        PyErr_SetString(PyExc_KeyError, "pop_oldest(): the table is empty");
+        return NULL;
+    }
+    uint32_t i = t->head;
+    PyObject *key = PyLong_FromUnsignedLongLong(t->slots[i].key);
+    if (key == NULL) return NULL;
+    PyObject *value = slots_take(t, i);
+    PyObject *pair = PyTuple_Pack(2, key, value);
+    Py_DECREF(key);
+    Py_DECREF(value);
+    return pair;
+}
+
+/* add_keys(keys, value, capacity) -> (present, evicted): in order, each absent key is inserted
+ * with `value` at the newest end and, past `capacity` keys, the oldest is evicted; each present
+ * key is moved to the newest end and listed in `present` (its holders are the caller's to
+ * change). `evicted` lists (key, holders) in eviction order. None, with nothing changed, when
+ * a key is not an exact int in [0, 2**64) (the caller's check then names it). */
+PyObject *table_add_keys(KeyTable *t, PyObject *args) {
+    PyObject *keys, *value;
+    Py_ssize_t capacity;
+    if (!PyArg_ParseTuple(args, "OOn:add_keys", &keys, &value, &capacity)) return NULL;
+    if (capacity < 1) {
+        PyErr_SetString(PyExc_ValueError, "capacity must be positive");
+        return NULL;
+    }
+    Keys k;
+    if (keys_open(&k, keys) < 0) return NULL;
+    if (!k.all_ok) {
+        keys_close(&k);
+        Py_RETURN_NONE;
+    }
+    PyObject *present = PyList_New(0), *evicted = PyList_New(0);
+    if (present == NULL || evicted == NULL) goto fail;
+    probe_start(t, &k);
+    for (Py_ssize_t j = 0; j < k.size; j++) {
+        /* Probed one by one: an insertion or eviction may move slots (a prefetched line is
+         * still the one read). */
+        uint32_t i = probe(t, &k, j);
+        if (i != NIL) {
+            slots_move_to_end(t, i);
+            PyObject *key = key_object(&k, j);
+            int rc = key == NULL ? -1 : PyList_Append(present, key);
+            Py_XDECREF(key);
+            if (rc < 0) goto fail;
+            continue;
+        }
+        if (slots_insert(t, k.keys[j], value) < 0) goto fail;
+        if (t->used > capacity) {
+            PyObject *pair = table_pop_oldest(t, NULL);
+            if (pair == NULL || PyList_Append(evicted, pair) < 0) {
+                Py_XDECREF(pair);
+                goto fail;
+            }
+            Py_DECREF(pair);
+        }
+    }
+    keys_close(&k);
+    return Py_BuildValue("(NN)", present, evicted);
+fail:
+    Py_XDECREF(present);
+    Py_XDECREF(evicted);
+    keys_close(&k);
+    return NULL;
+}
