@@ -146,9 +146,11 @@ LOOKUPS = st.lists(
 async def test_lookups_and_evictions_match_a_dict_per_key_index(capacity, updates, lookups):
     # A sweep floor of 1 drops unused holder sets on almost every update, so rebuilt (equal but
     # not identical) sets are exercised too; a first chunk of 1 puts a lookup's chunk bounds
-    # (after keys 1, 3, 7) inside these short prompts.
+    # (after keys 1, 3, 7) inside these short prompts; no log slack compacts a worker's key log
+    # whenever it holds more than twice its keys (stale or repeated ones).
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(index_memory, "_SWEEP_FLOOR", 1)
+        patch.setattr(index_memory, "_LOG_SLACK", 0)
         patch.setattr(index_table, "_FIRST_CHUNK", 1)
         index, model = MemoryPrefixIndex(capacity=capacity), LruModel(capacity)
         index._sweep_at = 1
@@ -310,7 +312,7 @@ async def test_the_compiled_table_answers_as_the_pure_python_one(table_core, cap
             await getattr(pure, kind)(worker, keys, tier)
         assert list(compiled._entries) == list(pure._entries)
         assert compiled.evictions == pure.evictions
-        assert compiled._by_worker == pure._by_worker
+        assert compiled._held == pure._held and compiled._logs == pure._logs
     assert await compiled.workers() == await pure.workers()
 
 

@@ -29,8 +29,8 @@ takes it out of those passes for good, however far it grows.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Collection, Sequence
-from itertools import repeat
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.index.model import (
@@ -42,6 +42,9 @@ from tokenkeys.router.index.model import (
     check_worker,
 )
 from tokenkeys.router.index.table import PyKeyTable, new_table
+
+# Stale entries a worker's key log may carry beyond twice what it holds before it is compacted.
+_LOG_SLACK = 4096
 
 #: Default bound, in block keys (about 200 bytes each in CPython with a few workers per key: the
 #: key, its table slot and its reverse-map entries; one dict per key took about 380).
@@ -93,11 +96,11 @@ class MemoryPrefixIndex:
         # key -> its holders; insertion order is recency order (oldest first). The C table
         # where built, else a PyKeyTable: the same methods (index/table.py).
         self._table: PyKeyTable = new_table()
-        # worker -> its keys (values unused). Plain dicts of ints, not sets: CPython tracks
-        # every set for the cycle collector, whose full passes then walk each entry (1,000
-        # workers' sets of a 10M-key index: most of a collection's time), while a dict
-        # holding only ints is never tracked (module doc, "Garbage collection").
-        self._by_worker: dict[str, dict[int, None]] = {}
+        # worker -> every key it was given, as u64 words (module doc, "Per worker"): a key may
+        # be there twice or be held no more; compacted when it outgrows what the worker holds.
+        self._logs: dict[str, array] = {}
+        # worker -> how many keys it holds (a worker holding none has no entry in either).
+        self._held: dict[str, int] = {}
         # One shared tuple per distinct tier set, one shared _Holders per distinct holder set.
         self._tier_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._holder_sets: dict[frozenset[tuple[str, tuple[str, ...]]], _Holders] = {}
@@ -176,30 +179,42 @@ class MemoryPrefixIndex:
         if done is None:
             check_keys(keys)  # raises: the rule the table applied, naming the first bad key
         present, evicted = done
-        by_worker = self._by_worker
-        held = by_worker.setdefault(worker, {})
-        for key, holders in evicted:
-            for other in holders.tiers:
-                dropped = by_worker.get(other)
-                if dropped is not None:
-                    dropped.pop(key, None)
-        held.update(zip(keys, repeat(None)))  # in C
+        held = self._held
+        # Every key is inserted or present; a present one is gained if this worker did not
+        # hold it (its holders change here, after any eviction of this call).
+        gained = len(keys) - len(present)
+        touched = {worker}
         if evicted:
-            # A key of this call evicted later in it (and not inserted again) is not held.
-            get = entries.get
-            for key, holders in evicted:
-                if get(key) is None:
-                    held.pop(key, None)
-                for other in (*holders.tiers, worker):
-                    if not by_worker.get(other, True):
-                        del by_worker[other]
+            for _, holders in evicted:
+                for other in holders.tiers:
+                    held[other] = held.get(other, 0) - 1
+                    touched.add(other)
             self.evictions += len(evicted)
         for key in present:
             holders = entries.get(key)
             if holders is not None:  # unless evicted since in this call
+                gained += worker not in holders.tiers
                 self._change(holders, key, change)
-        if not held:  # an add of no keys
-            by_worker.pop(worker, None)
+        if keys:
+            log = self._logs.get(worker)
+            if log is None:
+                log = self._logs[worker] = array("Q")
+            log.extend(keys)  # in C
+        held[worker] = held.get(worker, 0) + gained
+        for other in touched:
+            if not held.get(other):
+                held.pop(other, None)
+                self._logs.pop(other, None)
+        if worker in held and len(self._logs[worker]) > 2 * held[worker] + _LOG_SLACK:
+            self._compact(worker)
+
+    def _compact(self, worker: str) -> None:
+        """Keep in ``worker``'s log only the keys it holds, once each (first place kept)."""
+        get = self._table.get
+        kept = dict.fromkeys(
+            k for k in self._logs[worker] if (h := get(k)) is not None and worker in h.tiers
+        )
+        self._logs[worker] = array("Q", kept)
 
     def _change(self, holders: _Holders, key: int, change: tuple[str, str]) -> None:
         """A key held already is added again: held by ``change`` too (its place is kept)."""
@@ -214,8 +229,8 @@ class MemoryPrefixIndex:
         check_worker(worker)
         check_tier(tier)
         check_keys(keys)
-        held = self._by_worker.get(worker)
-        if held is None:
+        count = self._held.get(worker)
+        if count is None:
             return
         self._sweep()
         entries, change = self._table, (worker, tier)
@@ -228,21 +243,25 @@ class MemoryPrefixIndex:
                 after = holders.removed[change]
             except KeyError:
                 after = holders.removed[change] = self._without(holders, worker, tier)
-            if len(tiers) == 1:
-                held.pop(key, None)
+            count -= len(tiers) == 1
             if after is None:
                 del entries[key]
             else:
                 entries[key] = after
-        if not held:
-            del self._by_worker[worker]
+        if count:
+            self._held[worker] = count
+        else:
+            del self._held[worker], self._logs[worker]
 
     async def clear(self, worker: str) -> None:
         """Forget all of ``worker``'s blocks."""
         check_worker(worker)
         entries = self._table
-        for key in self._by_worker.pop(worker, ()):
-            holders = entries[key]
+        self._held.pop(worker, None)
+        for key in self._logs.pop(worker, ()):
+            holders = entries.get(key)
+            if holders is None or worker not in holders.tiers:
+                continue  # no longer held (evicted, removed), or met before in the log
             try:
                 after = holders.cleared[worker]
             except KeyError:
@@ -303,7 +322,7 @@ class MemoryPrefixIndex:
 
     async def workers(self) -> frozenset[str]:
         """The workers holding at least one block."""
-        return frozenset(self._by_worker)
+        return frozenset(self._held)
 
     async def close(self) -> None:
         """Nothing to release."""

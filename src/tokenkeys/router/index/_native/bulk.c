@@ -79,17 +79,29 @@ fail:
     return NULL;
 }
 
-/* Make slots newest in order; their neighbours, which each move rewrites, requested first. */
+/* Slot `last`, a run of slots linked from `first`, goes to the newest end as a block. */
+static void splice_to_end(KeyTable *t, uint32_t first, uint32_t last) {
+    if (last == t->tail) return; /* already the newest */
+    Slot *f = &t->slots[first], *l = &t->slots[last];
+    if (f->prev == NIL) t->head = l->next; else t->slots[f->prev].next = l->next;
+    t->slots[l->next].prev = f->prev; /* l->next exists: last is not the tail */
+    f->prev = t->tail;
+    t->slots[t->tail].next = first;
+    l->next = NIL;
+    t->tail = last;
+}
+
+/* Make slots newest in order. Slots already linked in that order (a prompt touched or stored
+ * before: the usual case) move as one block, so a lookup repeated costs one relink, not one
+ * per key; the result is the order moving each slot to the end in turn gives. Contiguity is
+ * read as the list is now, just before each splice, so repeated slots are right too. */
 static void move_all(KeyTable *t, const uint32_t *found, Py_ssize_t n) {
-    for (Py_ssize_t at = 0; at < n; at += BATCH) {
-        Py_ssize_t end = n - at < BATCH ? n : at + BATCH;
-        for (Py_ssize_t j = at; j < end; j++) {
-            const Slot *s = &t->slots[found[j]];
-            if (s->prev != NIL) PREFETCH(&t->slots[s->prev]);
-            if (s->next != NIL) PREFETCH(&t->slots[s->next]);
-        }
-        /* Moves relink slots, never move them: the slots found stay valid. */
-        for (Py_ssize_t j = at; j < end; j++) slots_move_to_end(t, found[j]);
+    Py_ssize_t j = 0;
+    while (j < n) {
+        Py_ssize_t end = j;
+        while (end + 1 < n && t->slots[found[end]].next == found[end + 1]) end++;
+        splice_to_end(t, found[j], found[end]);
+        j = end + 1;
     }
 }
 
