@@ -163,19 +163,26 @@ class MemoryPrefixIndex:
 
     async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Record that ``worker`` holds ``keys`` on ``tier``; may evict the oldest keys."""
-        check_worker(worker)
-        check_tier(tier)
         self._sweep()
         entries, change = self._table, (worker, tier)
-        single = self._singles.get(change)
-        if single is None:
+        try:
+            single = self._singles.get(change)
+        except TypeError:  # an unhashable worker or tier: refused below
+            single = None
+        if single is None:  # a pair not seen since the last sweep: checked once, here
+            check_worker(worker)
+            check_tier(tier)
             single = self._singles[change] = self._holders({worker: self._tiers((tier,))})
         # Absent keys are inserted as `single`, present ones made newest, the oldest evicted past
-        # capacity: one loop in C where built, which checks every key first (None: a bad key,
-        # nothing changed). Only the present keys' holders change here.
+        # capacity, the keys appended to the worker's log: one loop in C where built, which
+        # checks every key first (None: a bad key, nothing changed). Only the present keys'
+        # holders change here.
         done = None
+        log = self._logs.get(worker)
+        if log is None:
+            log = array("Q")
         if type(keys) is list or not isinstance(keys, (str, bytes)) and isinstance(keys, Sequence):
-            done = entries.add_keys(keys, single, self.capacity)
+            done = entries.add_keys(keys, single, self.capacity, log)
         if done is None:
             check_keys(keys)  # raises: the rule the table applied, naming the first bad key
         present, evicted = done
@@ -183,30 +190,34 @@ class MemoryPrefixIndex:
         # Every key is inserted or present; a present one is gained if this worker did not
         # hold it (its holders change here, after any eviction of this call).
         gained = len(keys) - len(present)
-        touched = {worker}
         if evicted:
-            for _, holders in evicted:
-                for other in holders.tiers:
-                    held[other] = held.get(other, 0) - 1
-                    touched.add(other)
-            self.evictions += len(evicted)
+            self._forget(evicted)
         for key in present:
             holders = entries.get(key)
             if holders is not None:  # unless evicted since in this call
                 gained += worker not in holders.tiers
                 self._change(holders, key, change)
-        if keys:
-            log = self._logs.get(worker)
-            if log is None:
-                log = self._logs[worker] = array("Q")
-            log.extend(keys)  # in C
-        held[worker] = held.get(worker, 0) + gained
-        for other in touched:
-            if not held.get(other):
-                held.pop(other, None)
-                self._logs.pop(other, None)
-        if worker in held and len(self._logs[worker]) > 2 * held[worker] + _LOG_SLACK:
-            self._compact(worker)
+        count = held.get(worker, 0) + gained
+        if count:
+            held[worker] = count
+            self._logs[worker] = log
+            if len(log) > 2 * count + _LOG_SLACK:
+                self._compact(worker)
+        else:  # an add of no keys, or of keys all evicted again in it
+            held.pop(worker, None)
+            self._logs.pop(worker, None)
+
+    def _forget(self, evicted: list[tuple[int, _Holders]]) -> None:
+        """Count evicted keys out of their holders; a worker left with none is dropped (the
+        adding worker's count may pass below zero here: its gain is added after)."""
+        held = self._held
+        for _, holders in evicted:
+            for other in holders.tiers:
+                left = held[other] = held.get(other, 0) - 1
+                if not left:
+                    del held[other]
+                    self._logs.pop(other, None)
+        self.evictions += len(evicted)
 
     def _compact(self, worker: str) -> None:
         """Keep in ``worker``'s log only the keys it holds, once each (first place kept)."""

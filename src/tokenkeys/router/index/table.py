@@ -15,6 +15,7 @@ the index's suites and a property test through both).
 from __future__ import annotations
 
 import os
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from itertools import groupby, islice
@@ -71,16 +72,19 @@ class PyKeyTable(OrderedDict):
         self.touch(self._found[:n])
 
     def add_keys(
-        self, keys: Sequence[int], value: Any, capacity: int
+        self, keys: Sequence[int], value: Any, capacity: int, log: array | None = None
     ) -> tuple[list[int], list[tuple[int, Any]]] | None:
         """In order: insert each absent key with ``value`` as the newest, evicting the oldest
         past ``capacity``; make each present key the newest and list it. Returns the present
-        keys and the evicted ``(key, holders)``, in order; ``None``, with nothing changed, when
-        a key is not an exact int in [0, 2**64) (:func:`check_keys` then names it)."""
+        keys and the evicted ``(key, holders)``, in order, and appends the keys to ``log`` (an
+        ``array('Q')``); ``None``, with nothing changed, when a key is not an exact int in
+        [0, 2**64) (:func:`check_keys` then names it)."""
         try:
             check_keys(keys)
         except InvalidArgument:
             return None
+        if log is not None:
+            log.extend(keys)
         present: list[int] = []
         evicted: list[tuple[int, Any]] = []
         if len(self) + len(keys) <= capacity:  # nothing can be evicted: the common case

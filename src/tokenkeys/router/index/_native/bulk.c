@@ -161,15 +161,17 @@ PyObject *table_pop_oldest(KeyTable *t, PyObject *unused) {
     return pair;
 }
 
-/* add_keys(keys, value, capacity) -> (present, evicted): in order, each absent key is inserted
- * with `value` at the newest end and, past `capacity` keys, the oldest is evicted; each present
- * key is moved to the newest end and listed in `present` (its holders are the caller's to
- * change). `evicted` lists (key, holders) in eviction order. None, with nothing changed, when
- * a key is not an exact int in [0, 2**64) (the caller's check then names it). */
+/* add_keys(keys, value, capacity, log=None) -> (present, evicted): in order, each absent key is
+ * inserted with `value` at the newest end and, past `capacity` keys, the oldest is evicted;
+ * each present key is moved to the newest end and listed in `present` (its holders are the
+ * caller's to change). `evicted` lists (key, holders) in eviction order. The keys' u64 words
+ * are appended to `log` (an array('Q'), by its frombytes: already converted here). None, with
+ * nothing changed, when a key is not an exact int in [0, 2**64) (the caller's check then names
+ * it). */
 PyObject *table_add_keys(KeyTable *t, PyObject *args) {
-    PyObject *keys, *value;
+    PyObject *keys, *value, *log = Py_None;
     Py_ssize_t capacity;
-    if (!PyArg_ParseTuple(args, "OOn:add_keys", &keys, &value, &capacity)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOn|O:add_keys", &keys, &value, &capacity, &log)) return NULL;
     if (capacity < 1) {
         PyErr_SetString(PyExc_ValueError, "capacity must be positive");
         return NULL;
@@ -204,6 +206,12 @@ PyObject *table_add_keys(KeyTable *t, PyObject *args) {
             }
             Py_DECREF(pair);
         }
+    }
+    if (log != Py_None && k.size) {
+        PyObject *done = PyObject_CallMethod(log, "frombytes", "y#", (const char *)k.keys,
+                                             k.size * (Py_ssize_t)sizeof(uint64_t));
+        if (done == NULL) goto fail;
+        Py_DECREF(done);
     }
     keys_close(&k);
     return Py_BuildValue("(NN)", present, evicted);
