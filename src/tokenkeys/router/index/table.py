@@ -35,6 +35,9 @@ class PyKeyTable(OrderedDict):
 
     _found: Sequence[int] = ()  # the held prefix of the last runs()
 
+    def reserve(self, n: int) -> None:
+        """Nothing: a dict grows by itself (the C table grows to room for ``n`` at once)."""
+
     def pop_oldest(self) -> tuple[int, Any]:
         """Remove and return the least recently used ``(key, holders)``."""
         return self.popitem(last=False)

@@ -94,7 +94,16 @@ static int grow(KeyTable *t) {
 
 int slots_insert(KeyTable *t, uint64_t key, PyObject *value) {
     t->version++;
-    if ((uint64_t)(t->used + 1) * 10 > (t->mask + 1) * 7 && grow(t) < 0) return -1;
+    if ((uint64_t)(t->used + 1) * 10 > (t->mask + 1) * 7) {
+        /* Past RESERVE_AFTER keys, straight to room for the expected count: each doubling on
+         * the way would re-insert every key (most of an ingest's cost when it did). */
+        uint64_t want = t->used >= RESERVE_AFTER && t->expected > (uint64_t)t->used
+                            ? t->expected
+                            : (uint64_t)t->used + 1;
+        do {
+            if (grow(t) < 0) return -1;
+        } while (want * 10 > (t->mask + 1) * 7);
+    }
     uint64_t i = mix(key) & t->mask;
     while (t->slots[i].value != NULL) i = (i + 1) & t->mask;
     t->slots[i].key = key;

@@ -42,7 +42,12 @@ typedef struct {
     uint32_t *found; /* the slots the last runs() found, in key order */
     Py_ssize_t found_n, found_cap;
     uint64_t found_version;
+    uint64_t expected; /* keys the table is expected to reach (reserve()): grown to at once */
 } KeyTable;
+
+/* Keys a table holds before a growth goes straight to room for `expected` keys: a small
+ * table (a test's, a short-lived router's) never takes the full array. */
+#define RESERVE_AFTER 65536
 
 static inline uint64_t mix(uint64_t x) { /* splitmix64's finalizer: structured keys spread */
     x ^= x >> 30;
@@ -71,6 +76,7 @@ static inline void slots_ahead(const KeyTable *t, uint64_t key) {
 
 /* Make slot i the newest. */
 void slots_move_to_end(KeyTable *t, uint32_t i);
+
 
 /* Insert `key` (absent) with `value` (a new reference is taken) at the newest end. */
 int slots_insert(KeyTable *t, uint64_t key, PyObject *value);
