@@ -2,8 +2,16 @@
 
 Like llm-d's ``InMemoryIndex`` (llm-d-router ``pkg/kvcache/kvblock/in_memory.go``), the bound
 is a number of block keys and the least recently used key goes first; adding a key and finding
-it in a lookup both count as use. A per-worker reverse map makes :meth:`clear` proportional to
-that worker's blocks instead of a scan of the whole index (llm-d's ``Clear`` scans).
+it in a lookup both count as use.
+
+Per worker: a log of every key it was given, as u64 words (``array('Q')``, appended by the
+table's ``add_keys`` from the keys it already converted), and how many keys it holds. The log
+makes :meth:`clear` proportional to that worker's blocks instead of a scan of the whole index
+(llm-d's ``Clear`` scans); it may carry keys the worker no longer holds (evicted, removed,
+given twice), which :meth:`clear` skips by asking the table, and it is compacted when it grows
+past twice the held count. So an eviction changes counts only, and an add costs one append of
+8 bytes per key: a dict of ints per worker, as this index kept before, cost a dict insert and a
+Python int kept alive per key (about half of an ingest, and 48 of the 88 bytes per entry).
 
 Each key maps to an immutable, shared :class:`_Holders` (which workers hold it, on which tiers)
 rather than to a dict of its own. A prompt's consecutive keys are mostly held by the same
@@ -19,8 +27,9 @@ its cost: each touch was still paid, after a second probe of keys no longer in c
 Garbage collection: a full pass of CPython's cycle collector walks every entry of every
 container it tracks, so an index of millions of keys in tracked containers stalls its process
 for as long on each full pass (10M keys held by 200 workers: 744 ms here with a set of keys per
-worker, growing with the keys). The per-worker reverse maps are plain dicts of ints, which
-CPython never tracks (292 ms: the table alone). The compiled key table (``index/table.py``)
+worker, growing with the keys). The per-worker logs are arrays, which CPython never tracks (an
+earlier dict of ints per worker was not tracked either: 292 ms, the table alone). The compiled
+key table (``index/table.py``)
 is never tracked; the pure-Python one, an ``OrderedDict``, always is, but it is built with the
 index: a process that freezes what it holds once started
 (``gc.freeze``, as the serving commands do in :func:`tokenkeys.process.run.freeze_started`)
@@ -46,8 +55,9 @@ from tokenkeys.router.index.table import PyKeyTable, new_table
 # Stale entries a worker's key log may carry beyond twice what it holds before it is compacted.
 _LOG_SLACK = 4096
 
-#: Default bound, in block keys (about 200 bytes each in CPython with a few workers per key: the
-#: key, its table slot and its reverse-map entries; one dict per key took about 380).
+#: Default bound, in block keys (on the C table some 35-70 bytes each with one holder: its slot at
+#: 35-70% load and 8 per holder in the worker's log; the pure-Python table's dict entry and int
+#: cost about 130; one dict per key took about 380).
 DEFAULT_CAPACITY = 1_000_000
 
 # Distinct holder sets kept before unused ones are dropped (the sweep also runs when the table
