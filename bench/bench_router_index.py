@@ -389,7 +389,7 @@ def run(quick: bool) -> str:
             "served; each lookup's LRU touch is paid within it; loads given for the 16 "
             "holders). Bytes per block entry: what tracemalloc counts allocated by an index of "
             f"{min(fleet_keys, 1_000_000):,} keys, one holder each (the table's slot array, "
-            "grown to the index's capacity once it holds 65,536 keys, and the per-worker key "
+            "grown to the index's capacity once it holds an eighth of it, and the per-worker key "
             "logs). The last column is issue 37's aim.",
             "",
             "| figure | C table | pure Python | C against Python | aim |",

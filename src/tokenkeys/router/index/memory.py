@@ -106,8 +106,8 @@ class MemoryPrefixIndex:
         # key -> its holders; insertion order is recency order (oldest first). The C table
         # where built, else a PyKeyTable: the same methods (index/table.py).
         self._table: PyKeyTable = new_table()
-        # The C table grows straight to room for `capacity` keys once it holds 65,536: growing
-        # by doublings re-inserted every key once per doubling, most of an ingest's cost.
+        # The C table grows straight to room for `capacity` keys once it holds an eighth of
+        # them: doublings re-insert every key each time, most of an ingest's cost.
         self._table.reserve(capacity)
         # worker -> every key it was given, as u64 words (module doc, "Per worker"): a key may
         # be there twice or be held no more; compacted when it outgrows what the worker holds.

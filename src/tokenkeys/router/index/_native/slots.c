@@ -94,14 +94,18 @@ static int grow(KeyTable *t) {
 
 int slots_insert(KeyTable *t, uint64_t key, PyObject *value) {
     t->version++;
-    if ((uint64_t)(t->used + 1) * 10 > (t->mask + 1) * 7) {
-        /* Past RESERVE_AFTER keys, straight to room for the expected count: each doubling on
-         * the way would re-insert every key (most of an ingest's cost when it did). */
-        uint64_t want = t->used >= RESERVE_AFTER && t->expected > (uint64_t)t->used
-                            ? t->expected
-                            : (uint64_t)t->used + 1;
+    uint64_t need = (uint64_t)t->used + 1;
+    if (need * 10 > (t->mask + 1) * 7) {
+        /* Near the expected count, straight to room for it: each doubling on the way would
+         * re-insert every key (most of an ingest's cost when the table doubled to 10M keys). */
+        uint64_t want = t->expected > need && t->expected <= need * RESERVE_WITHIN ? t->expected
+                                                                                  : need;
         do {
-            if (grow(t) < 0) return -1;
+            if (grow(t) < 0) {
+                if (need * 10 > (t->mask + 1) * 7) return -1;
+                PyErr_Clear(); /* room enough for this key: the rest of the way later */
+                break;
+            }
         } while (want * 10 > (t->mask + 1) * 7);
     }
     uint64_t i = mix(key) & t->mask;

@@ -42,12 +42,13 @@ typedef struct {
     uint32_t *found; /* the slots the last runs() found, in key order */
     Py_ssize_t found_n, found_cap;
     uint64_t found_version;
-    uint64_t expected; /* keys the table is expected to reach (reserve()): grown to at once */
+    uint64_t expected; /* keys the table is expected to reach (reserve()) */
 } KeyTable;
 
-/* Keys a table holds before a growth goes straight to room for `expected` keys: a small
- * table (a test's, a short-lived router's) never takes the full array. */
-#define RESERVE_AFTER 65536
+/* A growth goes straight to room for the expected keys once they are at most this many times
+ * what the table holds: its array then is at most this many times what it needs (random keys
+ * soon touch every page of it), while a table far below its bound keeps doubling. */
+#define RESERVE_WITHIN 8
 
 static inline uint64_t mix(uint64_t x) { /* splitmix64's finalizer: structured keys spread */
     x ^= x >> 30;

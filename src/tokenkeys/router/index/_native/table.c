@@ -139,8 +139,8 @@ static PyObject *table_iter(KeyTable *t) {
     return it;
 }
 
-/* reserve(n): the table expects to hold n keys (an index bounded by n keys reaches it). Past
- * RESERVE_AFTER keys its next growth makes room for all n at once. */
+/* reserve(n): the table expects to hold n keys (an index bounded by n keys reaches it). Once
+ * n is within RESERVE_WITHIN times what it holds, its next growth makes room for all n. */
 static PyObject *table_reserve(KeyTable *t, PyObject *arg) {
     Py_ssize_t n = PyLong_AsSsize_t(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
@@ -153,7 +153,7 @@ static PyObject *table_reserve(KeyTable *t, PyObject *arg) {
 }
 
 static PyMethodDef table_methods[] = {
-    {"reserve", (PyCFunction)table_reserve, METH_O, "Expect n keys: past 65,536, grow to room for all."},
+    {"reserve", (PyCFunction)table_reserve, METH_O, "Expect n keys: grow to room for all when near."},
     {"get", (PyCFunction)table_get, METH_O, "The holders of a key, or None."},
     {"move_to_end", (PyCFunction)table_move_to_end, METH_O, "Make a key the newest."},
     {"pop_oldest", (PyCFunction)table_pop_oldest, METH_NOARGS, "Remove and return the oldest (key, holders)."},
