@@ -176,7 +176,8 @@ class MemoryPrefixIndex:
 
     async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Record that ``worker`` holds ``keys`` on ``tier``; may evict the oldest keys."""
-        self._sweep()
+        if len(self._holder_sets) > self._sweep_at:  # (the sweep's own test, without its call)
+            self._sweep()
         entries, change = self._table, (worker, tier)
         try:
             single = self._singles.get(change)

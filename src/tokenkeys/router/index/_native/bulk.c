@@ -164,7 +164,8 @@ PyObject *table_pop_oldest(KeyTable *t, PyObject *unused) {
 /* add_keys(keys, value, capacity, log=None) -> (present, evicted): in order, each absent key is
  * inserted with `value` at the newest end and, past `capacity` keys, the oldest is evicted;
  * each present key is moved to the newest end and listed in `present` (its holders are the
- * caller's to change). `evicted` lists (key, holders) in eviction order. The keys' u64 words
+ * caller's to change). `evicted` lists (key, holders) in eviction order (either is an empty
+ * tuple when there are none). The keys' u64 words
  * are appended to `log` (an array('Q'), by its frombytes: already converted here). None, with
  * nothing changed, when a key is not an exact int in [0, 2**64) (the caller's check then names
  * it). */
@@ -182,8 +183,8 @@ PyObject *table_add_keys(KeyTable *t, PyObject *args) {
         keys_close(&k);
         Py_RETURN_NONE;
     }
-    PyObject *present = PyList_New(0), *evicted = PyList_New(0);
-    if (present == NULL || evicted == NULL) goto fail;
+    /* Made on first use: most adds of a stream of new blocks have neither. */
+    PyObject *present = NULL, *evicted = NULL;
     probe_start(t, &k);
     for (Py_ssize_t j = 0; j < k.size; j++) {
         /* Probed one by one: an insertion or eviction may move slots (a prefetched line is
@@ -191,6 +192,7 @@ PyObject *table_add_keys(KeyTable *t, PyObject *args) {
         uint32_t i = probe(t, &k, j);
         if (i != NIL) {
             slots_move_to_end(t, i);
+            if (present == NULL && (present = PyList_New(0)) == NULL) goto fail;
             PyObject *key = key_object(&k, j);
             int rc = key == NULL ? -1 : PyList_Append(present, key);
             Py_XDECREF(key);
@@ -199,6 +201,7 @@ PyObject *table_add_keys(KeyTable *t, PyObject *args) {
         }
         if (slots_insert(t, k.keys[j], value) < 0) goto fail;
         if (t->used > capacity) {
+            if (evicted == NULL && (evicted = PyList_New(0)) == NULL) goto fail;
             PyObject *pair = table_pop_oldest(t, NULL);
             if (pair == NULL || PyList_Append(evicted, pair) < 0) {
                 Py_XDECREF(pair);
@@ -214,7 +217,13 @@ PyObject *table_add_keys(KeyTable *t, PyObject *args) {
         Py_DECREF(done);
     }
     keys_close(&k);
-    return Py_BuildValue("(NN)", present, evicted);
+    PyObject *none = PyTuple_New(0); /* the empty tuple, shared */
+    if (none == NULL) goto fail;
+    PyObject *out = PyTuple_Pack(2, present ? present : none, evicted ? evicted : none);
+    Py_DECREF(none);
+    Py_XDECREF(present);
+    Py_XDECREF(evicted);
+    return out;
 fail:
     Py_XDECREF(present);
     Py_XDECREF(evicted);
