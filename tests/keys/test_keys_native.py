@@ -186,12 +186,17 @@ def test_bad_buffers_are_refused(core) -> None:
 def test_token_lists_read_in_c_equal_array(core, tokens: list[int]) -> None:
     # Ints of one 30-bit digit are read in place, larger ones through the C API: both equal
     # array("I"), for lists and tuples.
-    assert core.u32(tokens) == array("I", tokens).tobytes() == core.u32(tuple(tokens))
+    for given_ in (tokens, tuple(tokens)):
+        out = array("I", [0]) * len(tokens)
+        assert core.u32_into(given_, out) is True
+        assert out == array("I", tokens)
 
 
 @pytest.mark.parametrize("bad", [-1, 2**32, 2**70, -(2**40), 1.0, True, "1", None])
 def test_token_lists_with_anything_else_go_to_python(core, bad: object) -> None:
-    # None: the caller's own conversion runs and names the bad token (or, for a bool, accepts it
-    # as array("I") does).
-    assert core.u32([1, bad, 2]) is None
-    assert core.u32(iter([1])) is None
+    # False: the caller's own conversion runs and names the bad token (or, for a bool, accepts
+    # it as array("I") does).
+    assert core.u32_into([1, bad, 2], array("I", [0, 0, 0])) is False
+    assert core.u32_into(iter([1]), array("I", [0])) is False
+    with pytest.raises(ValueError, match="length"):
+        core.u32_into([1, 2], array("I", [0]))

@@ -245,10 +245,6 @@ static PyObject *digest(PyObject *self, PyObject *args) {
 
 /* ---- token lists -------------------------------------------------------------------------- */
 
-PyDoc_STRVAR(u32_doc,
-             "u32(tokens)\n\nA list or tuple of ints in [0, 2**32) as native uint32 bytes (for "
-             "array('I').frombytes), or None when an item is anything else: the caller's own "
-             "conversion then names the bad token.");
 
 /* An exact int's value if it is in [0, 2**32), else -1. Small ints are read in place (one
  * 30-bit digit, or the compact value on 3.12+) instead of through PyLong_AsUnsignedLongLong:
@@ -273,22 +269,38 @@ static int64_t token_value(PyObject *item) {
     return v <= 0xFFFFFFFFULL ? (int64_t)v : -1;
 }
 
-static PyObject *u32(PyObject *self, PyObject *seq) {
-    if (!PyList_Check(seq) && !PyTuple_Check(seq)) Py_RETURN_NONE;
+
+PyDoc_STRVAR(u32_into_doc,
+             "u32_into(tokens, out)\n\nA list or tuple of ints in [0, 2**32) written into "
+             "out, a writable uint32 buffer of the same length (an array('I')): True, or False "
+             "with out partly written when an item is anything else (the caller's own "
+             "conversion then names the bad token). Into the caller's array: bytes and then an "
+             "array's copy of them took two large allocations per call.");
+
+static PyObject *u32_into(PyObject *self, PyObject *args) {
+    PyObject *seq, *out;
+    if (!PyArg_ParseTuple(args, "OO", &seq, &out)) return NULL;
+    if (!PyList_Check(seq) && !PyTuple_Check(seq)) Py_RETURN_FALSE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(out, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (view.itemsize != 4 || view.format == NULL || strcmp(view.format, "I") != 0 ||
+        view.len != n * 4) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "out must be a uint32 buffer of the tokens' length");
+        return NULL;
+    }
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 4);
-    if (out == NULL) return NULL;
-    uint32_t *dst = (uint32_t *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < n; i++) {
+    uint32_t *dst = view.buf;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
         int64_t v = token_value(items[i]);
-        if (v < 0) {
-            Py_DECREF(out);
-            Py_RETURN_NONE;
-        }
+        ok = v >= 0;
         dst[i] = (uint32_t)v;
     }
-    return out;
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
 }
 
 /* ---- module ------------------------------------------------------------------------------ */
@@ -300,7 +312,7 @@ static PyMethodDef methods[] = {
     {"llmd_cbor", llmd_cbor, METH_VARARGS, llmd_cbor_doc},
     {"llmd_xxh64", llmd_xxh64, METH_VARARGS, llmd_xxh64_doc},
     {"digest", digest, METH_VARARGS, digest_doc},
-    {"u32", u32, METH_O, u32_doc},
+    {"u32_into", u32_into, METH_VARARGS, u32_into_doc},
     {NULL, NULL, 0, NULL},
 };
 

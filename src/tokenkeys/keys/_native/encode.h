@@ -61,29 +61,30 @@ static inline uint8_t *cbor_head(uint8_t *p, unsigned major, uint64_t n) {
 
 /* Canonical CBOR of a block's tokens (array head included). The token's form is built in a
  * register as a word whose little-endian bytes are the form (head byte, then the big-endian
- * value), stored with one 8-byte store, and the pointer advances by its length: one store per
- * token measured twice as fast here as a head-byte store and a 4-byte one (token ids of a
- * large vocabulary mix 3- and 5-byte forms). A store may write up to 7 bytes past the form,
- * which the next token or the tail overwrites; callers leave CBOR_SLACK bytes of slack. */
+ * value shifted to its width), stored with one 8-byte store, and the pointer advances by its
+ * length. No branch on the token: ids of a large vocabulary mix 3- and 5-byte forms at random,
+ * which a branch mispredicts on every new prompt (a repeated one is learnt by the predictor,
+ * which flattered a branching version in repeated timings of one prompt). A store may write
+ * up to 7 bytes past the form, which the next token or the tail overwrites; callers leave
+ * CBOR_SLACK bytes of slack. */
 #define CBOR_SLACK 8
 
 static inline uint8_t *cbor_tokens(uint8_t *p, const uint32_t *tok, ptrdiff_t bs) {
     p = cbor_head(p, 4, (uint64_t)bs);
     for (ptrdiff_t i = 0; i < bs; i++) {
         uint32_t t = tok[i];
+        unsigned k = (t >= 24) + (t >= 0x100) + (t >= 0x10000); /* 0..3 */
+        unsigned width = k + (k == 3);                            /* 0, 1, 2, 4 bytes */
         /* t's bytes reversed: as a little-endian word, t big-endian (one bswap). */
         uint64_t be = (t >> 24) | (t >> 8 & 0xFF00) | (t << 8 & 0xFF0000) | (uint64_t)(t & 0xFF) << 24;
-        uint64_t word = t >= 0x10000 ? 0x1A | be << 8
-                        : t >= 0x100 ? 0x19 | (be >> 16) << 8
-                        : t >= 24    ? 0x18 | (uint64_t)t << 8
-                                     : (uint64_t)t;
-        size_t len = 1 + (t >= 24) + (t >= 0x100) + 2 * (t >= 0x10000);
+        uint64_t head = k ? 0x17 + k : t;
+        uint64_t word = head | (be >> (32 - 8 * width)) << 8;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         memcpy(p, &word, 8);
 #else
-        for (int k = 0; k < 8; k++) p[k] = (uint8_t)(word >> (8 * k));
+        for (int b = 0; b < 8; b++) p[b] = (uint8_t)(word >> (8 * b));
 #endif
-        p += len;
+        p += 1 + width;
     }
     return p;
 }
