@@ -57,7 +57,7 @@ _LOG_SLACK = 4096
 
 #: Default bound, in block keys (on the C table some 35-70 bytes each with one holder: its slot at
 #: 35-70% load and 8 per holder in the worker's log; the pure-Python table's dict entry and int
-#: cost about 130; one dict per key took about 380).
+#: cost about 100; one dict per key took about 380).
 DEFAULT_CAPACITY = 1_000_000
 
 # Distinct holder sets kept before unused ones are dropped (the sweep also runs when the table
