@@ -13,13 +13,22 @@ setup(
     ext_modules=[
         Extension(
             "tokenkeys.keys._chains",
-            sources=["src/tokenkeys/keys/_native/chains.c"],
-            depends=["src/tokenkeys/keys/_native/sha256.h"],
+            sources=[f"src/tokenkeys/keys/_native/{name}.c" for name in ("chains", "walk", "xxh")],
+            depends=[
+                f"src/tokenkeys/keys/_native/{name}.h"
+                for name in ("encode", "sha256", "walk", "xxh")
+            ],
             optional=True,
         ),
         Extension(
             "tokenkeys.router.index._table",
-            sources=["src/tokenkeys/router/index/_native/table.c"],
+            sources=[
+                f"src/tokenkeys/router/index/_native/{name}.c"
+                for name in ("table", "slots", "keys", "bulk")
+            ],
+            depends=[
+                f"src/tokenkeys/router/index/_native/{name}.h" for name in ("slots", "keys", "bulk")
+            ],
             optional=True,
         ),
     ]

@@ -369,8 +369,9 @@ def run(quick: bool) -> str:
             f"Full collection: the pause of one `gc.collect()` (median of 3) in a process "
             f"holding a memory index of {gc_keys:,} keys over {gc_workers} workers; reference: "
             "the same process with a set of keys per worker beside it, the reverse map the "
-            "index kept before (CPython tracks every set, and a full pass walks each entry; a "
-            "dict holding only ints is never tracked). The compiled key table is never "
+            "index kept before (CPython tracks every set, and a full pass walks each entry; the "
+            "per-worker key logs are `array('Q')`, never tracked). The compiled key table is "
+            "never "
             "tracked; the pure-Python one is, and the serving commands freeze what they built "
             "at start (`gc.freeze`), that table with it, however far it grows.",
             "",
@@ -385,11 +386,11 @@ def run(quick: bool) -> str:
             f"validation included), then one {PROMPT_TOKENS:,}-token prompt ({FLEET_PROMPT:,} "
             f"blocks of {FLEET_BLOCK}) held by 16 of them as above, `lookup` + "
             f"`score_workers` {n_score * 5} times (CPU time of each, the process frozen as "
-            "served; every lookup's LRU touch is paid within these calls once the pending "
-            "bound is reached; loads given for the 16 holders). Bytes per block "
-            "entry: what tracemalloc counts allocated by an index of "
-            f"{min(fleet_keys, 1_000_000):,} keys, one holder each (the table, the per-worker "
-            "reverse maps and their ints). The last column is issue 37's aim.",
+            "served; each lookup's LRU touch is paid within it; loads given for the 16 "
+            "holders). Bytes per block entry: what tracemalloc counts allocated by an index of "
+            f"{min(fleet_keys, 1_000_000):,} keys, one holder each (the table's slot array, "
+            "grown to the index's capacity once it holds an eighth of it, and the per-worker key "
+            "logs). The last column is issue 37's aim.",
             "",
             "| figure | C table | pure Python | C against Python | aim |",
             "|---|---:|---:|---:|---:|",

@@ -20,7 +20,16 @@ from evidence import unavailable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenkeys.keys import Adapter, KeyContext, MMItem, block_keys, get_profile, make_spec, native
+from tokenkeys.keys import (
+    Adapter,
+    KeyContext,
+    MMItem,
+    block_key_array,
+    block_keys,
+    get_profile,
+    make_spec,
+    native,
+)
 from tokenkeys.keys.compute import reference_block_keys
 from tokenkeys.keys.registry import profile_ids
 from tokenkeys.keys.spec import BlockKey
@@ -79,12 +88,20 @@ def test_compiled_equals_python_and_reference(
     spec = _spec(profile_id, block_size)
     ctx = _context(profile_id, adapter, salt, items, parent)
     compiled = block_keys(tokens, spec, ctx)
+    compiled_array = block_key_array(tokens, spec, ctx)
     native.CORE = None  # (hypothesis refuses monkeypatch: restored by hand)
     try:
         python = block_keys(tokens, spec, ctx)
+        python_array = block_key_array(tokens, spec, ctx)
     finally:
         native.CORE = core
     assert compiled == python == reference_block_keys(tokens, spec, ctx)
+    # The flat buffers, written by the chains without a Python object per block, and packed
+    # from the Python path's list: the same keys, the same bytes.
+    assert compiled_array == python_array == compiled
+    assert compiled_array.digests == python_array.digests
+    assert compiled_array.events == python_array.events
+    assert compiled_array.index_keys.tolist() == [k.event_key % 2**64 for k in compiled]
     assert all(type(k) is BlockKey for k in compiled)
     assert len(compiled) == len(tokens) // block_size
 
@@ -141,6 +158,19 @@ def test_environment_switch_keeps_python() -> None:
     assert _child(TOKENKEYS_NATIVE="0") == "pure Python (TOKENKEYS_NATIVE=0)"
 
 
+def test_key_array_reads_as_the_list() -> None:
+    spec = _spec("vllm/sha256_cbor@0.31", 4)
+    tokens = list(range(30))
+    keys = block_keys(tokens, spec)
+    array_ = block_key_array(tokens, spec)
+    assert len(array_) == len(keys) == 7
+    assert array_[0] == keys[0] and array_[-1] == keys[-1] and list(array_) == keys
+    assert array_[2:5] == keys[2:5] and array_[1::3] == keys[1::3] and array_[5:2] == []
+    assert array_.tolist() == keys and array_ != keys[:-1]
+    with pytest.raises(IndexError):
+        array_[7]
+
+
 def test_bad_buffers_are_refused(core) -> None:
     spec = _spec("vllm/sha256_cbor@0.31", 4)
     with pytest.raises(TypeError, match="uint32"):
@@ -156,12 +186,17 @@ def test_bad_buffers_are_refused(core) -> None:
 def test_token_lists_read_in_c_equal_array(core, tokens: list[int]) -> None:
     # Ints of one 30-bit digit are read in place, larger ones through the C API: both equal
     # array("I"), for lists and tuples.
-    assert core.u32(tokens) == array("I", tokens).tobytes() == core.u32(tuple(tokens))
+    for given_ in (tokens, tuple(tokens)):
+        out = array("I", [0]) * len(tokens)
+        assert core.u32_into(given_, out) is True
+        assert out == array("I", tokens)
 
 
 @pytest.mark.parametrize("bad", [-1, 2**32, 2**70, -(2**40), 1.0, True, "1", None])
 def test_token_lists_with_anything_else_go_to_python(core, bad: object) -> None:
-    # None: the caller's own conversion runs and names the bad token (or, for a bool, accepts it
-    # as array("I") does).
-    assert core.u32([1, bad, 2]) is None
-    assert core.u32(iter([1])) is None
+    # False: the caller's own conversion runs and names the bad token (or, for a bool, accepts
+    # it as array("I") does).
+    assert core.u32_into([1, bad, 2], array("I", [0, 0, 0])) is False
+    assert core.u32_into(iter([1]), array("I", [0])) is False
+    with pytest.raises(ValueError, match="length"):
+        core.u32_into([1, 2], array("I", [0]))

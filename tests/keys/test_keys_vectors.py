@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenkeys.keys import make_spec
+from tokenkeys.errors import TokenkeysError
+from tokenkeys.keys import KeyArray, KeyContext, block_key_array, make_spec
 from tokenkeys.keys.registry import profile_ids
 from tokenkeys.keys.spec import Vector
 from tokenkeys.keys.vectors import file_name, verify_vectors, write_vectors
@@ -57,6 +58,27 @@ def test_vectors_cover_the_cases_and_verify(profile_id: str) -> None:
     long = next(v for v in spec.vectors if v.name == "long_prompt")
     assert len(long.tokens) >= 2048
     assert verify_vectors(spec).passed
+
+
+@pytest.mark.parametrize("profile_id", profile_ids())
+def test_vectors_through_the_key_array(profile_id: str) -> None:
+    # block_key_array gives every vector's keys (digests and event keys) or its error, as
+    # block_keys does: the flat buffers the compiled chains write hold the same bytes.
+    seed = {"root_seed": "9"} if profile_id.startswith(("vllm/xxhash",)) else {}
+    spec = make_spec(profile_id, 16, **seed)
+    for vector in spec.vectors:
+        if vector.error is not None:
+            with pytest.raises(TokenkeysError) as caught:
+                ctx = KeyContext.from_dict(vector.context) if vector.context else None
+                block_key_array(vector.tokens, spec, ctx)
+            assert type(caught.value).__name__ == vector.error
+            continue
+        ctx = KeyContext.from_dict(vector.context) if vector.context else None
+        keys = block_key_array(vector.tokens, spec, ctx)
+        assert isinstance(keys, KeyArray)
+        assert [k.hex for k in keys] == list(vector.keys or ()), vector.name
+        assert keys.event_keys == list(vector.event_keys or ()), vector.name
+        assert keys.index_keys.tolist() == [k % 2**64 for k in vector.event_keys or ()]
 
 
 def test_verify_reports_first_mismatch() -> None:

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenkeys.errors import InvalidArgument, Unsupported
-from tokenkeys.keys import Adapter, KeyContext, MMItem, block_keys, get_profile, make_spec
+from tokenkeys.keys import (
+    Adapter,
+    KeyContext,
+    MMItem,
+    block_key_array,
+    block_keys,
+    get_profile,
+    make_spec,
+)
 from tokenkeys.keys.compute import reference_block_keys
 
 from conformance_data import data_path
@@ -45,6 +53,7 @@ def test_real_vllm_engine_hashes(name: str, context: KeyContext | None) -> None:
     keys = block_keys(data["token_ids"], spec, context)
     assert [k.event_key for k in keys] == data["block_hashes"]
     assert len(keys) == 25
+    assert block_key_array(data["token_ids"], spec, context).event_keys == data["block_hashes"]
 
 
 def test_none_hash_values_pinned_by_vllm() -> None:

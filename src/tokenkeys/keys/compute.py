@@ -9,13 +9,14 @@ seed and block size all come from the spec.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, TokenkeysError
 from tokenkeys.keys.context import KeyContext
 from tokenkeys.keys.profile import Profile, check_tokens
 from tokenkeys.keys.registry import get_profile
-from tokenkeys.keys.spec import BlockKey, CacheKeySpec
+from tokenkeys.keys.spec import BlockKey, CacheKeySpec, KeyArray
 
 # The context of a request without extras (frozen, so one instance serves every call).
 _EMPTY = KeyContext()
@@ -98,6 +99,33 @@ def block_keys(
     ``context.parent``. ``context.group`` selects a KV-cache group; without it the keys are at
     the hash unit. An empty prompt has no keys.
     """
+    profile, arr, ctx, step = _prepared(tokens, spec, context, parent)
+    if len(arr) < spec.hash_unit:
+        return []
+    keys = profile.unit_keys(arr, spec, ctx)
+    return keys if step == 1 else keys[step - 1 :: step]
+
+
+def block_key_array(
+    tokens: Sequence[int],
+    spec: CacheKeySpec,
+    context: KeyContext | None = None,
+    parent: object = None,
+) -> KeyArray:
+    """:func:`block_keys` as a :class:`KeyArray`: the same keys, the same checks and errors, in
+    two flat buffers (digests, event keys) that the compiled chains write without a Python
+    object per block; what a router needs per prompt (:attr:`KeyArray.index_keys`)."""
+    profile, arr, ctx, step = _prepared(tokens, spec, context, parent)
+    if len(arr) < spec.hash_unit:
+        return KeyArray(b"", b"", 0, signed=profile.signed_events)
+    keys = profile.unit_key_array(arr, spec, ctx)
+    return keys if step == 1 else keys[step - 1 :: step]
+
+
+def _prepared(
+    tokens: Sequence[int], spec: CacheKeySpec, context: KeyContext | None, parent: object
+) -> tuple[Profile, array, KeyContext, int]:
+    """The checked inputs of a key computation: profile, tokens, context and the group step."""
     profile = profile_for(spec)
     ctx = context if context is not None else _EMPTY
     if not isinstance(ctx, KeyContext):
@@ -108,15 +136,11 @@ def block_keys(
         ctx = KeyContext(**{**_fields(ctx), "parent": getattr(parent, "digest", parent)})
     arr = check_tokens(tokens)
     unit = spec.hash_unit
-    n_units = len(arr) // unit
-    profile.check_context(spec, ctx, n_units)
+    profile.check_context(spec, ctx, len(arr) // unit)
     step = 1
     if ctx.group is not None:
         step = spec.group(ctx.group).block_size // unit
-    if n_units == 0:
-        return []
-    keys = profile.unit_keys(arr, spec, ctx)
-    return keys if step == 1 else keys[step - 1 :: step]
+    return profile, arr, ctx, step
 
 
 def reference_block_keys(

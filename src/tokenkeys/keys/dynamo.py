@@ -115,8 +115,26 @@ class DynamoProfile(RootlessProfile):
     def _seed(self, ctx: KeyContext) -> int:
         return block_seed(ctx.adapter.name if ctx.adapter else None, ctx.cache_salt)
 
+    def compiled_chain(
+        self, tokens: array, spec: CacheKeySpec, ctx: KeyContext
+    ) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+        """``_chains.dynamo``: the seed, the parent if any, each block's multimodal hashes."""
+        core = native.chains(xxhash=True)
+        if core is None:
+            return None
+        bs = spec.hash_unit
+        mm = (
+            {b: self._block_mm(ctx, b * bs, (b + 1) * bs) for b in range(len(tokens) // bs)}
+            if ctx.mm_items
+            else None
+        )
+        seq = int.from_bytes(ctx.parent, "big") if ctx.parent is not None else None
+        return core.dynamo, (self._seed(ctx), seq is not None, seq or 0, mm)
+
     def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
         """Fast path: one little-endian buffer, one XXH3 call per block and per chain step."""
+        if (keys := self.compiled_keys(tokens, spec, ctx)) is not None:
+            return keys
         bs = spec.hash_unit
         n = len(tokens) // bs
         data = le_bytes(tokens[: n * bs])
@@ -125,14 +143,6 @@ class DynamoProfile(RootlessProfile):
         h64 = xxhash.xxh3_64_intdigest
         pack = _PAIR.pack
         seq = int.from_bytes(ctx.parent, "big") if ctx.parent is not None else None
-        core = native.chains(xxhash=True)
-        if core is not None:
-            mm = (
-                {b: self._block_mm(ctx, b * bs, (b + 1) * bs) for b in range(n)}
-                if ctx.mm_items
-                else None
-            )
-            return core.dynamo(BlockKey, tokens, bs, seed, seq is not None, seq or 0, mm)
         out = []
         for b in range(n):
             chunk = data[b * step : (b + 1) * step]

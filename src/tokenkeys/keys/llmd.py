@@ -184,17 +184,26 @@ class LlmdProfile(Profile):
             parts.append(raw)
         return xxhash.xxh64_intdigest(b"".join(parts), 0)
 
+    def compiled_chain(
+        self, tokens: array, spec: CacheKeySpec, ctx: KeyContext
+    ) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+        """``_chains.llmd_xxh64`` or ``llmd_cbor``: the root and each block's encoded extras."""
+        core = native.chains(xxhash=self.xxh)
+        if core is None:
+            return None
+        chain = core.llmd_xxh64 if self.xxh else core.llmd_cbor
+        bs = spec.hash_unit
+        return chain, (self._root(spec, ctx), self._encoded_extras(ctx, len(tokens) // bs, bs))
+
     def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
         """Fast path: token bytes encoded once, per-block concatenation."""
         bs = spec.hash_unit
         n = len(tokens) // bs
         if n == 0:
             return []
+        if (keys := self.compiled_keys(tokens, spec, ctx)) is not None:
+            return keys
         key = self._root(spec, ctx)
-        core = native.chains(xxhash=self.xxh)
-        if core is not None:
-            chain = core.llmd_xxh64 if self.xxh else core.llmd_cbor
-            return chain(BlockKey, tokens, bs, key, self._encoded_extras(ctx, n, bs))
         out = []
         if self.xxh:
             data = le_bytes(tokens[: n * bs])

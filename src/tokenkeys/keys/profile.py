@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -21,7 +21,7 @@ import numpy as np
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys import native
 from tokenkeys.keys.context import KeyContext
-from tokenkeys.keys.spec import SLIDING_WINDOW, BlockKey, CacheKeySpec, KeyGroup
+from tokenkeys.keys.spec import SLIDING_WINDOW, BlockKey, CacheKeySpec, KeyArray, KeyGroup
 
 MAX_BLOCK_SIZE = 1 << 20
 
@@ -46,16 +46,21 @@ class ProfileInfo:
         return out
 
 
+_ZERO = array("I", [0])
+
+
 def check_tokens(tokens: Sequence[int]) -> array:
     """Token ids as an unsigned 32-bit array; anything else is :class:`InvalidArgument`."""
     if isinstance(tokens, array) and tokens.typecode == "I" and tokens.itemsize == 4:
         return tokens
     core = native.chains()
-    if core is not None and (raw := core.u32(tokens)) is not None:
-        # A list's ints read in C: array("I", list) costs more than the chain it feeds.
-        arr = array("I")
-        arr.frombytes(raw)
-        return arr
+    if core is not None and type(tokens) in (list, tuple):
+        # A list's ints read in C: array("I", list) costs more than the chain it feeds. Into
+        # one array of the right size: bytes then a copy took two large allocations, whose
+        # page faults cost several times the reading (2-3 ms for 128k tokens here).
+        arr = _ZERO * len(tokens)
+        if core.u32_into(tokens, arr):
+            return arr
     try:
         arr = array("I", tokens)
     except (OverflowError, TypeError, ValueError):
@@ -211,6 +216,40 @@ class Profile(ABC):
     @abstractmethod
     def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
         """Keys of every full hash unit (fast path)."""
+
+    #: The event keys are signed 64-bit integers (SGLang's); unsigned otherwise.
+    signed_events = False
+
+    def compiled_chain(
+        self, tokens: array, spec: CacheKeySpec, ctx: KeyContext
+    ) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+        """The compiled chain (``keys/_native``) computing :meth:`unit_keys`, and its arguments
+        after ``(key_type, tokens, block_size)``; ``None`` where there is none (not built,
+        switched off, or none for this profile), and the Python fast path runs."""
+        return None
+
+    def compiled_keys(
+        self, tokens: array, spec: CacheKeySpec, ctx: KeyContext
+    ) -> list[BlockKey] | None:
+        """:meth:`unit_keys` through the compiled chain, or ``None`` where there is none."""
+        call = self.compiled_chain(tokens, spec, ctx)
+        if call is None:
+            return None
+        chain, args = call
+        return chain(BlockKey, tokens, spec.hash_unit, *args)
+
+    def unit_key_array(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> KeyArray:
+        """:meth:`unit_keys` as a :class:`KeyArray`: the compiled chain writes its two buffers
+        directly (no object per block); without one, the Python fast path's list is packed."""
+        call = self.compiled_chain(tokens, spec, ctx)
+        if call is None:
+            keys = self.unit_keys(tokens, spec, ctx)
+            size = len(keys[0].digest) if keys else 0
+            return KeyArray.of(keys, size, signed=self.signed_events)
+        chain, args = call
+        digests, events = chain(None, tokens, spec.hash_unit, *args)
+        n = len(events) // 8
+        return KeyArray(digests, events, len(digests) // n if n else 0, signed=self.signed_events)
 
     @abstractmethod
     def reference_unit_keys(

@@ -92,16 +92,24 @@ class SglangProfile(RootlessProfile):
             return hashlib.sha256(SALT_SEED_TAG + ctx.cache_salt.encode("utf-8")).digest()
         return b""
 
+    signed_events = True
+
+    def compiled_chain(
+        self, tokens: array, spec: CacheKeySpec, ctx: KeyContext
+    ) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+        """``_chains.sglang``: the prior (empty, a parent, or the salt's seed)."""
+        core = native.chains()
+        return None if core is None else (core.sglang, (self._prior(ctx),))
+
     def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
         """Fast path: one little-endian buffer for all tokens, one SHA-256 call per page."""
         bs = spec.hash_unit
         n = len(tokens) // bs
         if n == 0:
             return []
+        if (keys := self.compiled_keys(tokens, spec, ctx)) is not None:
+            return keys
         prior = self._prior(ctx)
-        core = native.chains()
-        if core is not None:
-            return core.sglang(BlockKey, tokens, bs, prior)
         step = bs * 4
         data = le_bytes(tokens[: n * bs])
         sha = hashlib.sha256

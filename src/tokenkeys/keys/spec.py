@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 from tokenkeys.errors import InvalidArgument
 
@@ -50,6 +51,94 @@ def make_block_keys(digests: list[bytes], event_keys: list[int]) -> list[BlockKe
     matters at one key per block.
     """
     return list(map(tuple.__new__, repeat(BlockKey), zip(digests, event_keys, strict=True)))
+
+
+class KeyArray(Sequence[BlockKey]):
+    """A prompt's block keys as two flat buffers: no Python object per block.
+
+    ``digests`` holds every key's digest, ``size`` bytes each; ``events`` every event key as a
+    native 64-bit word (signed where the profile's events are, SGLang's). Read as a sequence it
+    is the list :func:`~tokenkeys.keys.block_keys` returns (equal to it, item by item); a
+    router reads :attr:`index_keys` instead, the u64 words the prefix index takes as they are.
+    :func:`~tokenkeys.keys.compute.block_key_array` makes one.
+    """
+
+    __slots__ = ("digests", "events", "size", "signed")
+
+    def __init__(self, digests: bytes, events: bytes, size: int, *, signed: bool = False) -> None:
+        if len(events) % 8 or len(digests) != len(events) // 8 * size:
+            raise ValueError("a KeyArray needs one 8-byte event key and one digest per block")
+        self.digests = digests
+        self.events = events
+        self.size = size
+        self.signed = signed
+
+    @classmethod
+    def of(cls, keys: Sequence[BlockKey], size: int, *, signed: bool = False) -> KeyArray:
+        """The array of ``keys`` (each digest ``size`` bytes)."""
+        events = array("q" if signed else "Q", [k.event_key for k in keys])
+        return cls(b"".join(k.digest for k in keys), events.tobytes(), size, signed=signed)
+
+    def __len__(self) -> int:
+        return len(self.events) // 8
+
+    @property
+    def event_keys(self) -> list[int]:
+        """The event keys as the engine's events carry them."""
+        return array("q" if self.signed else "Q", self.events).tolist()
+
+    @property
+    def index_keys(self) -> array:
+        """The prefix index's keys (u64: a signed event key modulo 2**64), as ``array('Q')``."""
+        return array("Q", self.events)
+
+    def tolist(self) -> list[BlockKey]:
+        """The keys as :class:`BlockKey` objects."""
+        size, d = self.size, self.digests
+        digests = [d[i : i + size] for i in range(0, len(d), size)] if size else []
+        return make_block_keys(digests, self.event_keys)
+
+    @overload
+    def __getitem__(self, i: int) -> BlockKey: ...
+    @overload
+    def __getitem__(self, i: slice) -> KeyArray: ...
+    def __getitem__(self, i: int | slice) -> BlockKey | KeyArray:
+        n, size = len(self), self.size
+        if isinstance(i, slice):
+            picked = range(n)[i]
+            if picked.step == 1:
+                lo, hi = picked.start, picked.stop if picked else picked.start
+                return KeyArray(
+                    self.digests[lo * size : hi * size],
+                    self.events[lo * 8 : hi * 8],
+                    size,
+                    signed=self.signed,
+                )
+            return KeyArray(
+                b"".join(self.digests[j * size : j * size + size] for j in picked),
+                b"".join(self.events[j * 8 : j * 8 + 8] for j in picked),
+                size,
+                signed=self.signed,
+            )
+        j = range(n)[i]  # IndexError as a list raises it
+        word = array("q" if self.signed else "Q", self.events[j * 8 : j * 8 + 8])[0]
+        return BlockKey(self.digests[j * size : j * size + size], word)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KeyArray):
+            return (
+                self.digests == other.digests
+                and self.event_keys == other.event_keys
+                and (self.size == other.size or not len(self))
+            )
+        if isinstance(other, (list, tuple)):
+            return self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
+
+    def __repr__(self) -> str:
+        return f"KeyArray({len(self)} keys of {self.size} bytes)"
 
 
 #: Group kinds whose blocks tokenkeys describes (vLLM ``KVCacheSpecKind`` values, 0.32

@@ -262,6 +262,17 @@ class VllmProfile(Profile):
         own = {b: encode(extra_keys(ctx, b, b * bs, b * bs + bs)) for b in sorted(touched)}
         return first, common, own
 
+    def compiled_chain(
+        self, tokens: array, spec: CacheKeySpec, ctx: KeyContext
+    ) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+        """``_chains.vllm_cbor`` for the *_cbor algorithms (pickle has no compiled chain)."""
+        core = native.chains(xxhash=not self.crypto) if self.cbor else None
+        if core is None:
+            return None
+        first_tail, common, own = self._tails(ctx, len(tokens) // spec.hash_unit, spec.hash_unit)
+        root = self._parent(spec, ctx)
+        return core.vllm_cbor, (root, first_tail, common, own or None, self.crypto)
+
     def unit_keys(self, tokens: array, spec: CacheKeySpec, ctx: KeyContext) -> list[BlockKey]:
         """Fast path for the *_cbor algorithms: every block's bytes encoded in one pass.
 
@@ -275,13 +286,10 @@ class VllmProfile(Profile):
         n = len(tokens) // bs
         if n == 0:
             return []
+        if (keys := self.compiled_keys(tokens, spec, ctx)) is not None:
+            return keys
         first_tail, common, own = self._tails(ctx, n, bs)
         root = self._parent(spec, ctx)
-        core = native.chains(xxhash=not self.crypto)
-        if core is not None:
-            return core.vllm_cbor(
-                BlockKey, tokens, bs, root, first_tail, common, own or None, self.crypto
-            )
         data, offs = cbor.token_blocks(tokens, bs, cbor.head(4, bs), common)
         body0 = data[: offs[1] - len(common)] + first_tail
         d = self._digest(b"\x83" + cbor.head(2, len(root)) + root + body0)

@@ -4,6 +4,7 @@ shared holder sets answering exactly as one dict per key would."""
 from __future__ import annotations
 
 import gc
+from array import array
 from collections import OrderedDict
 
 import pytest
@@ -145,9 +146,11 @@ LOOKUPS = st.lists(
 async def test_lookups_and_evictions_match_a_dict_per_key_index(capacity, updates, lookups):
     # A sweep floor of 1 drops unused holder sets on almost every update, so rebuilt (equal but
     # not identical) sets are exercised too; a first chunk of 1 puts a lookup's chunk bounds
-    # (after keys 1, 3, 7) inside these short prompts.
+    # (after keys 1, 3, 7) inside these short prompts; no log slack compacts a worker's key log
+    # whenever it holds more than twice its keys (stale or repeated ones).
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(index_memory, "_SWEEP_FLOOR", 1)
+        patch.setattr(index_memory, "_LOG_SLACK", 0)
         patch.setattr(index_table, "_FIRST_CHUNK", 1)
         index, model = MemoryPrefixIndex(capacity=capacity), LruModel(capacity)
         index._sweep_at = 1
@@ -164,75 +167,42 @@ async def test_lookups_and_evictions_match_a_dict_per_key_index(capacity, update
         assert await index.workers() == expected
 
 
-# ------------------------------------------------ deferred LRU touches against an eager touch
+# ------------------------------------------------------------- a lookup's touch, right away
 
 
-class CountingLruModel(LruModel):
-    """The eager model, counting what it evicts."""
-
-    evictions = 0
-
-    def add(self, worker: str, keys: list[int], tier: str) -> None:
-        for key in keys:  # one key evicts at most one: a new key that leaves the size unchanged
-            new, size = key not in self.entries, len(self.entries)
-            super().add(worker, [key], tier)
-            self.evictions += new and len(self.entries) == size
-
-
-# Rounds of one update then lookups, over six keys (so that most lookups find a run to touch).
-ROUNDS = st.lists(
-    st.tuples(
-        st.one_of(
-            st.tuples(st.just("add"), NAMES, st.lists(st.integers(0, 5), min_size=1, max_size=6)),
-            st.tuples(st.just("remove"), NAMES, st.lists(st.integers(0, 5), max_size=3)),
-            st.tuples(st.just("clear"), NAMES, st.just([])),
-        ),
-        st.lists(
-            st.tuples(
-                st.none() | st.sets(NAMES, min_size=1, max_size=3),
-                st.lists(st.integers(0, 5), min_size=1, max_size=6),
-            ),
-            max_size=4,
-        ),
-    ),
-    max_size=15,
-)
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=FIXTURED)
-@given(capacity=st.integers(1, 8), bound=st.integers(0, 6), rounds=ROUNDS)
-async def test_deferred_touches_evict_in_the_order_eager_touches_do(capacity, bound, rounds):
-    # Lookups run back to back between mutations, so several touches are pending at an update;
-    # a small pending bound makes some lookups apply them themselves. What is evicted shows the
-    # order: after every step the index holds the same keys as the eager model (read from the
-    # table itself, which applies nothing) and has evicted as many.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(index_memory, "_PENDING_BOUND", bound)
-        index, model = MemoryPrefixIndex(capacity=capacity), CountingLruModel(capacity)
-        for (kind, worker, keys), lookups in rounds:
-            if kind == "clear":
-                await index.clear(worker)
-            else:
-                await getattr(index, kind)(worker, keys)
-            getattr(model, kind)(worker, keys, "gpu")
-            assert not index._pending  # an update applies every pending touch first
-            assert set(index._table) == set(model.entries)
-            assert index.evictions == model.evictions
-            for allowed, prompt in lookups:
-                assert await index.lookup(prompt, allowed) == model.lookup(prompt, allowed)
-                assert index._pending_keys <= bound
-        assert list(index._entries) == list(model.entries) and not index._pending
-
-
-async def test_touches_pending_at_an_add_are_applied_in_lookup_order_before_it_evicts():
+async def test_a_lookup_touches_what_it_used_at_once_in_order():
     index = MemoryPrefixIndex(capacity=4)
     await index.add("w", [1, 2, 3, 4])  # recency, oldest first: 1 2 3 4
     await index.lookup([1])  # 2 3 4 1
     await index.lookup([2])  # 3 4 1 2
-    await index.lookup([3, 1])  # 4 2 3 1 (applied the other way round: 4 3 2 1)
-    assert list(index._table) == [1, 2, 3, 4]  # nothing applied yet
-    await index.add("w", [5, 6])  # applies the three touches, then evicts 4, then 2
-    assert list(index._entries) == [3, 1, 5, 6] and index.evictions == 2
+    assert list(index._table) == [3, 4, 1, 2]
+    await index.lookup([3, 1, 9])  # the held prefix 3 1: 4 2 3 1
+    assert list(index._table) == [4, 2, 3, 1]
+    await index.lookup([3, 1], workers={"other"})  # nothing used, nothing touched
+    assert list(index._table) == [4, 2, 3, 1]
+    await index.add("w", [5, 6])  # evicts 4, then 2
+    assert list(index._table) == [3, 1, 5, 6] and index.evictions == 2
+
+
+async def test_touch_found_refuses_after_the_table_changed(table_core):
+    index = MemoryPrefixIndex()
+    await index.add("w", [1, 2, 3])
+    table = index._table
+    assert table.runs([1, 2, 5]) is not None
+    table.touch_found(2)
+    assert list(table) == [3, 1, 2]
+    if table_core == "C":  # the compiled table kept slot numbers, which an insertion may move
+        await index.add("w", [7])
+        with pytest.raises(RuntimeError, match="change"):
+            table.touch_found(1)
+
+
+async def test_a_lookup_reads_a_buffer_of_u64_keys(table_core):
+    # A KeyArray's index keys (array('Q')) go to the table as they are: the same answer.
+    index = MemoryPrefixIndex()
+    await index.add("w", [1, 2, 3])
+    await index.add("v", [1, 2])
+    assert await index.lookup(array("Q", [1, 2, 3, 4])) == await index.lookup([1, 2, 3, 4])
 
 
 # --------------------------------------------------- the worker filter, checked in one C pass
@@ -342,7 +312,7 @@ async def test_the_compiled_table_answers_as_the_pure_python_one(table_core, cap
             await getattr(pure, kind)(worker, keys, tier)
         assert list(compiled._entries) == list(pure._entries)
         assert compiled.evictions == pure.evictions
-        assert compiled._by_worker == pure._by_worker
+        assert compiled._held == pure._held and compiled._logs == pure._logs
     assert await compiled.workers() == await pure.workers()
 
 

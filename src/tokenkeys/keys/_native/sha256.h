@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "encode.h"
+
 static const uint32_t SHA256_K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
     0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
@@ -33,18 +35,6 @@ typedef void (*sha256_compress_fn)(uint32_t state[8], const uint8_t *data, size_
 
 static uint32_t load_be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-
-static void store_be32(uint8_t *p, uint32_t v) {
-#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    v = __builtin_bswap32(v); /* one unaligned store */
-    memcpy(p, &v, 4);
-#else
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-#endif
 }
 
 static void sha256_compress_portable(uint32_t state[8], const uint8_t *data, size_t blocks) {
@@ -164,7 +154,7 @@ static void sha256(const uint8_t *msg, size_t len, uint8_t out[32]) {
     uint64_t bits = (uint64_t)len * 8;
     for (int i = 0; i < 8; i++) tail[padded - 1 - i] = (uint8_t)(bits >> (8 * i));
     sha256_compress(state, tail, padded / 64);
-    for (int i = 0; i < 8; i++) store_be32(out + 4 * i, state[i]);
+    for (int i = 0; i < 8; i++) put_be32(out + 4 * i, state[i]);
 }
 
 #endif

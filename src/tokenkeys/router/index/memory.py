@@ -2,8 +2,16 @@
 
 Like llm-d's ``InMemoryIndex`` (llm-d-router ``pkg/kvcache/kvblock/in_memory.go``), the bound
 is a number of block keys and the least recently used key goes first; adding a key and finding
-it in a lookup both count as use. A per-worker reverse map makes :meth:`clear` proportional to
-that worker's blocks instead of a scan of the whole index (llm-d's ``Clear`` scans).
+it in a lookup both count as use.
+
+Per worker: a log of every key it was given, as u64 words (``array('Q')``, appended by the
+table's ``add_keys`` from the keys it already converted), and how many keys it holds. The log
+makes :meth:`clear` proportional to that worker's blocks instead of a scan of the whole index
+(llm-d's ``Clear`` scans); it may carry keys the worker no longer holds (evicted, removed,
+given twice), which :meth:`clear` skips by asking the table, and it is compacted when it grows
+past twice the held count. So an eviction changes counts only, and an add costs one append of
+8 bytes per key: a dict of ints per worker, as this index kept before, cost a dict insert and a
+Python int kept alive per key (about half of an ingest, and 48 of the 88 bytes per entry).
 
 Each key maps to an immutable, shared :class:`_Holders` (which workers hold it, on which tiers)
 rather than to a dict of its own. A prompt's consecutive keys are mostly held by the same
@@ -11,26 +19,17 @@ workers, so they share one object, and a lookup finds where the holders change b
 identities in C (the table's ``runs``) instead of asking every worker about every key in Python:
 the work per key no longer grows with the number of workers.
 
-A lookup's LRU touch is deferred, exactly. Moving each matched key to the newest end is a probe
-of the table per key, as costly as the lookup's own read (at 10M keys, milliseconds for a
-128k-token prompt), and nothing a lookup answers depends on it: only eviction order does. So
-:meth:`lookup` records what it would touch (a copy of the matched keys, in order) and the
-pending touches are applied, in the order the lookups ran, before anything that depends on or
-shows recency order: at the start of every :meth:`add`, :meth:`remove` and :meth:`clear` (so
-before any eviction), and when :attr:`_entries` is read; a lookup that brings the pending
-amount past :data:`_PENDING_BOUND` keys applies the oldest ones until it is back within it (a
-memory bound; without updates each lookup then pays about its own touch, as before). Applying
-the oldest first keeps the order the lookups ran. Between two mutations the table's
-keys do not change, so every pending key is still in the table when it is applied, and moving
-keys to the end in the same order later leaves the same order as moving them at once (lookups
-read holder sets, never the order). Every observer of the order therefore sees exactly the
-order an eager touch gives; the tests compare it with an eager reference model.
+A lookup's LRU touch is eager and cheap: the table's ``runs`` keeps the slots it found, and
+``touch_found`` moves the ones the lookup used (a copy of nothing, no second probe) while they
+are still in cache. (Deferring the touch to the next update, as this index once did, only moved
+its cost: each touch was still paid, after a second probe of keys no longer in cache.)
 
 Garbage collection: a full pass of CPython's cycle collector walks every entry of every
 container it tracks, so an index of millions of keys in tracked containers stalls its process
 for as long on each full pass (10M keys held by 200 workers: 744 ms here with a set of keys per
-worker, growing with the keys). The per-worker reverse maps are plain dicts of ints, which
-CPython never tracks (292 ms: the table alone). The compiled key table (``index/table.py``)
+worker, growing with the keys). The per-worker logs are arrays, which CPython never tracks (an
+earlier dict of ints per worker was not tracked either: 292 ms, the table alone). The compiled
+key table (``index/table.py``)
 is never tracked; the pure-Python one, an ``OrderedDict``, always is, but it is built with the
 index: a process that freezes what it holds once started
 (``gc.freeze``, as the serving commands do in :func:`tokenkeys.process.run.freeze_started`)
@@ -39,33 +38,31 @@ takes it out of those passes for good, however far it grows.
 
 from __future__ import annotations
 
-from collections import deque
+from array import array
 from collections.abc import Collection, Sequence
-from itertools import islice, repeat
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.index.model import (
     DEFAULT_TIER,
     PrefixMatch,
     check_filter,
-    check_key_range,
-    check_key_types,
     check_keys,
     check_tier,
     check_worker,
 )
 from tokenkeys.router.index.table import PyKeyTable, new_table
 
-#: Default bound, in block keys (about 200 bytes each in CPython with a few workers per key: the
-#: key, its table slot and its reverse-map entries; one dict per key took about 380).
+# Stale entries a worker's key log may carry beyond twice what it holds before it is compacted.
+_LOG_SLACK = 4096
+
+#: Default bound, in block keys (on the C table some 35-70 bytes each with one holder: its slot at
+#: 35-70% load and 8 per holder in the worker's log; the pure-Python table's dict entry and int
+#: cost about 100; one dict per key took about 380).
 DEFAULT_CAPACITY = 1_000_000
 
 # Distinct holder sets kept before unused ones are dropped (the sweep also runs when the table
 # doubles since the last one, so its cost stays proportional to the growth).
 _SWEEP_FLOOR = 4096
-# Most keys of deferred LRU touches kept (512 kB of references): past it a lookup applies the
-# oldest pending touches itself, so without updates each lookup pays about its own touch.
-_PENDING_BOUND = 1 << 16
 
 
 class _Holders:
@@ -106,18 +103,17 @@ class MemoryPrefixIndex:
             )
         self.capacity = capacity
         self.evictions = 0
-        # key -> its holders; insertion order is recency order (oldest first) once the pending
-        # touches are applied (read it through `_entries` wherever the order matters). The C
-        # table where built, else a PyKeyTable: the same methods (index/table.py).
+        # key -> its holders; insertion order is recency order (oldest first). The C table
+        # where built, else a PyKeyTable: the same methods (index/table.py).
         self._table: PyKeyTable = new_table()
-        # Lookups' deferred LRU touches, oldest first, and how many keys they hold (module doc).
-        self._pending: deque[list[int]] = deque()
-        self._pending_keys = 0
-        # worker -> its keys (values unused). Plain dicts of ints, not sets: CPython tracks
-        # every set for the cycle collector, whose full passes then walk each entry (1,000
-        # workers' sets of a 10M-key index: most of a collection's time), while a dict
-        # holding only ints is never tracked (module doc, "Garbage collection").
-        self._by_worker: dict[str, dict[int, None]] = {}
+        # The C table grows straight to room for `capacity` keys once it holds an eighth of
+        # them: doublings re-insert every key each time, most of an ingest's cost.
+        self._table.reserve(capacity)
+        # worker -> every key it was given, as u64 words (module doc, "Per worker"): a key may
+        # be there twice or be held no more; compacted when it outgrows what the worker holds.
+        self._logs: dict[str, array] = {}
+        # worker -> how many keys it holds (a worker holding none has no entry in either).
+        self._held: dict[str, int] = {}
         # One shared tuple per distinct tier set, one shared _Holders per distinct holder set.
         self._tier_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._holder_sets: dict[frozenset[tuple[str, tuple[str, ...]]], _Holders] = {}
@@ -131,18 +127,8 @@ class MemoryPrefixIndex:
 
     @property
     def _entries(self) -> PyKeyTable:
-        """The table in exact recency order: the pending touches applied first."""
-        self._apply_touches()
+        """The table, in recency order (oldest first)."""
         return self._table
-
-    def _apply_touches(self, keep: int = 0) -> None:
-        """Apply the lookups' deferred touches, oldest first (the order the lookups ran), until
-        at most ``keep`` keys are pending (module doc)."""
-        pending, touch = self._pending, self._table.touch
-        while self._pending_keys > keep:
-            keys = pending.popleft()
-            touch(keys)
-            self._pending_keys -= len(keys)
 
     def _tiers(self, tiers: tuple[str, ...]) -> tuple[str, ...]:
         return self._tier_sets.setdefault(tiers, tiers)
@@ -190,47 +176,70 @@ class MemoryPrefixIndex:
 
     async def add(self, worker: str, keys: Sequence[int], tier: str = DEFAULT_TIER) -> None:
         """Record that ``worker`` holds ``keys`` on ``tier``; may evict the oldest keys."""
-        check_worker(worker)
-        check_tier(tier)
-        self._apply_touches()  # before any eviction: it takes the least recently used
-        self._sweep()
+        if len(self._holder_sets) > self._sweep_at:  # (the sweep's own test, without its call)
+            self._sweep()
         entries, change = self._table, (worker, tier)
-        single = self._singles.get(change)
-        if single is None:
+        try:
+            single = self._singles.get(change)
+        except TypeError:  # an unhashable worker or tier: refused below
+            single = None
+        if single is None:  # a pair not seen since the last sweep: checked once, here
+            check_worker(worker)
+            check_tier(tier)
             single = self._singles[change] = self._holders({worker: self._tiers((tier,))})
         # Absent keys are inserted as `single`, present ones made newest, the oldest evicted past
-        # capacity: one loop in C where built, which checks every key first (None: a bad key,
-        # nothing changed). Only the present keys' holders change here.
+        # capacity, the keys appended to the worker's log: one loop in C where built, which
+        # checks every key first (None: a bad key, nothing changed). Only the present keys'
+        # holders change here.
         done = None
+        log = self._logs.get(worker)
+        if log is None:
+            log = array("Q")
         if type(keys) is list or not isinstance(keys, (str, bytes)) and isinstance(keys, Sequence):
-            done = entries.add_keys(keys, single, self.capacity)
+            done = entries.add_keys(keys, single, self.capacity, log)
         if done is None:
             check_keys(keys)  # raises: the rule the table applied, naming the first bad key
         present, evicted = done
-        by_worker = self._by_worker
-        held = by_worker.setdefault(worker, {})
-        for key, holders in evicted:
-            for other in holders.tiers:
-                dropped = by_worker.get(other)
-                if dropped is not None:
-                    dropped.pop(key, None)
-        held.update(zip(keys, repeat(None)))  # in C
+        held = self._held
+        # Every key is inserted or present; a present one is gained if this worker did not
+        # hold it (its holders change here, after any eviction of this call).
+        gained = len(keys) - len(present)
         if evicted:
-            # A key of this call evicted later in it (and not inserted again) is not held.
-            get = entries.get
-            for key, holders in evicted:
-                if get(key) is None:
-                    held.pop(key, None)
-                for other in (*holders.tiers, worker):
-                    if not by_worker.get(other, True):
-                        del by_worker[other]
-            self.evictions += len(evicted)
+            self._forget(evicted)
         for key in present:
             holders = entries.get(key)
             if holders is not None:  # unless evicted since in this call
+                gained += worker not in holders.tiers
                 self._change(holders, key, change)
-        if not held:  # an add of no keys
-            by_worker.pop(worker, None)
+        count = held.get(worker, 0) + gained
+        if count:
+            held[worker] = count
+            self._logs[worker] = log
+            if len(log) > 2 * count + _LOG_SLACK:
+                self._compact(worker)
+        else:  # an add of no keys, or of keys all evicted again in it
+            held.pop(worker, None)
+            self._logs.pop(worker, None)
+
+    def _forget(self, evicted: list[tuple[int, _Holders]]) -> None:
+        """Count evicted keys out of their holders; a worker left with none is dropped (the
+        adding worker's count may pass below zero here: its gain is added after)."""
+        held = self._held
+        for _, holders in evicted:
+            for other in holders.tiers:
+                left = held[other] = held.get(other, 0) - 1
+                if not left:
+                    del held[other]
+                    self._logs.pop(other, None)
+        self.evictions += len(evicted)
+
+    def _compact(self, worker: str) -> None:
+        """Keep in ``worker``'s log only the keys it holds, once each (first place kept)."""
+        get = self._table.get
+        kept = dict.fromkeys(
+            k for k in self._logs[worker] if (h := get(k)) is not None and worker in h.tiers
+        )
+        self._logs[worker] = array("Q", kept)
 
     def _change(self, holders: _Holders, key: int, change: tuple[str, str]) -> None:
         """A key held already is added again: held by ``change`` too (its place is kept)."""
@@ -245,9 +254,8 @@ class MemoryPrefixIndex:
         check_worker(worker)
         check_tier(tier)
         check_keys(keys)
-        self._apply_touches()
-        held = self._by_worker.get(worker)
-        if held is None:
+        count = self._held.get(worker)
+        if count is None:
             return
         self._sweep()
         entries, change = self._table, (worker, tier)
@@ -260,22 +268,25 @@ class MemoryPrefixIndex:
                 after = holders.removed[change]
             except KeyError:
                 after = holders.removed[change] = self._without(holders, worker, tier)
-            if len(tiers) == 1:
-                held.pop(key, None)
+            count -= len(tiers) == 1
             if after is None:
                 del entries[key]
             else:
                 entries[key] = after
-        if not held:
-            del self._by_worker[worker]
+        if count:
+            self._held[worker] = count
+        else:
+            del self._held[worker], self._logs[worker]
 
     async def clear(self, worker: str) -> None:
         """Forget all of ``worker``'s blocks."""
         check_worker(worker)
-        self._apply_touches()
         entries = self._table
-        for key in self._by_worker.pop(worker, ()):
-            holders = entries[key]
+        self._held.pop(worker, None)
+        for key in self._logs.pop(worker, ()):
+            holders = entries.get(key)
+            if holders is None or worker not in holders.tiers:
+                continue  # no longer held (evicted, removed), or met before in the log
             try:
                 after = holders.cleared[worker]
             except KeyError:
@@ -290,10 +301,13 @@ class MemoryPrefixIndex:
         self, keys: Sequence[int], workers: Collection[str] | None = None
     ) -> dict[str, PrefixMatch]:
         """Each worker's consecutive run over ``keys``; stops when no worker continues."""
-        check_key_types(keys)
-        groups = self._table.runs(keys)
+        entries = self._table
+        groups = None
+        if isinstance(keys, Sequence) and not isinstance(keys, (str, bytes)):
+            groups = entries.runs(keys)
+        if groups is None:  # a key that is not an int in [0, 2**64): named here
+            check_keys(keys)
         end = sum(count for _, count in groups)
-        check_key_range(keys, end)  # the held prefix's keys are table keys, in range
         allowed = check_filter(workers)
         if not groups:
             return {}
@@ -326,18 +340,14 @@ class MemoryPrefixIndex:
             segments.append((end - start, tiers))
             out[worker] = PrefixMatch(worker, tuple(segments))
             longest = end
-        # What a lookup used is recently used: touched later, exactly (module doc). A copy, so
-        # that a caller changing its list afterwards cannot change what is touched.
+        # What a lookup used is recently used: the slots runs() found, moved while in cache.
         if longest:
-            self._pending.append(keys[:longest] if type(keys) is list else [*islice(keys, longest)])
-            self._pending_keys += longest
-            if self._pending_keys > _PENDING_BOUND:
-                self._apply_touches(keep=_PENDING_BOUND)
+            entries.touch_found(longest)
         return out
 
     async def workers(self) -> frozenset[str]:
         """The workers holding at least one block."""
-        return frozenset(self._by_worker)
+        return frozenset(self._held)
 
     async def close(self) -> None:
         """Nothing to release."""

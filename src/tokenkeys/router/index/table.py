@@ -5,7 +5,8 @@ one table with the methods of :class:`PyKeyTable`. Where the optional C extensio
 ``tokenkeys.router.index._table`` is built (``setup.py``), :func:`new_table` returns its
 ``KeyTable``: an open-addressing array of 24-byte slots with the recency list linked through
 slot numbers (no Python int, dict entry or list node per key), not tracked by the cycle
-collector, its bulk methods probing keys in prefetched batches (``_native/table.c``). Without
+collector, its bulk methods probing keys in prefetched batches (``_native/``: the slot array
+in ``slots.c``, the bulk methods in ``bulk.c``, the type in ``table.c``). Without
 it, or with ``TOKENKEYS_NATIVE=0`` (the switch the compiled key core reads too), the index runs
 on :class:`PyKeyTable`, an ``OrderedDict``: the same methods, the same answers (the tests run
 the index's suites and a property test through both).
@@ -14,6 +15,7 @@ the index's suites and a property test through both).
 from __future__ import annotations
 
 import os
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from itertools import groupby, islice
@@ -31,6 +33,11 @@ _FIRST_CHUNK = 16
 class PyKeyTable(OrderedDict):
     """The pure-Python key table: an ``OrderedDict`` (oldest first) and the bulk methods."""
 
+    _found: Sequence[int] = ()  # the held prefix of the last runs()
+
+    def reserve(self, n: int) -> None:
+        """Nothing: a dict grows by itself (the C table grows to room for ``n`` at once)."""
+
     def pop_oldest(self) -> tuple[int, Any]:
         """Remove and return the least recently used ``(key, holders)``."""
         return self.popitem(last=False)
@@ -39,13 +46,19 @@ class PyKeyTable(OrderedDict):
         """Make each key (all present) the newest, in order."""
         deque(map(self.move_to_end, keys), maxlen=0)  # the loop runs in C
 
-    def runs(self, keys: Sequence[int]) -> list[tuple[Any, int]]:
+    def runs(self, keys: Sequence[int]) -> list[tuple[Any, int]] | None:
         """``(holders, count)`` per run of one holder object over the held prefix of ``keys``
-        (up to the first key not in the table).
+        (up to the first key not in the table); ``None`` when a key is not an exact int in
+        [0, 2**64) (:func:`check_keys` then names it). The held prefix is kept for
+        :meth:`touch_found`.
 
         Read in chunks that double from :data:`_FIRST_CHUNK` (each chunk in C), so a prompt
         held only at its start, or not at all, costs few reads past its held part.
         """
+        try:
+            check_keys(keys)
+        except InvalidArgument:
+            return None
         get, rest, rows, size = self.get, iter(keys), [], _FIRST_CHUNK
         while part := list(map(get, islice(rest, size))):
             if not all(part):  # holder sets are always true; None is a key nobody holds
@@ -53,20 +66,28 @@ class PyKeyTable(OrderedDict):
                 break
             rows += part
             size *= 2
+        self._found = keys[: len(rows)]
         # groupby compares identities in C (holder sets are shared, never equal but distinct).
         return [(holders, len(list(group))) for holders, group in groupby(rows)]
 
+    def touch_found(self, n: int) -> None:
+        """Make the first ``n`` keys the last :meth:`runs` found the newest, in order."""
+        self.touch(self._found[:n])
+
     def add_keys(
-        self, keys: Sequence[int], value: Any, capacity: int
+        self, keys: Sequence[int], value: Any, capacity: int, log: array | None = None
     ) -> tuple[list[int], list[tuple[int, Any]]] | None:
         """In order: insert each absent key with ``value`` as the newest, evicting the oldest
         past ``capacity``; make each present key the newest and list it. Returns the present
-        keys and the evicted ``(key, holders)``, in order; ``None``, with nothing changed, when
-        a key is not an exact int in [0, 2**64) (:func:`check_keys` then names it)."""
+        keys and the evicted ``(key, holders)``, in order, and appends the keys to ``log`` (an
+        ``array('Q')``); ``None``, with nothing changed, when a key is not an exact int in
+        [0, 2**64) (:func:`check_keys` then names it)."""
         try:
             check_keys(keys)
         except InvalidArgument:
             return None
+        if log is not None:
+            log.extend(keys)
         present: list[int] = []
         evicted: list[tuple[int, Any]] = []
         if len(self) + len(keys) <= capacity:  # nothing can be evicted: the common case
