@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import base64
 import io
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from image_server import ImageServer
 from smolvlm_folder import IMAGE_SEQ_LEN, PREPROCESSOR, build_smolvlm_folder
 
 from tokenkeys.errors import InvalidArgument, Unsupported
@@ -200,43 +199,9 @@ def test_a_placeholder_typed_in_text_is_refused(pre) -> None:
         pre.tokenize_chat(request)
 
 
-class _Server:
-    """A loopback HTTP server: /img.png, /redirect (to /img.png), /slow (never answers)."""
-
-    def __init__(self, body: bytes) -> None:
-        release = self.release = threading.Event()
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                if self.path == "/slow":
-                    release.wait(10)
-                    return
-                if self.path.startswith("/redirect"):
-                    self.send_response(302)
-                    self.send_header("Location", "/img.png")
-                    self.end_headers()
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def server():
-    s = _Server(encoded((64, 64)))
+    s = ImageServer({"/img.png": encoded((64, 64))})
     yield s
     s.close()
 

@@ -14,8 +14,9 @@ that to the model's one Preprocessor, so every number is the served one:
   vLLM sent them; on the simulated engine the answer is shaped as vLLM shapes a whole Messages
   answer (``messages_full_converter``). Streaming on the simulated engine is refused (501).
 
-Images are refused with the chat path's 501 (multimodal is not served here yet) unless the
-request is text-only.
+Image blocks become the chat's ``image_url`` parts: a model whose processor is reproduced
+(``tokenkeys.preprocess.images``) expands them as the chat path does, any other refuses them
+with the chat path's 501.
 """
 
 from __future__ import annotations
