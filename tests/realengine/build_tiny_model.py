@@ -2,7 +2,8 @@
 by the ENGINE's Python.
 
 Usage: ``python build_tiny_model.py TOKENIZER_FOLDER MODEL_OUT [LORA_OUT [HYBRID_OUT]]``,
-``python build_tiny_model.py --vlm SMOLVLM_TOKENIZER_FOLDER VLM_OUT`` for a tiny Idefics3, or
+``python build_tiny_model.py --vlm SMOLVLM_TOKENIZER_FOLDER VLM_OUT`` for a tiny Idefics3
+(``--vlm-config``: its configs only, no weights), or
 ``python build_tiny_model.py --hybrid WINDOW LAYERS TOKENIZER_FOLDER MODEL_OUT`` for a Gemma 3
 text model whose layers follow LAYERS (``s`` a sliding-window layer of WINDOW tokens, ``f`` a
 full-attention one, e.g. ``sfsf``): vLLM keeps one KV-cache group per attention kind.
@@ -47,19 +48,18 @@ def copy_tokenizer(tokenizer_folder: Path, out: Path) -> None:
             shutil.copyfile(tokenizer_folder / name, out / name)
 
 
-def build_vlm(tokenizer_folder: Path, out: Path) -> None:
+def build_vlm(tokenizer_folder: Path, out: Path, weights: bool = True) -> None:
     """A tiny random Idefics3 (SmolVLM layout) over a SmolVLM-layout tokenizer folder.
 
     The folder (``tests/smolvlm_folder.py``: SmolLM2's tokenizer with SmolVLM's added tokens,
     template and 64-pixel tile settings) is copied byte for byte. The vision tower sees 64-pixel
     tiles in 8-pixel patches: 64 patches, 16 after the connector's pixel shuffle (scale factor
     2), the ``image_seq_len`` of the processor config. Heads of 32 dimensions, as vLLM's CPU
-    attention needs.
+    attention needs. Without ``weights`` only the configs are written: enough for vLLM's
+    multimodal processor, which reads the model's config and never its weights.
     """
-    import torch
-    from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration
+    from transformers import AutoTokenizer, Idefics3Config
 
-    torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder), local_files_only=True)
     text = {
         "model_type": "llama",
@@ -91,7 +91,15 @@ def build_vlm(tokenizer_folder: Path, out: Path) -> None:
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
     )
-    Idefics3ForConditionalGeneration(config).save_pretrained(str(out))
+    if weights:
+        import torch
+        from transformers import Idefics3ForConditionalGeneration
+
+        torch.manual_seed(0)
+        Idefics3ForConditionalGeneration(config).save_pretrained(str(out))
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(str(out))
     copy_tokenizer(tokenizer_folder, out)
     for name in PROCESSOR_FILES:
         shutil.copyfile(tokenizer_folder / name, out / name)
@@ -208,8 +216,8 @@ def main(argv: list[str]) -> None:
     if argv[0] == "--hybrid":
         build_hybrid(Path(argv[3]), Path(argv[4]), int(argv[1]), argv[2])
         return
-    if argv[0] == "--vlm":
-        build_vlm(Path(argv[1]), Path(argv[2]))
+    if argv[0] in ("--vlm", "--vlm-config"):
+        build_vlm(Path(argv[1]), Path(argv[2]), weights=argv[0] == "--vlm")
         return
     tokenizer_folder, model_out = Path(argv[0]), Path(argv[1])
     build_model(tokenizer_folder, model_out)
