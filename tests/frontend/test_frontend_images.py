@@ -90,6 +90,27 @@ def test_tokenize_render_and_usage_equal_the_preprocessor(setup) -> None:
     assert generated.json()["usage"]["prompt_tokens"] == len(want.tokens.ids)
 
 
+def test_generation_keys_the_images(setup) -> None:
+    """The simulated engine keys image blocks with the items: another image, other keys."""
+    url, images, pre = setup
+    chat = _chat(images)
+    other = _chat(
+        images, bad="data:image/png;base64," + base64.b64encode(_png((64, 64), 9)).decode()
+    )
+    assert pre.tokenize_chat(chat).tokens.ids == pre.tokenize_chat(other).tokens.ids
+    first = httpx.post(f"{url}/v1/chat/completions", json={**chat, "max_tokens": 1}, timeout=60)
+    again = httpx.post(f"{url}/v1/chat/completions", json={**other, "max_tokens": 1}, timeout=60)
+    same = httpx.post(f"{url}/v1/chat/completions", json={**chat, "max_tokens": 1}, timeout=60)
+    assert first.status_code == again.status_code == same.status_code == 200, again.text
+
+    def cached(answer: httpx.Response) -> int:
+        return answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    start = pre.tokenize_chat(other).features[0].offset
+    assert cached(again) <= start, "blocks of another image were served from the cache"
+    assert cached(same) > start + 32, "the same image's blocks were not cached"
+
+
 def test_refusals_name_the_field(setup) -> None:
     url, images, _ = setup
     tensors = httpx.post(f"{url}/v1/chat/completions/render", json=_chat(images), timeout=60)

@@ -102,6 +102,7 @@ async def messages(request: Request) -> Response:
     chat = await opened.run(model.preprocessor.tokenize_chat, opened.body)
     ids = chat.tokens.ids
     call.check([ids], rendered=chat.prompt is not None)
+    call = call.with_images(chat.features)
     (done,) = await call.run_all([ids])
     opened.state.metrics.record_generation(model.name, "messages", [done.usage])
     text = decoder(model, options.skip_special_tokens)(done.token_ids)
