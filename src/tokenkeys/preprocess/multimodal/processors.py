@@ -64,8 +64,12 @@ def image_family(folder: Path) -> ImageFamily:
         from tokenkeys.preprocess.multimodal.idefics3 import Idefics3Images
 
         return Idefics3Images(processor, preprocessor)
+    if name == "Qwen2VLProcessor":
+        from tokenkeys.preprocess.multimodal.qwen2_vl import Qwen2VLImages
+
+        return Qwen2VLImages(processor, preprocessor)
     raise Unsupported(
         f"images for the processor class {name} are not supported: its placeholder expansion "
-        "is not reproduced exactly here (supported: Idefics3Processor)",
+        "is not reproduced exactly here (supported: Idefics3Processor, Qwen2VLProcessor)",
         field="image_url",
     )
