@@ -111,6 +111,28 @@ def test_generation_keys_the_images(setup) -> None:
     assert cached(same) > start + 32, "the same image's blocks were not cached"
 
 
+def test_anthropic_image_blocks_go_the_same_way(setup) -> None:
+    """An Anthropic image block is the chat's image part (preprocess/anthropic.py converts it)."""
+    url, _, pre = setup
+    data = base64.b64encode(_png((100, 80), 5)).decode()
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+    body = {
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [block, {"type": "text", "text": "What?"}]}],
+    }
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+    chat = {
+        "messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}],
+        "add_generation_prompt": True,
+    }
+    model = httpx.get(f"{url}/v1/models", timeout=60).json()["data"][0]["id"]
+    counted = httpx.post(
+        f"{url}/v1/messages/count_tokens", json={**body, "model": model}, timeout=60
+    )
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] == len(pre.tokenize_chat(chat).tokens.ids)
+
+
 def test_refusals_name_the_field(setup) -> None:
     url, images, _ = setup
     tensors = httpx.post(f"{url}/v1/chat/completions/render", json=_chat(images), timeout=60)
