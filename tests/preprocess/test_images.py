@@ -249,3 +249,24 @@ def test_an_image_chat_over_http_equals_the_data_url_one(folder, server, referen
     by_data = pre.tokenize_chat(chat([image_part(data_url(encoded((64, 64))))]))
     assert by_url.tokens.ids == by_data.tokens.ids
     assert by_url.features == by_data.features
+
+
+def test_string_content_format_puts_missing_placeholders_first(folder) -> None:
+    """vLLM's string format: the texts joined, each image's placeholder the text lacks in front."""
+    from tokenkeys.preprocess.chat import ChatOptions
+
+    options = ChatOptions(
+        chat_template="{% for m in messages %}{{ m['content'] }}|{% endfor %}",
+        content_format="string",
+    )
+    pre = Preprocessor(
+        Tokenizer.load(folder), chat_options=options, images=ImageOptions(model_id=MODEL_ID)
+    )
+    two = [image_part(data_url(encoded((8, 8)))), image_part(data_url(encoded((9, 9))))]
+    result = pre.tokenize_chat(chat([{"type": "text", "text": "Hi"}, *two]))
+    assert result.prompt == "<image>\n<image>\nHi|"
+    assert len(result.features) == 2
+    placed = pre.tokenize_chat(chat([{"type": "text", "text": "a <image> b"}, *two]))
+    assert placed.prompt == "<image>\na <image> b|"
+    with pytest.raises(InvalidArgument, match="more '<image>' placeholders"):
+        pre.tokenize_chat(chat([{"type": "text", "text": "<image><image><image>"}, *two]))
