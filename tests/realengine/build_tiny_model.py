@@ -1,7 +1,9 @@
 """Build a tiny random-weight Llama (and a LoRA adapter for it), or a tiny hybrid Gemma 3; run
 by the ENGINE's Python.
 
-Usage: ``python build_tiny_model.py TOKENIZER_FOLDER MODEL_OUT [LORA_OUT [HYBRID_OUT]]``, or
+Usage: ``python build_tiny_model.py TOKENIZER_FOLDER MODEL_OUT [LORA_OUT [HYBRID_OUT]]``,
+``python build_tiny_model.py --vlm SMOLVLM_TOKENIZER_FOLDER VLM_OUT`` for a tiny Idefics3
+(``--vlm-config``: its configs only, no weights), or
 ``python build_tiny_model.py --hybrid WINDOW LAYERS TOKENIZER_FOLDER MODEL_OUT`` for a Gemma 3
 text model whose layers follow LAYERS (``s`` a sliding-window layer of WINDOW tokens, ``f`` a
 full-attention one, e.g. ``sfsf``): vLLM keeps one KV-cache group per attention kind.
@@ -25,6 +27,8 @@ import sys
 from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+#: A VLM's folder also carries its processor's settings (the image placeholder expansion).
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 MAX_POSITIONS = 4096
 #: The hybrids the tests serve (vLLM 0.32 keeps one group per kind and layer count, all of
 #: 32-token blocks): 4 layers alternating a 64-token window and full attention (group 0 sliding
@@ -42,6 +46,63 @@ def copy_tokenizer(tokenizer_folder: Path, out: Path) -> None:
     for name in TOKENIZER_FILES:
         if (tokenizer_folder / name).is_file():
             shutil.copyfile(tokenizer_folder / name, out / name)
+
+
+def build_vlm(tokenizer_folder: Path, out: Path, weights: bool = True) -> None:
+    """A tiny random Idefics3 (SmolVLM layout) over a SmolVLM-layout tokenizer folder.
+
+    The folder (``tests/smolvlm_folder.py``: SmolLM2's tokenizer with SmolVLM's added tokens,
+    template and 64-pixel tile settings) is copied byte for byte. The vision tower sees 64-pixel
+    tiles in 8-pixel patches: 64 patches, 16 after the connector's pixel shuffle (scale factor
+    2), the ``image_seq_len`` of the processor config. Heads of 32 dimensions, as vLLM's CPU
+    attention needs. Without ``weights`` only the configs are written: enough for vLLM's
+    multimodal processor, which reads the model's config and never its weights.
+    """
+    from transformers import AutoTokenizer, Idefics3Config
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder), local_files_only=True)
+    text = {
+        "model_type": "llama",
+        "vocab_size": len(tokenizer),
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": MAX_POSITIONS,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "tie_word_embeddings": False,
+    }
+    vision = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 64,
+        "patch_size": 8,
+    }
+    config = Idefics3Config(
+        text_config=text,
+        vision_config=vision,
+        scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    if weights:
+        import torch
+        from transformers import Idefics3ForConditionalGeneration
+
+        torch.manual_seed(0)
+        Idefics3ForConditionalGeneration(config).save_pretrained(str(out))
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(str(out))
+    copy_tokenizer(tokenizer_folder, out)
+    for name in PROCESSOR_FILES:
+        shutil.copyfile(tokenizer_folder / name, out / name)
 
 
 def build_model(tokenizer_folder: Path, out: Path) -> None:
@@ -154,6 +215,9 @@ def build_lora(model: Path, out: Path) -> None:
 def main(argv: list[str]) -> None:
     if argv[0] == "--hybrid":
         build_hybrid(Path(argv[3]), Path(argv[4]), int(argv[1]), argv[2])
+        return
+    if argv[0] in ("--vlm", "--vlm-config"):
+        build_vlm(Path(argv[1]), Path(argv[2]), weights=argv[0] == "--vlm")
         return
     tokenizer_folder, model_out = Path(argv[0]), Path(argv[1])
     build_model(tokenizer_folder, model_out)

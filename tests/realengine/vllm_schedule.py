@@ -145,21 +145,32 @@ def module(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-def build_tiny_model(python: Path, base: Path) -> TinyModel:
-    """A tiny random Llama with the embedded SmolLM2 tokenizer files, a LoRA adapter, and tiny
-    hybrid models (one folder per layout) with the same tokenizer files, by the engine's torch."""
-    folder, lora, hybrid = base / "model", base / "lora", base / "hybrid"
-    args = [str(EMBEDDED_TOKENIZER), str(folder), str(lora), str(hybrid)]
-    done = subprocess.run(
+def _run_builder(python: Path, args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [str(python), str(BUILDER), *args],
         capture_output=True,
         text=True,
         timeout=600,
         env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "HF_HUB_OFFLINE": "1"},
     )
+
+
+def build_tiny_model(python: Path, base: Path, vlm: bool = False) -> TinyModel:
+    """A tiny random Llama with the embedded SmolLM2 tokenizer files, a LoRA adapter, and tiny
+    hybrid models (one folder per layout) with the same tokenizer files, by the engine's torch;
+    with ``vlm`` (a planned server serves it) also a tiny random SmolVLM (Idefics3) on the
+    SmolVLM-layout tokenizer folder of ``tests/smolvlm_folder.py``."""
+    folder, lora, hybrid = base / "model", base / "lora", base / "hybrid"
+    args = [str(EMBEDDED_TOKENIZER), str(folder), str(lora), str(hybrid)]
+    done = _run_builder(python, args)
+    if done.returncode == 0 and vlm:
+        from smolvlm_folder import build_smolvlm_folder
+
+        tokenizer = build_smolvlm_folder(base / "smolvlm-tokenizer")
+        done = _run_builder(python, ["--vlm", str(tokenizer), str(base / "vlm")])
     if done.returncode != 0:
         raise RuntimeError(f"building the tiny model failed: {done.stderr[-3000:]}")
-    return TinyModel(folder, lora, hybrid)
+    return TinyModel(folder, lora, hybrid, base / "vlm" if vlm else None)
 
 
 class Schedule:
@@ -235,7 +246,8 @@ class Schedule:
     def _prepare(self) -> None:
         try:
             python = build_vllm_python()
-            model = build_tiny_model(python, self._workspace / "tiny-model")
+            vlm = any(c.vlm for wanted in self._wanted for c in wanted)
+            model = build_tiny_model(python, self._workspace / "tiny-model", vlm)
             logs = self._workspace / "vllm-logs"
             logs.mkdir(parents=True, exist_ok=True)
             # No server is started here: a child's PR_SET_PDEATHSIG fires when the *thread*

@@ -61,8 +61,10 @@ class ServerConfig:
     ``VLLM_SERVER_DEV_MODE=1``, under which vLLM 0.32 serves its dev routes, among them
     ``POST /reset_prefix_cache`` (smg's FlushCache behind the sidecar). ``chat_template`` is a
     Jinja file (``tests/data/chat_templates``) given as ``--chat-template``, for a worker that
-    renders some requests differently from the model's own template. ``replica`` tells
-    apart servers of the same options that a test needs at once (two workers to route over).
+    renders some requests differently from the model's own template. ``vlm`` serves the tiny
+    random SmolVLM (Idefics3, ``build_tiny_model.build_vlm``) instead of the Llama.
+    ``replica`` tells apart servers of the same options that a test needs at once (two workers to
+    route over).
     """
 
     hash_algo: str = "sha256_cbor"
@@ -74,6 +76,7 @@ class ServerConfig:
     prompt_embeds: bool = False
     dev_mode: bool = False
     chat_template: str | None = None
+    vlm: bool = False
     replica: int = 0
 
     def second(self) -> ServerConfig:
@@ -95,6 +98,8 @@ class ServerConfig:
             label += f"-{self.num_blocks}blocks"
         if self.chat_template:
             label += f"-template-{Path(self.chat_template).stem}"
+        if self.vlm:
+            label += "-vlm"
         return label + (f"-replica{self.replica}" if self.replica else "")
 
 
@@ -120,6 +125,7 @@ class TinyModel:
     folder: Path
     lora: Path | None
     hybrid: Path | None = None
+    vlm: Path | None = None
 
 
 class VllmServer:
@@ -155,6 +161,9 @@ class VllmServer:
         }
         hybrid = self.config.hybrid
         folder = model.hybrid / hybrid if hybrid and model.hybrid else model.folder
+        if self.config.vlm:
+            assert model.vlm is not None, "the run's plan built no VLM (ServerConfig.vlm)"
+            folder = model.vlm
         args = [
             "--model", str(folder),
             "--served-model-name", MODEL_NAME,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tokenkeys.cli.media_options import image_options
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import (
     DEFAULT_BLOCK_SIZE,
@@ -116,6 +117,7 @@ def local_models(
         chat,
         artifact_chunk_size=getattr(args, "artifact_chunk_size", None),
         incremental=incremental_options(args),
+        images=image_options(args),
     )
 
 

@@ -28,6 +28,7 @@ from tokenkeys.cli.engine_options import add_engine_options, engine_config_from,
 from tokenkeys.cli.help import DefaultsFormatter, essentials_first
 from tokenkeys.cli.limit_options import add_limit_options, limits_from
 from tokenkeys.cli.log_options import add_log_options
+from tokenkeys.cli.media_options import add_media_options
 from tokenkeys.cli.run_options import add_run_options, check_run_options
 from tokenkeys.cli.serve_http import add_http_options, chat_options, http_config
 from tokenkeys.engine.config import new_instance_id
@@ -95,6 +96,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="default bytes per GetTokenizerArtifacts chunk (default 512 KiB; at most 4,128,768)",
     )
     add_http_options(faces)
+    add_media_options(p)
     processes = p.add_argument_group("processes and shutdown")
     add_run_options(
         processes,

@@ -12,6 +12,7 @@ from tokenkeys.engine.context_window import fit
 from tokenkeys.engine.protocol import GenerateOutput, GenerationParams, Usage
 from tokenkeys.errors import TokenkeysError
 from tokenkeys.keys import KeyContext
+from tokenkeys.preprocess.images import MMFeature
 from tokenkeys.serving.models import ServedModel
 
 
@@ -66,6 +67,18 @@ class EngineCall:
         if self.lora_name is None:
             return self.engine.generate(list(prompt), params, self.context)
         return self.engine.generate(list(prompt), params, self.context, lora_name=self.lora_name)
+
+    def with_images(self, features: Sequence[MMFeature]) -> EngineCall:
+        """This call keyed with a prompt's image items (the engine keys blocks with them).
+
+        An item without its identifier (no ``--mm-model-id``) is refused: keys without the
+        image's identity would give two different images the same blocks.
+        """
+        if not features:
+            return self
+        items = tuple(f.item() for f in features)
+        context = dataclasses.replace(self.context or KeyContext(), mm_items=items)
+        return dataclasses.replace(self, context=context)
 
     async def run(self, prompt: Sequence[int]) -> Generated:
         """Run one prompt to the end."""

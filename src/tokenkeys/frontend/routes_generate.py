@@ -134,6 +134,7 @@ async def chat_completions(request: Request) -> Response:
     chat = await opened.run(model.preprocessor.tokenize_chat, body)
     ids = chat.tokens.ids
     call.check([ids], rendered=chat.prompt is not None)
+    call = call.with_images(chat.features)
     shape = _shape(
         ChatShape,
         request,

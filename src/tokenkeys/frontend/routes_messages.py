@@ -14,8 +14,9 @@ that to the model's one Preprocessor, so every number is the served one:
   vLLM sent them; on the simulated engine the answer is shaped as vLLM shapes a whole Messages
   answer (``messages_full_converter``). Streaming on the simulated engine is refused (501).
 
-Images are refused with the chat path's 501 (multimodal is not served here yet) unless the
-request is text-only.
+Image blocks become the chat's ``image_url`` parts: a model whose processor is reproduced
+(``tokenkeys.preprocess.images``) expands them as the chat path does, any other refuses them
+with the chat path's 501.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ async def messages(request: Request) -> Response:
     chat = await opened.run(model.preprocessor.tokenize_chat, opened.body)
     ids = chat.tokens.ids
     call.check([ids], rendered=chat.prompt is not None)
+    call = call.with_images(chat.features)
     (done,) = await call.run_all([ids])
     opened.state.metrics.record_generation(model.name, "messages", [done.usage])
     text = decoder(model, options.skip_special_tokens)(done.token_ids)

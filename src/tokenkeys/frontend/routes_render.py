@@ -19,7 +19,7 @@ and sampling fields not rebuilt here. The derender routes are
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -41,6 +41,7 @@ from tokenkeys.frontend.schemas import RenderChatRequest, RenderCompletionReques
 from tokenkeys.frontend.state import max_model_len_of
 from tokenkeys.preprocess.chat_schema import check_chat_request
 from tokenkeys.preprocess.completion import prompts_of, refuse_empty_prompt
+from tokenkeys.preprocess.images import MMFeature
 from tokenkeys.serving.models import ServedModel
 
 #: vLLM's ``CompletionRequest.max_tokens`` default (``normalize_null_max_tokens``).
@@ -246,7 +247,40 @@ async def render_chat_opened(request: Request, opened: Opened) -> Response:
     rendered = chat.prompt is not None
     budget = budget_of(len(ids), requested, defaults, limit, rendered=rendered, text=rendered)
     params = sampling_params(body, budget, defaults, chat=True)
-    return json_response(answer_of(_request_id(request, body, "chatcmpl"), ids, params, body))
+    answer = answer_of(_request_id(request, body, "chatcmpl"), ids, params, body)
+    if chat.features:
+        answer["features"] = features_of(chat.features, body.get("mm_payload"))
+    return json_response(answer)
+
+
+def features_of(features: Sequence[MMFeature], mm_payload: object) -> dict[str, Any]:
+    """vLLM 0.32's render ``features`` (``MultiModalFeatures``) without tensors.
+
+    Per modality the items' hashes and placeholder ranges; the processed tensors
+    (``kwargs_data``, ``mm_metadata``) are vLLM's own processor output and are not produced
+    here, so a request must ask for ``mm_payload: "none"``.
+    """
+    if mm_payload != "none":
+        raise Unsupported(
+            "a render with images answers its features without the processed tensors: send "
+            '"mm_payload": "none" (kwargs_data and mm_metadata come from the engine\'s own '
+            "processor)",
+            field="mm_payload",
+        )
+    hashes: dict[str, list[str]] = {}
+    ranges: dict[str, list[dict[str, int]]] = {}
+    for feature in features:
+        item = feature.item()  # refuses an item without its identifier (no model id)
+        hashes.setdefault(feature.modality, []).append(item.identifier)
+        ranges.setdefault(feature.modality, []).append(
+            {"offset": item.offset, "length": item.length}
+        )
+    return {
+        "mm_hashes": hashes,
+        "mm_placeholders": ranges,
+        "kwargs_data": None,
+        "mm_metadata": None,
+    }
 
 
 def add_routes(app: FastAPI) -> None:

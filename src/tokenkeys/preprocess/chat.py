@@ -45,7 +45,13 @@ from tokenkeys.errors import (
     Unsupported,
     vllm_invalid,
 )
-from tokenkeys.preprocess.chat_messages import media_kind, normalize_messages
+from tokenkeys.preprocess.chat_messages import (
+    IMAGE_PART_TYPES,
+    ImageParts,
+    media_kind,
+    modality_reason,
+    normalize_messages,
+)
 from tokenkeys.preprocess.chat_request import (
     COLLIDING_KWARGS,
     freeze,
@@ -56,6 +62,7 @@ from tokenkeys.preprocess.chat_request import (
     thaw,
 )
 from tokenkeys.preprocess.chat_schema import check_chat_request
+from tokenkeys.preprocess.images import ImageRef
 from tokenkeys.preprocess.prompt_options import shared_prompt_reason
 from tokenkeys.template.render import ChatTemplateRenderer, RenderLimits
 from tokenkeys.tokenizer.chat_template_select import select_template
@@ -88,7 +95,7 @@ def _kwargs_problem(kwargs: Mapping[str, Any], where: str) -> str | None:
     return None
 
 
-def unsupported_reason(request: Mapping[str, Any]) -> str | None:
+def unsupported_reason(request: Mapping[str, Any], *, images: bool = False) -> str | None:
     """Why this chat request cannot be rendered exactly here, or None when it can.
 
     Both the generation path and the counting path consult it, so neither approximates:
@@ -96,7 +103,8 @@ def unsupported_reason(request: Mapping[str, Any]) -> str | None:
     media content parts (placeholder expansion is the engine's), tokenizer options inside
     ``chat_template_kwargs``, and the prompt-changing fields both request forms share
     (:func:`~tokenkeys.preprocess.prompt_options.shared_prompt_reason`). Malformed fields are
-    not judged here (``prepare`` reports them).
+    not judged here (``prepare`` reports them). With ``images`` (the model's image processor is
+    reproduced) image parts pass; audio and video are refused naming the modality.
     """
     shared = shared_prompt_reason(request)
     if shared is not None:
@@ -127,6 +135,12 @@ def unsupported_reason(request: Mapping[str, Any]) -> str | None:
             if isinstance(content, list):
                 for j, part in enumerate(content):
                     kind = media_kind(part)
+                    if kind is not None and images and kind in IMAGE_PART_TYPES:
+                        continue
+                    if kind is not None and (
+                        reason := modality_reason(kind, f"messages[{i}].content[{j}]")
+                    ):
+                        return reason
                     if kind is not None:
                         return (
                             f"content part type {kind!r} at messages[{i}].content[{j}] is not "
@@ -217,6 +231,7 @@ class ChatRender:
     variables: Mapping[str, Any]
     add_generation_prompt: bool
     continue_final_message: bool
+    images: tuple[ImageRef, ...] = ()
 
 
 class ChatPrologue:
@@ -225,6 +240,8 @@ class ChatPrologue:
     ``templates`` are the tokenizer's named chat templates (``{"default": text}`` for one),
     ``special_tokens`` transformers' ``special_tokens_map`` (``bos_token``, ``eos_token``, ...,
     named tokens only, as transformers 5 passes them). Compiled templates are cached.
+    ``image_placeholder`` is the placeholder text of a model whose images are served (its
+    processor's), None for text only.
     """
 
     def __init__(
@@ -235,7 +252,9 @@ class ChatPrologue:
         *,
         clock: Callable[[], datetime] = datetime.now,
         cache_size: int = 32,
+        image_placeholder: str | None = None,
     ) -> None:
+        self.image_placeholder = image_placeholder
         self.templates = MappingProxyType(dict(templates))
         self.special_tokens = MappingProxyType(dict(special_tokens))
         self.options = options or ChatOptions()
@@ -312,7 +331,7 @@ class ChatPrologue:
             raise InvalidArgument("the request body must be a JSON object", field="body")
         # vLLM's request validators run before anything is rendered (400s first).
         check_chat_request(request)
-        reason = unsupported_reason(request)
+        reason = unsupported_reason(request, images=self.image_placeholder is not None)
         if reason is not None:
             raise Unsupported(reason)
         flags = prompt_flags(request)
@@ -324,7 +343,8 @@ class ChatPrologue:
         renderer = self.renderer(template)
         fmt = self.options.content_format
         content_format = renderer.content_format if fmt == "auto" else fmt
-        messages = normalize_messages(request.get("messages"), content_format)
+        parts = None if self.image_placeholder is None else ImageParts(self.image_placeholder)
+        messages = normalize_messages(request.get("messages"), content_format, parts)
         variables = {
             k: v
             for k, v in kwargs.variables.items()
@@ -338,6 +358,7 @@ class ChatPrologue:
             variables=freeze(variables),
             add_generation_prompt=flags.add_generation_prompt,
             continue_final_message=flags.continue_final_message,
+            images=tuple(parts.refs) if parts is not None else (),
         )
 
     def render(self, chat: ChatRender) -> str:

@@ -12,8 +12,13 @@ Matched against vLLM's ``vllm/entrypoints/chat_utils.py`` (0.33-era ``main``:
 - text parts are ``text``, ``input_text``, ``output_text``, ``refusal`` and ``thinking`` (a
   ``text`` or ``refusal`` part without its text is skipped), plain strings, and
   ``tool_reference`` (its name);
-- media parts (images, audio, video, files, embeddings) raise
-  :class:`~tokenkeys.errors.Unsupported`: their placeholder expansion is not reproduced here;
+- image parts (``image_url``, ``input_image``) of a model whose images are served become
+  ``{"type": "image"}`` parts (``"openai"`` format) or its placeholder text, the missing ones
+  put in front of the joined texts (``"string"`` format, vLLM's
+  ``_get_full_multimodal_text_prompt``), and are collected in prompt order
+  (:class:`~tokenkeys.preprocess.images.ImageRef`) for the expansion; audio and video raise
+  :class:`~tokenkeys.errors.Unsupported` naming the modality, other media parts (files,
+  embeddings, and images of a text-only model) too;
 - the kept keys are role and content, then ``tool_calls`` and ``reasoning`` (copied to
   ``reasoning_content``) for assistants, ``tool_call_id`` for tools, ``name`` and ``task`` when
   strings, ``tools`` for developer messages; every other key is dropped;
@@ -31,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.preprocess.images import ImageRef
 from tokenkeys.template.syntax import ContentFormat
 
 # Part types that carry text, and the key holding it (vLLM MM_PARSER_MAP).
@@ -75,6 +81,46 @@ _MEDIA_KEYS = (
     "video_url",
 )
 _KNOWN_PART_TYPES = sorted({*_TEXT_PART_KEYS, *MEDIA_PART_TYPES, "tool_reference"})
+#: Image parts served when the model's processor is reproduced.
+IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})
+#: The modality a media part carries, for the 501 that names it.
+_MODALITY = {
+    "audio_url": "audio",
+    "input_audio": "audio",
+    "audio_embeds": "audio",
+    "audio": "audio",
+    "video_url": "video",
+    "video": "video",
+}
+
+
+class ImageParts:
+    """The image parts of one conversation, in order, and the placeholder text they render as."""
+
+    def __init__(self, placeholder: str) -> None:
+        self.placeholder = placeholder
+        self.refs: list[ImageRef] = []
+
+
+def modality_reason(kind: str, where: str) -> str | None:
+    """Why an audio or video part is refused (naming the modality), None for other kinds."""
+    modality = _MODALITY.get(kind)
+    if modality is None:
+        return None
+    return (
+        f"{modality} input is not supported ({kind!r} at {where}): only images are expanded "
+        "exactly here"
+    )
+
+
+def _image_ref(part: Mapping[str, Any], kind: str, where: str) -> ImageRef:
+    value = part.get(kind)
+    # vLLM: image_url is {"url": ...}; input_image (Responses) carries the URL string itself.
+    url = value.get("url") if kind == "image_url" and isinstance(value, Mapping) else value
+    if not isinstance(url, str) or not url:
+        raise InvalidArgument(f"{where}.{kind} must carry a URL string", field=f"{where}.{kind}")
+    uuid = part.get("uuid")
+    return ImageRef(url, None if uuid is None else str(uuid), f"{where}.{kind}")
 
 
 def media_kind(part: Any) -> str | None:
@@ -103,8 +149,8 @@ def _unsupported_media(kind: str, where: str) -> Unsupported:
     )
 
 
-def _part(part: Any, where: str) -> tuple[str, str] | None:
-    """One content part as (kind, text) with kind "text" or "tool_reference"; None to skip."""
+def _part(part: Any, where: str, images: ImageParts | None) -> tuple[str, str] | None:
+    """One content part as (kind, text), kind "text", "tool_reference" or "image"; None to skip."""
     if isinstance(part, str):
         return ("text", part)
     if not isinstance(part, Mapping):
@@ -113,6 +159,12 @@ def _part(part: Any, where: str) -> tuple[str, str] | None:
         )
     kind = media_kind(part)
     if kind is not None:
+        if images is not None and kind in IMAGE_PART_TYPES:
+            images.refs.append(_image_ref(part, kind, where))
+            return ("image", images.placeholder)
+        reason = modality_reason(kind, where)
+        if reason is not None:
+            raise Unsupported(reason, field=where)
         raise _unsupported_media(kind, where)
     part_type = part.get("type")
     if part_type is None or part.get("uuid") is not None:
@@ -147,7 +199,9 @@ def _part(part: Any, where: str) -> tuple[str, str] | None:
     return ("text", text)
 
 
-def _content(content: Any, fmt: ContentFormat, where: str) -> str | list[dict[str, str]]:
+def _content(
+    content: Any, fmt: ContentFormat, where: str, images: ImageParts | None = None
+) -> str | list[dict[str, str]]:
     if content is None:
         raw: list[Any] = []
     elif isinstance(content, str):
@@ -160,15 +214,33 @@ def _content(content: Any, fmt: ContentFormat, where: str) -> str | list[dict[st
             f"{type(content).__name__}",
             field=where,
         )
-    parts = [p for i, item in enumerate(raw) if (p := _part(item, f"{where}[{i}]")) is not None]
+    parts = [
+        p for i, item in enumerate(raw) if (p := _part(item, f"{where}[{i}]", images)) is not None
+    ]
     if fmt == "string":
-        return "\n".join(text for _, text in parts)
+        text = "\n".join(text for kind, text in parts if kind != "image")
+        placeholders = [text for kind, text in parts if kind == "image"]
+        return _with_placeholders(text, placeholders, where) if placeholders else text
     return [
         {"type": "tool_reference", "name": text}
         if kind == "tool_reference"
+        else {"type": "image"}
+        if kind == "image"
         else {"type": "text", "text": text}
         for kind, text in parts
     ]
+
+
+def _with_placeholders(text: str, placeholders: list[str], where: str) -> str:
+    """vLLM's string-format prompt: placeholders the text lacks go in front, one per line."""
+    missing = len(placeholders) - text.count(placeholders[0])
+    if missing < 0:
+        raise InvalidArgument(
+            f"Found more '{placeholders[0]}' placeholders in input prompt than actual "
+            "multimodal data items.",
+            field=where,
+        )
+    return "\n".join([placeholders[0]] * missing + ([text] if text else []))
 
 
 def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
@@ -198,7 +270,9 @@ def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
     return calls
 
 
-def _message(message: Any, fmt: ContentFormat, where: str) -> dict[str, Any]:
+def _message(
+    message: Any, fmt: ContentFormat, where: str, images: ImageParts | None
+) -> dict[str, Any]:
     if not isinstance(message, Mapping):
         raise InvalidArgument(
             f"{where} must be an object, got {type(message).__name__}", field=where
@@ -214,7 +288,7 @@ def _message(message: Any, fmt: ContentFormat, where: str) -> dict[str, Any]:
         raise InvalidArgument(f"{where}.reasoning must be a string", field=where)
     out: dict[str, Any] = {
         "role": role,
-        "content": _content(message.get("content"), fmt, f"{where}.content"),
+        "content": _content(message.get("content"), fmt, f"{where}.content", images),
     }
     if role == "assistant":
         if message.get("tool_calls") is not None:
@@ -238,11 +312,17 @@ def _message(message: Any, fmt: ContentFormat, where: str) -> dict[str, Any]:
     return out
 
 
-def normalize_messages(messages: Any, content_format: ContentFormat) -> list[dict[str, Any]]:
-    """Build the template's conversation from request messages (see the module docstring)."""
+def normalize_messages(
+    messages: Any, content_format: ContentFormat, images: ImageParts | None = None
+) -> list[dict[str, Any]]:
+    """Build the template's conversation from request messages (see the module docstring).
+
+    ``images`` collects the image parts of a model whose images are served; without it they are
+    refused.
+    """
     if not isinstance(messages, list):
         raise InvalidArgument(
             f"messages must be a list of messages, got {type(messages).__name__}",
             field="messages",
         )
-    return [_message(m, content_format, f"messages[{i}]") for i, m in enumerate(messages)]
+    return [_message(m, content_format, f"messages[{i}]", images) for i, m in enumerate(messages)]

@@ -22,7 +22,10 @@ from tokenkeys.preprocess.chat import (
     ChatRender,
     reused_prompt_ids,
 )
+from tokenkeys.preprocess.chat_messages import IMAGE_PART_TYPES, media_kind
+from tokenkeys.preprocess.images import ImageExpander, ImageOptions, MMFeature
 from tokenkeys.preprocess.incremental import HistoryWatch, IncrementalEncoder, IncrementalOptions
+from tokenkeys.preprocess.multimodal.processors import processor_class
 from tokenkeys.preprocess.prompt_options import optional_flag
 from tokenkeys.tokenizer import Tokenizer, TokenStrs, Truncation
 from tokenkeys.tokenizer.specials import template_special_tokens
@@ -43,6 +46,15 @@ class Tokenized:
     @property
     def count(self) -> int:
         return len(self.ids)
+
+
+def _has_images(request: Mapping[str, Any]) -> bool:
+    messages = request.get("messages") if isinstance(request, Mapping) else None
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list) and any(media_kind(p) in IMAGE_PART_TYPES for p in content):
+            return True
+    return False
 
 
 def _strip_nul(text: str) -> tuple[str, list[int] | None]:
@@ -67,6 +79,7 @@ class ChatTokenized:
 
     prompt: str | None
     tokens: Tokenized
+    features: tuple[MMFeature, ...] = ()
 
 
 @dataclass
@@ -76,7 +89,8 @@ class Preprocessor:
     ``add_special_tokens=None`` means the served default for that path, read from the
     tokenizer's options (which are part of its fingerprint). Every encode goes through the
     exact incremental cache (:mod:`tokenkeys.preprocess.incremental`) set by ``incremental``;
-    ``model`` names the served model in its log lines.
+    ``model`` names the served model in its log lines. A tokenizer folder carrying a multimodal
+    processor's configs takes images (:mod:`tokenkeys.preprocess.images`) under ``images``.
     """
 
     tokenizer: Tokenizer
@@ -84,12 +98,25 @@ class Preprocessor:
     chat_options: ChatOptions = field(default_factory=ChatOptions)
     incremental: IncrementalOptions = field(default_factory=IncrementalOptions)
     model: str = ""
+    images: ImageOptions = field(default_factory=ImageOptions)
 
     def __post_init__(self) -> None:
+        self.image_expander: ImageExpander | None = None
+        self._image_refusal: Unsupported | None = None
+        placeholder = None
+        root = self.tokenizer.folder.root
+        if processor_class(root) is not None:
+            try:
+                expander = ImageExpander(root, self.images)
+                placeholder = expander.family.placeholder
+                self.image_expander = expander
+            except Unsupported as exc:
+                self._image_refusal = exc
         self.chat = ChatPrologue(
             self.tokenizer.chat_templates,
             template_special_tokens(self.tokenizer.folder),
             self.chat_options,
+            image_placeholder=placeholder,
         )
         self.encoder = IncrementalEncoder(self.tokenizer, self.incremental)
         self.history = HistoryWatch(self.model)
@@ -221,8 +248,10 @@ class Preprocessor:
         if isinstance(messages, list):
             # Before rendering: a conversation over the limit costs no template work.
             self.limits.check_messages("messages", len(messages))
+        if self._image_refusal is not None and _has_images(request):
+            raise self._image_refusal
         chat = self.chat.prepare(request)
-        reused = reused_prompt_ids(request)
+        reused = None if chat.images else reused_prompt_ids(request)
         if reused is not None:
             self.limits.check_sequences(REUSED_IDS_FIELD, [len(reused)])
             self._check_vocabulary(reused)
@@ -233,15 +262,48 @@ class Preprocessor:
             add_special_tokens = optional_flag(request, "add_special_tokens")
         if add_special_tokens is None:
             add_special_tokens = self.tokenizer.options.add_special_tokens_chat
+        if chat.images:
+            if self.image_expander is None:
+                raise Unsupported("images are not supported by this model", field="messages")
+            # Counted before expansion too: the expansion only grows the prompt.
+            self.image_expander.check_count(chat.images)
         result = self.tokenize_prompts(
             [prompt],
             add_special_tokens=add_special_tokens,
-            token_strs=token_strs,
+            token_strs=False if chat.images else token_strs,
             field_name="messages",
         )[0]
-        return ChatTokenized(prompt, result)
+        if not chat.images:
+            return ChatTokenized(prompt, result)
+        return self._expand_images(prompt, result.ids, chat, token_strs)
+
+    def _expand_images(
+        self, prompt: str, ids: list[int], chat: ChatRender, token_strs: bool | TokenStrs
+    ) -> ChatTokenized:
+        """The prompt with each image placeholder replaced by the processor's expansion."""
+        expander = self.image_expander
+        assert expander is not None  # checked by the caller
+        placeholder = expander.family.placeholder
+        placeholder_id = self.tokenizer.backend.token_to_id(placeholder)
+        if placeholder_id is None:
+            raise Unsupported(
+                f"the tokenizer has no {placeholder} token for the processor's image placeholder",
+                field="messages",
+            )
+
+        def encode(text: str) -> list[int]:
+            (enc,) = self.encoder.encode([text], add_special_tokens=False)
+            return enc.ids
+
+        expanded, features = expander.expand(ids, chat.images, encode, placeholder_id)
+        self.limits.check_sequences("messages", [len(expanded)])
+        return ChatTokenized(
+            prompt, Tokenized(expanded, self._strs(expanded, token_strs)), tuple(features)
+        )
 
     def _watch_history(self, chat: ChatRender, prompt: str) -> None:
+        if chat.images:
+            return  # the history watch compares texts; an image's text is its placeholder
         context = {
             "template": chat.template,
             "tools": chat.tools,

@@ -26,6 +26,9 @@ TOKENIZER_FILES: tuple[str, ...] = (
     "generation_config.json",
     "chat_template.jinja",
     "chat_template.json",
+    # A multimodal model's processor settings: the placeholder expansion reads them (issue 35).
+    "processor_config.json",
+    "preprocessor_config.json",
 )
 
 REQUIRED_FILES: tuple[str, ...] = ("tokenizer.json",)

@@ -15,6 +15,7 @@ from tokenkeys.artifacts.streamer import ArtifactStreamer
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
 from tokenkeys.preprocess.chat import ChatOptions
+from tokenkeys.preprocess.images import ImageOptions
 from tokenkeys.preprocess.incremental import IncrementalOptions
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 from tokenkeys.tokenizer import (
@@ -95,6 +96,7 @@ def load_models(
     *,
     artifact_chunk_size: int | None = None,
     incremental: IncrementalOptions | None = None,
+    images: ImageOptions | None = None,
 ) -> ModelRegistry:
     """Load every model or raise on the first that fails; nothing is served half-loaded.
 
@@ -126,7 +128,12 @@ def load_models(
             max_chunk_size=max_chunk,
         )
         preprocessor = Preprocessor(
-            tokenizer, limits, chat, incremental or IncrementalOptions(), model=source.name
+            tokenizer,
+            limits,
+            chat,
+            incremental or IncrementalOptions(),
+            model=source.name,
+            images=images or ImageOptions(),
         )
         registry.add(
             ServedModel(

