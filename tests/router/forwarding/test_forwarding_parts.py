@@ -9,7 +9,7 @@ import pytest
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.forwarding.frontends import WorkerFrontends, split_worker
-from tokenkeys.router.forwarding.promise import Promise, expected_tokens
+from tokenkeys.router.forwarding.promise import Promise, expected_tokens, matched_at
 from tokenkeys.router.forwarding.relay import events, request_headers
 from tokenkeys.router.workers.discovery import WorkerDescription
 from tokenkeys.router.workers.state import WorkerState
@@ -42,6 +42,21 @@ def test_a_promise_against_its_answer():
     served = promise.answered({"prompt_tokens_details": {"cached_tokens": 64}})
     assert served.difference == -16 and served.over_promised
     assert promise.answered({"prompt_tokens": 3}) is promise  # no cached_tokens: nothing known
+
+
+class _Decision:
+    def cached_blocks(self, worker: str) -> int:
+        return {"w:1": 3, "w:2": 1}.get(worker, 0)
+
+
+def test_a_request_for_prompt_logprobs_is_promised_no_cached_blocks():
+    # vLLM reads nothing from its prefix cache for such a request (it computes every prompt
+    # position's logprobs): SamplingParams.skip_reading_prefix_cache, vLLM 0.32.
+    decisions = [_Decision(), _Decision()]
+    assert matched_at("w:1", decisions, {"prompt": "x"}) == (3, 3)
+    assert matched_at("w:2", decisions, {"prompt_logprobs": None}) == (1, 1)
+    assert matched_at("w:1", decisions, {"prompt_logprobs": 0}) == (0, 0)
+    assert matched_at("w:1", decisions, {"prompt_logprobs": 2}) == (0, 0)
 
 
 def test_the_worker_gets_the_routers_credentials_not_the_clients():

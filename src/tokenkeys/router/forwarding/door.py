@@ -227,7 +227,7 @@ class FrontDoor:
                 pool.name,
                 pool.block_size,
                 tuple(len(p) for p in prompts),
-                matched_at(address, decisions),
+                matched_at(address, decisions, opened.body),
             )
             part = explained.worker(address) if explained is not None else None
             if part is not None:

@@ -124,6 +124,14 @@ class PromiseMetrics:
             self.over_promises.labels(promise.worker).inc()
 
 
-def matched_at(worker: str, decisions: Sequence[Any]) -> tuple[int, ...]:
-    """Blocks each prompt's decision found cached at ``worker``."""
+def matched_at(worker: str, decisions: Sequence[Any], body: Any = None) -> tuple[int, ...]:
+    """Blocks each prompt's decision found cached at ``worker``, as the engine will read them.
+
+    A request asking for ``prompt_logprobs`` reads nothing from the cache: vLLM computes the
+    whole prompt for its logprobs (``SamplingParams.skip_reading_prefix_cache`` defaults to
+    ``prompt_logprobs is not None``, vllm/sampling_params.py; ``Request.
+    get_skip_reading_prefix_cache``, vllm/v1/request.py, 0.32), so the promise is 0 blocks.
+    """
+    if isinstance(body, dict) and body.get("prompt_logprobs") is not None:
+        return tuple(0 for _ in decisions)
     return tuple(d.cached_blocks(worker) for d in decisions)
