@@ -162,6 +162,14 @@ def _part(part: Any, where: str, images: ImageParts | None) -> tuple[str, str] |
         if images is not None and kind in IMAGE_PART_TYPES:
             images.refs.append(_image_ref(part, kind, where))
             return ("image", images.placeholder)
+        if kind in IMAGE_PART_TYPES:
+            # No image processor in the model's folder: a text-only model, which vLLM 0.32
+            # refuses images for with a 400 ("... is not a multimodal model"); a processor
+            # tokenkeys cannot reproduce was refused before rendering, naming its class.
+            raise InvalidArgument(
+                f"the model is not a multimodal model: it takes no {kind!r} part ({where})",
+                field=where,
+            )
         reason = modality_reason(kind, where)
         if reason is not None:
             raise Unsupported(reason, field=where)
