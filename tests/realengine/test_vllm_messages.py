@@ -120,3 +120,41 @@ def test_sidecar_messages_answer_vllms(vllm, sidecar, stream: bool) -> None:
             assert got == want, label
         else:
             assert _events(ours) == _events(theirs), label
+
+
+#: Bad Messages input (issue 34): an unknown content block, a tool_result whose tool_use never
+#: came, a malformed image block. vLLM's status is the judge; a refusal names the field.
+BAD_INPUT = [
+    ("unknown-block", [{"role": "user", "content": [{"type": "bogus", "text": "x"}]}]),
+    (
+        "tool-result-without-tool-use",
+        [
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_none", "content": "4"}],
+            }
+        ],
+    ),
+    (
+        "image-without-data",
+        [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}],
+    ),
+]
+
+
+@pytest.mark.parametrize(("label", "messages"), BAD_INPUT, ids=[b[0] for b in BAD_INPUT])
+@pytest.mark.parametrize("path", ["/v1/messages/count_tokens", "/v1/messages"])
+def test_bad_input_gets_vllms_status_and_names_the_field(
+    vllm, sidecar, path: str, label: str, messages: list
+) -> None:
+    body = {"messages": messages, "max_tokens": 2, "temperature": 0}
+    theirs = _post(vllm.url, path, body)
+    ours = _post(sidecar.url, path, body)
+    assert ours.status_code == theirs.status_code, (label, ours.text, theirs.text)
+    if theirs.status_code == 200 and path.endswith("count_tokens"):
+        assert ours.json() == theirs.json(), label
+    elif theirs.status_code == 200:
+        assert _prompt_of(ours.json()["usage"]) == _prompt_of(theirs.json()["usage"]), label
+    else:
+        error = ours.json()["error"]
+        assert "messages" in (error.get("param") or "") + error["message"], (label, ours.text)
