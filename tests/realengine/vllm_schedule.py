@@ -39,6 +39,7 @@ CAPACITY_VARIABLE = "TOKENKEYS_VLLM_SERVERS"
 _GIB = 1 << 30
 _PER_SERVER = 4 * _GIB  # 3.2 GB measured, with room for its sidecar
 _KEPT = 6 * _GIB
+_PAIR = 2
 
 EMBEDDED_TOKENIZER = (
     Path(__file__).resolve().parents[2] / "src" / "tokenkeys" / "data" / "smollm2-135m-instruct"
@@ -127,7 +128,9 @@ def capacity() -> int:
     if available is None:
         return 1
     workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    return max(1, min(4, (available - _KEPT) // _PER_SERVER) // workers)
+    # At least two: a test may hold two servers at once (a pair to route over), and a pool of
+    # one would stop the first while the test's sidecar still waits on it.
+    return max(_PAIR, min(4, (available - _KEPT) // _PER_SERVER) // workers)
 
 
 def _mem_available() -> int | None:
