@@ -23,8 +23,9 @@ ADAPTER = LoraModule("ada", "/adapters/ada", 1)
 Matched = Callable[[list[int]], dict[int, int]]
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Until ``predicate`` holds (a safety net for event delivery, not a measurement)."""
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    """Until ``predicate`` holds (a safety net for event delivery, not a measurement: generous,
+    since the peers' processes share two cores with the real-engine tier's vLLM servers)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s"

@@ -23,7 +23,7 @@ require_smg_stubs()
 from tokenkeys.server.grpc.vllm_engine.stubs import common_pb2, vllm_engine_pb2_grpc  # noqa: E402
 
 # A safety net for the relay's own bookkeeping, not a measurement.
-COUNTS_TIMEOUT_S = 30.0
+COUNTS_TIMEOUT_S = 120.0
 
 
 class Subscription:

@@ -51,7 +51,7 @@ async def _generate(cluster: Cluster, ids: list[int], **kw: object) -> None:
     await cluster.stacks[0].generate(token_ids={"ids": ids}, stopping={"max_tokens": 1}, **kw)
 
 
-async def _wait(predicate, what: str, timeout: float = 30.0) -> None:  # noqa: ANN001
+async def _wait(predicate, what: str, timeout: float = 120.0) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout  # a safety net, not a measurement
     while not predicate():
         assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s"
