@@ -20,7 +20,7 @@ import anthropic_corpus
 import httpx
 import pytest
 
-from served_pair import TokenkeysServe, sidecar_args
+from served_pair import TokenkeysServe, running, sidecar_args
 from vllm_server import DEFAULT_CONFIG, MODEL_NAME, VllmServer
 
 pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
@@ -41,11 +41,8 @@ def vllm(vllm_pool) -> VllmServer:
 @pytest.fixture(scope="module")
 def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
     process = TokenkeysServe(*sidecar_args(vllm))
-    try:
-        process.wait_healthy()
+    with running(process):
         yield process
-    finally:
-        process.stop()
 
 
 def _post(url: str, path: str, body: dict) -> httpx.Response:
