@@ -23,6 +23,7 @@ from support import ServerThread
 # The real-vLLM session fixtures (environment, tiny model, server pool), here so that every
 # suite shares one pool: tests/realengine and the Engine conformance suite's vLLM case.
 from vllm_fixtures import SCHEDULE, tiny_model, vllm_pool, vllm_python  # noqa: F401
+from vllm_server import Start
 
 #: The tiers whose tests are the run's evidence, counted at the end (marker: what it proves).
 EVIDENCE = {
@@ -81,7 +82,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if schedule is not None:
         schedule.close()
         if hasattr(session.config, "workeroutput"):  # to the controller, for the summary
-            session.config.workeroutput["vllm_starts"] = schedule.starts()
+            starts = [(s.label, s.seconds, s.cpu) for s in schedule.starts()]
+            session.config.workeroutput["vllm_starts"] = starts
 
 
 #: The vLLM starts the xdist workers reported (the controller runs no test itself).
@@ -91,7 +93,25 @@ STARTS = pytest.StashKey[list]()
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 - xdist's WorkerController
     starts = getattr(node, "workeroutput", {}).get("vllm_starts", [])
-    node.config.stash.setdefault(STARTS, []).extend(tuple(start) for start in starts)
+    node.config.stash.setdefault(STARTS, []).extend(Start(*start) for start in starts)
+
+
+#: Per process (xdist worker id, or "main"): [first start, last stop, seconds in tests,
+#: tests, first and last moment in a real-engine test], from the reports this process sees
+#: (under xdist the controller's: every worker's).
+_TIMELINE: dict[str, list] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None else "main"
+    line = _TIMELINE.setdefault(worker, [report.start, report.stop, 0.0, 0, None, None])
+    line[0], line[1] = min(line[0], report.start), max(line[1], report.stop)
+    line[2] += report.duration
+    line[3] += report.when == "call"
+    if "realengine" in report.keywords:
+        line[4] = report.start if line[4] is None else min(line[4], report.start)
+        line[5] = report.stop if line[5] is None else max(line[5], report.stop)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -119,8 +139,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     schedule = config.stash.get(SCHEDULE, None)
     starts = schedule.starts() if schedule is not None else config.stash.get(STARTS, [])
     if starts:
-        listed = ", ".join(f"{label} {s:.0f} s" if s else label for label, s in starts)
-        reporter.line(f"vLLM servers started: {len(starts)} ({listed})")
+        cpu = sum(start.cpu or 0 for start in starts)
+        listed = ", ".join(str(start) for start in starts)
+        reporter.line(f"vLLM servers started: {len(starts)}, {cpu:.0f} CPU s ({listed})")
+    begin = min((line[0] for line in _TIMELINE.values()), default=0.0)
+    for worker, (first, last, busy, tests, engine_from, engine_to) in sorted(_TIMELINE.items()):
+        engine = (
+            f", real-engine tests from {engine_from - begin:.0f} s to {engine_to - begin:.0f} s"
+            if engine_from is not None
+            else ""
+        )
+        reporter.line(
+            f"{worker}: {tests} tests, {busy:.0f} s in tests, from {first - begin:.0f} s to "
+            f"{last - begin:.0f} s{engine}"
+        )
     if under_ci():
         reporter.line("CI=true: a missing engine or peer environment fails its tests")
 

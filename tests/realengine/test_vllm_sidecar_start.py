@@ -1,5 +1,6 @@
 """A sidecar started before its vLLM (issues 38 and 32): it answers while it waits, then serves,
-with the block size and hash algorithm vLLM reports (no --block-size, no --cache-key-profile).
+with the block size, hash algorithm and served model name vLLM reports (no --block-size, no
+--cache-key-profile, a --model folder without a name).
 
 The vLLM is the harness's default server (shared with the other modules of its configuration);
 "before its vLLM" is its address not answering yet: the sidecar is pointed at a real TCP relay
@@ -90,7 +91,7 @@ def door(vllm: VllmServer) -> Iterator[LateDoor]:
 def test_a_sidecar_started_first_waits_answering_then_serves_adopting_vllms_keys(vllm, door):
     late = f"http://127.0.0.1:{door.port}"
     process = TokenkeysServe(
-        "--model", f"{MODEL_NAME}={EMBEDDED}",
+        "--model", str(EMBEDDED),  # served under the folder's name until vLLM's is known
         "--backend", "transformers5",
         "--engine", f"vllm+{late}",
         "--engine-kv-events", vllm.events_endpoint,
@@ -117,6 +118,10 @@ def test_a_sidecar_started_first_waits_answering_then_serves_adopting_vllms_keys
 
         door.open()  # vLLM "comes up"
         process.wait_healthy(WAIT_LIMIT)
+        # vLLM's served name (its /v1/models), in place of the folder's.
+        served = [m["id"] for m in httpx.get(f"{process.url}/v1/models").json()["data"]]
+        assert served[0] == MODEL_NAME and EMBEDDED.name not in served, served
+        assert f"under the engine's names: {MODEL_NAME}" in process.log_text()
         answer = httpx.post(
             f"{process.url}/v1/completions",
             json={"model": MODEL_NAME, "prompt": "Hello there", "max_tokens": 2},

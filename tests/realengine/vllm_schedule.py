@@ -5,9 +5,11 @@ or itself), or through a parameter that is a :class:`~vllm_server.ServerConfig` 
 as ``vllm_servers``. From that, at collection:
 
 - the modules that use vLLM run after all the others, those sharing a configuration next to
-  each other (the default configuration's first), each module's tests in their own order, so
-  that every configuration is started once per run where the pool has room to keep it until
-  its last user (with fewer places, Belady's rule below restarts the few it had to evict);
+  each other (the default configuration's first); in a module, the tests on the default
+  configuration (or on no server) first, then the others grouped by the servers they ask for,
+  each group in its order; so that every configuration is started once per run where the pool
+  has room to keep it until its last user (with fewer places, Belady's rule below restarts
+  the few it had to evict);
 - :class:`Schedule` knows, per test, which configurations it needs; the server pool it builds
   evicts by that plan and starts the next configuration while the tests before it run;
 - the engine environment and the tiny model are prepared in a background thread from the
@@ -30,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from vllm_env import vllm_python as build_vllm_python
-from vllm_server import DEFAULT_CONFIG, ServerConfig, TinyModel, VllmServerPool
+from vllm_server import DEFAULT_CONFIG, STARTS, ServerConfig, Start, TinyModel, VllmServerPool
 
 MARKER = "vllm_servers"
 #: Fixtures of the engine environment: a module using them runs with the vLLM modules.
@@ -70,40 +72,51 @@ def engine_modules(items: Sequence[pytest.Item]) -> set[str]:
 
 
 def order(items: list[pytest.Item]) -> None:
-    """Reorder ``items`` in place: modules without vLLM first, then those with it, grouped."""
+    """Reorder ``items`` in place: modules without vLLM first, then those with it, grouped by
+    configuration; in a vLLM module, the tests on the default configuration's servers (or on
+    none) first, while the server the modules before left running is still there, then the
+    others by configuration, each group in its own order."""
     modules: dict[str, list[ServerConfig]] = {}
     for item in items:
         modules.setdefault(module(item), []).extend(servers_of(item))
     engine = engine_modules(items)
     first = {name: index for index, name in enumerate(modules)}
+    groups: dict[tuple[ServerConfig, ...], int] = {}
+    for item in items:
+        groups.setdefault(servers_of(item), len(groups))
 
     def rank(item: pytest.Item) -> tuple:
         name = module(item)
         configs = modules[name]
         if name not in engine:
             return (0, first[name])
-        others = sorted(c.label for c in configs if replace(c, replica=0) != DEFAULT_CONFIG)
-        return (1, others[0] if others else "", first[name])
+        others = sorted(c.label for c in configs if not _default(c))
+        own = servers_of(item)
+        warm = all(_default(c) for c in own)
+        return (1, others[0] if others else "", first[name], not warm, groups[own])
 
-    items.sort(key=rank)  # stable: a module's tests keep their order
+    items.sort(key=rank)  # stable: the tests of a group keep their order
+
+
+def _default(config: ServerConfig) -> bool:
+    return replace(config, replica=0) == DEFAULT_CONFIG
 
 
 def families(items: Sequence[pytest.Item]) -> dict[str, str]:
-    """The vLLM modules by family: ``vllm-lora`` for those whose first server serves the tiny
-    Llama with its adapter (the default configuration and the key profiles' variants), or that
-    start no pool server, ``vllm-other`` for the rest (hybrid models, the adapter-less server).
+    """The modules that use pool servers, by family: ``vllm-lora`` for those whose first
+    server serves the tiny Llama with its adapter (the default configuration and the key
+    profiles' variants), ``vllm-other`` for the rest (hybrid models, the adapter-less server).
     Each family runs in one process, so two processes split the engines between them and
-    neither starts a configuration the other holds."""
-    first: dict[str, ServerConfig | None] = {}
+    neither starts a configuration the other holds. A module that uses only the engine's
+    environment or model (no pool server) is in no family: any process runs it."""
+    first: dict[str, ServerConfig] = {}
     for item in items:
-        name = module(item)
-        if first.get(name) is None:
-            configs = servers_of(item)
-            first[name] = configs[0] if configs else None
+        configs = servers_of(item)
+        if configs:
+            first.setdefault(module(item), configs[0])
     return {
-        name: "vllm-lora" if config is None or (config.lora and not config.hybrid) else "vllm-other"
+        name: "vllm-lora" if config.lora and not config.hybrid else "vllm-other"
         for name, config in first.items()
-        if name in engine_modules(items)
     }
 
 
@@ -166,25 +179,43 @@ class Schedule:
     """The run's plan and the pool built from it, prepared in the background from the start."""
 
     def __init__(self, items: Sequence[pytest.Item], workspace: Path, whole_run: bool = True):
-        """``whole_run``: this process runs every collected test. An xdist worker runs only the
-        units it is handed; it plans for the families of vLLM modules it has been handed."""
-        self._wanted = [servers_of(item) for item in items]
+        """``whole_run``: this process runs every collected test, in their order. An xdist
+        worker runs the units it is handed, in the order it is handed them (xdist hands the
+        largest first, whatever their place in the collection): it plans a family's tests
+        from the moment it is handed one of them, after those it had."""
         family = families(items)
-        self._family = [family.get(module(item)) for item in items]
-        self._here: set[str | None] = set(self._family) if whole_run else set()
         self._engine = engine_modules(items)
-        self._index = {item.nodeid: index for index, item in enumerate(items)}
+        self._configs = {item.nodeid: servers_of(item) for item in items}
+        self._family = {item.nodeid: family.get(module(item)) for item in items}
+        self._members: dict[str, list[str]] = {}
+        for item in items:
+            if module(item) in family:
+                self._members.setdefault(family[module(item)], []).append(item.nodeid)
+        #: The family tests of this process, in the order it runs them; the cursor is the
+        #: index of the last one that began (other tests leave it where it was).
+        self._order: list[str] = []
+        self._index: dict[str, int] = {}
+        self._here: set[str] = set()
+        if whole_run:
+            self._here = set(self._members)
+            self._order = [nodeid for nodeid in self._configs if self._family[nodeid]]
+            self._index = {nodeid: index for index, nodeid in enumerate(self._order)}
         self._position = 0
         self._workspace = workspace
         self._pool: VllmServerPool | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
+    def _adopt(self, family: str) -> None:
+        for nodeid in self._members[family]:
+            self._index[nodeid] = len(self._order)
+            self._order.append(nodeid)
+        self._here.add(family)
+
     @property
     def plan(self) -> list[tuple[ServerConfig, ...]]:
-        """Per collected test, the servers it asks for, if this process will run it."""
-        pairs = zip(self._wanted, self._family, strict=True)
-        return [configs if family in self._here else () for configs, family in pairs]
+        """The servers each of this process's family tests asks for, in the order it runs them."""
+        return [self._configs[nodeid] for nodeid in self._order]
 
     @property
     def needed(self) -> bool:
@@ -209,21 +240,21 @@ class Schedule:
 
     def at(self, item: pytest.Item) -> None:
         """``item`` runs now: move the plan's cursor, and start what comes next if there is room."""
+        family = self._family.get(item.nodeid)
+        if family is not None and family not in self._here:  # handed to this process
+            self._adopt(family)
+            if self._pool is not None:
+                self._pool.plan = self.plan
         self._position = self._index.get(item.nodeid, self._position)
         if module(item) in self._engine:
-            family = self._family[self._position]
-            if family not in self._here:  # a unit of this family was handed to this process
-                self._here.add(family)
-                if self._pool is not None:
-                    self._pool.plan = self.plan
             self.begin(force=True)  # where nothing began it early (an xdist worker)
         ready = self._thread is not None and not self._thread.is_alive()
         if ready and self._pool is not None:
             self._pool.look_ahead()
 
-    def starts(self) -> list[tuple[str, float | None]]:
-        """Every vLLM start of the run: (label, seconds until healthy, None if never)."""
-        return list(self._pool.starts) if self._pool is not None else []
+    def starts(self) -> list[Start]:
+        """Every vLLM start of this process (the pool's and the others')."""
+        return list(STARTS)
 
     def close(self) -> None:
         """Stop every server (after waiting for the preparation, if it is still going)."""

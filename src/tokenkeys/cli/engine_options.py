@@ -20,6 +20,7 @@ from tokenkeys.engine.config import (
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.tokenizer_only import NO_ENGINE
 from tokenkeys.errors import ConfigError
+from tokenkeys.server.runtime.loading import ModelSource
 
 _US = 1e-6
 
@@ -269,7 +270,18 @@ def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
         args.engine_wait,
         args.engine_probe,
         key_options=key_spec_options(args) if hasattr(args, "key_profile") else None,
+        adopt_name=_model_unnamed(args),
     )
+
+
+def _model_unnamed(args: argparse.Namespace) -> bool:
+    """Whether the one served model has no given name (``--model DIR`` or no ``--model``, no
+    ``--served-model-name``): the sidecar then serves it under vLLM's served names."""
+    model = getattr(args, "model", None)
+    specs = model if isinstance(model, list) else [model] if model else []
+    if getattr(args, "served_model_name", None) or len(specs) > 1:
+        return False
+    return not any(ModelSource.parse(spec).given_name for spec in specs)
 
 
 def kind_config_from(args: argparse.Namespace) -> KindConfig:
