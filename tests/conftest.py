@@ -2,13 +2,16 @@
 
 The run is spread over two processes (pytest-xdist, ``--dist loadgroup``: ``pyproject.toml``).
 Every module is one unit of work, so its module-scoped fixtures are set up once and its tests
-run in their order; the modules that use vLLM are a unit (one process holds the server pool
-and runs them in the planned order, ``vllm_schedule``), and so are the peers' modules (their
-environments and driver processes are set up once).
+run in their order; the modules that use vLLM servers are two units, one per family (each
+process holds its own server pool and runs its family in the planned order, ``vllm_schedule``),
+handed out first, one to each process (:func:`hand_out_order`); the peers' modules are a unit
+(their environments and driver processes are set up once). The summary lists every vLLM start
+with its CPU seconds and each process's timeline.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -44,10 +47,11 @@ def pytest_configure(config: pytest.Config) -> None:
 # Before xdist reads the groups into the node ids (it takes them in its own hook of this name),
 # so before -m/-k deselection too: that only drops items, the order and groups stay.
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     check_declared(items)
     order(items)
     family = families(items)
+    groups: dict[str, str] = {}
     for item in items:
         name = module(item)
         if name in family:
@@ -56,7 +60,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             group = "peers"
         else:
             group = name
+        groups[item.nodeid] = group
         item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):
+        hand_out_order(items, groups, set(family.values()))
+
+
+def hand_out_order(items: list[pytest.Item], groups: dict[str, str], first: set[str]) -> None:
+    """Order an xdist worker's collection as the units are to be handed out (xdist hands them in
+    collection order: ``--no-loadscope-reorder``): the vLLM families first, one to each process
+    from the start (each is most of a process's run: started late, it would end alone), then
+    every other unit, the largest first (as xdist's own reorder does: the small ones even out
+    the end). The order within a unit stays."""
+    size = Counter(groups.values())
+    position = {group: index for index, group in enumerate(dict.fromkeys(groups.values()))}
+
+    def rank(item: pytest.Item) -> tuple:
+        group = groups[item.nodeid]
+        return (group not in first, -size[group], position[group])
+
+    items.sort(key=rank)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -4,22 +4,20 @@ with the block size, hash algorithm and served model name vLLM reports (no --blo
 
 The vLLM is the harness's default server (shared with the other modules of its configuration);
 "before its vLLM" is its address not answering yet: the sidecar is pointed at a real TCP relay
-to that vLLM whose port opens only once the waiting was seen (:class:`LateDoor`), as a vLLM
-still loading its model refuses connections. vLLM's KV-event endpoints are reached directly.
+to that vLLM whose port opens only once the waiting was seen (:class:`late_door.LateDoor`), as
+a vLLM still loading its model refuses connections. vLLM's KV-event endpoints are reached directly.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 
 import grpc
 import httpx
 import pytest
-from ports import free_port
+from late_door import LateDoor
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2, tokenizer_pb2_grpc
 
@@ -30,48 +28,6 @@ pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
 #: Seconds for the polls below: a safety net for a broken engine, never a pass/fail criterion.
 WAIT_LIMIT = 120.0
-
-
-class LateDoor:
-    """A TCP relay to ``host:port`` on a free loopback port that listens only once opened."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-        self._server: asyncio.Server | None = None
-
-    def open(self) -> None:
-        async def start() -> asyncio.Server:
-            return await asyncio.start_server(self._relay, "127.0.0.1", self.port)
-
-        self._server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            try:
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            finally:
-                sink.close()
-
-        await asyncio.gather(
-            pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True
-        )
-
-    def close(self) -> None:
-        async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(30)
 
 
 @pytest.fixture(scope="module")

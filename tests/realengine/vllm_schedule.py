@@ -72,30 +72,33 @@ def engine_modules(items: Sequence[pytest.Item]) -> set[str]:
 
 
 def order(items: list[pytest.Item]) -> None:
-    """Reorder ``items`` in place: modules without vLLM first, then those with it, grouped by
-    configuration; in a vLLM module, the tests on the default configuration's servers (or on
-    none) first, while the server the modules before left running is still there, then the
-    others by configuration, each group in its own order."""
-    modules: dict[str, list[ServerConfig]] = {}
+    """Reorder ``items`` in place: modules without vLLM first, then those with it, the modules
+    sharing a configuration next to each other (the default configuration's first); in a vLLM
+    module, its tests grouped by the servers they ask for, the groups that use a server the
+    module before left running first (it is still there), each group in its own order."""
+    modules: dict[str, list[pytest.Item]] = {}
     for item in items:
-        modules.setdefault(module(item), []).extend(servers_of(item))
+        modules.setdefault(module(item), []).append(item)
     engine = engine_modules(items)
-    first = {name: index for index, name in enumerate(modules)}
-    groups: dict[tuple[ServerConfig, ...], int] = {}
-    for item in items:
-        groups.setdefault(servers_of(item), len(groups))
 
-    def rank(item: pytest.Item) -> tuple:
-        name = module(item)
-        configs = modules[name]
-        if name not in engine:
-            return (0, first[name])
-        others = sorted(c.label for c in configs if not _default(c))
-        own = servers_of(item)
-        warm = all(_default(c) for c in own)
-        return (1, others[0] if others else "", first[name], not warm, groups[own])
+    def module_rank(name: str) -> str:
+        labels = sorted(c.label for i in modules[name] for c in servers_of(i) if not _default(c))
+        return labels[0] if labels else ""
 
-    items.sort(key=rank)  # stable: the tests of a group keep their order
+    ordered = [name for name in modules if name not in engine]
+    ordered += sorted((name for name in modules if name in engine), key=module_rank)
+    warm: set[ServerConfig] = {DEFAULT_CONFIG}  # the first server the schedule starts
+    items.clear()
+    for name in ordered:
+        tests = modules[name]
+        if name in engine:
+            groups: dict[tuple[ServerConfig, ...], int] = {}
+            for item in tests:
+                groups.setdefault(servers_of(item), len(groups))
+            ahead = {own for own in groups if warm & set(own)}
+            tests = sorted(tests, key=lambda i: (servers_of(i) not in ahead, groups[servers_of(i)]))
+            warm = set(servers_of(tests[-1])) or warm  # still running when the module ends
+        items.extend(tests)
 
 
 def _default(config: ServerConfig) -> bool:

@@ -103,6 +103,10 @@ class ServerConfig:
 #: changes; ``/reset_prefix_cache`` is there for FlushCache).
 DEFAULT_CONFIG = ServerConfig(lora=True, dev_mode=True)
 
+#: The default without the adapter: the engine of vLLM's gRPC face (its launcher takes no
+#: ``--lora-modules``), and a server without ``--enable-prompt-embeds``.
+PLAIN_CONFIG = replace(DEFAULT_CONFIG, lora=False)
+
 #: Another chat template for the model (no default system message): ``ServerConfig.chat_template``.
 OTHER_CHAT_TEMPLATE = str(
     Path(__file__).resolve().parents[1]
