@@ -11,6 +11,7 @@ with its CPU seconds and each process's timeline.
 
 from __future__ import annotations
 
+import resource
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -160,11 +161,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"{name}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped ({what})"
         )
     schedule = config.stash.get(SCHEDULE, None)
-    starts = schedule.starts() if schedule is not None else config.stash.get(STARTS, [])
+    # Under xdist the workers' (reported at their end); in one process, its own.
+    starts = config.stash.get(STARTS, None) or (schedule.starts() if schedule is not None else [])
     if starts:
         cpu = sum(start.cpu or 0 for start in starts)
         listed = ", ".join(str(start) for start in starts)
         reporter.line(f"vLLM servers started: {len(starts)}, {cpu:.0f} CPU s ({listed})")
+    # The run's work whatever else loads the machine: this process and every child it waited
+    # for (xdist's workers, and theirs: servers, subprocesses).
+    used = sum(
+        resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    reporter.line(f"CPU: {used:.0f} s in the run's processes that ended")
     begin = min((line[0] for line in _TIMELINE.values()), default=0.0)
     for worker, (first, last, busy, tests, engine_from, engine_to) in sorted(_TIMELINE.items()):
         engine = (
