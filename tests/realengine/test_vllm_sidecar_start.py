@@ -1,6 +1,6 @@
 """A sidecar started before its vLLM (issues 38 and 32): it answers while it waits, then serves,
-with the block size, hash algorithm and served model name vLLM reports (no --block-size, no
---cache-key-profile, a --model folder without a name).
+with the block size, hash algorithm, served model name and KV-event publisher vLLM reports (no
+--block-size, no --cache-key-profile, a --model folder without a name, no --engine-kv-*).
 
 The vLLM is the harness's default server (shared with the other modules of its configuration);
 "before its vLLM" is its address not answering yet: the sidecar is pointed at a real TCP relay
@@ -50,9 +50,6 @@ def test_a_sidecar_started_first_waits_answering_then_serves_adopting_vllms_keys
         "--model", str(EMBEDDED),  # served under the folder's name until vLLM's is known
         "--backend", "transformers5",
         "--engine", f"vllm+{late}",
-        "--engine-kv-events", vllm.events_endpoint,
-        "--engine-kv-replay", vllm.replay_endpoint,
-        "--engine-kv-topic", vllm.topic,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + WAIT_LIMIT
@@ -77,7 +74,13 @@ def test_a_sidecar_started_first_waits_answering_then_serves_adopting_vllms_keys
         # vLLM's served name (its /v1/models), in place of the folder's.
         served = [m["id"] for m in httpx.get(f"{process.url}/v1/models").json()["data"]]
         assert served[0] == MODEL_NAME and EMBEDDED.name not in served, served
-        assert f"under the engine's names: {MODEL_NAME}" in process.log_text()
+        log = process.log_text()
+        assert f"under the engine's names: {MODEL_NAME}" in log
+        # vLLM's publisher (tcp://*:PORT in its --kv-events-config) on the host of its address.
+        assert (
+            f"KV events from vLLM's publisher at {vllm.events_endpoint} (replay "
+            f"{vllm.replay_endpoint}, topic '{vllm.topic}')"
+        ) in log
         answer = httpx.post(
             f"{process.url}/v1/completions",
             json={"model": MODEL_NAME, "prompt": "Hello there", "max_tokens": 2},

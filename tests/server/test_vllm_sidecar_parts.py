@@ -76,6 +76,10 @@ def test_vllm_engine_options() -> None:
     ).engine
     assert isinstance(waiting, VllmEngineConfig)
     assert (waiting.wait_s, waiting.probe) == (30.0, False)
+    # No publisher given: taken from vLLM's /kv_event_sources at start (checks.prepare).
+    adopting = engine_config_from(_serve_args("--engine", "vllm+http://h:1")).engine
+    assert isinstance(adopting, VllmEngineConfig)
+    assert (adopting.kv_events, adopting.kv_replay, adopting.kv_topic) == (None, None, "")
 
 
 def test_the_simulated_engines_default_max_tokens_is_an_option() -> None:
@@ -90,7 +94,6 @@ def test_the_simulated_engines_default_max_tokens_is_an_option() -> None:
 @pytest.mark.parametrize(
     ("argv", "field", "words"),
     [
-        (["--engine", "vllm+http://h:1"], "engine-kv-events", "needs --engine-kv-events"),
         (["--engine-kv-events", "tcp://h:1"], "engine-kv-events", "needs --engine vllm+http"),
         (
             ["--engine", "vllm+ftp://h:1", "--engine-kv-events", "tcp://h:2"],

@@ -54,12 +54,16 @@ MODELS = [
 
 class _Engine(ThreadingHTTPServer):
     """Answers GET ``/health`` 200, ``/version`` with ``version`` (None: 404, as any unknown
-    path) and ``/v1/models`` with ``models``; counts hits."""
+    path), ``/v1/models`` with ``models`` and ``/kv_event_sources`` with ``sources`` (None:
+    404); counts hits."""
 
-    def __init__(self, version: str | None, models: list[dict] | None = None) -> None:
+    def __init__(
+        self, version: str | None, models: list[dict] | None = None, sources: dict | None = None
+    ) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.version = version
         self.models = MODELS if models is None else models
+        self.sources = sources
         self.hits: Counter[str] = Counter()
 
     @property
@@ -76,6 +80,8 @@ class _Handler(BaseHTTPRequestHandler):
             body, status = b"", 200
         elif self.path == "/version" and self.server.version is not None:
             body, status = json.dumps({"version": self.server.version}).encode(), 200
+        elif self.path == "/kv_event_sources" and self.server.sources is not None:
+            body, status = json.dumps(self.server.sources).encode(), 200
         elif self.path == "/v1/models":
             body, status = json.dumps({"object": "list", "data": self.server.models}).encode(), 200
         else:
@@ -200,3 +206,47 @@ def test_a_rename_keeps_the_place_and_refuses_a_name_served_twice() -> None:
     with pytest.raises(ConfigError, match="served twice"):
         models.rename("c", ("a",))
     assert models.names == ["a", "c"] and models.get("c2").name == "c"  # as it was
+
+
+#: ``/kv_event_sources`` of a vLLM 0.32 started with ``--kv-events-config '{"endpoint":
+#: "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv", ...}'`` (rank 0).
+SOURCES = {
+    "0": {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+        "replay_endpoint": "tcp://*:5558",
+        "buffer_steps": 10000,
+        "hwm": 100000,
+        "max_queue_size": 100000,
+        "topic": "kv",
+    }
+}
+
+
+@pytest.mark.parametrize("engine", [("0.32.0", None, SOURCES)], indirect=True)
+async def test_no_publisher_given_takes_the_one_vllm_reports(engine) -> None:
+    prepared = (await prepare(EngineConfig(engine=VllmEngineConfig(engine.url)))).engine
+    assert isinstance(prepared, VllmEngineConfig)
+    assert (prepared.kv_events, prepared.kv_replay, prepared.kv_topic) == (
+        "tcp://127.0.0.1:5557",
+        "tcp://127.0.0.1:5558",
+        "kv",
+    )
+    # Given, the publisher is the operator's route to it (not compared); a topic vLLM does
+    # not publish on is a contradiction: nothing would arrive.
+    given = VllmEngineConfig(engine.url, EVENTS, kv_topic="kv")
+    assert (await prepare(EngineConfig(engine=given))).engine == given
+    wrong = VllmEngineConfig(engine.url, EVENTS, kv_topic="other")
+    with pytest.raises(ConfigError, match="topic 'kv'") as caught:
+        await prepare(EngineConfig(engine=wrong))
+    assert caught.value.field == "engine-kv-topic" and "'other'" in caught.value.message
+
+
+@pytest.mark.parametrize("engine", [("0.32.0", None, None)], indirect=True)
+async def test_a_vllm_not_saying_where_it_publishes_asks_for_the_option(engine) -> None:
+    with pytest.raises(ConfigError, match="give --engine-kv-events") as caught:
+        await prepare(EngineConfig(engine=VllmEngineConfig(engine.url)))
+    assert caught.value.field == "engine-kv-events" and engine.hits["/kv_event_sources"] == 1
+    given = VllmEngineConfig(engine.url, EVENTS, kv_topic="kv")  # nothing to check it against
+    assert (await prepare(EngineConfig(engine=given))).engine == given

@@ -74,7 +74,8 @@ def _add_engine_group(g: argparse._ArgumentGroup) -> None:
         metavar="tcp://HOST:PORT",
         default=None,
         help="with --engine vllm+http://...: vLLM's KV-event publisher (its --kv-events-config "
-        "endpoint, as reached from here)",
+        "endpoint, as reached from here) (default: the one vLLM reports on /kv_event_sources, "
+        "with its replay endpoint and topic)",
     )
     g.add_argument(
         "--engine-kv-replay",
@@ -256,12 +257,6 @@ def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
                     field=flag[2:],
                 )
         return None
-    if not args.engine_kv_events:
-        raise ConfigError(
-            "--engine vllm+http://... needs --engine-kv-events tcp://HOST:PORT (vLLM's "
-            "--kv-events-config endpoint): the sidecar relays and checks vLLM's keys",
-            field="engine-kv-events",
-        )
     return VllmEngineConfig(
         engine.removeprefix(VllmEngineConfig.SCHEME),
         args.engine_kv_events,

@@ -60,8 +60,10 @@ class VllmEngineConfig:
 
     ``kv_events`` is vLLM's ZMQ publisher (``--engine-kv-events tcp://HOST:PORT``, the endpoint
     of vLLM's ``--kv-events-config``), ``kv_replay`` its replay endpoint and ``kv_topic`` its
-    topic ("" subscribes to every topic). ``wait_s`` bounds how long the sidecar waits at start
-    for vLLM to answer (``--engine-wait``; vLLM loads its model before it serves). ``probe``:
+    topic ("" subscribes to every topic); ``kv_events`` None takes all three from vLLM's
+    ``/kv_event_sources`` at start (:func:`tokenkeys.engine.vllm.adopt.event_source`).
+    ``wait_s`` bounds how long the sidecar waits at start for vLLM to answer
+    (``--engine-wait``; vLLM loads its model before it serves). ``probe``:
     the start probe of one fresh block (``--no-engine-probe`` skips it). ``key_options``: the
     cache-key options as given; the profile and block size they leave unset are taken from
     vLLM (:mod:`tokenkeys.engine.vllm.adopt`); None takes nothing. ``adopt_name``: the served
@@ -74,7 +76,7 @@ class VllmEngineConfig:
     SCHEME: ClassVar[str] = "vllm+"
 
     url: str
-    kv_events: str
+    kv_events: str | None = None
     kv_replay: str | None = None
     kv_topic: str = ""
     wait_s: float = 600.0

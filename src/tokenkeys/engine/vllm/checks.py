@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
 from tokenkeys.engine.hosting import report_start
+from tokenkeys.engine.vllm.adopt import event_source
 from tokenkeys.engine.vllm.client import VllmHttpClient, VllmModel
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, Unavailable, Unsupported
 from tokenkeys.events.vllm_layout import wire_release_of
@@ -222,10 +223,14 @@ async def prepare(config: EngineConfig) -> EngineConfig:
     (:func:`served_names`)."""
     vllm = config.engine
     assert isinstance(vllm, VllmEngineConfig)
-    if config.kv_events_vllm_version is not None and not vllm.adopt_name:
+    sources = vllm.kv_events is None or bool(vllm.kv_topic)
+    if config.kv_events_vllm_version is not None and not vllm.adopt_name and not sources:
         return config
     client = VllmHttpClient(vllm.url)
     try:
+        if sources:
+            await wait_for_vllm(client, vllm.wait_s)
+            config = dataclasses.replace(config, engine=await _events_of(client, vllm))
         if config.kv_events_vllm_version is None:
             version = await wire_version_of(client, vllm.wait_s)
             log.info(
@@ -238,6 +243,46 @@ async def prepare(config: EngineConfig) -> EngineConfig:
     finally:
         await client.close()
     return config
+
+
+async def _events_of(client: VllmHttpClient, vllm: VllmEngineConfig) -> VllmEngineConfig:
+    """``vllm`` with the publisher vLLM reports on ``/kv_event_sources`` where
+    ``--engine-kv-events`` is not given; a given topic that is not vLLM's refuses the start
+    (nothing would arrive)."""
+    try:
+        sources = await client.kv_event_sources()
+    except (InvalidArgument, NotFound) as exc:  # a vLLM without the route (before 0.32)
+        if vllm.kv_events is not None:
+            return vllm  # nothing to check the topic against
+        raise ConfigError(
+            f"vLLM at {client.base_url} does not say where it publishes KV events "
+            f"({exc.message}); give --engine-kv-events",
+            field="engine-kv-events",
+        ) from None
+    if vllm.kv_events is None:
+        source = event_source(sources, client.base_url)
+        topic = vllm.kv_topic or source.topic
+        log.info(
+            "KV events from vLLM's publisher at %s (replay %s, topic %r), as vLLM at %s reports",
+            source.endpoint,
+            vllm.kv_replay or source.replay or "none",
+            topic,
+            client.base_url,
+        )
+        vllm = dataclasses.replace(
+            vllm, kv_events=source.endpoint, kv_replay=vllm.kv_replay or source.replay,
+            kv_topic=topic,
+        )  # fmt: skip
+    topics = {
+        str(s.get("topic") or "") for s in sources.values() if s.get("enable_kv_cache_events")
+    }
+    if vllm.kv_topic and topics and vllm.kv_topic not in topics:
+        raise ConfigError(
+            f"--engine-kv-topic is {vllm.kv_topic!r}, vLLM publishes its KV events on topic "
+            f"{' or '.join(repr(t) for t in sorted(topics))}",
+            field="engine-kv-topic",
+        )
+    return vllm
 
 
 async def served_names(client: VllmHttpClient) -> tuple[str, ...]:
