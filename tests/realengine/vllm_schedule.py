@@ -15,9 +15,9 @@ as ``vllm_servers``. From that, at collection:
 - the engine environment and the tiny model are prepared in a background thread from the
   start of the run, and the first server started, while the tests that need no engine run.
 
-``TOKENKEYS_VLLM_SERVERS`` caps how many servers a process runs at once; by default as many as
-the memory available at start holds (about 4 GB each, 6 GB kept for everything else, at most 4),
-shared among the xdist workers.
+``TOKENKEYS_VLLM_SERVERS`` caps how many servers the run holds at once; by default as many as
+the memory available at start holds (about 4 GB each, 6 GB kept for everything else, at most 4);
+either is shared among the xdist workers.
 """
 
 from __future__ import annotations
@@ -136,13 +136,13 @@ def check_declared(items: Sequence[pytest.Item]) -> None:
 def capacity() -> int:
     """How many vLLM servers this process may run at once (see the module's docstring): the
     machine's share divided among the xdist workers, each of which may hold a pool."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     given = os.environ.get(CAPACITY_VARIABLE)
     if given:
-        return max(1, int(given))
+        return max(1, int(given) // workers)
     available = _mem_available()
     if available is None:
         return 1
-    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     return max(1, min(4, (available - _KEPT) // _PER_SERVER) // workers)
 
 
