@@ -244,6 +244,11 @@ class VllmServer:
             # 0 (the "mp" executor binds its OpenMP threads to the first core: every server
             # of the run on one core). Same scheduler, cache, events and adapters.
             VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            # One OpenMP thread, as the "mp" worker had: in the engine core the CPU worker
+            # refuses torch.set_num_threads (cpu_worker.py), which would leave one thread per
+            # core, and two threads syncing each step on a loaded machine make decoding ten
+            # times slower.
+            OMP_NUM_THREADS="1",
             VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache: thousands of 32-token blocks
             VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES="1" if self.config.int_hashes else "0",
             VLLM_NO_USAGE_STATS="1",
