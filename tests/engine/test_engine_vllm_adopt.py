@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenkeys.engine.vllm.adopt import EventSource, adopted_spec, event_source, profile_for
+from tokenkeys.engine.vllm.adopt import VllmPublisher, adopted_spec, event_source, profile_for
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, KeySpecOptions, build_spec
 
@@ -70,12 +70,12 @@ def _publisher(endpoint: str, replay: str | None = None, topic: str = "") -> dic
 
 def test_vllms_publisher_is_reached_on_the_host_of_its_http_address() -> None:
     bound = {"0": _publisher("tcp://*:5557", "tcp://*:5558", "kv")}
-    assert event_source(bound, "http://10.0.0.7:8000") == EventSource(
+    assert event_source(bound, "http://10.0.0.7:8000") == VllmPublisher(
         "tcp://10.0.0.7:5557", "tcp://10.0.0.7:5558", "kv"
     )
     # An IPv6 wildcard and host; a replay endpoint bound on an address is reached there.
     ipv6 = {"0": _publisher("tcp://[::]:5557", "tcp://10.1.1.1:5558")}
-    assert event_source(ipv6, "http://[fd00::7]:8000") == EventSource(
+    assert event_source(ipv6, "http://[fd00::7]:8000") == VllmPublisher(
         "tcp://[fd00::7]:5557", "tcp://10.1.1.1:5558", ""
     )
     assert event_source({"0": _publisher("tcp://*:5557")}, "http://h:1").replay is None

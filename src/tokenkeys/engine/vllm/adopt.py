@@ -83,7 +83,7 @@ def adopted_spec(
 
 
 @dataclasses.dataclass(frozen=True)
-class EventSource:
+class VllmPublisher:
     """Where the sidecar subscribes to vLLM's KV events: ``--engine-kv-events``,
     ``--engine-kv-replay`` (None: no replay) and ``--engine-kv-topic``."""
 
@@ -92,7 +92,7 @@ class EventSource:
     topic: str
 
 
-def event_source(sources: dict[str, dict], url: str) -> EventSource:
+def event_source(sources: dict[str, dict], url: str) -> VllmPublisher:
     """The publisher of the one engine on vLLM's ``/kv_event_sources`` (``sources``, by
     data-parallel rank), as reached from here; ConfigError naming ``--engine-kv-events`` when
     there is none, several, or one this sidecar cannot tell how to reach."""
@@ -115,7 +115,7 @@ def event_source(sources: dict[str, dict], url: str) -> EventSource:
     (source,) = publishing.values()
     host = urlsplit(url).hostname or "127.0.0.1"
     replay = source.get("replay_endpoint")
-    return EventSource(
+    return VllmPublisher(
         _reachable(str(source.get("endpoint", "")), host, url, connects=True),
         _reachable(str(replay), host, url, connects=False) if replay else None,
         str(source.get("topic") or ""),
