@@ -2,9 +2,10 @@
 
 The run is spread over two processes (pytest-xdist, ``--dist loadgroup``: ``pyproject.toml``).
 Every module is one unit of work, so its module-scoped fixtures are set up once and its tests
-run in their order; the modules that use vLLM servers are two units, one per family (each
-process holds its own server pool and runs its family in the planned order, ``vllm_schedule``),
-handed out first, one to each process (:func:`hand_out_order`); the peers' modules are a unit
+run in their order; the modules that use vLLM servers are a unit per family (modules joined by
+the configurations they share, ``vllm_schedule.families``; each process holds its own server
+pool and runs the families it is handed in the planned order), handed out first, the largest
+first (:func:`hand_out_order`); the peers' modules are a unit
 (their environments and driver processes are set up once). The summary lists every vLLM start
 with its CPU seconds and each process's timeline.
 """
@@ -69,10 +70,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def hand_out_order(items: list[pytest.Item], groups: dict[str, str], first: set[str]) -> None:
     """Order an xdist worker's collection as the units are to be handed out (xdist hands them in
-    collection order: ``--no-loadscope-reorder``): the vLLM families first, one to each process
-    from the start (each is most of a process's run: started late, it would end alone), then
-    every other unit, the largest first (as xdist's own reorder does: the small ones even out
-    the end). The order within a unit stays."""
+    collection order: ``--no-loadscope-reorder``): the vLLM families first, the largest first,
+    one to each process from the start (each is a long unit: started late, it would end
+    alone), then every other unit, the largest first (as xdist's own reorder does: the small
+    ones even out the end). The order within a unit stays."""
     size = Counter(groups.values())
     position = {group: index for index, group in enumerate(dict.fromkeys(groups.values()))}
 

@@ -106,21 +106,42 @@ def _default(config: ServerConfig) -> bool:
 
 
 def families(items: Sequence[pytest.Item]) -> dict[str, str]:
-    """The modules that use pool servers, by family: ``vllm-lora`` for those whose first
-    server serves the tiny Llama with its adapter (the default configuration and the key
-    profiles' variants), ``vllm-other`` for the rest (hybrid models, the adapter-less server).
-    Each family runs in one process, so two processes split the engines between them and
-    neither starts a configuration the other holds. A module that uses only the engine's
-    environment or model (no pool server) is in no family: any process runs it."""
-    first: dict[str, ServerConfig] = {}
+    """The modules that use pool servers, by family. The modules on the default configuration
+    alone (and its second servers) are one family, ``vllm-default``; the others are joined by
+    the configurations they share besides the default, each connected set a family named by
+    its first configuration (the hybrid models and the adapter-less server are one, the key
+    profiles' variants another). Each family runs in one process, so no configuration but
+    the default starts in two; the default one is started again by a process that runs a
+    family asking for it too (one start, for families that can run beside each other). A
+    module that uses only the engine's environment or model (no pool server) is in no family:
+    any process runs it."""
+    own: dict[str, set[ServerConfig]] = {}
     for item in items:
         configs = servers_of(item)
         if configs:
-            first.setdefault(module(item), configs[0])
-    return {
-        name: "vllm-lora" if config.lora and not config.hybrid else "vllm-other"
-        for name, config in first.items()
+            own.setdefault(module(item), set()).update(c for c in configs if not _default(c))
+    parent = {name: name for name in own}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            name = parent[name]
+        return name
+
+    holder: dict[ServerConfig, str] = {}
+    for name, configs in own.items():
+        for config in configs:
+            if config in holder:
+                parent[root(name)] = root(holder[config])
+            else:
+                holder[config] = name
+    members: dict[str, set[ServerConfig]] = {}
+    for name, configs in own.items():
+        members.setdefault(root(name), set()).update(configs)
+    named = {
+        top: "vllm-" + min(c.label for c in configs) if configs else "vllm-default"
+        for top, configs in members.items()
     }
+    return {name: named[root(name)] if own[name] else "vllm-default" for name in own}
 
 
 def check_declared(items: Sequence[pytest.Item]) -> None:
