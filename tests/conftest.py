@@ -2,13 +2,18 @@
 
 The run is spread over two processes (pytest-xdist, ``--dist loadgroup``: ``pyproject.toml``).
 Every module is one unit of work, so its module-scoped fixtures are set up once and its tests
-run in their order; the modules that use vLLM are a unit (one process holds the server pool
-and runs them in the planned order, ``vllm_schedule``), and so are the peers' modules (their
-environments and driver processes are set up once).
+run in their order; the modules that use vLLM servers are a unit per family (modules joined by
+the configurations they share, ``vllm_schedule.families``; each process holds its own server
+pool and runs the families it is handed in the planned order), handed out first, the largest
+first (:func:`hand_out_order`); the peers' modules are a unit
+(their environments and driver processes are set up once). The summary lists every vLLM start
+with its CPU seconds and each process's timeline.
 """
 
 from __future__ import annotations
 
+import resource
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -23,6 +28,7 @@ from support import ServerThread
 # The real-vLLM session fixtures (environment, tiny model, server pool), here so that every
 # suite shares one pool: tests/realengine and the Engine conformance suite's vLLM case.
 from vllm_fixtures import SCHEDULE, tiny_model, vllm_pool, vllm_python  # noqa: F401
+from vllm_server import Start
 
 #: The tiers whose tests are the run's evidence, counted at the end (marker: what it proves).
 EVIDENCE = {
@@ -43,10 +49,11 @@ def pytest_configure(config: pytest.Config) -> None:
 # Before xdist reads the groups into the node ids (it takes them in its own hook of this name),
 # so before -m/-k deselection too: that only drops items, the order and groups stay.
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     check_declared(items)
     order(items)
     family = families(items)
+    groups: dict[str, str] = {}
     for item in items:
         name = module(item)
         if name in family:
@@ -55,7 +62,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             group = "peers"
         else:
             group = name
+        groups[item.nodeid] = group
         item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):
+        hand_out_order(items, groups, set(family.values()))
+
+
+def hand_out_order(items: list[pytest.Item], groups: dict[str, str], first: set[str]) -> None:
+    """Order an xdist worker's collection as the units are to be handed out (xdist hands them in
+    collection order: ``--no-loadscope-reorder``): the vLLM families first, the largest first,
+    one to each process from the start (each is a long unit: started late, it would end
+    alone), then every other unit, the largest first (as xdist's own reorder does: the small
+    ones even out the end). The order within a unit stays."""
+    size = Counter(groups.values())
+    position = {group: index for index, group in enumerate(dict.fromkeys(groups.values()))}
+
+    def rank(item: pytest.Item) -> tuple:
+        group = groups[item.nodeid]
+        return (group not in first, -size[group], position[group])
+
+    items.sort(key=rank)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -81,7 +107,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if schedule is not None:
         schedule.close()
         if hasattr(session.config, "workeroutput"):  # to the controller, for the summary
-            session.config.workeroutput["vllm_starts"] = schedule.starts()
+            starts = [(s.label, s.seconds, s.cpu) for s in schedule.starts()]
+            session.config.workeroutput["vllm_starts"] = starts
 
 
 #: The vLLM starts the xdist workers reported (the controller runs no test itself).
@@ -91,7 +118,25 @@ STARTS = pytest.StashKey[list]()
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 - xdist's WorkerController
     starts = getattr(node, "workeroutput", {}).get("vllm_starts", [])
-    node.config.stash.setdefault(STARTS, []).extend(tuple(start) for start in starts)
+    node.config.stash.setdefault(STARTS, []).extend(Start(*start) for start in starts)
+
+
+#: Per process (xdist worker id, or "main"): [first start, last stop, seconds in tests,
+#: tests, first and last moment in a real-engine test], from the reports this process sees
+#: (under xdist the controller's: every worker's).
+_TIMELINE: dict[str, list] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None else "main"
+    line = _TIMELINE.setdefault(worker, [report.start, report.stop, 0.0, 0, None, None])
+    line[0], line[1] = min(line[0], report.start), max(line[1], report.stop)
+    line[2] += report.duration
+    line[3] += report.when == "call"
+    if "realengine" in report.keywords:
+        line[4] = report.start if line[4] is None else min(line[4], report.start)
+        line[5] = report.stop if line[5] is None else max(line[5], report.stop)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -117,10 +162,30 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"{name}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped ({what})"
         )
     schedule = config.stash.get(SCHEDULE, None)
-    starts = schedule.starts() if schedule is not None else config.stash.get(STARTS, [])
+    # Under xdist the workers' (reported at their end); in one process, its own.
+    starts = config.stash.get(STARTS, None) or (schedule.starts() if schedule is not None else [])
     if starts:
-        listed = ", ".join(f"{label} {s:.0f} s" if s else label for label, s in starts)
-        reporter.line(f"vLLM servers started: {len(starts)} ({listed})")
+        cpu = sum(start.cpu or 0 for start in starts)
+        listed = ", ".join(str(start) for start in starts)
+        reporter.line(f"vLLM servers started: {len(starts)}, {cpu:.0f} CPU s ({listed})")
+    # The run's work whatever else loads the machine: this process and every child it waited
+    # for (xdist's workers, and theirs: servers, subprocesses).
+    used = sum(
+        resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    reporter.line(f"CPU: {used:.0f} s in the run's processes that ended")
+    begin = min((line[0] for line in _TIMELINE.values()), default=0.0)
+    for worker, (first, last, busy, tests, engine_from, engine_to) in sorted(_TIMELINE.items()):
+        engine = (
+            f", real-engine tests from {engine_from - begin:.0f} s to {engine_to - begin:.0f} s"
+            if engine_from is not None
+            else ""
+        )
+        reporter.line(
+            f"{worker}: {tests} tests, {busy:.0f} s in tests, from {first - begin:.0f} s to "
+            f"{last - begin:.0f} s{engine}"
+        )
     if under_ci():
         reporter.line("CI=true: a missing engine or peer environment fails its tests")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenkeys.engine.vllm.adopt import adopted_spec, profile_for
+from tokenkeys.engine.vllm.adopt import VllmPublisher, adopted_spec, event_source, profile_for
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, KeySpecOptions, build_spec
 
@@ -52,3 +52,47 @@ def test_unset_options_take_vllms_and_given_ones_stay() -> None:
     only_profile = KeySpecOptions(profile="vllm/sha256_cbor@0.31")
     partly = adopted_spec(default, only_profile, CACHE, "0.32.0")
     assert (partly.profile_id, partly.hash_unit) == ("vllm/sha256_cbor@0.31", 32)
+
+
+def _publisher(endpoint: str, replay: str | None = None, topic: str = "") -> dict:
+    """One engine's entry of vLLM 0.32's ``/kv_event_sources`` (a ``KVEventsConfig``)."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": endpoint,
+        "replay_endpoint": replay,
+        "buffer_steps": 10000,
+        "hwm": 100000,
+        "max_queue_size": 100000,
+        "topic": topic,
+    }
+
+
+def test_vllms_publisher_is_reached_on_the_host_of_its_http_address() -> None:
+    bound = {"0": _publisher("tcp://*:5557", "tcp://*:5558", "kv")}
+    assert event_source(bound, "http://10.0.0.7:8000") == VllmPublisher(
+        "tcp://10.0.0.7:5557", "tcp://10.0.0.7:5558", "kv"
+    )
+    # An IPv6 wildcard and host; a replay endpoint bound on an address is reached there.
+    ipv6 = {"0": _publisher("tcp://[::]:5557", "tcp://10.1.1.1:5558")}
+    assert event_source(ipv6, "http://[fd00::7]:8000") == VllmPublisher(
+        "tcp://[fd00::7]:5557", "tcp://10.1.1.1:5558", ""
+    )
+    assert event_source({"0": _publisher("tcp://*:5557")}, "http://h:1").replay is None
+
+
+@pytest.mark.parametrize(
+    ("sources", "words"),
+    [
+        ({}, "publishes no KV events"),
+        ({"0": {**_publisher("tcp://*:1"), "enable_kv_cache_events": False}}, "no KV events"),
+        ({"0": _publisher("tcp://*:1"), "1": _publisher("tcp://*:2")}, "2 KV-event streams"),
+        # vLLM connects a publisher with a host to it: someone else binds there.
+        ({"0": _publisher("tcp://10.0.0.9:5557")}, "does not bind on a wildcard host"),
+        ({"0": _publisher("ipc:///tmp/kv")}, "does not bind on a wildcard host"),
+    ],
+)
+def test_a_publisher_that_cannot_be_named_asks_for_the_option(sources: dict, words: str) -> None:
+    with pytest.raises(ConfigError, match=words) as refused:
+        event_source(sources, "http://h:1")
+    assert refused.value.field == "engine-kv-events"

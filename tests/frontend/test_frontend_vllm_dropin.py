@@ -429,7 +429,7 @@ def test_a_prompt_that_fits_gets_the_rest_of_the_context(server) -> None:
 def test_a_hugging_face_id_is_a_served_name(tmp_path) -> None:
     folder = default_tokenizer_path()
     assert ModelSource.parse(f"HuggingFaceTB/SmolLM2-135M-Instruct={folder}") == ModelSource(
-        "HuggingFaceTB/SmolLM2-135M-Instruct", folder
+        "HuggingFaceTB/SmolLM2-135M-Instruct", folder, given_name=True
     )
     # A folder whose path holds '=' is still a folder, not NAME=DIR.
     odd = tmp_path / "a=b"

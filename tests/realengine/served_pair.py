@@ -104,13 +104,14 @@ def ok(response: httpx.Response) -> dict:
     return response.json()
 
 
-def sidecar_args(vllm: VllmServer, *extra: str) -> tuple[str, ...]:
-    """``tokenkeys serve`` as the sidecar of ``vllm``: its tokenizer, spec and event endpoints."""
+def sidecar_args(vllm: VllmServer, *extra: str, url: str | None = None) -> tuple[str, ...]:
+    """``tokenkeys serve`` as the sidecar of ``vllm``: its tokenizer, spec and event endpoints
+    (HTTP at ``url``, a way to ``vllm``, when given)."""
     return (
         *SERVE_ARGS[:4],  # --model NAME=DIR --backend transformers5 (vLLM's tokenization)
         "--cache-key-profile", "vllm/sha256_cbor@0.31",
         "--block-size", str(BLOCK_SIZE),
-        "--engine", f"vllm+{vllm.url}",
+        "--engine", f"vllm+{url or vllm.url}",
         "--engine-kv-events", vllm.events_endpoint,
         "--engine-kv-replay", vllm.replay_endpoint,
         "--engine-kv-topic", vllm.topic,

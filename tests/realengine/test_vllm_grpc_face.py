@@ -10,7 +10,6 @@ KV events of the same prompt. Where the faces differ by construction the test na
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import random
 import zipfile
@@ -26,7 +25,7 @@ from served_pair import TokenkeysServe, sidecar_args
 from smg_stubs import require_smg_stubs
 from vllm_grpc_env import vllm_grpc_python
 from vllm_grpc_server import VllmGrpcServer
-from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, VllmServer
+from vllm_server import BLOCK_SIZE, PLAIN_CONFIG, VllmServer
 
 require_smg_stubs()
 
@@ -42,8 +41,9 @@ READ_LIMIT_S = 120.0  # a guard against a wedged stream, never a criterion
 #: Both faces' engine: the harness's default without the adapter (--lora-modules is an option of
 #: vLLM's OpenAI frontend, which the gRPC launcher does not take, and VllmEngine names no
 #: adapter). A server of its own for the sidecar, too, not the shared default one that earlier
-#: test files have used: the two engines start alike, so an idle one's loads compare.
-CONFIG = dataclasses.replace(DEFAULT_CONFIG, lora=False)
+#: test files have used: the two engines start alike, so an idle one's loads compare (the
+#: schedule runs this module first on that server: the first of its configuration's modules).
+CONFIG = PLAIN_CONFIG
 
 pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(CONFIG)]
 

@@ -70,8 +70,8 @@ class Layout:
     @property
     def config(self) -> ServerConfig:
         # Prompt embeds on for the second layout: test_vllm_prompt_embeds.py asks for this
-        # server, and the schedule runs that module right after this one (both sort by this
-        # configuration, vllm_schedule.order), so the pool keeps it and one start serves both.
+        # server; the schedule runs that module right before this one and this layout's tests
+        # first (vllm_schedule.order), so the pool keeps it and one start serves both.
         embeds = self.name != "64-sfsf"
         return ServerConfig(hybrid=self.name, num_blocks=self.num_blocks, prompt_embeds=embeds)
 

@@ -37,7 +37,7 @@ from tokenkeys.keys.prompt_embeds import prompt_embeds_of
 
 from served_pair import TokenkeysServe, running, sidecar_args
 from vllm_events import EventCollector
-from vllm_server import BLOCK_SIZE, MODEL_NAME, VllmServer
+from vllm_server import BLOCK_SIZE, MODEL_NAME, PLAIN_CONFIG, VllmServer
 
 LAYOUT: Layout = LAYOUTS[1]
 
@@ -165,11 +165,10 @@ def test_what_cannot_be_keyed_exactly_is_refused_naming_the_field(sidecar, vllm_
     assert garbled.status_code == 400 and "zip-format torch.save" in garbled.text
 
 
-#: A server without ``--enable-prompt-embeds``: the first hybrid layout's, which
-#: test_vllm_hybrid.py uses too and which runs in this module's process (the schedule's family
-#: ``vllm-other``); the default Llama would be started a second time there, beside the other
-#: process's.
-PLAIN = LAYOUTS[0].config
+#: A server without ``--enable-prompt-embeds``: the Llama without the adapter, which
+#: test_vllm_grpc_face.py uses too; the schedule runs this module right after that one, in the
+#: same process (family ``vllm-other``), so one start serves both.
+PLAIN = PLAIN_CONFIG
 
 
 @pytest.mark.vllm_servers(PLAIN)

@@ -3,7 +3,9 @@
 Two vLLM 0.32 servers (the pool's shared default one and one more of the same configuration),
 each behind its ``tokenkeys serve --engine vllm+http://...`` sidecar, and ``tokenkeys route
 --worker SIDECAR...`` in front, exactly as a user runs them. The second sidecar starts before its
-vLLM has loaded and serves once it has. The workload is several shared system prompts of
+vLLM answers and serves once it does (its vLLM is reached through a relay that opens once the
+sidecar was seen waiting, :class:`late_door.LateDoor`, as a vLLM loading its model refuses
+connections). The workload is several shared system prompts of
 hundreds of tokens, some holding a paragraph repeated block after block (identical blocks in one
 prompt and across prompts), each followed by questions: the live key check counts no mismatch,
 no sidecar advertises ``keys_unverified``, and vLLM's own ``cached_tokens`` beat round robin by
@@ -23,6 +25,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from late_door import LateDoor
 from prometheus_client.parser import text_string_to_metric_families
 from route_process import RouteProcess
 from test_vllm_sidecar import keys_checked, wait_for
@@ -52,19 +55,25 @@ REPEATS = 10  # more identical blocks than the old check kept candidates for (8)
 
 @pytest.fixture(scope="module")
 def engines(vllm_pool) -> list[VllmServer]:
-    first = vllm_pool.get(DEFAULT_CONFIG)
-    # Started again, not waited for: the sidecar in front of it starts first (fixture
-    # sidecars) and must wait for it. The pool keeps it for the modules after this one.
-    second = vllm_pool.get(DEFAULT_CONFIG.second())
-    second.respawn()
-    return [first, second]
+    return [vllm_pool.get(DEFAULT_CONFIG), vllm_pool.get(DEFAULT_CONFIG.second())]
 
 
 @pytest.fixture(scope="module")
-def sidecars(engines) -> Iterator[list[TokenkeysServe]]:
-    started = [TokenkeysServe(*sidecar_args(e, *VERSION)) for e in engines]
+def door(engines) -> Iterator[LateDoor]:
+    door = LateDoor("127.0.0.1", engines[1].port)
     try:
-        engines[1].wait_healthy()
+        yield door
+    finally:
+        door.close()
+
+
+@pytest.fixture(scope="module")
+def sidecars(engines, door) -> Iterator[list[TokenkeysServe]]:
+    # The second sidecar starts first, its vLLM's address closed: it must wait for it.
+    late = TokenkeysServe(*sidecar_args(engines[1], *VERSION, url=f"http://127.0.0.1:{door.port}"))
+    started = [TokenkeysServe(*sidecar_args(engines[0], *VERSION)), late]
+    try:
+        door.open_once(lambda: "waiting for vLLM at" in late.log_text())
         for sidecar in started:
             sidecar.wait_healthy(timeout=600)
         yield started

@@ -221,6 +221,8 @@ def test_load_is_vllms(sidecar) -> None:
             "vllm/sha256@0.31",
             "vLLM's prefix_caching_hash_algo is sha256_cbor",
         ),
+        ("--max-model-len", "2048", "vLLM's max_model_len is 4096"),
+        ("--served-model-name", "other", f"serves ['{MODEL_NAME}']"),
     ],
 )
 def test_a_conflict_with_vllm_refuses_to_start(vllm, option, value, theirs) -> None:

@@ -1,24 +1,23 @@
 """A sidecar started before its vLLM (issues 38 and 32): it answers while it waits, then serves,
-with the block size and hash algorithm vLLM reports (no --block-size, no --cache-key-profile).
+with the block size, hash algorithm, served model name and KV-event publisher vLLM reports (no
+--block-size, no --cache-key-profile, a --model folder without a name, no --engine-kv-*).
 
 The vLLM is the harness's default server (shared with the other modules of its configuration);
 "before its vLLM" is its address not answering yet: the sidecar is pointed at a real TCP relay
-to that vLLM whose port opens only once the waiting was seen (:class:`LateDoor`), as a vLLM
-still loading its model refuses connections. vLLM's KV-event endpoints are reached directly.
+to that vLLM whose port opens only once the waiting was seen (:class:`late_door.LateDoor`), as
+a vLLM still loading its model refuses connections. vLLM's KV-event endpoints are reached directly.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 
 import grpc
 import httpx
 import pytest
-from ports import free_port
+from late_door import LateDoor
 
 from tokenkeys._gen.openengine.v1 import cache_keys_pb2, tokenizer_pb2_grpc
 
@@ -29,48 +28,6 @@ pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
 #: Seconds for the polls below: a safety net for a broken engine, never a pass/fail criterion.
 WAIT_LIMIT = 120.0
-
-
-class LateDoor:
-    """A TCP relay to ``host:port`` on a free loopback port that listens only once opened."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-        self._server: asyncio.Server | None = None
-
-    def open(self) -> None:
-        async def start() -> asyncio.Server:
-            return await asyncio.start_server(self._relay, "127.0.0.1", self.port)
-
-        self._server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            try:
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            finally:
-                sink.close()
-
-        await asyncio.gather(
-            pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True
-        )
-
-    def close(self) -> None:
-        async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +47,9 @@ def door(vllm: VllmServer) -> Iterator[LateDoor]:
 def test_a_sidecar_started_first_waits_answering_then_serves_adopting_vllms_keys(vllm, door):
     late = f"http://127.0.0.1:{door.port}"
     process = TokenkeysServe(
-        "--model", f"{MODEL_NAME}={EMBEDDED}",
+        "--model", str(EMBEDDED),  # served under the folder's name until vLLM's is known
         "--backend", "transformers5",
         "--engine", f"vllm+{late}",
-        "--engine-kv-events", vllm.events_endpoint,
-        "--engine-kv-replay", vllm.replay_endpoint,
-        "--engine-kv-topic", vllm.topic,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + WAIT_LIMIT
@@ -117,6 +71,16 @@ def test_a_sidecar_started_first_waits_answering_then_serves_adopting_vllms_keys
 
         door.open()  # vLLM "comes up"
         process.wait_healthy(WAIT_LIMIT)
+        # vLLM's served name (its /v1/models), in place of the folder's.
+        served = [m["id"] for m in httpx.get(f"{process.url}/v1/models").json()["data"]]
+        assert served[0] == MODEL_NAME and EMBEDDED.name not in served, served
+        log = process.log_text()
+        assert f"under the engine's names: {MODEL_NAME}" in log
+        # vLLM's publisher (tcp://*:PORT in its --kv-events-config) on the host of its address.
+        assert (
+            f"KV events from vLLM's publisher at {vllm.events_endpoint} (replay "
+            f"{vllm.replay_endpoint}, topic '{vllm.topic}')"
+        ) in log
         answer = httpx.post(
             f"{process.url}/v1/completions",
             json={"model": MODEL_NAME, "prompt": "Hello there", "max_tokens": 2},

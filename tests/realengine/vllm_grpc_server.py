@@ -19,6 +19,10 @@ class VllmGrpcServer(VllmServer):
     """One running vLLM ``--grpc`` server; ``target`` is its ``host:port``."""
 
     @property
+    def name(self) -> str:
+        return f"grpc-{self.config.label}"
+
+    @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 

@@ -30,6 +30,10 @@ class VllmRenderServer(VllmServer):
         self.label = label
         super().__init__(python, model, ServerConfig(), log_dir)
 
+    @property
+    def name(self) -> str:
+        return self.label
+
     def _spawn(self, python: Path, model: TinyModel) -> subprocess.Popen:
         args = [
             str(python), "-m", "vllm.entrypoints.launchers.render.entry",

@@ -5,17 +5,19 @@ or itself), or through a parameter that is a :class:`~vllm_server.ServerConfig` 
 as ``vllm_servers``. From that, at collection:
 
 - the modules that use vLLM run after all the others, those sharing a configuration next to
-  each other (the default configuration's first), each module's tests in their own order, so
-  that every configuration is started once per run where the pool has room to keep it until
-  its last user (with fewer places, Belady's rule below restarts the few it had to evict);
+  each other (the default configuration's first); in a module, the tests on the default
+  configuration (or on no server) first, then the others grouped by the servers they ask for,
+  each group in its order; so that every configuration is started once per run where the pool
+  has room to keep it until its last user (with fewer places, Belady's rule below restarts
+  the few it had to evict);
 - :class:`Schedule` knows, per test, which configurations it needs; the server pool it builds
   evicts by that plan and starts the next configuration while the tests before it run;
 - the engine environment and the tiny model are prepared in a background thread from the
   start of the run, and the first server started, while the tests that need no engine run.
 
-``TOKENKEYS_VLLM_SERVERS`` caps how many servers a process runs at once; by default as many as
-the memory available at start holds (about 4 GB each, 6 GB kept for everything else, at most 4),
-shared among the xdist workers.
+``TOKENKEYS_VLLM_SERVERS`` caps how many servers the run holds at once; by default as many as
+the memory available at start holds (about 4 GB each, 6 GB kept for everything else, at most 4);
+either is shared among the xdist workers.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from vllm_env import vllm_python as build_vllm_python
-from vllm_server import DEFAULT_CONFIG, ServerConfig, TinyModel, VllmServerPool
+from vllm_server import DEFAULT_CONFIG, STARTS, ServerConfig, Start, TinyModel, VllmServerPool
 
 MARKER = "vllm_servers"
 #: Fixtures of the engine environment: a module using them runs with the vLLM modules.
@@ -71,41 +73,76 @@ def engine_modules(items: Sequence[pytest.Item]) -> set[str]:
 
 
 def order(items: list[pytest.Item]) -> None:
-    """Reorder ``items`` in place: modules without vLLM first, then those with it, grouped."""
-    modules: dict[str, list[ServerConfig]] = {}
+    """Reorder ``items`` in place: modules without vLLM first, then those with it, the modules
+    sharing a configuration next to each other (the default configuration's first); in a vLLM
+    module, its tests grouped by the servers they ask for, the groups that use a server the
+    module before left running first (it is still there), each group in its own order."""
+    modules: dict[str, list[pytest.Item]] = {}
     for item in items:
-        modules.setdefault(module(item), []).extend(servers_of(item))
+        modules.setdefault(module(item), []).append(item)
     engine = engine_modules(items)
-    first = {name: index for index, name in enumerate(modules)}
 
-    def rank(item: pytest.Item) -> tuple:
-        name = module(item)
-        configs = modules[name]
-        if name not in engine:
-            return (0, first[name])
-        others = sorted(c.label for c in configs if replace(c, replica=0) != DEFAULT_CONFIG)
-        return (1, others[0] if others else "", first[name])
+    def module_rank(name: str) -> str:
+        labels = sorted(c.label for i in modules[name] for c in servers_of(i) if not _default(c))
+        return labels[0] if labels else ""
 
-    items.sort(key=rank)  # stable: a module's tests keep their order
+    ordered = [name for name in modules if name not in engine]
+    ordered += sorted((name for name in modules if name in engine), key=module_rank)
+    warm: set[ServerConfig] = {DEFAULT_CONFIG}  # the first server the schedule starts
+    items.clear()
+    for name in ordered:
+        tests = modules[name]
+        if name in engine:
+            groups: dict[tuple[ServerConfig, ...], int] = {}
+            for item in tests:
+                groups.setdefault(servers_of(item), len(groups))
+            ahead = {own for own in groups if warm & set(own)}
+            tests = sorted(tests, key=lambda i: (servers_of(i) not in ahead, groups[servers_of(i)]))
+            warm = set(servers_of(tests[-1])) or warm  # still running when the module ends
+        items.extend(tests)
+
+
+def _default(config: ServerConfig) -> bool:
+    return replace(config, replica=0) == DEFAULT_CONFIG
 
 
 def families(items: Sequence[pytest.Item]) -> dict[str, str]:
-    """The vLLM modules by family: ``vllm-lora`` for those whose first server serves the tiny
-    Llama with its adapter (the default configuration and the key profiles' variants), or that
-    start no pool server, ``vllm-other`` for the rest (hybrid models, the adapter-less server).
-    Each family runs in one process, so two processes split the engines between them and
-    neither starts a configuration the other holds."""
-    first: dict[str, ServerConfig | None] = {}
+    """The modules that use pool servers, by family. The modules on the default configuration
+    alone (and its second servers) are one family, ``vllm-default``; the others are joined by
+    the configurations they share besides the default, each connected set a family named by
+    its first configuration (the hybrid models and the adapter-less server are one, the key
+    profiles' variants another). Each family runs in one process, so no configuration but
+    the default starts in two; the default one is started again by a process that runs a
+    family asking for it too (one start, for families that can run beside each other). A
+    module that uses only the engine's environment or model (no pool server) is in no family:
+    any process runs it."""
+    own: dict[str, set[ServerConfig]] = {}
     for item in items:
-        name = module(item)
-        if first.get(name) is None:
-            configs = servers_of(item)
-            first[name] = configs[0] if configs else None
-    return {
-        name: "vllm-lora" if config is None or (config.lora and not config.hybrid) else "vllm-other"
-        for name, config in first.items()
-        if name in engine_modules(items)
+        configs = servers_of(item)
+        if configs:
+            own.setdefault(module(item), set()).update(c for c in configs if not _default(c))
+    parent = {name: name for name in own}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            name = parent[name]
+        return name
+
+    holder: dict[ServerConfig, str] = {}
+    for name, configs in own.items():
+        for config in configs:
+            if config in holder:
+                parent[root(name)] = root(holder[config])
+            else:
+                holder[config] = name
+    members: dict[str, set[ServerConfig]] = {}
+    for name, configs in own.items():
+        members.setdefault(root(name), set()).update(configs)
+    named = {
+        top: "vllm-" + min(c.label for c in configs) if configs else "vllm-default"
+        for top, configs in members.items()
     }
+    return {name: named[root(name)] if own[name] else "vllm-default" for name in own}
 
 
 def check_declared(items: Sequence[pytest.Item]) -> None:
@@ -121,13 +158,13 @@ def check_declared(items: Sequence[pytest.Item]) -> None:
 def capacity() -> int:
     """How many vLLM servers this process may run at once (see the module's docstring): the
     machine's share divided among the xdist workers, each of which may hold a pool."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     given = os.environ.get(CAPACITY_VARIABLE)
     if given:
-        return max(1, int(given))
+        return max(_PAIR, int(given) // workers)
     available = _mem_available()
     if available is None:
         return 1
-    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     # At least two: a test may hold two servers at once (a pair to route over), and a pool of
     # one would stop the first while the test's sidecar still waits on it.
     return max(_PAIR, min(4, (available - _KEPT) // _PER_SERVER) // workers)
@@ -180,25 +217,43 @@ class Schedule:
     """The run's plan and the pool built from it, prepared in the background from the start."""
 
     def __init__(self, items: Sequence[pytest.Item], workspace: Path, whole_run: bool = True):
-        """``whole_run``: this process runs every collected test. An xdist worker runs only the
-        units it is handed; it plans for the families of vLLM modules it has been handed."""
-        self._wanted = [servers_of(item) for item in items]
+        """``whole_run``: this process runs every collected test, in their order. An xdist
+        worker runs the units it is handed, in the order it is handed them (xdist hands the
+        largest first, whatever their place in the collection): it plans a family's tests
+        from the moment it is handed one of them, after those it had."""
         family = families(items)
-        self._family = [family.get(module(item)) for item in items]
-        self._here: set[str | None] = set(self._family) if whole_run else set()
         self._engine = engine_modules(items)
-        self._index = {item.nodeid: index for index, item in enumerate(items)}
+        self._configs = {item.nodeid: servers_of(item) for item in items}
+        self._family = {item.nodeid: family.get(module(item)) for item in items}
+        self._members: dict[str, list[str]] = {}
+        for item in items:
+            if module(item) in family:
+                self._members.setdefault(family[module(item)], []).append(item.nodeid)
+        #: The family tests of this process, in the order it runs them; the cursor is the
+        #: index of the last one that began (other tests leave it where it was).
+        self._order: list[str] = []
+        self._index: dict[str, int] = {}
+        self._here: set[str] = set()
+        if whole_run:
+            self._here = set(self._members)
+            self._order = [nodeid for nodeid in self._configs if self._family[nodeid]]
+            self._index = {nodeid: index for index, nodeid in enumerate(self._order)}
         self._position = 0
         self._workspace = workspace
         self._pool: VllmServerPool | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
+    def _adopt(self, family: str) -> None:
+        for nodeid in self._members[family]:
+            self._index[nodeid] = len(self._order)
+            self._order.append(nodeid)
+        self._here.add(family)
+
     @property
     def plan(self) -> list[tuple[ServerConfig, ...]]:
-        """Per collected test, the servers it asks for, if this process will run it."""
-        pairs = zip(self._wanted, self._family, strict=True)
-        return [configs if family in self._here else () for configs, family in pairs]
+        """The servers each of this process's family tests asks for, in the order it runs them."""
+        return [self._configs[nodeid] for nodeid in self._order]
 
     @property
     def needed(self) -> bool:
@@ -223,21 +278,21 @@ class Schedule:
 
     def at(self, item: pytest.Item) -> None:
         """``item`` runs now: move the plan's cursor, and start what comes next if there is room."""
+        family = self._family.get(item.nodeid)
+        if family is not None and family not in self._here:  # handed to this process
+            self._adopt(family)
+            if self._pool is not None:
+                self._pool.plan = self.plan
         self._position = self._index.get(item.nodeid, self._position)
         if module(item) in self._engine:
-            family = self._family[self._position]
-            if family not in self._here:  # a unit of this family was handed to this process
-                self._here.add(family)
-                if self._pool is not None:
-                    self._pool.plan = self.plan
             self.begin(force=True)  # where nothing began it early (an xdist worker)
         ready = self._thread is not None and not self._thread.is_alive()
         if ready and self._pool is not None:
             self._pool.look_ahead()
 
-    def starts(self) -> list[tuple[str, float | None]]:
-        """Every vLLM start of the run: (label, seconds until healthy, None if never)."""
-        return list(self._pool.starts) if self._pool is not None else []
+    def starts(self) -> list[Start]:
+        """Every vLLM start of this process (the pool's and the others')."""
+        return list(STARTS)
 
     def close(self) -> None:
         """Stop every server (after waiting for the preparation, if it is still going)."""

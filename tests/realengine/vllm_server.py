@@ -108,6 +108,10 @@ class ServerConfig:
 #: changes; ``/reset_prefix_cache`` is there for FlushCache).
 DEFAULT_CONFIG = ServerConfig(lora=True, dev_mode=True)
 
+#: The default without the adapter: the engine of vLLM's gRPC face (its launcher takes no
+#: ``--lora-modules``), and a server without ``--enable-prompt-embeds``.
+PLAIN_CONFIG = replace(DEFAULT_CONFIG, lora=False)
+
 #: Another chat template for the model (no default system message): ``ServerConfig.chat_template``.
 OTHER_CHAT_TEMPLATE = str(
     Path(__file__).resolve().parents[1]
@@ -128,6 +132,46 @@ class TinyModel:
     vlm: Path | None = None
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def session_cpu_seconds(sid: int) -> float:
+    """User and system CPU seconds of every process in session ``sid``, with their waited-for
+    children (``/proc/PID/stat`` fields 14-17)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[3]) == sid:
+            total += sum(int(f) for f in fields[11:15])
+    return total / _TICKS
+
+
+@dataclass
+class Start:
+    """One vLLM start of a pool: its label, seconds until healthy and the CPU seconds its
+    processes used by then (None while starting, or if it never was)."""
+
+    label: str
+    seconds: float | None = None
+    cpu: float | None = None
+
+    def __str__(self) -> str:
+        if self.seconds is None:
+            return f"{self.label} (never used)"
+        return f"{self.label} {self.seconds:.0f} s/{self.cpu:.0f} CPU s"
+
+
+#: Every vLLM start of this process, in order: the pool's, restarts and servers of other
+#: faces (gRPC, render) alike.
+STARTS: list[Start] = []
+
+
 class VllmServer:
     """One running vLLM OpenAI server; ``url`` for HTTP, ``events``/``replay`` for its ZMQ."""
 
@@ -143,7 +187,18 @@ class VllmServer:
         self.log_path = log_dir / f"vllm-{config.label}-{self.port}.log"
         self.lora_path = str(model.lora) if config.lora and model.lora else None
         self._python, self._model = python, model
-        self._process = self._spawn(python, model)
+        self._launch()
+
+    @property
+    def name(self) -> str:
+        """What the server is, for the run's list of starts."""
+        return self.config.label
+
+    def _launch(self) -> None:
+        self._process = self._spawn(self._python, self._model)
+        self._started_at = time.monotonic()
+        self._start = Start(self.name)
+        STARTS.append(self._start)
 
     def entry(self) -> list[str]:
         """The module that serves: vLLM's OpenAI API server (its own frontend options too)."""
@@ -190,6 +245,19 @@ class VllmServer:
         args = [str(python), *self.entry(), *self.engine_options(model)]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHASHSEED")}
         env.update(
+            # The CPU worker inside the engine-core process (vLLM's "uni" executor) instead of
+            # a third process: vLLM 0.32's CPU platform keeps "uni" when this is 0
+            # (platforms/cpu.py) and the API server still runs its engine core apart
+            # (AsyncLLM's client is always multiprocess). One fewer torch and vLLM import per
+            # start (about a third of a start's CPU here), and the worker is not pinned to CPU
+            # 0 (the "mp" executor binds its OpenMP threads to the first core: every server
+            # of the run on one core). Same scheduler, cache, events and adapters.
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            # One OpenMP thread, as the "mp" worker had: in the engine core the CPU worker
+            # refuses torch.set_num_threads (cpu_worker.py), which would leave one thread per
+            # core, and two threads syncing each step on a loaded machine make decoding ten
+            # times slower.
+            OMP_NUM_THREADS="1",
             VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache: thousands of 32-token blocks
             VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES="1" if self.config.int_hashes else "0",
             VLLM_NO_USAGE_STATS="1",
@@ -220,11 +288,23 @@ class VllmServer:
                     f"before it was healthy: {self.log_tail()}"
                 )
             if self.answers():
+                if self._start.seconds is None:
+                    self._start.seconds = time.monotonic() - self._started_at
+                    self._start.cpu = self.cpu_seconds()
                 return
             time.sleep(0.5)
         raise RuntimeError(
             f"vLLM ({self.config.label}) not healthy after {timeout:.0f} s: {self.log_tail()}"
         )
+
+    def running(self) -> bool:
+        """Whether the server's process is running (a test may have stopped it)."""
+        return self._process.poll() is None
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by the server's processes (its session), children included:
+        what a start costs, whatever else loads the machine."""
+        return session_cpu_seconds(self._process.pid)
 
     def answers(self) -> bool:
         """Whether the server says it is healthy (``/health`` answers 200)."""
@@ -240,7 +320,7 @@ class VllmServer:
     def respawn(self) -> None:
         """Stop the server and start it again on the same ports, without waiting for it."""
         self.stop()
-        self._process = self._spawn(self._python, self._model)
+        self._launch()
 
     def log_tail(self, lines: int = 15) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()
@@ -294,16 +374,13 @@ class VllmServerPool:
         self.capacity = max(1, capacity)
         self.plan = [tuple(configs) for configs in plan]
         self.position = position
-        #: Every start, in order: (label, seconds until healthy or None while starting).
-        self.starts: list[tuple[str, float | None]] = []
         self._servers: OrderedDict[ServerConfig, VllmServer] = OrderedDict()
         self._healthy: set[ServerConfig] = set()
-        self._started_at: dict[ServerConfig, float] = {}
 
     def get(self, config: ServerConfig) -> VllmServer:
         """A healthy server of ``config``, started now unless one is running or starting."""
-        if config in self._healthy and not self._servers[config].answers():
-            self._drop(config)  # killed by an earlier test and not brought back
+        if config in self._healthy and not self._servers[config].running():
+            self._drop(config)  # stopped by an earlier test and not brought back
         if config not in self._servers:
             self._make_room(config, self.position())
             self._start(config)
@@ -316,7 +393,6 @@ class VllmServerPool:
                 self._drop(config)
                 raise
             self._healthy.add(config)
-            self._record(config)
         self.look_ahead()
         return server
 
@@ -379,18 +455,8 @@ class VllmServerPool:
 
     def _start(self, config: ServerConfig) -> None:
         self._servers[config] = VllmServer(self.python, self.model, config, self.log_dir)
-        self._started_at[config] = time.monotonic()
-        self.starts.append((config.label, None))
-
-    def _record(self, config: ServerConfig) -> None:
-        seconds = time.monotonic() - self._started_at.pop(config)
-        for index in range(len(self.starts) - 1, -1, -1):
-            if self.starts[index] == (config.label, None):
-                self.starts[index] = (config.label, seconds)
-                return
 
     def _drop(self, config: ServerConfig) -> None:
         server = self._servers.pop(config)
         self._healthy.discard(config)
-        self._started_at.pop(config, None)
         server.stop()

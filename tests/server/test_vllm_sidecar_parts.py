@@ -6,15 +6,38 @@ import argparse
 
 import pytest
 
+from tokenkeys.cli.common import add_tokenizer_options
 from tokenkeys.cli.engine_options import add_engine_options, engine_config_from
 from tokenkeys.engine.config import VllmEngineConfig
 from tokenkeys.errors import ConfigError
+
+from support import REPO
 
 
 def _serve_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_engine_options(parser)
+    add_tokenizer_options(parser, many=True)
     return parser.parse_args(list(argv))
+
+
+FOLDER = str(REPO / "src" / "tokenkeys" / "data" / "smollm2-135m-instruct")
+
+
+@pytest.mark.parametrize(
+    ("argv", "adopt"),
+    [
+        ((), True),  # the embedded tokenizer, under its folder's name until vLLM's is known
+        (("--model", FOLDER), True),
+        (("--model", f"tiny={FOLDER}"), False),
+        (("--model", FOLDER, "--served-model-name", "tiny", "t"), False),
+        (("--model", f"a={FOLDER}", "--model", f"b={FOLDER}"), False),
+    ],
+)
+def test_a_model_without_a_given_name_takes_vllms(argv: tuple[str, ...], adopt: bool) -> None:
+    vllm = ("--engine", "vllm+http://h:1", "--engine-kv-events", "tcp://h:2")
+    config = engine_config_from(_serve_args(*vllm, *argv)).engine
+    assert isinstance(config, VllmEngineConfig) and config.adopt_name is adopt
 
 
 def test_vllm_engine_options() -> None:
@@ -53,6 +76,10 @@ def test_vllm_engine_options() -> None:
     ).engine
     assert isinstance(waiting, VllmEngineConfig)
     assert (waiting.wait_s, waiting.probe) == (30.0, False)
+    # No publisher given: taken from vLLM's /kv_event_sources at start (checks.prepare).
+    adopting = engine_config_from(_serve_args("--engine", "vllm+http://h:1")).engine
+    assert isinstance(adopting, VllmEngineConfig)
+    assert (adopting.kv_events, adopting.kv_replay, adopting.kv_topic) == (None, None, "")
 
 
 def test_the_simulated_engines_default_max_tokens_is_an_option() -> None:
@@ -67,7 +94,6 @@ def test_the_simulated_engines_default_max_tokens_is_an_option() -> None:
 @pytest.mark.parametrize(
     ("argv", "field", "words"),
     [
-        (["--engine", "vllm+http://h:1"], "engine-kv-events", "needs --engine-kv-events"),
         (["--engine-kv-events", "tcp://h:1"], "engine-kv-events", "needs --engine vllm+http"),
         (
             ["--engine", "vllm+ftp://h:1", "--engine-kv-events", "tcp://h:2"],

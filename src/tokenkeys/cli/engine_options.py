@@ -20,6 +20,7 @@ from tokenkeys.engine.config import (
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.engine.tokenizer_only import NO_ENGINE
 from tokenkeys.errors import ConfigError
+from tokenkeys.server.runtime.loading import ModelSource
 
 _US = 1e-6
 
@@ -73,7 +74,8 @@ def _add_engine_group(g: argparse._ArgumentGroup) -> None:
         metavar="tcp://HOST:PORT",
         default=None,
         help="with --engine vllm+http://...: vLLM's KV-event publisher (its --kv-events-config "
-        "endpoint, as reached from here)",
+        "endpoint, as reached from here) (default: the one vLLM reports on /kv_event_sources, "
+        "with its replay endpoint and topic)",
     )
     g.add_argument(
         "--engine-kv-replay",
@@ -255,12 +257,6 @@ def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
                     field=flag[2:],
                 )
         return None
-    if not args.engine_kv_events:
-        raise ConfigError(
-            "--engine vllm+http://... needs --engine-kv-events tcp://HOST:PORT (vLLM's "
-            "--kv-events-config endpoint): the sidecar relays and checks vLLM's keys",
-            field="engine-kv-events",
-        )
     return VllmEngineConfig(
         engine.removeprefix(VllmEngineConfig.SCHEME),
         args.engine_kv_events,
@@ -269,7 +265,18 @@ def vllm_config_from(args: argparse.Namespace) -> VllmEngineConfig | None:
         args.engine_wait,
         args.engine_probe,
         key_options=key_spec_options(args) if hasattr(args, "key_profile") else None,
+        adopt_name=_model_unnamed(args),
     )
+
+
+def _model_unnamed(args: argparse.Namespace) -> bool:
+    """Whether the one served model has no given name (``--model DIR`` or no ``--model``, no
+    ``--served-model-name``): the sidecar then serves it under vLLM's served names."""
+    model = getattr(args, "model", None)
+    specs = model if isinstance(model, list) else [model] if model else []
+    if getattr(args, "served_model_name", None) or len(specs) > 1:
+        return False
+    return not any(ModelSource.parse(spec).given_name for spec in specs)
 
 
 def kind_config_from(args: argparse.Namespace) -> KindConfig:

@@ -60,11 +60,15 @@ class VllmEngineConfig:
 
     ``kv_events`` is vLLM's ZMQ publisher (``--engine-kv-events tcp://HOST:PORT``, the endpoint
     of vLLM's ``--kv-events-config``), ``kv_replay`` its replay endpoint and ``kv_topic`` its
-    topic ("" subscribes to every topic). ``wait_s`` bounds how long the sidecar waits at start
-    for vLLM to answer (``--engine-wait``; vLLM loads its model before it serves). ``probe``:
+    topic ("" subscribes to every topic); ``kv_events`` None takes all three from vLLM's
+    ``/kv_event_sources`` at start (:func:`tokenkeys.engine.vllm.adopt.event_source`).
+    ``wait_s`` bounds how long the sidecar waits at start for vLLM to answer
+    (``--engine-wait``; vLLM loads its model before it serves). ``probe``:
     the start probe of one fresh block (``--no-engine-probe`` skips it). ``key_options``: the
     cache-key options as given; the profile and block size they leave unset are taken from
-    vLLM (:mod:`tokenkeys.engine.vllm.adopt`); None takes nothing.
+    vLLM (:mod:`tokenkeys.engine.vllm.adopt`); None takes nothing. ``adopt_name``: the served
+    model's name was not given (``--model DIR`` or none, no ``--served-model-name``): the
+    sidecar serves it under vLLM's served names.
     """
 
     KIND: ClassVar[str] = "vllm"
@@ -72,12 +76,13 @@ class VllmEngineConfig:
     SCHEME: ClassVar[str] = "vllm+"
 
     url: str
-    kv_events: str
+    kv_events: str | None = None
     kv_replay: str | None = None
     kv_topic: str = ""
     wait_s: float = 600.0
     probe: bool = True
     key_options: KeySpecOptions | None = None
+    adopt_name: bool = False
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"https?://[^\s/]+(:\d{1,5})?/?", self.url):
@@ -169,6 +174,9 @@ class EngineConfig:
     the release that vLLM reports (read at start,
     :func:`~tokenkeys.engine.vllm.checks.wire_version_of`).
     ``engine`` is the kind's own settings (the simulated engine's by default).
+    ``served_names``: the names the engine serves the one model under, when the kind's
+    ``prepare`` took them from the engine (the vLLM sidecar: vLLM's ``/v1/models``); the
+    runtime then serves the model under them (empty: the names it was loaded with).
     """
 
     engine: KindConfig = field(default_factory=SimulatedConfig)
@@ -186,6 +194,7 @@ class EngineConfig:
     kv_events_join_snapshot: bool = False
     instance_id: str = field(default_factory=new_instance_id)
     advertise_host: str | None = None
+    served_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -84,6 +84,27 @@ class ModelRegistry:
         self._models[model.name] = model
         self._by_alias.update(dict.fromkeys(model.aliases, model))
 
+    def rename(self, name: str, names: tuple[str, ...]) -> ServedModel:
+        """Serve the model registered as ``name`` under ``names`` instead (the first is the
+        name answers carry; same position); the renamed model."""
+        old = self.get(name)
+        if not names:
+            raise ConfigError("a served model needs a name", field="model")
+        renamed = dataclasses.replace(old, name=names[0], aliases=tuple(names[1:]))
+        models = list(self._models.values())
+        self._models.clear()
+        self._by_alias.clear()
+        try:
+            for model in models:
+                self.add(renamed if model is old else model)
+        except ConfigError:
+            self._models.clear()
+            self._by_alias.clear()
+            for model in models:
+                self.add(model)
+            raise
+        return renamed
+
     def get(self, name: str | None) -> ServedModel:
         """The named model, or the default when ``name`` is empty; NotFound lists the names."""
         if not self._models:

@@ -9,8 +9,11 @@ vLLM says what it is in four places, all read before the sidecar serves anything
   cache-config field as a label): ``block_size`` against ``--block-size``,
   ``prefix_caching_hash_algo`` against the algorithm of ``--cache-key-profile``, and
   ``enable_prefix_caching`` (without it vLLM stores no blocks and publishes no keys);
-- ``/v1/models``: the served model name (the sidecar forwards under its own served name) and
-  ``max_model_len`` against ``--max-model-len`` when given (adopted otherwise);
+- ``/v1/models``: the served model name against ``--model NAME=DIR`` /
+  ``--served-model-name`` when given (adopted otherwise, :func:`prepare`: the sidecar
+  forwards under its own served name), ``max_model_len`` against ``--max-model-len`` when
+  given (adopted otherwise), the adapters vLLM serves for the model (adopted), and the model
+  path vLLM loaded (named when the tokenizer probe fails);
 - ``/tokenize`` of a probe text: vLLM's ids against the sidecar's tokenizer (backend), so the
   served number is vLLM's.
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 from tokenkeys.engine.config import EngineConfig, VllmEngineConfig
 from tokenkeys.engine.hosting import report_start
+from tokenkeys.engine.vllm.adopt import event_source
 from tokenkeys.engine.vllm.client import VllmHttpClient, VllmModel
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, Unavailable, Unsupported
 from tokenkeys.events.vllm_layout import wire_release_of
@@ -142,7 +146,7 @@ async def check_vllm(
             f"--max-model-len is {max_model_len}, vLLM's max_model_len is {base.max_model_len}",
             field="max-model-len",
         )
-    await _probe_tokenize(client, name, tokenizer)
+    await _probe_tokenize(client, name, tokenizer, base.root)
     adapters = tuple(Adapter(m.name, m.root) for m in served if m.parent == base.name)
     return VllmFacts(
         base.max_model_len or max_model_len, int(cache.get("num_gpu_blocks") or 0), adapters
@@ -186,35 +190,110 @@ def _served_model(served: list[VllmModel], name: str, url: str) -> VllmModel:
             return entry
     raise ConfigError(
         f"--model serves {name!r}, vLLM at {url} serves {[m.name for m in bases]}; name the "
-        "model as vLLM's --served-model-name (--model NAME=DIR)",
+        "model as vLLM's --served-model-name (--model NAME=DIR or --served-model-name), or "
+        "give neither to serve it under vLLM's names",
         field="model",
     )
 
 
-async def _probe_tokenize(client: VllmHttpClient, name: str, tokenizer: Tokenizer) -> None:
+async def _probe_tokenize(
+    client: VllmHttpClient, name: str, tokenizer: Tokenizer, root: str
+) -> None:
     theirs = await client.tokenize(name, PROBE_TEXT)
     ours = list(tokenizer.encode([PROBE_TEXT], add_special_tokens=True)[0].ids)
     if ours != theirs:
+        # vLLM's model path (/v1/models ``root``) is where its tokenizer came from; a folder
+        # elsewhere may hold the same files, so it is named, never required.
         raise ConfigError(
             f"/tokenize of a probe text differs: --backend {tokenizer.options.backend} "
             f"gives {ours}, vLLM gives {theirs}; choose the backend of vLLM's tokenizer library "
-            "(e.g. --backend transformers5) and the same tokenizer folder",
+            "(e.g. --backend transformers5) and the same tokenizer folder (vLLM serves "
+            f"{root or 'its model'}; this server reads {tokenizer.folder.root})",
             field="backend",
         )
 
 
 async def prepare(config: EngineConfig) -> EngineConfig:
-    """Unless ``kv_events_vllm_version`` names one, the event layout is that of the release
-    vLLM reports (or the start is refused): the relay decodes vLLM's events with it and the
-    sidecar publishes them in it again."""
+    """What the sidecar takes from vLLM before any model's engine is built.
+
+    Unless ``kv_events_vllm_version`` names one, the event layout is that of the release vLLM
+    reports (or the start is refused): the relay decodes vLLM's events with it and the sidecar
+    publishes them in it again. When the served model's name was not given
+    (``VllmEngineConfig.adopt_name``), the names vLLM serves its model under
+    (:func:`served_names`)."""
     vllm = config.engine
     assert isinstance(vllm, VllmEngineConfig)
-    if config.kv_events_vllm_version is not None:
+    sources = vllm.kv_events is None or bool(vllm.kv_topic)
+    if config.kv_events_vllm_version is not None and not vllm.adopt_name and not sources:
         return config
     client = VllmHttpClient(vllm.url)
     try:
-        version = await wire_version_of(client, vllm.wait_s)
+        if sources:
+            await wait_for_vllm(client, vllm.wait_s)
+            config = dataclasses.replace(config, engine=await _events_of(client, vllm))
+        if config.kv_events_vllm_version is None:
+            version = await wire_version_of(client, vllm.wait_s)
+            log.info(
+                "KV events in vLLM %s's layout, the release vLLM at %s reports", version, vllm.url
+            )
+            config = dataclasses.replace(config, kv_events_vllm_version=version)
+        if vllm.adopt_name:
+            await wait_for_vllm(client, vllm.wait_s)
+            config = dataclasses.replace(config, served_names=await served_names(client))
     finally:
         await client.close()
-    log.info("KV events in vLLM %s's layout, the release vLLM at %s reports", version, vllm.url)
-    return dataclasses.replace(config, kv_events_vllm_version=version)
+    return config
+
+
+async def _events_of(client: VllmHttpClient, vllm: VllmEngineConfig) -> VllmEngineConfig:
+    """``vllm`` with the publisher vLLM reports on ``/kv_event_sources`` where
+    ``--engine-kv-events`` is not given; a given topic that is not vLLM's refuses the start
+    (nothing would arrive)."""
+    try:
+        sources = await client.kv_event_sources()
+    except (InvalidArgument, NotFound) as exc:  # a vLLM without the route (before 0.32)
+        if vllm.kv_events is not None:
+            return vllm  # nothing to check the topic against
+        raise ConfigError(
+            f"vLLM at {client.base_url} does not say where it publishes KV events "
+            f"({exc.message}); give --engine-kv-events",
+            field="engine-kv-events",
+        ) from None
+    if vllm.kv_events is None:
+        source = event_source(sources, client.base_url)
+        topic = vllm.kv_topic or source.topic
+        log.info(
+            "KV events from vLLM's publisher at %s (replay %s, topic %r), as vLLM at %s reports",
+            source.endpoint,
+            vllm.kv_replay or source.replay or "none",
+            topic,
+            client.base_url,
+        )
+        vllm = dataclasses.replace(
+            vllm, kv_events=source.endpoint, kv_replay=vllm.kv_replay or source.replay,
+            kv_topic=topic,
+        )  # fmt: skip
+    topics = {
+        str(s.get("topic") or "") for s in sources.values() if s.get("enable_kv_cache_events")
+    }
+    if vllm.kv_topic and topics and vllm.kv_topic not in topics:
+        raise ConfigError(
+            f"--engine-kv-topic is {vllm.kv_topic!r}, vLLM publishes its KV events on topic "
+            f"{' or '.join(repr(t) for t in sorted(topics))}",
+            field="engine-kv-topic",
+        )
+    return vllm
+
+
+async def served_names(client: VllmHttpClient) -> tuple[str, ...]:
+    """The names vLLM serves its model under (its ``--served-model-name``, the first is the
+    one its answers carry): the ids of ``/v1/models`` that are no adapter, in vLLM's order
+    (vLLM 0.32 ``OpenAIServingModels.show_available_models``, one entry per name)."""
+    names = tuple(m.name for m in await client.models() if m.parent is None)
+    if not names:
+        raise ConfigError(
+            f"vLLM at {client.base_url} lists no model on /v1/models; name the model with "
+            "--model NAME=DIR",
+            field="model",
+        )
+    return names

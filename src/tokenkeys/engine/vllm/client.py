@@ -98,6 +98,18 @@ class VllmHttpClient:
         version = doc.get("version") if isinstance(doc, dict) else None
         return version if isinstance(version, str) else ""
 
+    async def kv_event_sources(self) -> dict[str, dict[str, Any]]:
+        """``/kv_event_sources``: the KV-event publisher configuration of each engine, by
+        data-parallel rank (vLLM 0.32 ``EngineClient.get_kv_event_sources``, every
+        ``KVEventsConfig`` field); {} when it answers something else."""
+        try:
+            doc = (await self._request("GET", "/kv_event_sources")).json()
+        except ValueError:  # not JSON
+            return {}
+        if not isinstance(doc, dict):
+            return {}
+        return {str(rank): source for rank, source in doc.items() if isinstance(source, dict)}
+
     async def models(self) -> list[VllmModel]:
         """``/v1/models``: every served name and adapter."""
         data = (await self._request("GET", "/v1/models")).json().get("data", [])

@@ -16,6 +16,7 @@ after the gRPC server stopped closes the sockets.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -24,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from tokenkeys.engine.config import EngineConfig
 from tokenkeys.engine.hosting import HostedEngine, start_progress
 from tokenkeys.engine.registry import engine_kind
+from tokenkeys.errors import ConfigError
 from tokenkeys.events.zmq_endpoint import routable_endpoint
 from tokenkeys.keys import CacheKeySpec
 from tokenkeys.keys.deployment import KeySpecOptions, build_spec
@@ -33,6 +35,8 @@ from tokenkeys.server.runtime.state import RuntimeState
 from tokenkeys.server.runtime.streamed import StreamedHosting
 from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel
+
+log = logging.getLogger(__name__)
 
 #: The hosting of each kind's ``EngineKind.hosting``.
 HOSTINGS: dict[str, type[StreamedHosting] | type[ForwardedHosting]] = {
@@ -131,6 +135,8 @@ class EngineRuntime:
         token = start_progress.set(lambda reason: setattr(lifecycle, "starting", reason))
         try:
             state.config = await state.kind.prepare(state.config)
+            if state.config.served_names:
+                self._serve_as(state.config.served_names)
             await self.hosting.start(bind_host)
         except BaseException:
             await self.close()
@@ -142,6 +148,19 @@ class EngineRuntime:
             self.models.replace(dataclasses.replace(model, engine=engine))
         state.ready = True
         lifecycle.starting = None
+
+    def _serve_as(self, names: tuple[str, ...]) -> None:
+        """Serve the one model under the names its engine serves it under (prepare took them
+        from the engine because none was given)."""
+        if len(self.models.names) != 1:
+            raise ConfigError(
+                f"the engine serves one model as {', '.join(names)}; this server loads "
+                f"{len(self.models.names)} models: name each one with --model NAME=DIR",
+                field="model",
+            )
+        loaded = self.models.names[0]
+        self.models.rename(loaded, names)
+        log.info("serving %s under the engine's names: %s", loaded, ", ".join(names))
 
     def describe(self) -> list[str]:
         """One line per model for the server log: engine, spec and event endpoints."""

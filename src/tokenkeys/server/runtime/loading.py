@@ -29,11 +29,15 @@ from tokenkeys.tokenizer.proto import tokenizer_identity
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A served name (and further names) and the tokenizer folder it is loaded from."""
+    """A served name (and further names) and the tokenizer folder it is loaded from.
+
+    ``given_name``: the name was given (``NAME=DIR``, ``--served-model-name``), not taken from the
+    folder or the default; a vLLM sidecar serves an unnamed model under vLLM's names."""
 
     name: str
     path: Path
     aliases: tuple[str, ...] = ()
+    given_name: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> ModelSource:
@@ -44,7 +48,7 @@ class ModelSource:
         """
         name, sep, path = spec.partition("=")
         if sep and name and not Path(spec).is_dir():
-            return cls(name, Path(path))
+            return cls(name, Path(path), given_name=True)
         return cls(Path(spec).resolve().name, Path(spec))
 
     def named(self, names: list[str]) -> ModelSource:
@@ -52,7 +56,7 @@ class ModelSource:
         the name answers carry, every one is accepted; no names keeps this source's."""
         if not names:
             return self
-        return dataclasses.replace(self, name=names[0], aliases=tuple(names[1:]))
+        return dataclasses.replace(self, name=names[0], aliases=tuple(names[1:]), given_name=True)
 
     @classmethod
     def default(cls) -> ModelSource:
