@@ -81,7 +81,16 @@ _WHOLE = {"finish_reason", "stop_reason", "role", "index", "type", "id", "name"}
 def _merge(into: dict, part: dict) -> None:
     for key, value in part.items():
         old = into.get(key)
-        if isinstance(value, str) and isinstance(old, str) and key not in _WHOLE:
+        if key == "tool_calls" and isinstance(value, list):
+            # Streamed tool calls come in fragments naming their call's index; a call's
+            # fragments join whatever the cut (the arguments are a string delta).
+            calls = into.setdefault(key, [])
+            for fragment in value:
+                index = fragment.get("index", 0)
+                while len(calls) <= index:
+                    calls.append({})
+                _merge(calls[index], fragment)
+        elif isinstance(value, str) and isinstance(old, str) and key not in _WHOLE:
             into[key] = old + value
         elif isinstance(value, list) and isinstance(old, list):
             into[key] = old + value
