@@ -41,7 +41,7 @@ def route(worker: str, cache: Path) -> tuple[subprocess.Popen, str]:
     )
     assert proc.stdout is not None
     for line in proc.stdout:
-        if line.startswith("HTTP listening on "):
+        if "HTTP listening on " in line:
             return proc, "http://" + line.split()[-1]
     raise RuntimeError("tokenkeys route did not start")
 
