@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 from bench_http import serve
-from timing import load_note, pct
+from timing import cpu_seconds, load_note, pct
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = {
@@ -41,7 +41,7 @@ def route(worker: str, cache: Path) -> tuple[subprocess.Popen, str]:
     )
     assert proc.stdout is not None
     for line in proc.stdout:
-        if line.startswith("HTTP listening on "):
+        if "HTTP listening on " in line:
             return proc, "http://" + line.split()[-1]
     raise RuntimeError("tokenkeys route did not start")
 
@@ -65,16 +65,23 @@ async def _latencies(url: str, connections: int, per_connection: int) -> list[fl
     return [t for run in runs for t in run]
 
 
-def _measure(urls: dict[str, str], connections: int, n: int, blocks: int) -> dict[str, list]:
-    """Latencies per path, the paths alternating in ``blocks`` blocks."""
+def _measure(
+    urls: dict[str, str], connections: int, n: int, blocks: int, router_pid: int
+) -> tuple[dict[str, list], float]:
+    """Latencies per path, the paths alternating in ``blocks`` blocks; and the router
+    process's CPU seconds per request it forwarded (user + system, all its threads)."""
     out: dict[str, list] = {name: [] for name in urls}
     per = max(1, n // blocks // connections)
     for url in urls.values():  # warm both (connections, caches)
         asyncio.run(_latencies(url, connections, 5))
+    cpu = 0.0
     for _ in range(blocks):
         for name, url in urls.items():
+            before = cpu_seconds(router_pid)
             out[name] += asyncio.run(_latencies(url, connections, per))
-    return out
+            if name == "router":
+                cpu += cpu_seconds(router_pid) - before
+    return out, cpu / max(1, len(out["router"]))
 
 
 def _wait_routable(url: str) -> None:
@@ -101,13 +108,14 @@ def run(quick: bool) -> str:
         urls = {"worker": f"http://{address}", "router": router_url}
         rows = []
         for connections in (1, 16):
-            got = _measure(urls, connections, n, blocks=4)
+            got, cpu = _measure(urls, connections, n, blocks=4, router_pid=router.pid)
             w50, w99 = pct(got["worker"], 50), pct(got["worker"], 99)
             r50, r99 = pct(got["router"], 50), pct(got["router"], 99)
             rows.append(
                 f"| {connections} | {w50 * 1e3:.2f} / {w99 * 1e3:.2f} | "
                 f"{r50 * 1e3:.2f} / {r99 * 1e3:.2f} | {(r50 - w50) * 1e3:.2f} / "
-                f"{(r99 - w99) * 1e3:.2f} | {r50 / w50:.2f}x / {r99 / w99:.2f}x |"
+                f"{(r99 - w99) * 1e3:.2f} | {r50 / w50:.2f}x / {r99 / w99:.2f}x | "
+                f"{cpu * 1e3:.2f} |"
             )
     finally:
         for proc in (router, worker):
@@ -122,10 +130,13 @@ def run(quick: bool) -> str:
             "`max_tokens` 1) straight to a `tokenkeys serve` HTTP frontend (simulated engine, "
             "no sleeps) and through `tokenkeys route` in front of it (tokenize, keys, index, "
             "decision, forward), each path in its own process, alternating in blocks; "
-            f"{n} requests per path and row. Latency in ms, p50 / p99.",
+            f"{n} requests per path and row. Latency in ms, p50 / p99. Router CPU: the "
+            "router process's user + system CPU time per request it forwarded (`/proc`), "
+            "which load from other processes does not inflate: on an idle core it is about "
+            "what the router adds to one request.",
             "",
-            "| connections | worker direct | through the router | added | ratio |",
-            "|---|---|---|---|---|",
+            "| connections | worker direct | through the router | added | ratio | router CPU ms |",
+            "|---|---|---|---|---|---|",
             *rows,
             "",
             load_note(),

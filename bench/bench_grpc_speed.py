@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import h2load_run
@@ -29,6 +28,7 @@ import httpx
 import orjson
 from bench_http import text_of
 from bench_workers import _serve, _stop
+from timing import cpu_seconds
 
 from tokenkeys._gen.openengine.v1 import (
     generation_pb2,
@@ -90,12 +90,6 @@ def _check(grpc_target: str, http: str, text: str, model: str, tokens: int) -> N
     assert done.json()["usage"]["prompt_tokens"] == tokens
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far, all its threads (``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass(frozen=True)
 class Slice:
     """One face's slice: requests/s, p99 (s), server CPU seconds per request."""
@@ -106,9 +100,9 @@ class Slice:
 
 
 def _slice(pid: int, url: str, body: bytes, concurrency: int, seconds: int, grpc: bool) -> Slice:
-    before = _cpu_s(pid)
+    before = cpu_seconds(pid)
     got = h2load_run.row(url, body, concurrency, seconds, grpc=grpc, warm_up=0)
-    return Slice(got.rate, got.p99, (_cpu_s(pid) - before) / max(got.requests, 1))
+    return Slice(got.rate, got.p99, (cpu_seconds(pid) - before) / max(got.requests, 1))
 
 
 def _cell(slices: list[Slice]) -> Slice:

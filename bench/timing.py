@@ -7,6 +7,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def sample(fn: Callable[[], object], n: int, warmup: int = 20) -> list[float]:
@@ -73,3 +74,9 @@ def load_note() -> str:
         f"Load average when this section finished: {one:.1f} (1 min), {five:.1f} (5 min) on "
         f"{cores} cores; other processes share the machine."
     )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -23,9 +23,17 @@ import httpx
 import openai
 import pytest
 from route_process import RouteProcess
+from test_vllm_sidecar import random_prompt, wait_for
 
 from served_pair import TokenkeysServe, sidecar_args
-from vllm_server import DEFAULT_CONFIG, MAX_MODEL_LEN, MODEL_NAME, VllmServer
+from vllm_server import (
+    BLOCK_SIZE,
+    DEFAULT_CONFIG,
+    LORA_NAME,
+    MAX_MODEL_LEN,
+    MODEL_NAME,
+    VllmServer,
+)
 
 pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
@@ -81,7 +89,16 @@ _WHOLE = {"finish_reason", "stop_reason", "role", "index", "type", "id", "name"}
 def _merge(into: dict, part: dict) -> None:
     for key, value in part.items():
         old = into.get(key)
-        if isinstance(value, str) and isinstance(old, str) and key not in _WHOLE:
+        if key == "tool_calls" and isinstance(value, list):
+            # Streamed tool calls come in fragments naming their call's index; a call's
+            # fragments join whatever the cut (the arguments are a string delta).
+            calls = into.setdefault(key, [])
+            for fragment in value:
+                index = fragment.get("index", 0)
+                while len(calls) <= index:
+                    calls.append({})
+                _merge(calls[index], fragment)
+        elif isinstance(value, str) and isinstance(old, str) and key not in _WHOLE:
             into[key] = old + value
         elif isinstance(value, list) and isinstance(old, list):
             into[key] = old + value
@@ -228,7 +245,10 @@ def test_completions_fields_mean_what_they_mean_to_vllm(vllm, front, case, strea
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("case", sorted(CHATS))
 def test_chat_fields_mean_what_they_mean_to_vllm(vllm, front, case, stream) -> None:
-    theirs, ours = _both(vllm, front, "/v1/chat/completions", CHATS[case], stream)
+    body = CHATS[case]
+    if stream:
+        body = {**body, "stream_options": {"include_usage": True}}
+    theirs, ours = _both(vllm, front, "/v1/chat/completions", body, stream)
     assert ours == theirs
 
 
@@ -372,3 +392,32 @@ def test_through_the_router_the_sampling_fields_reach_vllm(vllm, router, chat, s
         choice = answer.json()["choices"][0]
         texts.append(choice["message"]["content"] if chat else choice["text"])
     assert texts[1] == texts[0]
+
+
+def test_a_lora_adapter_by_name_through_the_router_is_vllms_and_keyed_as_its(vllm, router) -> None:
+    # The harness's vLLM serves the adapter (--lora-modules ada=PATH); the router learns it
+    # from the sidecar's /v1/models (vLLM's own list) and lists it too.
+    cards = httpx.get(f"{router.url}/v1/models", timeout=30).json()["data"]
+    assert [(c["id"], c["parent"]) for c in cards if c["parent"]] == [(LORA_NAME, MODEL_NAME)]
+    body = {"model": LORA_NAME, "prompt": WORDS, "max_tokens": 8, "temperature": 0}
+    for stream in (False, True):
+        theirs, ours = _both(vllm, router, "/v1/completions", body, stream)
+        assert ours == theirs and ours["model"] == LORA_NAME
+    # The router keys the request as vLLM keys it, the adapter's name and registered path in
+    # every block (vLLM 0.31+; its BlockStored carries lora_name): a fresh prompt sent with the
+    # adapter is then matched for the adapter, not for the base model, and the promise is what
+    # vLLM serves from its cache.
+    prompt = random_prompt(33, 5 * BLOCK_SIZE + 3)
+    sent = {"model": LORA_NAME, "prompt": prompt, "max_tokens": 1}
+    with httpx.Client(base_url=router.url, timeout=600) as client:
+        assert client.post("/v1/completions", json=sent).status_code == 200
+
+        def matched(model: str) -> int:
+            dry = client.post("/router/route", json={**sent, "model": model})
+            return dry.json()["matched_blocks"]
+
+        wait_for(lambda: matched(LORA_NAME) == 5, "the adapter's blocks at the router")
+        assert matched(MODEL_NAME) == 0
+        again = client.post("/v1/completions", json=sent)
+    served = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert int(again.headers["x-tokenkeys-expected-cached-tokens"]) == served == 5 * BLOCK_SIZE

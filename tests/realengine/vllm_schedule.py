@@ -304,7 +304,7 @@ class Schedule:
     def _prepare(self) -> None:
         try:
             python = build_vllm_python()
-            vlm = any(c.vlm for wanted in self._wanted for c in wanted)
+            vlm = any(c.vlm for wanted in self._configs.values() for c in wanted)
             model = build_tiny_model(python, self._workspace / "tiny-model", vlm)
             logs = self._workspace / "vllm-logs"
             logs.mkdir(parents=True, exist_ok=True)

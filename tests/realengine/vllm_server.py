@@ -61,8 +61,11 @@ class ServerConfig:
     ``VLLM_SERVER_DEV_MODE=1``, under which vLLM 0.32 serves its dev routes, among them
     ``POST /reset_prefix_cache`` (smg's FlushCache behind the sidecar). ``chat_template`` is a
     Jinja file (``tests/data/chat_templates``) given as ``--chat-template``, for a worker that
-    renders some requests differently from the model's own template. ``vlm`` serves the tiny
-    random SmolVLM (Idefics3, ``build_tiny_model.build_vlm``) instead of the Llama.
+    renders some requests differently from the model's own template. ``tool_parser`` starts
+    vLLM with ``--enable-auto-tool-choice --tool-call-parser NAME``: tool calls come back parsed
+    as ``tool_calls`` (``required`` and named choices forced through structured output), and
+    vLLM no longer refuses those choices (without a parser it answers 400). ``vlm`` serves the
+    tiny random SmolVLM (Idefics3, ``build_tiny_model.build_vlm``) instead of the Llama.
     ``replica`` tells apart servers of the same options that a test needs at once (two workers to
     route over).
     """
@@ -76,6 +79,7 @@ class ServerConfig:
     prompt_embeds: bool = False
     dev_mode: bool = False
     chat_template: str | None = None
+    tool_parser: str | None = None
     vlm: bool = False
     replica: int = 0
 
@@ -98,6 +102,8 @@ class ServerConfig:
             label += f"-{self.num_blocks}blocks"
         if self.chat_template:
             label += f"-template-{Path(self.chat_template).stem}"
+        if self.tool_parser:
+            label += f"-tools-{self.tool_parser}"
         if self.vlm:
             label += "-vlm"
         return label + (f"-replica{self.replica}" if self.replica else "")
@@ -236,6 +242,8 @@ class VllmServer:
             args += ["--enable-prompt-embeds"]
         if self.config.chat_template:
             args += ["--chat-template", self.config.chat_template]
+        if self.config.tool_parser:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", self.config.tool_parser]
         if self.lora_path:
             args += ["--enable-lora", "--max-lora-rank", "8"]
             args += ["--lora-modules", f"{LORA_NAME}={self.lora_path}"]

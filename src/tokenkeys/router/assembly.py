@@ -72,6 +72,8 @@ class RouterProcess:
         self.http: HttpServer | None = None
         #: The HTTP client of the front door (``router.forwarding``), once HTTP listens.
         self.relay: Relay | None = None
+        #: The front door (``router.forwarding``), once HTTP listens.
+        self.door: FrontDoor | None = None
         #: The HTTP app, once the HTTP face is listening.
         self.app: FastAPI | None = None
 
@@ -103,6 +105,8 @@ class RouterProcess:
             service.shared,
             accuracy=service.accuracy,
         )
+        await door.start(self.config.router.poll_interval)
+        self.door = door
         self.app = create_router_app(
             service.registry,
             service.router,
@@ -130,6 +134,9 @@ class RouterProcess:
         if self.http is not None:
             await self.http.stop(grace)
             self.http = None
+        if self.door is not None:
+            await self.door.close()
+            self.door = None
         if self.relay is not None:
             await self.relay.close()
             self.relay = None

@@ -16,7 +16,7 @@ the router's metrics on the app's ``/metrics``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -28,11 +28,12 @@ from starlette.responses import Response
 from tokenkeys.frontend import HttpConfig, create_app
 from tokenkeys.frontend.access_log import WORKER_HEADER
 from tokenkeys.frontend.body import json_response
-from tokenkeys.frontend.generation import key_context
 from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.routes_tokenize import tokenize_body
+from tokenkeys.keys import Adapter
 from tokenkeys.router.explain.causes import Explainer
 from tokenkeys.router.explain.endpoint import HEADER_EXPLAIN, explain, header_value
+from tokenkeys.router.forwarding.adapters import request_context
 from tokenkeys.router.forwarding.door import FrontDoor
 from tokenkeys.router.forwarding.promise import promise_headers
 from tokenkeys.router.forwarding.routes import FORWARDED
@@ -60,18 +61,25 @@ class PoolModels(ModelRegistry):
     """The router's pools as the frontend's served models, current as workers come and go."""
 
     def __init__(
-        self, registry: WorkerRegistry, router: Router, shared: SharedLoad | None = None
+        self,
+        registry: WorkerRegistry,
+        router: Router,
+        shared: SharedLoad | None = None,
+        adapters: Callable[[str], tuple[Adapter, ...]] | None = None,
     ) -> None:
         super().__init__()
         self._registry = registry
         self._router = router
         self._shared = shared
+        self._adapters = adapters
         self._served: dict[str, tuple[Pool, ServedModel]] = {}
 
     def _model(self, pool: Pool) -> ServedModel:
         cached = self._served.get(pool.name)
         if cached is None or cached[0] is not pool:
-            engine = RoutedEngine(self._router, self._registry, pool.name, self._shared)
+            engine = RoutedEngine(
+                self._router, self._registry, pool.name, self._shared, self._adapters
+            )
             served = ServedModel(pool.name, pool.tokenizer, pool.preprocessor, engine=engine)
             cached = self._served[pool.name] = (pool, served)
         return cached[1]
@@ -163,7 +171,8 @@ def create_router_app(
     ``door`` forwards the routes of ``router.forwarding.routes`` to the workers' frontends
     (without it every request generates over OpenEngine ``Generate``); ``explainer`` answers
     ``GET|POST /router/explain`` (``router.explain.endpoint``)."""
-    app = create_app(PoolModels(registry, router, shared), config, lifecycle=lifecycle)
+    adapters = door.adapters_of if door is not None else None
+    app = create_app(PoolModels(registry, router, shared, adapters), config, lifecycle=lifecycle)
     if metrics is not None:
         app.state.tokenkeys.metrics.include(metrics)
     if door is not None:
@@ -179,7 +188,7 @@ def create_router_app(
         body, model = opened.body, opened.model
         tokens = await opened.run(tokenize_body, model, body, False)
         decision = await router.route(
-            RouteRequest(tokens.ids, model.name, key_context(body)), record=False
+            RouteRequest(tokens.ids, model.name, request_context(opened)), record=False
         )
         return json_response(decision_body(decision))
 

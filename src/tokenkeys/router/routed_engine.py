@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,10 +64,13 @@ class RoutedEngine:
         registry: WorkerRegistry,
         model: str,
         shared: SharedLoad | None = None,
+        adapters: Callable[[str], tuple[Adapter, ...]] | None = None,
     ) -> None:
         self.router = router
         self.registry = registry
         self.model = model
+        #: The LoRA adapters of a model its workers list (the front door learns them).
+        self._adapters = adapters
         #: Where the other router replicas learn of this one's requests (``shared_load``).
         self.shared = shared if shared is not None else LocalLoad()
 
@@ -79,8 +82,9 @@ class RoutedEngine:
 
     @property
     def adapters(self) -> tuple[Adapter, ...]:
-        """None by name: each worker resolves the adapters it registered."""
-        return ()
+        """The adapters the pool's workers list on their HTTP frontends (learned by the front
+        door); none without it: each worker then resolves the adapters it registered."""
+        return self._adapters(self.model) if self._adapters is not None else ()
 
     async def load(self) -> EngineLoad:
         """The requests this router has in flight on the pool's workers (no block counts)."""

@@ -11,7 +11,7 @@ import pytest
 from ports import free_port
 from routing_support import SYSTEM, Cluster, counter, engine_config, start_cluster, wait_until
 
-from tokenkeys.engine.config import SimulatedConfig
+from tokenkeys.engine.config import LoraModule, SimulatedConfig
 from tokenkeys.engine.simulated.latency import LatencyModel
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.service import RoutingConfig
@@ -296,3 +296,41 @@ async def test_anthropic_messages_and_responses_are_routed_on_their_own_prompt(d
         json=responses,
     )
     assert routed.json()["token_ids"] == own.json()["token_ids"]
+
+
+async def test_a_lora_adapter_is_routed_by_name_on_the_adapters_keys(settings):
+    # The workers register the adapter (vLLM --lora-modules ada=PATH); the router learns it
+    # from their frontends' /v1/models and keys the request as the engine keys it: ("lora",
+    # name, path) enters every block key, so the base model's same prompt matches nothing.
+    ada = LoraModule.parse("ada=/adapters/ada-v1", 1)
+    configs = [engine_config(engine=SimulatedConfig(lora_modules=(ada,))) for _ in range(2)]
+    cluster = await start_cluster(
+        2, settings=settings, http=True, worker_http=True, configs=configs
+    )
+    try:
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+            cards = (await client.get("/v1/models")).json()["data"]
+            base = cards[0]["id"]
+            assert {(c["id"], c["root"], c["parent"]) for c in cards if c["parent"]} == {
+                ("ada", "/adapters/ada-v1", base)
+            }
+            body = {"model": "ada", "prompt": f"{SYSTEM} with the adapter", "max_tokens": 3}
+            first = await client.post("/v1/completions", json=body)
+            assert first.status_code == 200, first.text
+            assert first.json()["model"] == "ada"
+            await cluster.settle()
+
+            async def matched(model: str) -> int:
+                dry = await client.post("/router/route", json={**body, "model": model})
+                return dry.json()["matched_blocks"]
+
+            held = await matched("ada")
+            assert held > 0 and await matched(base) == 0
+            again = await client.post("/v1/completions", json=body)
+            assert again.headers["x-tokenkeys-worker"] == first.headers["x-tokenkeys-worker"]
+            served = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert int(again.headers["x-tokenkeys-expected-cached-tokens"]) == served > 0
+            unknown = await client.post("/v1/completions", json={**body, "model": "bob"})
+            assert unknown.status_code == 404, unknown.text
+    finally:
+        await cluster.close()

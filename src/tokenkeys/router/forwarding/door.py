@@ -30,12 +30,12 @@ from starlette.responses import Response, StreamingResponse
 
 from tokenkeys.errors import Unavailable, Unsupported
 from tokenkeys.frontend.access_log import note_prompt_tokens
-from tokenkeys.frontend.generation import key_context
 from tokenkeys.frontend.opening import Opened, open_request
-from tokenkeys.keys import KeyContext
+from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.explain.accuracy import Accuracy
 from tokenkeys.router.explain.causes import Explanation
 from tokenkeys.router.explain.endpoint import asked
+from tokenkeys.router.forwarding.adapters import WorkerAdapters, request_context
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
 from tokenkeys.router.forwarding.promise import Promise, PromiseMetrics, matched_at
 from tokenkeys.router.forwarding.relay import (
@@ -95,6 +95,22 @@ class FrontDoor:
         self.shared = shared if shared is not None else LocalLoad()
         #: Promised against served per worker, and the explanations (``router.explain``).
         self.accuracy = accuracy
+        #: The LoRA adapters the workers' frontends list (``adapters``).
+        self.adapters = WorkerAdapters(frontends, relay)
+
+    async def start(self, interval: float) -> None:
+        """Learn the workers' adapters now, then again every ``interval`` seconds."""
+        await self.adapters.refresh(self.registry.workers)
+        self.adapters.start(lambda: list(self.registry.workers), interval)
+
+    async def close(self) -> None:
+        """Stop learning adapters."""
+        await self.adapters.close()
+
+    def adapters_of(self, model: str) -> tuple[Adapter, ...]:
+        """The LoRA adapters of ``model`` its pool's workers list."""
+        pool = self.router.pools.get(model)
+        return self.adapters.of(model, pool.members) if pool is not None else ()
 
     def handler(self, route: ForwardedRoute, fallback: Endpoint | None) -> Endpoint:
         """The endpoint of ``route``; ``fallback`` serves a worker without an HTTP frontend."""
@@ -111,7 +127,7 @@ class FrontDoor:
         opened = await open_request(request, route.schema, route.check)
         pool = self.router.pool(opened.model.name)
         prompts = await opened.run(route.prompts, opened.model.preprocessor, opened.body)
-        context = key_context(opened.body)
+        context = request_context(opened)
         decisions = []
         for i, ids in enumerate(prompts):
             # One worker serves the whole body: the first prompt decides, the others are only

@@ -97,6 +97,13 @@ class Relay:
         except httpx.HTTPError as exc:
             raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from None
 
+    async def get_json(self, url: str, timeout: float = CONNECT_TIMEOUT) -> object:
+        """GET ``url`` with the router's credentials; its JSON (HTTPError or ValueError)."""
+        headers = request_headers({}, self._token)
+        response = await self._http.get(url, headers=headers, timeout=timeout)
+        response.raise_for_status()
+        return response.json()
+
     async def close(self) -> None:
         """Close every pooled connection."""
         await self._http.aclose()
