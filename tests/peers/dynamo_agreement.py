@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from router.routing_support import Cluster, engine_run, index_run, prompt_ids
+from router.routing_support import Cluster, engine_run, index_run, prompt_ids, wait_until
 
 from tokenkeys.engine.config import LoraModule
 from tokenkeys.keys import Adapter, KeyContext, block_keys
@@ -55,7 +55,9 @@ async def agree(
         return seen[-1] == want
 
     try:
-        wait_for(matches, f"Dynamo's matches {want}")
+        # Awaited, not slept: the engines and a relay in front of Dynamo run on this event
+        # loop, and a blocking wait would keep them from publishing what Dynamo waits for.
+        await wait_until(matches, 120.0, f"Dynamo's matches {want}")
     except AssertionError as exc:
         raise AssertionError(f"{exc}: it answers {seen[-1:]}; {log()}") from None
 

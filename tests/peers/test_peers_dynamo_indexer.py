@@ -8,11 +8,10 @@ seeds its hash with the adapter name; a ``cache_salt`` it does not read from the
 is pinned here as its behaviour), and across an engine restart on the same endpoints, after
 which Dynamo must hold none of the old run's blocks and index the new run's (issue 22: a
 sequence going back to 0 made it drop them; restart-safe sequence numbers and the run's opening
-AllBlocksCleared are the remedy). Behind a relay that outlives the engine and cannot replay
-(issue 36), the case is not proven against Dynamo here yet: a test of it passed 5 of 5 alone and
-failed about 1 run in 4 after the direct-restart test (nothing reached Dynamo through the relay
-after the restart, cause not found), so it is not in the suite; a plain ZMQ subscriber across a
-restart is (tests/server/test_server_kv_restart.py).
+AllBlocksCleared are the remedy). Behind a relay that outlives the engine and cannot replay,
+the opening clear is lost to ZMQ's slow joiner; the snapshot the engine publishes when the relay
+joins again (``--kv-events-join-snapshot``) repairs it (issue 36). A plain ZMQ subscriber across
+a restart is proven in tests/server/test_server_kv_restart.py.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from dynamo_agreement import (
 from dynamo_indexer import DynamoIndexer, matched_tokens
 from ports import free_port
 from router.routing_support import Cluster, engine_config, engine_run, prompt_ids, start_cluster
+from zmq_relay import LossyRelay
 
 from tokenkeys.engine.config import SimulatedConfig
 from tokenkeys.keys import KeyContext
@@ -103,6 +103,42 @@ async def test_dynamo_indexer_holds_nothing_stale_after_an_engine_restart(
         assert all(engine_run(cluster, ids, 0) > 0 for ids in after)
     finally:
         dynamo.close()
+        await cluster.close()
+
+
+async def test_dynamo_indexer_behind_a_relay_that_outlives_the_engine_holds_nothing_stale(
+    dynamo_python: Path, settings: PoolSettings
+) -> None:
+    """Engine 0 reaches Dynamo through a plain forwarding relay (a SUB and a PUB, no replay:
+    what a Dynamo worker's live-only relay is) that stays up while the engine restarts. The
+    relay's SUB reconnects after the new run published its opening AllBlocksCleared, so the
+    clear itself is lost; the engine's publisher sees the relay join again and publishes its
+    snapshot (``--kv-events-join-snapshot``), which the relay forwards: Dynamo drops the old
+    run's blocks and indexes the new."""
+    configs = [engine_config(kv_events_join_snapshot=True), engine_config()]
+    cluster = await start_cluster(2, settings=settings, configs=configs)
+    upstream = cluster.stacks[0].runtime.parts(cluster.stacks[0].models.names[0]).zmq_source()
+    relay = LossyRelay(upstream.endpoint)  # drops nothing: a plain relay
+    dynamo = DynamoIndexer(dynamo_python, BLOCK, cluster.stacks[0].models.names[0])
+    try:
+        dynamo.wait_ready()
+        dynamo.register(1, relay.endpoint, None)  # no replay behind a relay
+        direct = cluster.stacks[1].runtime.parts(cluster.stacks[1].models.names[0]).zmq_source()
+        dynamo.register(2, direct.endpoint, direct.replay_endpoint)
+        before = [prompt_ids(cluster, f"Relayed {n}. " + SYSTEM) for n in range(6)]
+        for ids in before:
+            await cluster.stacks[0].generate(token_ids={"ids": ids}, stopping={"max_tokens": 1})
+        await _agree(cluster, dynamo, before[-1])
+        await cluster.restart_engine(0)  # same endpoints; the relay stays connected
+        after = [prompt_ids(cluster, f"Relayed after {n}. " + SYSTEM) for n in range(2)]
+        for ids in after:
+            await cluster.stacks[0].generate(token_ids={"ids": ids}, stopping={"max_tokens": 1})
+        for ids in before + after:  # 0 stale blocks: the old run's prefixes match nothing
+            await _agree(cluster, dynamo, ids)
+        assert all(engine_run(cluster, ids, 0) > 0 for ids in after)
+    finally:
+        dynamo.close()
+        await relay.close()
         await cluster.close()
 
 

@@ -8,9 +8,10 @@ itself did (its ``cached_tokens``, its ``/tokenize``):
 - 200 requests over shared system prompts: the promise equals vLLM's ``cached_tokens`` on every
   request, and the accuracy metrics say so (promised = served per worker, no over- or
   under-promise);
-- explain names the cause: a prefix held by the other worker, another ``cache_salt``, a prefix
-  evicted by overflowing vLLM's cache (with the batch that removed it), and a worker restarted
-  with another chat template (``renders_differently``);
+- explain names the cause: a prefix held by the other worker, another ``cache_salt``, another
+  LoRA adapter (vLLM keys an adapter's blocks with its name and path), a prefix evicted by
+  overflowing vLLM's cache (with the batch that removed it), and a worker restarted with
+  another chat template (``renders_differently``);
 - a test-only fault in the sidecar's relay (``TOKENKEYS_TEST_DROP_REMOVAL_BATCHES``) keeps the
   batches that evict two prompts from the router: routed again, each answer is short, the
   events prove the index stale, the worker is resynchronised from its sidecar's snapshot and
@@ -35,10 +36,18 @@ from route_process import RouteProcess
 from test_vllm_sidecar import wait_for
 
 from served_pair import TokenkeysServe, sidecar_args
-from vllm_server import BLOCK_SIZE, MODEL_NAME, OTHER_CHAT_TEMPLATE, ServerConfig, VllmServer
+from vllm_server import (
+    BLOCK_SIZE,
+    LORA_NAME,
+    MODEL_NAME,
+    OTHER_CHAT_TEMPLATE,
+    ServerConfig,
+    VllmServer,
+)
 
-#: A small cache: vLLM needs 128 blocks for one 4096-token request.
-EXPLAIN = ServerConfig(num_blocks=160)
+#: A small cache (vLLM needs 128 blocks for one 4096-token request), and the harness's LoRA
+#: adapter (``--lora-modules ada=PATH``) for the "another adapter" cause.
+EXPLAIN = ServerConfig(num_blocks=160, lora=True)
 
 pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(EXPLAIN, EXPLAIN.second())]
 
@@ -217,6 +226,27 @@ def test_held_elsewhere_and_another_cache_salt(router, sidecars) -> None:
     assert mine["detail"] == {"cache_salt": "another"}  # the salt itself is never shown
     # What vLLM did: without the salt it reuses nothing of the salted blocks.
     assert direct(by_target(sidecars, worker), salted) == 0
+
+
+def test_another_adapter(router, sidecars) -> None:
+    rng = random.Random(364)
+    prompt = tokens(rng, 5 * BLOCK_SIZE + 7)
+    worker = complete(router, prompt, model=LORA_NAME).headers["x-tokenkeys-worker"]
+    settled(router, prompt, worker, model=LORA_NAME)
+    mine = part(explain(router, prompt), worker)  # asked for the base model
+    assert (mine["cause"], mine["first_missing_block"]) == ("other_context", 0), mine
+    assert mine["detail"] == {"adapter": LORA_NAME}
+    # What vLLM did: the base model reuses nothing of the adapter's blocks; the adapter all.
+    sidecar = by_target(sidecars, worker)
+    assert direct(sidecar, prompt) == 0
+    assert direct(sidecar, prompt, model=LORA_NAME) == 5 * BLOCK_SIZE
+    # The other way round: held for the base model, asked with the adapter.
+    base = tokens(rng, 4 * BLOCK_SIZE + 3)
+    holder = complete(router, base).headers["x-tokenkeys-worker"]
+    settled(router, base, holder)
+    theirs = part(explain(router, base, model=LORA_NAME), holder)
+    assert (theirs["cause"], theirs["detail"]) == ("other_context", {"adapter": None}), theirs
+    assert direct(by_target(sidecars, holder), base, model=LORA_NAME) == 0
 
 
 def test_a_prefix_evicted_by_overflowing_vllm_names_its_batch(router, sidecars) -> None:

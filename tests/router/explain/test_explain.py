@@ -20,7 +20,7 @@ from routing_support import (
     wait_until,
 )
 
-from tokenkeys.engine.config import SimulatedConfig
+from tokenkeys.engine.config import LoraModule, SimulatedConfig
 from tokenkeys.keys import make_spec
 from tokenkeys.keys.deployment import DEFAULT_PROFILE
 from tokenkeys.limits import Limits
@@ -330,5 +330,40 @@ async def test_a_dropped_batch_is_proven_by_short_answers_and_repaired_by_snapsh
                 assert served == response.headers["x-tokenkeys-expected-cached-tokens"]
                 await cluster.settle()
             assert counter(cluster, resyncs, reason="stale_answers") == 1
+    finally:
+        await cluster.close()
+
+
+async def test_another_adapter_is_named(settings):
+    # Both workers register two LoRA adapters (vLLM --lora-modules NAME=PATH); the engine keys
+    # an adapter's blocks with ("lora", name, path), so a prompt cached under one adapter is
+    # not cached for the base model nor for the other adapter.
+    modules = tuple(LoraModule.parse(m, i + 1) for i, m in enumerate(("ada=/a/ada", "bea=/a/bea")))
+    configs = [engine_config(engine=SimulatedConfig(lora_modules=modules)) for _ in range(2)]
+    cluster = await start_cluster(
+        2, settings=settings, http=True, worker_http=True, configs=configs
+    )
+    try:
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+            base = (await client.get("/v1/models")).json()["data"][0]["id"]
+            worker = (await send(client, PROMPT, model="ada")).headers["x-tokenkeys-worker"]
+            await cluster.settle()
+            assert part(await explain(client, PROMPT, model="ada"), worker)["cause"] is None
+            for model in (base, "bea"):
+                mine = part(await explain(client, PROMPT, model=model), worker)
+                assert (mine["held_blocks"], mine["cause"]) == (0, "other_context"), mine
+                assert mine["detail"] == {"adapter": "ada"}
+            # What the engine did: it serves the prompt from its cache for "ada" only.
+            async with httpx.AsyncClient(base_url=worker_url(cluster, worker)) as direct:
+                for model, cached in (("bea", 0), (base, 0), ("ada", 1)):
+                    usage = (await send(direct, PROMPT, model=model)).json()["usage"]
+                    got = usage["prompt_tokens_details"]["cached_tokens"]
+                    assert (got > 0) == bool(cached), (model, got)
+            # The other way round: a prompt held for the base model, asked with an adapter.
+            other = prompt(1)
+            holder = (await send(client, other, model=base)).headers["x-tokenkeys-worker"]
+            await cluster.settle()
+            mine = part(await explain(client, other, model="bea"), holder)
+            assert (mine["cause"], mine["detail"]) == ("other_context", {"adapter": None})
     finally:
         await cluster.close()

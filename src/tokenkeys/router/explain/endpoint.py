@@ -18,6 +18,7 @@ carries the explanation at routing time only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -26,10 +27,10 @@ from starlette.responses import Response
 
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.frontend.body import json_response, validate
-from tokenkeys.frontend.generation import key_context
 from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.state import resolve_model
 from tokenkeys.router.explain.causes import Explainer, WorkerExplanation
+from tokenkeys.router.forwarding.adapters import request_context
 from tokenkeys.router.forwarding.routes import FORWARDED
 from tokenkeys.router.policy.router import Router
 
@@ -66,10 +67,13 @@ async def explain(request: Request, router: Router, explainer: Explainer) -> Res
         validate(route.schema if isinstance(route.schema, type) else route.schema(inner), inner)
     if route.check is not None:
         route.check(inner)
-    model, _ = resolve_model(opened.state.models, inner.get("model"))
+    model, lora = resolve_model(opened.state.models, inner.get("model"))
+    # The body as the route opens it: a model naming a LoRA adapter is its base model's pool,
+    # keyed with the adapter (``cache_salt`` and adapter, as the front door keys it).
+    asked_for = dataclasses.replace(opened, body=inner, model=model, lora=lora)
     pool = router.pool(model.name)
     prompts = await opened.run(route.prompts, model.preprocessor, inner)
-    found = await explainer.explain(pool, prompts[0], key_context(inner))
+    found = await explainer.explain(pool, prompts[0], request_context(asked_for))
     return json_response({"route": path, **found.as_dict()})
 
 
