@@ -23,6 +23,7 @@ chat template (the last test); nothing else uses this configuration.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections.abc import Iterator
@@ -54,6 +55,7 @@ pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(EXPLAIN, EXPLAIN.
 VOCAB = 49152
 VERSION = ("--kv-events-vllm-version", "0.32")
 TEST_DROP = "TOKENKEYS_TEST_DROP_REMOVAL_BATCHES"
+EXPLAIN_HEADER = "x-tokenkeys-explain"
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +161,15 @@ def metric(values: dict, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in values.items() if n == name and want <= set(ls))
 
 
+def show(values: dict, title: str, *names: str) -> None:
+    """Print the router's samples whose names contain one of ``names`` (docs/router.md's
+    worked example is this output; run with ``-s``)."""
+    print(f"\n--- {title}")
+    for (name, labels), value in sorted(values.items()):
+        if any(n in name for n in names) and not name.endswith("_created"):
+            print(f"{name}{{{','.join(f'{k}={v!r}' for k, v in labels)}}} {value}")
+
+
 def direct(sidecar: TokenkeysServe, prompt: list[int], **extra: object) -> int:
     """``cached_tokens`` of ``prompt`` sent straight to a sidecar (the router routes nothing)."""
     with httpx.Client(base_url=sidecar.url, timeout=300) as client:
@@ -202,6 +213,7 @@ def test_200_requests_are_promised_exactly_what_vllm_serves(router) -> None:
     assert metric(values, "tokenkeys_router_over_promises_total") == 0
     assert metric(values, "tokenkeys_router_under_promises_total") == 0
     assert metric(values, "tokenkeys_router_misses_total", cause="promised_not_served") == 0
+    show(values, "200 requests", "promised_cached", "served_cached", "_promises_total", "misses")
 
 
 def test_held_elsewhere_and_another_cache_salt(router, sidecars) -> None:
@@ -262,6 +274,7 @@ def test_a_prefix_evicted_by_overflowing_vllm_names_its_batch(router, sidecars) 
     settled(router, last, worker)
     assert metric(metrics(router), "tokenkeys_router_kv_events_total", type="BlockRemoved") > before
     doc = explain(router, prompt)
+    print("\n--- explain after the overflow\n" + json.dumps(doc, indent=1))
     mine = part(doc, worker)
     assert mine["cause"] == "evicted", mine
     assert mine["held_blocks"] == mine["first_missing_block"] < 6
@@ -294,12 +307,19 @@ def test_a_dropped_batch_is_detected_by_short_answers_and_repaired(router, sidec
         assert part(explain(router, prompt), worker)["held_blocks"] == 5
     resyncs = "tokenkeys_router_worker_resyncs_total"
     assert metric(metrics(router), resyncs, reason="stale_answers") == 0
-    # Routed to the stale worker, each is promised and served short.
+    # Routed to the stale worker, each is promised and served short; the answer's explanation
+    # (asked in a header) names the first block it did not serve.
     for prompt in (first, second):
-        response = complete(router, prompt)
+        body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1}
+        response = router.post("/v1/completions", json=body, headers={EXPLAIN_HEADER: "1"})
+        assert response.status_code == 200, response.text
         assert response.headers["x-tokenkeys-worker"] == worker
         expected, served = promise(response)
         assert served < expected == 5 * BLOCK_SIZE
+        said = json.loads(response.headers[EXPLAIN_HEADER])
+        print(f"\n--- {EXPLAIN_HEADER}: {response.headers[EXPLAIN_HEADER]}")
+        assert said["cause"] == "promised_not_served"
+        assert said["first_missing_block"] == served // BLOCK_SIZE
     wait_for(
         lambda: metric(metrics(router), resyncs, reason="stale_answers", source="snapshot") == 1,
         "the stale worker's repair from its snapshot",
@@ -308,13 +328,16 @@ def test_a_dropped_batch_is_detected_by_short_answers_and_repaired(router, sidec
     short = "tokenkeys_router_short_answers_total"
     assert metric(values, short, worker=worker, verdict="stale") == 2
     assert metric(values, short, verdict="explained") == 0
+    show(values, "after the repair", "short_answers", "resyncs", "over_promises", "clears")
     # Repaired: the promises match vLLM again, on the repaired prompts and new ones.
     for prompt in (first, second, tokens(rng, 4 * BLOCK_SIZE + 1), first):
         settled_worker = complete(router, prompt)
         expected, served = promise(settled_worker)
         assert served == expected, (expected, served)
         settled(router, prompt, settled_worker.headers["x-tokenkeys-worker"])
-    assert metric(metrics(router), resyncs, reason="stale_answers") == 1
+    values = metrics(router)
+    assert metric(values, resyncs, reason="stale_answers") == 1
+    show(values, "the module's accuracy at the end", "promised_cached", "served_cached")
 
 
 def test_a_worker_restarted_with_another_chat_template_renders_differently(
