@@ -32,6 +32,19 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 120.0) -
         time.sleep(0.1)
 
 
+async def settled(cluster: Cluster) -> None:
+    """Every live engine ready at the router (one restarted in place is followed anew, or a
+    new one joined: ``Cluster.settle`` skips a worker not ready), then every batch applied."""
+
+    def all_ready() -> bool:
+        live = [s for i, s in enumerate(cluster.stacks) if i not in cluster.stopped]
+        workers = cluster.registry.workers
+        return all(s.target in workers and workers[s.target].state == "ready" for s in live)
+
+    await wait_until(all_ready, 120.0, "every live engine ready at the router")
+    await cluster.settle()
+
+
 async def agree(
     cluster: Cluster,
     matched: Matched,
@@ -40,7 +53,7 @@ async def agree(
 ) -> None:
     """The reader's matched blocks per worker equal the router's and the engines' own (``log``
     tells what the reader said, for a failure)."""
-    await cluster.settle()
+    await settled(cluster)
     want = {}
     for i, stack in enumerate(cluster.stacks):
         held = engine_run(cluster, ids, i)
@@ -80,7 +93,7 @@ async def adapter_and_salted_stores(cluster: Cluster) -> tuple[list[int], int]:
     await cluster.stacks[1].generate(
         token_ids={"ids": ids}, stopping={"max_tokens": 1}, kv={"cache_salt": "tenant-7"}
     )
-    await cluster.settle()
+    await settled(cluster)
     blocks = len(ids) // BLOCK
     assert held(cluster, ids, 0, adapter) == blocks == held(cluster, ids, 1, salted)
     return ids, blocks

@@ -30,11 +30,17 @@ from dynamo_agreement import (
     adapter_and_salted_stores,
     agree,
     held,
-    wait_for,
 )
 from dynamo_indexer import DynamoIndexer, matched_tokens
 from ports import free_port
-from router.routing_support import Cluster, engine_config, engine_run, prompt_ids, start_cluster
+from router.routing_support import (
+    Cluster,
+    engine_config,
+    engine_run,
+    prompt_ids,
+    start_cluster,
+    wait_until,
+)
 from zmq_relay import LossyRelay
 
 from tokenkeys.engine.config import SimulatedConfig
@@ -155,13 +161,16 @@ async def test_dynamo_indexer_keeps_adapters_apart_and_reads_no_salt(
             return {w: t // BLOCK for w, t in dynamo.matched_tokens(ids, **kw).items()}
 
         # An adapter's blocks match only a query naming it (Dynamo seeds its hash with it).
-        wait_for(lambda: answers(lora_name=ADAPTER.name) == {1: blocks}, "the adapter's blocks")
+        # Awaited: the engines publish from this event loop (see ``agree``).
+        adapter = {"lora_name": ADAPTER.name}
+        await wait_until(lambda: answers(**adapter) == {1: blocks}, 120.0, "the adapter's blocks")
         assert held(cluster, ids, 0, KeyContext()) == 0
         # Dynamo 1.6.1 reads no salt from vLLM's events (its salt is per registration,
         # ``additional_salt``): it indexes the salted blocks as plain ones, so a plain query
         # matches them and a salted query does not. docs/integrations.md warns of it; the
         # engines keep them apart.
-        wait_for(lambda: answers() == {2: blocks}, "the salted blocks, as Dynamo indexes them")
+        salted = "the salted blocks, as Dynamo indexes them"
+        await wait_until(lambda: answers() == {2: blocks}, 120.0, salted)
         assert answers(cache_salt="tenant-7") == {}
         assert held(cluster, ids, 1, KeyContext()) == 0
         assert answers(lora_name=ADAPTER.name) == {1: blocks}
