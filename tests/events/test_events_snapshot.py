@@ -89,3 +89,26 @@ def test_a_snapshot_then_the_stream_from_its_sequence_number_equals_the_whole_st
     for b in batches[k:]:
         joined.apply(b)
     assert held(joined) == held(whole)
+
+
+def test_hybrid_groups_are_kept_apart_with_their_spec_fields():
+    # vLLM's hybrid layout (tests/realengine/test_vllm_hybrid.py): the same block hashes in a
+    # sliding-window group and a full-attention group; the window group evicts blocks alone.
+    window = {"group_idx": 0, "kv_cache_spec_kind": "sliding_window"}
+    window["kv_cache_spec_sliding_window"] = 64
+    full = {"group_idx": 1, "kv_cache_spec_kind": "full_attention"}
+    ledger = BlockLedger()
+    ledger.apply(batch(stored([1, 2, 3, 4], parent=9, **window), stored([1, 2, 3, 4], **full)))
+    ledger.apply(batch(BlockRemoved((1, 2), group_idx=0)))
+    events = ledger.snapshot(0).batch.events[1:]
+    by_group = {
+        g: [(e.block_hashes[0], e.parent_block_hash) for e in events if e.group_idx == g]
+        for g in (0, 1)
+    }
+    # The first kept window block names its chain's parent (block 2, evicted from the window
+    # group, kept in the full one), as vLLM named it when it stored the block.
+    assert by_group == {0: [(3, 2), (4, 3)], 1: [(1, None), (2, 1), (3, 2), (4, 3)]}
+    for e in events:
+        kind = window if e.group_idx == 0 else full
+        assert e.kv_cache_spec_kind == kind["kv_cache_spec_kind"]
+        assert e.kv_cache_spec_sliding_window == kind.get("kv_cache_spec_sliding_window")

@@ -13,10 +13,10 @@ stream: ``AllBlocksCleared``, then one ``BlockStored`` per block cached now. App
 a consumer that was in step where it was, and puts one that missed the clear (or joined late)
 in step; a snapshot never names a block the engine does not hold (``events.snapshot``), so it
 never makes a consumer over-promise. Joins arriving together get one snapshot. It is off by
-default: the snapshot is as large as the cache and goes to every subscriber, and on a hybrid
-model (several KV-cache groups) its BlockStored events were seen naming the wrong group for
-blocks of the sliding-window groups (vLLM 0.32, tests/realengine/test_vllm_hybrid.py), so the
-subscribers' groups went wrong; until the ledger keeps groups apart it must not reach them.
+default: the snapshot is as large as the cache and goes to every subscriber, and it is not yet
+proven against vLLM's hybrid models (several KV-cache groups). The ledger keeps groups apart
+(``events.snapshot``), but tests/realengine/test_vllm_hybrid.py, which failed with it on,
+compares relayed events whole against vLLM's, and a snapshot's stores are one block each.
 """
 
 from __future__ import annotations
