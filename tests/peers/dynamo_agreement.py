@@ -57,8 +57,13 @@ async def agree(
     want = {}
     for i, stack in enumerate(cluster.stacks):
         held = engine_run(cluster, ids, i)
-        routed = await index_run(cluster, ids, stack.target)
-        assert routed == held, (i, routed, held)
+
+        async def routed(target: str = stack.target, held: int = held) -> bool:
+            return await index_run(cluster, ids, target) == held
+
+        # Awaited too: a router that sees a worker restart after applying the new run's first
+        # batches clears it and rebuilds it from its snapshot (it under-reports meanwhile).
+        await wait_until(routed, 120.0, f"the router's index of engine {i} at {held} blocks")
         if held:
             want[i + 1] = held
     seen: list[dict[int, int]] = []
