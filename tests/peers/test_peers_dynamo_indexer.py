@@ -55,12 +55,22 @@ def settings(tmp_path: Path) -> PoolSettings:
     return PoolSettings(cache=tmp_path / "cache")
 
 
-def _indexer(python: Path, cluster: Cluster) -> DynamoIndexer:
+async def _indexer(python: Path, cluster: Cluster) -> DynamoIndexer:
+    """Dynamo's indexer subscribed to every engine, each subscription attached: a batch
+    published before is lost to ZMQ's slow joiner, and Dynamo learns of a loss only from a
+    later batch, which a test's last store never has (the salted-store wait failed so)."""
     indexer = DynamoIndexer(python, BLOCK, cluster.stacks[0].models.names[0])
     indexer.wait_ready()
-    for i, stack in enumerate(cluster.stacks):
-        source = stack.runtime.parts(stack.models.names[0]).zmq_source()
+    parts = [stack.runtime.parts(stack.models.names[0]) for stack in cluster.stacks]
+    joins = [p.publisher.stats.joins for p in parts]
+    for i, part in enumerate(parts):
+        source = part.zmq_source()
         indexer.register(i + 1, source.endpoint, source.replay_endpoint)
+    await wait_until(
+        lambda: all(p.publisher.stats.joins > n for p, n in zip(parts, joins, strict=True)),
+        120.0,
+        "Dynamo subscribed to every engine",
+    )
     return indexer
 
 
@@ -76,7 +86,7 @@ async def test_dynamo_indexer_agrees_with_the_router_over_stores_and_evictions(
 ) -> None:
     configs = [engine_config(engine=SimulatedConfig(num_kv_blocks=24)), engine_config()]
     cluster = await start_cluster(2, settings=settings, configs=configs)
-    dynamo = _indexer(dynamo_python, cluster)
+    dynamo = await _indexer(dynamo_python, cluster)
     try:
         prompts = [prompt_ids(cluster, f"Question {n}. " + SYSTEM) for n in range(8)]
         for n, ids in enumerate(prompts):
@@ -94,7 +104,7 @@ async def test_dynamo_indexer_holds_nothing_stale_after_an_engine_restart(
     dynamo_python: Path, settings: PoolSettings
 ) -> None:
     cluster = await start_cluster(2, settings=settings)
-    dynamo = _indexer(dynamo_python, cluster)
+    dynamo = await _indexer(dynamo_python, cluster)
     try:
         before = [prompt_ids(cluster, f"Before {n}. " + SYSTEM) for n in range(6)]
         for ids in before:
@@ -153,7 +163,7 @@ async def test_dynamo_indexer_keeps_adapters_apart_and_reads_no_salt(
 ) -> None:
     configs = [engine_config(engine=SimulatedConfig(lora_modules=(ADAPTER,))) for _ in range(2)]
     cluster = await start_cluster(2, settings=settings, configs=configs)
-    dynamo = _indexer(dynamo_python, cluster)
+    dynamo = await _indexer(dynamo_python, cluster)
     try:
         ids, blocks = await adapter_and_salted_stores(cluster)
 
