@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from served_pair import SERVE_ARGS, Pair, TokenkeysServe
-from vllm_server import DEFAULT_CONFIG, VllmServerPool
+from served_pair import SERVE_ARGS, Pair, TokenkeysServe, running, sidecar_args
+from vllm_server import DEFAULT_CONFIG, VllmServer, VllmServerPool
 
 
 @pytest.fixture(scope="module")
@@ -31,3 +31,18 @@ def pair(vllm_pool: VllmServerPool) -> Iterator[Pair]:
             yield Pair(engine, ours)
     finally:
         tokenkeys.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_pool: VllmServerPool) -> VllmServer:
+    """The default configuration's vLLM; a module serving another one overrides this."""
+    return vllm_pool.get(DEFAULT_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
+    """``tokenkeys serve`` in front of the module's ``vllm``, adopting what vLLM reports (no
+    ``--kv-events-vllm-version``: the layout is that of the release ``/version`` names)."""
+    process = TokenkeysServe(*sidecar_args(vllm))
+    with running(process):
+        yield process

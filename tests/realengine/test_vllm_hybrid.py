@@ -151,13 +151,6 @@ def engine_events(vllm: VllmServer) -> Iterator[EventCollector]:
         collector.close()
 
 
-@pytest.fixture(scope="module")
-def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
-    process = TokenkeysServe(*sidecar_args(vllm))
-    with running(process):
-        yield process
-
-
 def prompt_of(rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(VOCAB) for _ in range(length)]
 

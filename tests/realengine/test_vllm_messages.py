@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
 
 import anthropic_corpus
 import httpx
 import pytest
 
-from served_pair import TokenkeysServe, running, sidecar_args
-from vllm_server import DEFAULT_CONFIG, MODEL_NAME, VllmServer
+from vllm_server import DEFAULT_CONFIG, MODEL_NAME
 
 pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
@@ -31,18 +29,6 @@ COUNTED = (
     + anthropic_corpus.thinking_enabled()
 )
 _salts = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def vllm(vllm_pool) -> VllmServer:
-    return vllm_pool.get(DEFAULT_CONFIG)
-
-
-@pytest.fixture(scope="module")
-def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
-    process = TokenkeysServe(*sidecar_args(vllm))
-    with running(process):
-        yield process
 
 
 def _post(url: str, path: str, body: dict) -> httpx.Response:

@@ -25,7 +25,7 @@ import pytest
 from route_process import RouteProcess
 from test_vllm_sidecar import random_prompt, wait_for
 
-from served_pair import TokenkeysServe, sidecar_args
+from served_pair import TokenkeysServe
 from vllm_server import (
     BLOCK_SIZE,
     DEFAULT_CONFIG,
@@ -49,21 +49,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 _salts = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def vllm(vllm_pool) -> VllmServer:
-    return vllm_pool.get(DEFAULT_CONFIG)
-
-
-@pytest.fixture(scope="module")
-def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
-    process = TokenkeysServe(*sidecar_args(vllm))
-    try:
-        process.wait_healthy()
-        yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(params=["sidecar", "router"])

@@ -85,13 +85,6 @@ def engine_events(vllm: VllmServer) -> Iterator[EventCollector]:
         collector.close()
 
 
-@pytest.fixture(scope="module")
-def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
-    process = TokenkeysServe(*sidecar_args(vllm))
-    with running(process):
-        yield process
-
-
 def complete(url: str, **body) -> httpx.Response:  # noqa: ANN003 - the request's fields
     return httpx.post(
         f"{url}/v1/completions", json={"model": MODEL_NAME, "max_tokens": 1, **body}, timeout=300

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
 
 import grpc
 import httpx
@@ -25,29 +24,13 @@ from tokenkeys.keys import block_keys, make_spec
 
 from served_pair import TokenkeysServe, sidecar_args
 from vllm_events import EventCollector
-from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME, VllmServer
+from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME
 
 pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
 VOCAB = 49152
 WAIT_LIMIT = 120.0  # seconds: a safety net for a broken engine, never a pass/fail criterion
 SPEC = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE)  # vLLM's default root (no PYTHONHASHSEED)
-
-
-@pytest.fixture(scope="module")
-def vllm(vllm_pool) -> VllmServer:
-    return vllm_pool.get(DEFAULT_CONFIG)
-
-
-@pytest.fixture(scope="module")
-def sidecar(vllm: VllmServer) -> Iterator[TokenkeysServe]:
-    # No --kv-events-vllm-version: the layout is that of the release vLLM's /version reports.
-    process = TokenkeysServe(*sidecar_args(vllm))
-    try:
-        process.wait_healthy()
-        yield process
-    finally:
-        process.stop()
 
 
 def keys_checked(url: str) -> dict[str, float]:

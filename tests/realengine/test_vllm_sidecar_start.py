@@ -30,11 +30,6 @@ pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 WAIT_LIMIT = 120.0
 
 
-@pytest.fixture(scope="module")
-def vllm(vllm_pool) -> VllmServer:
-    return vllm_pool.get(DEFAULT_CONFIG)
-
-
 @pytest.fixture
 def door(vllm: VllmServer) -> Iterator[LateDoor]:
     door = LateDoor("127.0.0.1", vllm.port)

@@ -173,6 +173,9 @@ class Start:
         return f"{self.label} {self.seconds:.0f} s/{self.cpu:.0f} CPU s"
 
 
+#: Picks of a server's ports before its first start gives up on "Address already in use".
+PORT_PICKS = 2
+
 #: Every vLLM start of this process, in order: the pool's, restarts and servers of other
 #: faces (gRPC, render) alike.
 STARTS: list[Start] = []
@@ -183,17 +186,22 @@ class VllmServer:
 
     def __init__(self, python: Path, model: TinyModel, config: ServerConfig, log_dir: Path):
         self.config = config
+        self.topic = "kv"
+        self.lora_path = str(model.lora) if config.lora and model.lora else None
+        self._python, self._model, self._log_dir = python, model, log_dir
+        self._pick_ports()
+        #: Picks of ports left for the first start (a restart keeps the ports it had).
+        self._picks = PORT_PICKS
+        self._launch()
+
+    def _pick_ports(self) -> None:
         self.port = free_port()
         self.events_port = free_port()
         self.replay_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.events_endpoint = f"tcp://127.0.0.1:{self.events_port}"
         self.replay_endpoint = f"tcp://127.0.0.1:{self.replay_port}"
-        self.topic = "kv"
-        self.log_path = log_dir / f"vllm-{config.label}-{self.port}.log"
-        self.lora_path = str(model.lora) if config.lora and model.lora else None
-        self._python, self._model = python, model
-        self._launch()
+        self.log_path = self._log_dir / f"vllm-{self.config.label}-{self.port}.log"
 
     @property
     def name(self) -> str:
@@ -291,9 +299,16 @@ class VllmServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
+                if self._picks and self._port_taken():
+                    # A port picked beforehand was bound by another process in between (the
+                    # pick cannot hold it): the first start picks again; a restart never does.
+                    self._picks -= 1
+                    self._pick_ports()
+                    self._launch()
+                    continue
                 raise RuntimeError(
                     f"vLLM ({self.config.label}) exited with {self._process.returncode} "
-                    f"before it was healthy: {self.log_tail()}"
+                    f"before it was healthy: {self.first_error()}{self.log_tail()}"
                 )
             if self.answers():
                 if self._start.seconds is None:
@@ -328,7 +343,18 @@ class VllmServer:
     def respawn(self) -> None:
         """Stop the server and start it again on the same ports, without waiting for it."""
         self.stop()
+        self._picks = 0
         self._launch()
+
+    def _port_taken(self) -> bool:
+        return "Address already in use" in self.log_path.read_text(errors="replace")
+
+    def first_error(self) -> str:
+        """The log's first line naming an error (the root cause, above the tail's re-raises)."""
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if "Error" in line or "error:" in line:
+                return f"first error: {line.strip()}\n"
+        return ""
 
     def log_tail(self, lines: int = 15) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine_stack import EngineStack, default_models, start_stack
 from ports import free_port
 
 from tokenkeys.engine.config import EngineConfig
+from tokenkeys.errors import Unavailable
 from tokenkeys.events.model import EventBatch
 from tokenkeys.keys import CacheKeySpec, make_spec
 from tokenkeys.keys.deployment import DEFAULT_PROFILE
@@ -65,6 +66,11 @@ def engine_models(profile: str = DEFAULT_PROFILE, block_size: int = 16) -> Model
     return models
 
 
+#: Picks of an engine's event ports before its first start gives up (each is a random port
+#: below the ephemeral range: two processes rarely pick the same one, twice in a row never).
+_PICKS = 3
+
+
 def engine_config(**overrides: object) -> EngineConfig:
     """Fixed ZMQ ports (so an engine restarted in place publishes on the same endpoints)."""
     base: dict[str, object] = {
@@ -73,6 +79,21 @@ def engine_config(**overrides: object) -> EngineConfig:
     }
     base.update(overrides)
     return EngineConfig(**base)  # type: ignore[arg-type]
+
+
+async def _start_on_fresh_ports(
+    config: EngineConfig, models: ModelRegistry, http_port: int | None
+) -> tuple[EngineConfig, EngineStack]:
+    """Start an engine whose event ports were picked beforehand (to restart it in place on
+    them); a pick another process bound in between is picked again, never a restart's."""
+    for _ in range(_PICKS):
+        try:
+            return config, await start_stack(config, models=models, http_port=http_port)
+        except Unavailable as exc:
+            if "Address already in use" not in str(exc) or not config.kv_events_port:
+                raise
+            config = replace(config, kv_events_port=free_port(), kv_events_replay_port=free_port())
+    return config, await start_stack(config, models=models, http_port=http_port)
 
 
 @dataclass
@@ -206,7 +227,10 @@ async def start_cluster(
     configs = configs or [engine_config() for _ in range(n)]
     make = models or (lambda: engine_models(profile))
     http_port = 0 if worker_http else None
-    stacks = [await start_stack(c, models=make(), http_port=http_port) for c in configs]
+    stacks = []
+    for i, engine in enumerate(configs):
+        configs[i], stack = await _start_on_fresh_ports(engine, make(), http_port)
+        stacks.append(stack)
     config = RoutingConfig(
         workers=tuple(s.target for s in stacks),
         policy=policy,
