@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -37,6 +36,7 @@ from tokenkeys.router.explain.causes import Explanation
 from tokenkeys.router.explain.endpoint import asked
 from tokenkeys.router.forwarding.adapters import WorkerAdapters, request_context
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
+from tokenkeys.router.forwarding.http1 import Answer
 from tokenkeys.router.forwarding.promise import Promise, PromiseMetrics, matched_at
 from tokenkeys.router.forwarding.relay import (
     Relay,
@@ -214,11 +214,12 @@ class FrontDoor:
                 continue
             trip = self._begin(pool, member, first, route.generates)
             try:
+                scope = request.scope
                 response = await _unless_gone(
-                    request, self.relay.open(url + request.url.path, opened.raw, request.headers)
+                    request, self.relay.open(url + scope["path"], opened.raw, scope["headers"])
                 )
-                if response.status_code == 503 and n < len(order) - 1:
-                    await response.aclose()
+                if response.status == 503 and n < len(order) - 1:
+                    response.close()
                     raise WorkerUnreachable("answered 503 (unavailable)")
             except ClientGone:
                 self._end(trip)
@@ -269,7 +270,7 @@ class FrontDoor:
 
     async def _answer(
         self,
-        response: httpx.Response,
+        response: Answer,
         trip: _Trip,
         promise: Promise,
         note: RouteNote,
@@ -277,9 +278,9 @@ class FrontDoor:
         keep: Keep,
     ) -> Response:
         address = trip.member.address
-        status = response.status_code
-        kind = response.headers.get("content-type", "")
-        if not kind.startswith("text/event-stream") and not _chunked(response):
+        status = response.status
+        stream = response.header(b"content-type").startswith(b"text/event-stream")
+        if not stream and b"chunked" not in response.header(b"transfer-encoding").lower():
             try:
                 body = await read_all(response)
             finally:
@@ -295,7 +296,7 @@ class FrontDoor:
             out.raw_headers += answer_headers(response)
             return out
         note.promise = promise
-        if kind.startswith("text/event-stream"):
+        if stream:
             body_iter = self._events(response, trip, promise, generates and status == 200, keep)
         else:
             body_iter = self._chunks(response, trip)
@@ -304,7 +305,7 @@ class FrontDoor:
         return out
 
     async def _events(
-        self, response: httpx.Response, trip: _Trip, promise: Promise, keep: bool, record: Keep
+        self, response: Answer, trip: _Trip, promise: Promise, keep: bool, record: Keep
     ) -> AsyncIterator[bytes]:
         seen = [promise]
 
@@ -324,16 +325,12 @@ class FrontDoor:
             if keep:
                 record(seen[0])
 
-    async def _chunks(self, response: httpx.Response, trip: _Trip) -> AsyncIterator[bytes]:
+    async def _chunks(self, response: Answer, trip: _Trip) -> AsyncIterator[bytes]:
         try:
             async for chunk in raw_chunks(response):
                 yield chunk
         finally:
             self._end(trip)
-
-
-def _chunked(response: httpx.Response) -> bool:
-    return "chunked" in response.headers.get("transfer-encoding", "").lower()
 
 
 def _usage(body: bytes) -> Any:
