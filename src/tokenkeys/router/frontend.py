@@ -187,9 +187,10 @@ def create_router_app(
         opened = await open_request(request)
         body, model = opened.body, opened.model
         tokens = await opened.run(tokenize_body, model, body, False)
-        decision = await router.route(
-            RouteRequest(tokens.ids, model.name, request_context(opened)), record=False
-        )
+        context = request_context(opened)
+        workers = door.workers_for(router.pool(model.name), context) if door else None
+        wanted = RouteRequest(tokens.ids, model.name, context, workers=workers)
+        decision = await router.route(wanted, record=False)
         return json_response(decision_body(decision))
 
     app.add_api_route(

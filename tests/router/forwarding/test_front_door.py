@@ -334,3 +334,30 @@ async def test_a_lora_adapter_is_routed_by_name_on_the_adapters_keys(settings):
             assert unknown.status_code == 404, unknown.text
     finally:
         await cluster.close()
+
+
+async def test_a_lora_adapter_goes_only_to_the_workers_that_serve_it(settings):
+    # Worker 0 registers the adapter, worker 1 does not (it would answer 404, as vLLM does for
+    # a model it does not serve): every request naming the adapter goes to worker 0, whatever
+    # the load and prefixes say; the base model may still go to either.
+    ada = LoraModule.parse("ada=/adapters/ada-v1", 1)
+    configs = [engine_config(engine=SimulatedConfig(lora_modules=(ada,))), engine_config()]
+    cluster = await start_cluster(
+        2, settings=settings, http=True, worker_http=True, configs=configs
+    )
+    try:
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+            prompts = [f"{SYSTEM} question {n} " * (n + 1) for n in range(6)]
+            served = set()
+            for prompt in prompts:
+                body = {"model": "ada", "prompt": prompt, "max_tokens": 2}
+                dry = (await client.post("/router/route", json=body)).json()
+                assert [r["worker"] for r in dry["ranking"]] == [dry["worker"]]
+                answer = await client.post("/v1/completions", json=body)
+                assert answer.status_code == 200, answer.text
+                served.add(cluster.number(answer.headers["x-tokenkeys-worker"]))
+                base = await client.post("/router/route", json={**body, "model": None})
+                assert len(base.json()["ranking"]) == 2
+            assert served == {0}
+    finally:
+        await cluster.close()

@@ -112,6 +112,13 @@ class FrontDoor:
         pool = self.router.pools.get(model)
         return self.adapters.of(model, pool.members) if pool is not None else ()
 
+    def workers_for(self, pool: Pool, context: KeyContext | None) -> frozenset[str] | None:
+        """The workers a request of ``context`` may go to: those whose frontend lists the LoRA
+        adapter it names (any other answers 404); None (any) without an adapter."""
+        if context is None or context.adapter is None:
+            return None
+        return self.adapters.serving(pool.name, context.adapter, pool.members)
+
     def handler(self, route: ForwardedRoute, fallback: Endpoint | None) -> Endpoint:
         """The endpoint of ``route``; ``fallback`` serves a worker without an HTTP frontend."""
 
@@ -128,11 +135,12 @@ class FrontDoor:
         pool = self.router.pool(opened.model.name)
         prompts = await opened.run(route.prompts, opened.model.preprocessor, opened.body)
         context = request_context(opened)
+        workers = self.workers_for(pool, context)
         decisions = []
         for i, ids in enumerate(prompts):
             # One worker serves the whole body: the first prompt decides, the others are only
             # looked up (what they will find cached there is part of the promise).
-            wanted = RouteRequest(ids, pool.name, context)
+            wanted = RouteRequest(ids, pool.name, context, workers=workers)
             decisions.append(await self.router.route(wanted, record=route.generates and i == 0))
         first = decisions[0]
         note = current_note.get() or RouteNote()
