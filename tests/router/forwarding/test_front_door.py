@@ -72,6 +72,27 @@ async def test_error_bodies_and_statuses_come_back_as_the_worker_sent_them(door)
     assert routed.headers.get("x-should-retry") == straight.headers.get("x-should-retry")
 
 
+async def test_a_prompt_the_router_cannot_build_is_routed_by_load_and_forwarded(door):
+    # truncate_prompt_tokens rewrites the prompt after encoding, which the Preprocessor does
+    # not reproduce: the router has no ids for it, so it routes by load and forwards the body;
+    # the worker's frontend answers (vLLM serves it; the simulated engine's frontend refuses
+    # it, so the answer here is that worker's own 501, passed back as it is).
+    cluster, client = door
+    for route, body in (
+        ("/v1/completions", {"prompt": "Hello there", "truncate_prompt_tokens": 2}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "mm_processor_kwargs": {"x": 1}},
+        ),
+    ):
+        routed = await client.post(route, json={**body, "max_tokens": 2})
+        assert routed.headers["x-tokenkeys-reason"] == "load", routed.text
+        assert routed.headers["x-tokenkeys-matched-blocks"] == "0/0"
+        worker = worker_url(cluster, routed.headers["x-tokenkeys-worker"])
+        straight = await client.post(worker + route, json={**body, "max_tokens": 2})
+        assert (routed.status_code, routed.json()) == (straight.status_code, straight.json())
+
+
 async def test_the_promise_is_kept_and_reported_on_a_conversation(door):
     cluster, client = door
     messages = [{"role": "system", "content": SYSTEM}]

@@ -133,11 +133,18 @@ class FrontDoor:
         """Route ``request`` and answer with the chosen worker's answer."""
         opened = await open_request(request, route.schema, route.check)
         pool = self.router.pool(opened.model.name)
-        prompts = await opened.run(route.prompts, opened.model.preprocessor, opened.body)
         context = request_context(opened)
         workers = self.workers_for(pool, context)
+        try:
+            prompts = await opened.run(route.prompts, opened.model.preprocessor, opened.body)
+        except Unsupported:
+            # A prompt the Preprocessor cannot build exactly (truncate_prompt_tokens, media
+            # parts, prompt_embeds, ...): it gets no keys, so it is routed by load alone and
+            # forwarded as it came; the worker, whose frontend builds it, answers. A worker
+            # without a frontend refuses it on the Generate path, as before.
+            prompts = []
         decisions = []
-        for i, ids in enumerate(prompts):
+        for i, ids in enumerate(prompts or [[]]):
             # One worker serves the whole body: the first prompt decides, the others are only
             # looked up (what they will find cached there is part of the promise).
             wanted = RouteRequest(ids, pool.name, context, workers=workers)
@@ -147,6 +154,10 @@ class FrontDoor:
         if self.frontends.url(first.worker) is None:
             return await self._generate(request, opened, fallback, note, first)
         note.decisions.append(first)
+        if not prompts:  # nothing was promised: no promise to keep, nothing to explain
+            return await self._forward(
+                request, opened, route, pool, [[]], decisions, note, _kept_nowhere, None
+            )
         if route.generates:
             # The access line's prompt tokens: the ids the router decided on are the worker's,
             # whose Preprocessor fingerprint the pool checked; a stream's usage comes too late.
@@ -339,6 +350,10 @@ class FrontDoor:
                 yield chunk
         finally:
             self._end(trip)
+
+
+def _kept_nowhere(promise: Promise) -> None:
+    """The keeper of a request routed without ids: it promised nothing to compare."""
 
 
 def _usage(body: bytes) -> Any:
