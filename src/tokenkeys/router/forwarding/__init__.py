@@ -13,5 +13,6 @@ answer as it is. Each concern has its module:
 - :mod:`.http1`: its HTTP/1.1 client (pooled keep-alive connections, httptools' parser);
 - :mod:`.promise`: what the router expected a worker to serve from cache, against what it
   reported (one value per request, and its metrics);
+- :mod:`.client_side`: the client's disconnect while a worker is awaited, its body given again;
 - :mod:`.door`: one request through all of them, with the retries before the first byte.
 """

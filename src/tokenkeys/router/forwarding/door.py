@@ -17,13 +17,10 @@ this decision handed to it (:attr:`RouteNote.preset`) so nothing is routed twice
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -35,9 +32,16 @@ from tokenkeys.router.explain.accuracy import Accuracy
 from tokenkeys.router.explain.causes import Explanation
 from tokenkeys.router.explain.endpoint import asked
 from tokenkeys.router.forwarding.adapters import WorkerAdapters, request_context
+from tokenkeys.router.forwarding.client_side import ClientGone, replay, unless_gone
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
-from tokenkeys.router.forwarding.http1 import Answer
-from tokenkeys.router.forwarding.promise import Promise, PromiseMetrics, matched_at
+from tokenkeys.router.forwarding.http1 import Reply
+from tokenkeys.router.forwarding.promise import (
+    Promise,
+    PromiseMetrics,
+    answer_usage,
+    event_usage,
+    matched_at,
+)
 from tokenkeys.router.forwarding.relay import (
     Relay,
     WorkerUnreachable,
@@ -59,10 +63,6 @@ T = TypeVar("T")
 Endpoint = Callable[[Request], Awaitable[Response]]
 #: Records one finished request's promise (metrics, accuracy).
 Keep = Callable[[Promise], None]
-
-
-class ClientGone(Exception):
-    """The client disconnected before the worker answered."""
 
 
 @dataclass
@@ -209,7 +209,7 @@ class FrontDoor:
                 field="worker",
             )
         note.preset = decision
-        return await fallback(Request(request.scope, _replay(opened.raw, request.receive)))
+        return await fallback(Request(request.scope, replay(opened.raw, request.receive)))
 
     async def _forward(
         self,
@@ -234,7 +234,7 @@ class FrontDoor:
             trip = self._begin(pool, member, first, route.generates)
             try:
                 scope = request.scope
-                response = await _unless_gone(
+                response = await unless_gone(
                     request, self.relay.open(url + scope["path"], opened.raw, scope["headers"])
                 )
                 if response.status == 503 and n < len(order) - 1:
@@ -289,7 +289,7 @@ class FrontDoor:
 
     async def _answer(
         self,
-        response: Answer,
+        response: Reply,
         trip: _Trip,
         promise: Promise,
         note: RouteNote,
@@ -307,7 +307,7 @@ class FrontDoor:
             self.registry.refresh(address)
             self.router.metrics.requests.labels(address, "ok" if status < 500 else "failed").inc()
             if status == 200 and generates:
-                promise = promise.answered(_usage(body))
+                promise = promise.answered(answer_usage(body))
                 keep(promise)
             note.promise = promise
             out = Response(body, status_code=status)
@@ -324,13 +324,13 @@ class FrontDoor:
         return out
 
     async def _events(
-        self, response: Answer, trip: _Trip, promise: Promise, keep: bool, record: Keep
+        self, response: Reply, trip: _Trip, promise: Promise, keep: bool, record: Keep
     ) -> AsyncIterator[bytes]:
         seen = [promise]
 
         def on_event(event: bytes) -> None:
             if keep and b'"usage"' in event:
-                usage = _event_usage(event)
+                usage = event_usage(event)
                 if usage is not None:
                     seen[0] = seen[0].answered(usage)
 
@@ -344,7 +344,7 @@ class FrontDoor:
             if keep:
                 record(seen[0])
 
-    async def _chunks(self, response: Answer, trip: _Trip) -> AsyncIterator[bytes]:
+    async def _chunks(self, response: Reply, trip: _Trip) -> AsyncIterator[bytes]:
         try:
             async for chunk in raw_chunks(response):
                 yield chunk
@@ -354,60 +354,3 @@ class FrontDoor:
 
 def _kept_nowhere(promise: Promise) -> None:
     """The keeper of a request routed without ids: it promised nothing to compare."""
-
-
-def _usage(body: bytes) -> Any:
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return doc.get("usage") if isinstance(doc, dict) else None
-
-
-def _event_usage(event: bytes) -> Any:
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            data = line[5:].strip()
-            if data.startswith(b"{"):
-                with contextlib.suppress(orjson.JSONDecodeError):
-                    chunk = orjson.loads(data)
-                    return chunk.get("usage") if isinstance(chunk, dict) else None
-    return None
-
-
-def _replay(body: bytes, receive: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
-    """An ASGI receive that gives ``body`` once, then the client's (its disconnect)."""
-    given = False
-
-    async def replay() -> dict:
-        nonlocal given
-        if given:
-            return await receive()
-        given = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_gone(request: Request, call: Awaitable[T]) -> T:
-    """``call``'s result, or ClientGone (``call`` cancelled) when the client disconnects."""
-    task = asyncio.ensure_future(call)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    finally:
-        gone.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise ClientGone

@@ -51,7 +51,7 @@ class Broken(Exception):
     """The answer broke off after its head (connection lost, timeout, unparsable bytes)."""
 
 
-class Answer:
+class Reply:
     """One response: ``status`` and ``headers`` (lower-case names) once :meth:`Client.request`
     returns, then the body through :meth:`chunks` or :meth:`read`; :meth:`close` always."""
 
@@ -150,7 +150,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.idle_since = 0.0
-        self.answer: Answer | None = None
+        self.answer: Reply | None = None
         self.parser: httptools.HttpResponseParser | None = None
         self.answered_bytes = 0
         self.paused = False
@@ -219,8 +219,8 @@ class _Connection(asyncio.Protocol):
         answer._wake()
 
     # the client's side
-    def send(self, data: bytes, read_timeout: float) -> Answer:
-        self.answer = Answer(self, read_timeout)
+    def send(self, data: bytes, read_timeout: float) -> Reply:
+        self.answer = Reply(self, read_timeout)
         self.parser = httptools.HttpResponseParser(self)
         self.answered_bytes = 0
         assert self.transport is not None
@@ -271,7 +271,7 @@ class Client:
         body: bytes = b"",
         *,
         read_timeout: float | None = None,
-    ) -> Answer:
+    ) -> Reply:
         """Send one request (``headers`` as given, names and values as bytes); the answer once
         its status and headers arrived (Unreachable before that). Cancelled while waiting: the
         connection is closed, which aborts the worker's request."""

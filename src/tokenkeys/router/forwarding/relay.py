@@ -25,7 +25,7 @@ import orjson
 from tokenkeys.access.channel import ChannelSecurity
 from tokenkeys.errors import Unavailable
 from tokenkeys.frontend.errors import error_of
-from tokenkeys.router.forwarding.http1 import CONNECT_TIMEOUT, Answer, Broken, Client, Unreachable
+from tokenkeys.router.forwarding.http1 import CONNECT_TIMEOUT, Broken, Client, Reply, Unreachable
 
 #: Generation may take minutes between bytes (a long prefill, a queue): the router waits as
 #: long as the sidecar waits for vLLM (``engine.vllm.client.READ_TIMEOUT``).
@@ -69,7 +69,7 @@ def request_headers(headers: Iterable[tuple[bytes, bytes]], token: str | None) -
     return out
 
 
-def answer_headers(answer: Answer) -> Headers:
+def answer_headers(answer: Reply) -> Headers:
     """The worker's response headers the client gets (repeated ones kept)."""
     return [(k, v) for k, v in answer.headers if k not in _NOT_RETURNED]
 
@@ -86,7 +86,7 @@ class Relay:
             keepalive_expiry=KEEPALIVE_EXPIRY,
         )
 
-    async def open(self, url: str, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:
+    async def open(self, url: str, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Reply:
         """POST ``body`` to ``url`` with the client's ``headers`` (ASGI's raw list); the answer
         once its head arrived (body unread)."""
         try:
@@ -113,7 +113,7 @@ class Relay:
         await self._http.close()
 
 
-async def read_all(answer: Answer) -> bytes:
+async def read_all(answer: Reply) -> bytes:
     """A whole answer's body; Unavailable when the worker breaks off in the middle."""
     try:
         return await answer.read()
@@ -123,7 +123,7 @@ async def read_all(answer: Answer) -> bytes:
         answer.close()
 
 
-async def events(answer: Answer, on_event: Callable[[bytes], None]) -> AsyncIterator[bytes]:
+async def events(answer: Reply, on_event: Callable[[bytes], None]) -> AsyncIterator[bytes]:
     """The worker's server-sent events, one whole event per chunk, each shown to
     ``on_event``; a break ends the stream with an error event and ``[DONE]``."""
     pending = b""
@@ -146,7 +146,7 @@ async def events(answer: Answer, on_event: Callable[[bytes], None]) -> AsyncIter
         answer.close()
 
 
-async def raw(answer: Answer) -> AsyncIterator[bytes]:
+async def raw(answer: Reply) -> AsyncIterator[bytes]:
     """A streamed answer that is not server-sent events, chunk by chunk."""
     try:
         async for chunk in answer.chunks():
