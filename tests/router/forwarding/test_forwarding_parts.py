@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
+from certs import make_certs
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.forwarding.frontends import WorkerFrontends, split_worker
@@ -87,8 +89,8 @@ Answering = Callable[[asyncio.StreamReader, asyncio.StreamWriter], "asyncio.Futu
 
 
 @asynccontextmanager
-async def http_server(answer: Answering) -> AsyncIterator[str]:
-    """A real TCP server on loopback that reads each request head and runs ``answer``."""
+async def http_server(answer: Answering, tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+    """A real TCP server on loopback (HTTPS with ``tls``) that runs ``answer`` per connection."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -96,10 +98,10 @@ async def http_server(answer: Answering) -> AsyncIterator[str]:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
     port = server.sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         server.close()
         await server.wait_closed()
@@ -233,3 +235,25 @@ def test_where_a_workers_frontend_lives():
     assert frontends.url("10.0.0.8:50051") == "http://10.0.0.8:8000"
     assert frontends.url("10.0.0.9:50051") is None
     assert WorkerFrontends(workers, {}).url("10.0.0.7:50051") == "http://10.0.0.7:8000"
+
+
+async def test_the_client_speaks_tls_to_a_worker_its_ca_signed(tmp_path):
+    certs = make_certs(tmp_path)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(certs.server_cert, certs.server_key)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async with http_server(answer, served) as url:
+        trusting = Client(5.0, tls=ssl.create_default_context(cafile=str(certs.ca)))
+        response = await trusting.request(b"POST", url + "/x", [], b"{}")
+        assert (response.status, await response.read()) == (200, b"ok")
+        response.close()
+        await trusting.close()
+        stranger = Client(5.0, tls=ssl.create_default_context(cafile=str(certs.other_ca)))
+        with pytest.raises(Unreachable, match="SSL"):
+            await stranger.request(b"POST", url + "/x", [], b"{}")
+        await stranger.close()
