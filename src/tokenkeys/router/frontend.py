@@ -24,7 +24,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from tokenkeys.frontend import HttpConfig, create_app
 from tokenkeys.frontend.access_log import WORKER_HEADER
@@ -222,6 +222,17 @@ def create_router_app(
     return app
 
 
+class _FastRoute(Route):
+    """A Starlette route that leaves itself in the scope as FastAPI's routes do: the access
+    log and the HTTP metrics label a request with ``scope["route"].path``."""
+
+    def matches(self, scope: Any) -> tuple[Match, dict[str, Any]]:
+        match, child = super().matches(scope)
+        if match is not Match.NONE:
+            child["route"] = self
+        return match, child
+
+
 def mount_forwarded(app: FastAPI, door: FrontDoor) -> None:
     """Serve every forwarded route through ``door``; the frontend's own route of the same path
     (its documentation kept) serves the workers that have no HTTP frontend."""
@@ -241,7 +252,7 @@ def mount_forwarded(app: FastAPI, door: FrontDoor) -> None:
         # returns the answer, so FastAPI's request handling (dependencies, exit stacks) is
         # CPU the hot path need not pay (bench_front_door). The API route below, never
         # matched, documents the path in /openapi.json.
-        app.router.routes.insert(0, Route(path, handler, methods=["POST"]))
+        app.router.routes.insert(0, _FastRoute(path, handler, methods=["POST"]))
         app.add_api_route(
             path,
             handler,
