@@ -66,22 +66,22 @@ async def _latencies(url: str, connections: int, per_connection: int) -> list[fl
 
 
 def _measure(
-    urls: dict[str, str], connections: int, n: int, blocks: int, router_pid: int
-) -> tuple[dict[str, list], float]:
-    """Latencies per path, the paths alternating in ``blocks`` blocks; and the router
-    process's CPU seconds per request it forwarded (user + system, all its threads)."""
+    urls: dict[str, str], connections: int, n: int, blocks: int, pids: dict[str, int]
+) -> tuple[dict[str, list], dict[str, float]]:
+    """Latencies per path, the paths alternating in ``blocks`` blocks; and per path the CPU
+    seconds per request of the process it calls (user + system, all its threads): the
+    worker's while it is called directly, the router's while it forwards."""
     out: dict[str, list] = {name: [] for name in urls}
     per = max(1, n // blocks // connections)
     for url in urls.values():  # warm both (connections, caches)
         asyncio.run(_latencies(url, connections, 5))
-    cpu = 0.0
+    cpu = dict.fromkeys(urls, 0.0)
     for _ in range(blocks):
         for name, url in urls.items():
-            before = cpu_seconds(router_pid)
+            before = cpu_seconds(pids[name])
             out[name] += asyncio.run(_latencies(url, connections, per))
-            if name == "router":
-                cpu += cpu_seconds(router_pid) - before
-    return out, cpu / max(1, len(out["router"]))
+            cpu[name] += cpu_seconds(pids[name]) - before
+    return out, {name: cpu[name] / max(1, len(out[name])) for name in urls}
 
 
 def _wait_routable(url: str) -> None:
@@ -108,14 +108,16 @@ def run(quick: bool) -> str:
         urls = {"worker": f"http://{address}", "router": router_url}
         rows = []
         for connections in (1, 16):
-            got, cpu = _measure(urls, connections, n, blocks=4, router_pid=router.pid)
+            pids = {"worker": worker.pid, "router": router.pid}
+            got, cpu = _measure(urls, connections, n, blocks=4, pids=pids)
             w50, w99 = pct(got["worker"], 50), pct(got["worker"], 99)
             r50, r99 = pct(got["router"], 50), pct(got["router"], 99)
             rows.append(
                 f"| {connections} | {w50 * 1e3:.2f} / {w99 * 1e3:.2f} | "
                 f"{r50 * 1e3:.2f} / {r99 * 1e3:.2f} | {(r50 - w50) * 1e3:.2f} / "
                 f"{(r99 - w99) * 1e3:.2f} | {r50 / w50:.2f}x / {r99 / w99:.2f}x | "
-                f"{cpu * 1e3:.2f} |"
+                f"{cpu['worker'] * 1e3:.2f} | {cpu['router'] * 1e3:.2f} | "
+                f"{cpu['router'] / cpu['worker']:.2f}x |"
             )
     finally:
         for proc in (router, worker):
@@ -130,13 +132,15 @@ def run(quick: bool) -> str:
             "`max_tokens` 1) straight to a `tokenkeys serve` HTTP frontend (simulated engine, "
             "no sleeps) and through `tokenkeys route` in front of it (tokenize, keys, index, "
             "decision, forward), each path in its own process, alternating in blocks; "
-            f"{n} requests per path and row. Latency in ms, p50 / p99. Router CPU: the "
-            "router process's user + system CPU time per request it forwarded (`/proc`), "
-            "which load from other processes does not inflate: on an idle core it is about "
-            "what the router adds to one request.",
+            f"{n} requests per path and row. Latency in ms, p50 / p99. CPU: user + system CPU "
+            "time per request (`/proc`, all threads) of the worker process while it is called "
+            "directly, and of the router process while it forwards (the worker's own share "
+            "then is the same as direct), which load from other processes does not inflate: "
+            "on an idle core the router's is about what it adds to one request.",
             "",
-            "| connections | worker direct | through the router | added | ratio | router CPU ms |",
-            "|---|---|---|---|---|---|",
+            "| connections | worker direct | through the router | added | ratio "
+            "| worker CPU ms | router CPU ms | CPU ratio |",
+            "|---|---|---|---|---|---|---|---|",
             *rows,
             "",
             load_note(),

@@ -37,6 +37,13 @@ LAYOUT = LAYOUTS[0]
 
 pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(*LAYOUT.vllm_servers)]
 
+#: Every forced call is short and bounded, so a random tiny model ends on a call, not on
+#: ``max_tokens``: vLLM forces ``required`` through the JSON schema of an array of calls
+#: (``_get_json_schema_from_tools``, ``vllm/tool_parsers/utils.py``: ``minItems`` 1, and
+#: ``maxItems`` 1 only with ``parallel_tool_calls: false``), and a named choice through the
+#: function's own parameters. So the string is bounded (``maxLength``), the integers are from
+#: an enum (greedy decoding of unbounded digits need not stop), no other property is allowed,
+#: and ``required`` asks for one call (``REQUIRED``).
 TOOLS = [
     {
         "type": "function",
@@ -47,6 +54,7 @@ TOOLS = [
                 "type": "object",
                 "properties": {"city": {"type": "string", "maxLength": 12}},
                 "required": ["city"],
+                "additionalProperties": False,
             },
         },
     },
@@ -54,11 +62,15 @@ TOOLS = [
         "type": "function",
         "function": {
             "name": "add",
-            "description": "The sum of two integers.",
+            "description": "The sum of two small integers.",
             "parameters": {
                 "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "properties": {
+                    "a": {"type": "integer", "enum": [1, 2, 3, 4, 5]},
+                    "b": {"type": "integer", "enum": [1, 2, 3, 4, 5]},
+                },
                 "required": ["a", "b"],
+                "additionalProperties": False,
             },
         },
     },
@@ -68,7 +80,12 @@ NAMED = {"type": "function", "function": {"name": "add"}}
 CHAT = "/v1/chat/completions"
 
 CASES = {
-    "required": {"messages": ASK, "tools": TOOLS, "tool_choice": "required"},
+    "required": {
+        "messages": ASK,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+    },
     "named": {"messages": ASK, "tools": TOOLS, "tool_choice": NAMED},
     "auto": {"messages": ASK, "tools": TOOLS, "tool_choice": "auto"},
     "none": {"messages": ASK, "tools": TOOLS, "tool_choice": "none"},
@@ -171,6 +188,7 @@ def test_the_openai_client_gets_vllms_parsed_calls(door) -> None:
             messages=ASK,  # type: ignore[arg-type]
             tools=TOOLS,  # type: ignore[arg-type]
             tool_choice="required",
+            parallel_tool_calls=False,
             max_tokens=MAX_TOKENS,
             temperature=0,
             stream=True,

@@ -145,10 +145,12 @@ async def test_a_dry_run_shows_the_decision_without_generating(routed):
     assert 'reason="prefix"' not in metrics  # recorded decisions are only the real one (load)
 
 
-async def test_chat_is_refused_when_the_engines_override_the_chat_template(tmp_path):
+async def test_chat_is_never_tokenized_differently_when_the_engines_override_the_template(tmp_path):
     """The engines render chat with a server-side template the artifacts do not carry (only
-    its digest, in the fingerprint): the router answers 501 rather than tokenize differently,
-    and completions still route."""
+    its digest, in the fingerprint): the router never tokenizes chat differently. Over
+    ``Generate`` it answers 501; through the front door (workers with HTTP frontends) the chat
+    request is routed by load alone, no prefix claimed, and the worker renders it with its own
+    template. Completions route by prefix either way."""
 
     def overridden() -> ModelRegistry:
         chat = ChatOptions(chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
@@ -156,16 +158,28 @@ async def test_chat_is_refused_when_the_engines_override_the_chat_template(tmp_p
         attach_cache_keys(models, make_spec("vllm/sha256_cbor@0.31", 16), Limits())
         return models
 
-    cluster = await start_cluster(
-        2, settings=PoolSettings(cache=tmp_path), models=overridden, http=True
-    )
-    try:
-        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
-            messages = [{"role": "user", "content": "hi"}]
-            response = await client.post("/v1/chat/completions", json={"messages": messages})
-            assert response.status_code == 501, response.text
-            assert "--chat-template" in response.json()["error"]["message"]
-            response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
-            assert response.status_code == 200
-    finally:
-        await cluster.close()
+    for forwarded in (False, True):
+        cluster = await start_cluster(
+            2,
+            settings=PoolSettings(cache=tmp_path),
+            models=overridden,
+            http=True,
+            worker_http=forwarded,
+        )
+        try:
+            async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+                messages = [{"role": "user", "content": "hi"}]
+                body = {"messages": messages, "max_tokens": 2}
+                response = await client.post("/v1/chat/completions", json=body)
+                if forwarded:
+                    assert response.status_code == 200, response.text
+                    assert response.headers["x-tokenkeys-reason"] == "load"
+                    assert response.headers["x-tokenkeys-matched-blocks"] == "0/0"
+                else:
+                    assert response.status_code == 501, response.text
+                    assert "--chat-template" in response.json()["error"]["message"]
+                body = {"prompt": "hi", "max_tokens": 2}
+                response = await client.post("/v1/completions", json=body)
+                assert response.status_code == 200
+        finally:
+            await cluster.close()

@@ -72,6 +72,27 @@ async def test_error_bodies_and_statuses_come_back_as_the_worker_sent_them(door)
     assert routed.headers.get("x-should-retry") == straight.headers.get("x-should-retry")
 
 
+async def test_a_prompt_the_router_cannot_build_is_routed_by_load_and_forwarded(door):
+    # truncate_prompt_tokens rewrites the prompt after encoding, which the Preprocessor does
+    # not reproduce: the router has no ids for it, so it routes by load and forwards the body;
+    # the worker's frontend answers (vLLM serves it; the simulated engine's frontend refuses
+    # it, so the answer here is that worker's own 501, passed back as it is).
+    cluster, client = door
+    for route, body in (
+        ("/v1/completions", {"prompt": "Hello there", "truncate_prompt_tokens": 2}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "mm_processor_kwargs": {"x": 1}},
+        ),
+    ):
+        routed = await client.post(route, json={**body, "max_tokens": 2})
+        assert routed.headers["x-tokenkeys-reason"] == "load", routed.text
+        assert routed.headers["x-tokenkeys-matched-blocks"] == "0/0"
+        worker = worker_url(cluster, routed.headers["x-tokenkeys-worker"])
+        straight = await client.post(worker + route, json={**body, "max_tokens": 2})
+        assert (routed.status_code, routed.json()) == (straight.status_code, straight.json())
+
+
 async def test_the_promise_is_kept_and_reported_on_a_conversation(door):
     cluster, client = door
     messages = [{"role": "system", "content": SYSTEM}]
@@ -332,5 +353,32 @@ async def test_a_lora_adapter_is_routed_by_name_on_the_adapters_keys(settings):
             assert int(again.headers["x-tokenkeys-expected-cached-tokens"]) == served > 0
             unknown = await client.post("/v1/completions", json={**body, "model": "bob"})
             assert unknown.status_code == 404, unknown.text
+    finally:
+        await cluster.close()
+
+
+async def test_a_lora_adapter_goes_only_to_the_workers_that_serve_it(settings):
+    # Worker 0 registers the adapter, worker 1 does not (it would answer 404, as vLLM does for
+    # a model it does not serve): every request naming the adapter goes to worker 0, whatever
+    # the load and prefixes say; the base model may still go to either.
+    ada = LoraModule.parse("ada=/adapters/ada-v1", 1)
+    configs = [engine_config(engine=SimulatedConfig(lora_modules=(ada,))), engine_config()]
+    cluster = await start_cluster(
+        2, settings=settings, http=True, worker_http=True, configs=configs
+    )
+    try:
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
+            prompts = [f"{SYSTEM} question {n} " * (n + 1) for n in range(6)]
+            served = set()
+            for prompt in prompts:
+                body = {"model": "ada", "prompt": prompt, "max_tokens": 2}
+                dry = (await client.post("/router/route", json=body)).json()
+                assert [r["worker"] for r in dry["ranking"]] == [dry["worker"]]
+                answer = await client.post("/v1/completions", json=body)
+                assert answer.status_code == 200, answer.text
+                served.add(cluster.number(answer.headers["x-tokenkeys-worker"]))
+                base = await client.post("/router/route", json={**body, "model": None})
+                assert len(base.json()["ranking"]) == 2
+            assert served == {0}
     finally:
         await cluster.close()

@@ -9,8 +9,10 @@ answer as it is. Each concern has its module:
   registration per route);
 - :mod:`.frontends`: where a worker's HTTP frontend lives (advertised in
   ``ServerInfo.http_frontend``, or named with ``--worker GRPC,URL``);
-- :mod:`.relay`: the HTTP client: headers in and out, events relayed whole;
+- :mod:`.relay`: the request to a worker: headers in and out, events relayed whole;
+- :mod:`.http1`: its HTTP/1.1 client (pooled keep-alive connections, httptools' parser);
 - :mod:`.promise`: what the router expected a worker to serve from cache, against what it
   reported (one value per request, and its metrics);
+- :mod:`.client_side`: the client's disconnect while a worker is awaited, its body given again;
 - :mod:`.door`: one request through all of them, with the retries before the first byte.
 """

@@ -11,7 +11,9 @@ router's keys for that request are the adapter's and meet the blocks vLLM stored
 (``BlockStored.lora_name``).
 
 The lists are read when the front door starts and again every poll interval; a worker whose
-frontend does not answer keeps its last list. An adapter two workers of a pool register with
+frontend does not answer keeps its last list. A request naming an adapter is routed only among
+the workers that list it (:meth:`WorkerAdapters.serving`): a worker without it would answer
+404, as vLLM answers for a model it does not serve. An adapter two workers of a pool register with
 different paths would key differently on each: it is left out (a request naming it is a 404,
 as for any unknown model) and logged.
 """
@@ -108,6 +110,11 @@ class WorkerAdapters:
                 model,
             )
         return tuple(a for name, a in found.items() if name not in clashing)
+
+    def serving(self, model: str, adapter: Adapter, members: Iterable[str]) -> frozenset[str]:
+        """The workers of ``members`` whose frontend lists ``adapter`` (same path) for
+        ``model``: the only ones a request naming it may go to."""
+        return frozenset(a for a in members if adapter in self._listed.get(a, {}).get(model, ()))
 
 
 def request_context(opened: Opened) -> KeyContext | None:

@@ -17,14 +17,10 @@ this decision handed to it (:attr:`RouteNote.preset`) so nothing is routed twice
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import httpx
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -36,8 +32,16 @@ from tokenkeys.router.explain.accuracy import Accuracy
 from tokenkeys.router.explain.causes import Explanation
 from tokenkeys.router.explain.endpoint import asked
 from tokenkeys.router.forwarding.adapters import WorkerAdapters, request_context
+from tokenkeys.router.forwarding.client_side import ClientGone, replay, unless_gone
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
-from tokenkeys.router.forwarding.promise import Promise, PromiseMetrics, matched_at
+from tokenkeys.router.forwarding.http1 import Reply
+from tokenkeys.router.forwarding.promise import (
+    Promise,
+    PromiseMetrics,
+    answer_usage,
+    event_usage,
+    matched_at,
+)
 from tokenkeys.router.forwarding.relay import (
     Relay,
     WorkerUnreachable,
@@ -59,10 +63,6 @@ T = TypeVar("T")
 Endpoint = Callable[[Request], Awaitable[Response]]
 #: Records one finished request's promise (metrics, accuracy).
 Keep = Callable[[Promise], None]
-
-
-class ClientGone(Exception):
-    """The client disconnected before the worker answered."""
 
 
 @dataclass
@@ -112,6 +112,13 @@ class FrontDoor:
         pool = self.router.pools.get(model)
         return self.adapters.of(model, pool.members) if pool is not None else ()
 
+    def workers_for(self, pool: Pool, context: KeyContext | None) -> frozenset[str] | None:
+        """The workers a request of ``context`` may go to: those whose frontend lists the LoRA
+        adapter it names (any other answers 404); None (any) without an adapter."""
+        if context is None or context.adapter is None:
+            return None
+        return self.adapters.serving(pool.name, context.adapter, pool.members)
+
     def handler(self, route: ForwardedRoute, fallback: Endpoint | None) -> Endpoint:
         """The endpoint of ``route``; ``fallback`` serves a worker without an HTTP frontend."""
 
@@ -126,19 +133,31 @@ class FrontDoor:
         """Route ``request`` and answer with the chosen worker's answer."""
         opened = await open_request(request, route.schema, route.check)
         pool = self.router.pool(opened.model.name)
-        prompts = await opened.run(route.prompts, opened.model.preprocessor, opened.body)
         context = request_context(opened)
+        workers = self.workers_for(pool, context)
+        try:
+            prompts = await opened.run(route.prompts, opened.model.preprocessor, opened.body)
+        except Unsupported:
+            # A prompt the Preprocessor cannot build exactly (truncate_prompt_tokens, media
+            # parts, prompt_embeds, ...): it gets no keys, so it is routed by load alone and
+            # forwarded as it came; the worker, whose frontend builds it, answers. A worker
+            # without a frontend refuses it on the Generate path, as before.
+            prompts = []
         decisions = []
-        for i, ids in enumerate(prompts):
+        for i, ids in enumerate(prompts or [[]]):
             # One worker serves the whole body: the first prompt decides, the others are only
             # looked up (what they will find cached there is part of the promise).
-            wanted = RouteRequest(ids, pool.name, context)
+            wanted = RouteRequest(ids, pool.name, context, workers=workers)
             decisions.append(await self.router.route(wanted, record=route.generates and i == 0))
         first = decisions[0]
         note = current_note.get() or RouteNote()
         if self.frontends.url(first.worker) is None:
             return await self._generate(request, opened, fallback, note, first)
         note.decisions.append(first)
+        if not prompts:  # nothing was promised: no promise to keep, nothing to explain
+            return await self._forward(
+                request, opened, route, pool, [[]], decisions, note, _kept_nowhere, None
+            )
         if route.generates:
             # The access line's prompt tokens: the ids the router decided on are the worker's,
             # whose Preprocessor fingerprint the pool checked; a stream's usage comes too late.
@@ -190,7 +209,7 @@ class FrontDoor:
                 field="worker",
             )
         note.preset = decision
-        return await fallback(Request(request.scope, _replay(opened.raw, request.receive)))
+        return await fallback(Request(request.scope, replay(opened.raw, request.receive)))
 
     async def _forward(
         self,
@@ -214,11 +233,12 @@ class FrontDoor:
                 continue
             trip = self._begin(pool, member, first, route.generates)
             try:
-                response = await _unless_gone(
-                    request, self.relay.open(url + request.url.path, opened.raw, request.headers)
+                scope = request.scope
+                response = await unless_gone(
+                    request, self.relay.open(url + scope["path"], opened.raw, scope["headers"])
                 )
-                if response.status_code == 503 and n < len(order) - 1:
-                    await response.aclose()
+                if response.status == 503 and n < len(order) - 1:
+                    response.close()
                     raise WorkerUnreachable("answered 503 (unavailable)")
             except ClientGone:
                 self._end(trip)
@@ -269,7 +289,7 @@ class FrontDoor:
 
     async def _answer(
         self,
-        response: httpx.Response,
+        response: Reply,
         trip: _Trip,
         promise: Promise,
         note: RouteNote,
@@ -277,9 +297,9 @@ class FrontDoor:
         keep: Keep,
     ) -> Response:
         address = trip.member.address
-        status = response.status_code
-        kind = response.headers.get("content-type", "")
-        if not kind.startswith("text/event-stream") and not _chunked(response):
+        status = response.status
+        stream = response.header(b"content-type").startswith(b"text/event-stream")
+        if not stream and b"chunked" not in response.header(b"transfer-encoding").lower():
             try:
                 body = await read_all(response)
             finally:
@@ -287,7 +307,7 @@ class FrontDoor:
             self.registry.refresh(address)
             self.router.metrics.requests.labels(address, "ok" if status < 500 else "failed").inc()
             if status == 200 and generates:
-                promise = promise.answered(_usage(body))
+                promise = promise.answered(answer_usage(body))
                 keep(promise)
             note.promise = promise
             out = Response(body, status_code=status)
@@ -295,7 +315,7 @@ class FrontDoor:
             out.raw_headers += answer_headers(response)
             return out
         note.promise = promise
-        if kind.startswith("text/event-stream"):
+        if stream:
             body_iter = self._events(response, trip, promise, generates and status == 200, keep)
         else:
             body_iter = self._chunks(response, trip)
@@ -304,13 +324,13 @@ class FrontDoor:
         return out
 
     async def _events(
-        self, response: httpx.Response, trip: _Trip, promise: Promise, keep: bool, record: Keep
+        self, response: Reply, trip: _Trip, promise: Promise, keep: bool, record: Keep
     ) -> AsyncIterator[bytes]:
         seen = [promise]
 
         def on_event(event: bytes) -> None:
             if keep and b'"usage"' in event:
-                usage = _event_usage(event)
+                usage = event_usage(event)
                 if usage is not None:
                     seen[0] = seen[0].answered(usage)
 
@@ -324,7 +344,7 @@ class FrontDoor:
             if keep:
                 record(seen[0])
 
-    async def _chunks(self, response: httpx.Response, trip: _Trip) -> AsyncIterator[bytes]:
+    async def _chunks(self, response: Reply, trip: _Trip) -> AsyncIterator[bytes]:
         try:
             async for chunk in raw_chunks(response):
                 yield chunk
@@ -332,62 +352,5 @@ class FrontDoor:
             self._end(trip)
 
 
-def _chunked(response: httpx.Response) -> bool:
-    return "chunked" in response.headers.get("transfer-encoding", "").lower()
-
-
-def _usage(body: bytes) -> Any:
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return doc.get("usage") if isinstance(doc, dict) else None
-
-
-def _event_usage(event: bytes) -> Any:
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            data = line[5:].strip()
-            if data.startswith(b"{"):
-                with contextlib.suppress(orjson.JSONDecodeError):
-                    chunk = orjson.loads(data)
-                    return chunk.get("usage") if isinstance(chunk, dict) else None
-    return None
-
-
-def _replay(body: bytes, receive: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
-    """An ASGI receive that gives ``body`` once, then the client's (its disconnect)."""
-    given = False
-
-    async def replay() -> dict:
-        nonlocal given
-        if given:
-            return await receive()
-        given = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_gone(request: Request, call: Awaitable[T]) -> T:
-    """``call``'s result, or ClientGone (``call`` cancelled) when the client disconnects."""
-    task = asyncio.ensure_future(call)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    finally:
-        gone.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise ClientGone
+def _kept_nowhere(promise: Promise) -> None:
+    """The keeper of a request routed without ids: it promised nothing to compare."""

@@ -52,6 +52,8 @@ class WorkerFrontends:
     def __init__(self, workers: Mapping[str, WorkerState], named: Mapping[str, str]) -> None:
         self._workers = workers
         self._named = dict(named)
+        #: advertised URL as read -> its base URL (asked twice per forwarded request).
+        self._parsed: dict[tuple[str, str], str] = {}
 
     def url(self, address: str) -> str | None:
         """The base URL of ``address``'s frontend, or None when it has none."""
@@ -62,7 +64,15 @@ class WorkerFrontends:
         advertised = ws.description.http_frontend if ws and ws.description else ""
         if not advertised:
             return None
+        known = self._parsed.get((address, advertised))
+        if known is not None:
+            return known
         parts = urlsplit(advertised)
         if not parts.hostname:  # "http://:8000": the host this router reaches the worker at
-            return f"{parts.scheme}://{_host_of(address)}:{parts.port}"
-        return advertised.rstrip("/")
+            url = f"{parts.scheme}://{_host_of(address)}:{parts.port}"
+        else:
+            url = advertised.rstrip("/")
+        if len(self._parsed) > 4096:  # workers come and go: bounded
+            self._parsed.clear()
+        self._parsed[(address, advertised)] = url
+        return url

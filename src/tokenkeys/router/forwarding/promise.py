@@ -14,10 +14,12 @@ its prompts.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 #: Response headers of a forwarded request (``docs/router.md``).
@@ -135,3 +137,24 @@ def matched_at(worker: str, decisions: Sequence[Any], body: Any = None) -> tuple
     if isinstance(body, dict) and body.get("prompt_logprobs") is not None:
         return tuple(0 for _ in decisions)
     return tuple(d.cached_blocks(worker) for d in decisions)
+
+
+def answer_usage(body: bytes) -> Any:
+    """The ``usage`` of a whole JSON answer, or None."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return doc.get("usage") if isinstance(doc, dict) else None
+
+
+def event_usage(event: bytes) -> Any:
+    """The ``usage`` of a server-sent event's JSON data, or None."""
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data.startswith(b"{"):
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    chunk = orjson.loads(data)
+                    return chunk.get("usage") if isinstance(chunk, dict) else None
+    return None

@@ -1,7 +1,7 @@
-"""The HTTP client of the front door: a request to a worker's frontend, its answer back.
+"""The relay to the workers' frontends: a request out, its answer back.
 
-One ``httpx.AsyncClient`` (pooled connections) for every worker. What goes out is the client's
-body byte for byte and its end-to-end headers (``x-request-id``, ``traceparent``, ...); hop-by-hop
+One pooled HTTP/1.1 client (:mod:`.http1`) for every worker. What goes out is the client's body
+byte for byte and its end-to-end headers (``x-request-id``, ``traceparent``, ...); hop-by-hop
 headers, ``host``, the body length and the client's own credentials stay behind, and the router's
 token (the one its gRPC channels carry) is the worker's ``authorization``. ``accept-encoding``
 is dropped too, so the router reads the usage of the answers it relays.
@@ -18,19 +18,17 @@ then ``data: [DONE]``), never with half an event.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 
-import anyio
-import httpx
 import orjson
 
 from tokenkeys.access.channel import ChannelSecurity
 from tokenkeys.errors import Unavailable
 from tokenkeys.frontend.errors import error_of
+from tokenkeys.router.forwarding.http1 import CONNECT_TIMEOUT, Broken, Client, Reply, Unreachable
 
 #: Generation may take minutes between bytes (a long prefill, a queue): the router waits as
 #: long as the sidecar waits for vLLM (``engine.vllm.client.READ_TIMEOUT``).
-CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 600.0
 #: An idle connection to a worker is dropped before the worker's own idle timeout would close
 #: it (``transport.limits`` ``http_idle_timeout``, 5 s; uvicorn's default too): a request sent
@@ -49,26 +47,31 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-_NOT_FORWARDED = _HOP_BY_HOP | {"host", "content-length", "authorization", "accept-encoding"}
+_NOT_FORWARDED = frozenset(
+    h.encode() for h in _HOP_BY_HOP | {"host", "content-length", "authorization", "accept-encoding"}
+)
 #: Response headers the router's own server sets (or recomputes) itself.
 _NOT_RETURNED = frozenset(h.encode() for h in _HOP_BY_HOP | {"content-length", "date", "server"})
+
+Headers = list[tuple[bytes, bytes]]
 
 
 class WorkerUnreachable(Exception):
     """The worker failed before the first byte of its answer (the request may go elsewhere)."""
 
 
-def request_headers(headers: Mapping[str, str], token: str | None) -> dict[str, str]:
-    """The headers a worker gets: the client's end-to-end ones, the router's credentials."""
-    out = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
+def request_headers(headers: Iterable[tuple[bytes, bytes]], token: str | None) -> Headers:
+    """The headers a worker gets (lower-case names, as ASGI gives them): the client's
+    end-to-end ones, the router's credentials."""
+    out = [(k, v) for k, v in headers if k not in _NOT_FORWARDED]
     if token:
-        out["authorization"] = f"Bearer {token}"
+        out.append((b"authorization", b"Bearer " + token.encode("latin-1")))
     return out
 
 
-def answer_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
-    """The worker's response headers the client gets (raw, repeated ones kept)."""
-    return [(k.lower(), v) for k, v in response.headers.raw if k.lower() not in _NOT_RETURNED]
+def answer_headers(answer: Reply) -> Headers:
+    """The worker's response headers the client gets (repeated ones kept)."""
+    return [(k, v) for k, v in answer.headers if k not in _NOT_RETURNED]
 
 
 class Relay:
@@ -77,58 +80,55 @@ class Relay:
     def __init__(self, security: ChannelSecurity | None = None) -> None:
         self._token = security.token if security is not None else None
         tls = security.tls if security is not None else None
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
-            limits=httpx.Limits(
-                max_connections=None,
-                max_keepalive_connections=256,
-                keepalive_expiry=KEEPALIVE_EXPIRY,
-            ),
-            verify=tls.ssl_context() if tls is not None else True,
+        self._http = Client(
+            READ_TIMEOUT,
+            tls=tls.ssl_context() if tls is not None else None,
+            keepalive_expiry=KEEPALIVE_EXPIRY,
         )
 
-    async def open(self, url: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
-        """POST ``body`` to ``url``; the response once its headers arrived (body unread)."""
-        request = self._http.build_request(
-            "POST", url, content=body, headers=request_headers(headers, self._token)
-        )
+    async def open(self, url: str, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Reply:
+        """POST ``body`` to ``url`` with the client's ``headers`` (ASGI's raw list); the answer
+        once its head arrived (body unread)."""
         try:
-            return await self._http.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from None
+            sent = request_headers(headers, self._token)
+            return await self._http.request(b"POST", url, sent, body)
+        except Unreachable as exc:
+            raise WorkerUnreachable(str(exc)) from None
 
     async def get_json(self, url: str, timeout: float = CONNECT_TIMEOUT) -> object:
-        """GET ``url`` with the router's credentials; its JSON (HTTPError or ValueError)."""
-        headers = request_headers({}, self._token)
-        response = await self._http.get(url, headers=headers, timeout=timeout)
-        response.raise_for_status()
-        return response.json()
+        """GET ``url`` with the router's credentials; its JSON (Unreachable, Broken or
+        ValueError: another status, or not JSON)."""
+        headers = request_headers((), self._token)
+        answer = await self._http.request(b"GET", url, headers, read_timeout=timeout)
+        try:
+            body = await answer.read()
+        finally:
+            answer.close()
+        if answer.status != 200:
+            raise ValueError(f"GET {url} answered {answer.status}")
+        return orjson.loads(body)
 
     async def close(self) -> None:
         """Close every pooled connection."""
-        await self._http.aclose()
+        await self._http.close()
 
 
-async def read_all(response: httpx.Response) -> bytes:
+async def read_all(answer: Reply) -> bytes:
     """A whole answer's body; Unavailable when the worker breaks off in the middle."""
     try:
-        return await response.aread()
-    except httpx.HTTPError as exc:
-        raise Unavailable(
-            f"the worker broke off its answer: {type(exc).__name__}: {exc}", field="worker"
-        ) from None
+        return await answer.read()
+    except Broken as exc:
+        raise Unavailable(f"the worker broke off its answer: {exc}", field="worker") from None
     finally:
-        await response.aclose()
+        answer.close()
 
 
-async def events(
-    response: httpx.Response, on_event: Callable[[bytes], None]
-) -> AsyncIterator[bytes]:
+async def events(answer: Reply, on_event: Callable[[bytes], None]) -> AsyncIterator[bytes]:
     """The worker's server-sent events, one whole event per chunk, each shown to
     ``on_event``; a break ends the stream with an error event and ``[DONE]``."""
     pending = b""
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in answer.chunks():
             pending += chunk
             *whole, pending = pending.split(b"\n\n")
             if whole:
@@ -137,23 +137,19 @@ async def events(
                 yield b"\n\n".join(whole) + b"\n\n"
         if pending:
             yield pending
-    except httpx.HTTPError as exc:
-        error = Unavailable(
-            f"the worker broke off the stream: {type(exc).__name__}: {exc}", field="worker"
-        )
+    except Broken as exc:
+        error = Unavailable(f"the worker broke off the stream: {exc}", field="worker")
         yield b"data: " + orjson.dumps(error_of(error)[1]) + b"\n\ndata: [DONE]\n\n"
     finally:
-        # Shielded: on a client disconnect this runs cancelled, and closing the connection is
-        # what tells the worker to abort the request.
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
+        # On a client disconnect this runs as the generator is closed: closing the worker's
+        # connection (not reusable, its answer unread) is what tells it to abort the request.
+        answer.close()
 
 
-async def raw(response: httpx.Response) -> AsyncIterator[bytes]:
+async def raw(answer: Reply) -> AsyncIterator[bytes]:
     """A streamed answer that is not server-sent events, chunk by chunk."""
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in answer.chunks():
             yield chunk
     finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
+        answer.close()

@@ -23,12 +23,15 @@ class RouteRequest:
     """What routing needs of a request: its model, prompt ids and key context.
 
     ``text`` is used by the ``text_chunks`` policy only (default: the decoded prompt).
+    ``workers``, when given, are the only workers that may serve it (e.g. those that serve the
+    LoRA adapter it names); None: any ready worker of the pool.
     """
 
     token_ids: Sequence[int]
     model: str | None = None
     context: KeyContext | None = None
     text: str | None = None
+    workers: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -96,17 +96,23 @@ class Router:
         return pool
 
     async def route(self, request: RouteRequest, *, record: bool = True) -> RouteDecision:
-        """Choose a ready worker of the request's pool; Unavailable when none is ready.
+        """Choose a ready worker of the request's pool (of ``request.workers`` when given);
+        Unavailable when none is ready.
 
         ``record`` False asks without acting on the answer: no metrics, and the policy does
         not remember the prompt (a dry run, ``POST /router/route``).
         """
         pool = self.pool(request.model)
         load = pool.candidates()
+        if request.workers is not None:
+            load = {w: v for w, v in load.items() if w in request.workers}
         if not load:
+            among = ""
+            if request.workers is not None:  # e.g. those serving the LoRA adapter asked for
+                among = f" among those that may serve it ({', '.join(sorted(request.workers))})"
             raise Unavailable(
-                f"no ready worker serves model {pool.name!r}: all are down or refused; see "
-                "GET /router/workers",
+                f"no ready worker serves model {pool.name!r}{among}: all are down or refused; "
+                "see GET /router/workers",
                 field="model",
             )
         started = time.perf_counter()

@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 
 #: GetLoad polls in a row a reachable worker may leave unanswered before it is marked down.
 DOWN_AFTER = 3
+#: Seconds between two reads of a worker's load after requests (:meth:`HealthPolling.refresh`).
+#: A read per request cost the router (a gRPC call, its poller thread) and the worker about
+#: a fifth of the router's CPU per forwarded request (py-spy, bench/bench_front_door.py);
+#: between reads the router counts its own requests in flight there, so the figures a
+#: decision uses lag at most this much (and a read's round trip) behind the worker's.
+REFRESH_SPACING = 0.05
 
 
 class HealthPolling:
@@ -64,6 +70,8 @@ class HealthPolling:
         self.index_available = True
         self._poller: asyncio.Task | None = None
         self._refreshing: set[str] = set()
+        #: When each worker's load was last read after a request (event-loop time).
+        self._refreshed: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._tasks = BackgroundTasks()
 
@@ -86,16 +94,25 @@ class HealthPolling:
         """Read ``address``'s load now (in the background), e.g. after a request finished there.
 
         Polls alone leave the load and KV usage up to ``interval`` seconds old, and a burst of
-        new prefixes would then tie on stale figures; at most one refresh per worker runs.
+        new prefixes would then tie on stale figures. At most one refresh per worker is pending
+        (asked for while one waits or runs: that one covers it), and reads of a worker are
+        :data:`REFRESH_SPACING` apart: a refresh asked for sooner waits for the spacing.
         """
         ws = self.workers.get(address)
         if ws is None or ws.state != "ready" or address in self._refreshing:
             return
         self._refreshing.add(address)
-        task = self._tasks.spawn(self._refresh(ws))
+        now = asyncio.get_running_loop().time()
+        wait = self._refreshed.get(address, float("-inf")) + REFRESH_SPACING - now
+        task = self._tasks.spawn(self._refresh(ws, wait))
         task.add_done_callback(lambda _: self._refreshing.discard(address))
 
-    async def _refresh(self, ws: WorkerState) -> None:
+    async def _refresh(self, ws: WorkerState, wait: float) -> None:
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._refreshed[ws.address] = asyncio.get_running_loop().time()
+        if ws.state != "ready":
+            return
         try:
             load = await read_load(ws.address, ws.control, timeout=self.timeout)
         except TokenkeysError:
