@@ -33,6 +33,8 @@ def test_local_when_vectors_pass() -> None:
     assert strategy.decision.mode == "local"
     assert "vectors" in strategy.decision.reason
     assert strategy.compute(TOKENS) == block_keys(TOKENS, spec)
+    # The array form is block_key_array's: the same keys, no object per block.
+    assert strategy.compute_array(TOKENS) == block_keys(TOKENS, spec)
     assert remote.calls == []
 
 
@@ -47,6 +49,9 @@ def test_pickle_profile_goes_remote() -> None:
         block_keys(TOKENS[:20], spec),
     ]
     assert remote.calls == [2]
+    # No array from the engine's keys: the caller asks compute() in that mode.
+    with pytest.raises(Unsupported, match="remote"):
+        strategy.compute_array(TOKENS)
 
 
 def test_unknown_profile_and_failing_vectors() -> None:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from tokenkeys.errors import FailedPrecondition, TokenkeysError, Unsupported
-from tokenkeys.keys.compute import block_keys, check_spec
+from tokenkeys.keys.compute import block_key_array, block_keys, check_spec
 from tokenkeys.keys.context import KeyContext
-from tokenkeys.keys.spec import BlockKey, CacheKeySpec, vectors_digest
+from tokenkeys.keys.spec import BlockKey, CacheKeySpec, KeyArray, vectors_digest
 from tokenkeys.keys.vectors import VectorReport, verify_vectors
 
 
@@ -116,6 +116,19 @@ class KeyStrategy:
     def compute(self, tokens: Sequence[int], context: KeyContext | None = None) -> list[BlockKey]:
         """Keys of one request."""
         return self.compute_many([KeyRequest(tokens, context)])[0]
+
+    def compute_array(self, tokens: Sequence[int], context: KeyContext | None = None) -> KeyArray:
+        """:meth:`compute` for a local strategy as a :class:`KeyArray`
+        (:func:`~tokenkeys.keys.block_key_array`: the same keys and errors, no object per
+        block); a router reads its :attr:`KeyArray.index_keys`. Other modes have no array: the
+        engine's keys come back as objects (:meth:`compute`)."""
+        if self.decision.mode == "local" and self.spec is not None:
+            return block_key_array(tokens, self.spec, context)
+        raise Unsupported(
+            f"keys are not computed here for this spec ({self.decision.mode}): "
+            f"{self.decision.reason}",
+            field="spec",
+        )
 
     def compute_many(self, requests: Sequence[KeyRequest]) -> list[list[BlockKey]]:
         """Keys of several requests, in order."""

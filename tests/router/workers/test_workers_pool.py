@@ -127,6 +127,34 @@ async def test_block_keys_are_the_event_keys_of_the_spec(tokenizer):
     assert await pool.block_keys(ids) == [k.event_key for k in block_keys(ids, SPEC)]
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SPEC,
+        make_spec("vllm/xxhash_cbor@0.31", 16, root_seed="0"),
+        make_spec("sglang/sha256@0.5.23", 16),  # signed event keys: index keys modulo 2**64
+        make_spec("llmd/cbor-fnv64@0.10", 16),  # the pool's model name in the context
+        make_spec("dynamo/xxh3@1.6", 16),
+        make_spec("vllm/sha256_cbor@0.31", 16, groups=[16, 32]),  # a group's own block size
+    ],
+    ids=lambda spec: f"{spec.profile_id}/{len(spec.groups)}",
+)
+async def test_block_keys_through_the_key_array_are_the_index_keys_of_block_keys(tokenizer, spec):
+    # The pool reads the compiled chain's buffer (KeyStrategy.compute_array); the reference is
+    # the per-block objects of block_keys, each made an index key as the events' keys are.
+    from tokenkeys.keys import block_keys
+    from tokenkeys.router.index.model import prompt_keys
+
+    pool = make_pool(tokenizer, spec)
+    rng = __import__("random").Random(5)
+    for n in (0, 15, 16, 200, 1000):
+        ids = [rng.randrange(50_000) for _ in range(n)]
+        context = KeyContext(cache_salt="s") if n == 200 else None
+        want = prompt_keys(block_keys(ids, spec, pool.key_context(context)))
+        got = await pool.block_keys(ids, context)
+        assert type(got) is list and got == want
+
+
 def test_a_pool_needs_computable_keys_of_the_advertised_spec(tokenizer):
     pickle = make_spec("vllm/sha256@0.31", 16)
     with pytest.raises(FailedPrecondition, match="cannot be computed"):

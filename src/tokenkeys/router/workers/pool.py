@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, Unsupported
-from tokenkeys.keys import BlockKey, CacheKeySpec, KeyContext
+from tokenkeys.keys import CacheKeySpec, KeyContext
 from tokenkeys.keys.spec import SLIDING_WINDOW
 from tokenkeys.keys.strategy import KeyStrategy
 from tokenkeys.preprocess import Preprocessor
@@ -285,11 +285,10 @@ class Pool:
         Remote computation (ComputeCacheKeys) is a blocking call and runs on a worker thread.
         """
         ctx = self.key_context(context)
-        keys: list[BlockKey]
         if self.strategy.decision.mode == "local":
-            keys = self.strategy.compute(token_ids, ctx)
-        else:
-            keys = await asyncio.to_thread(self.strategy.compute, token_ids, ctx)
+            # The compiled chain's buffer read as u64 words: no object per block.
+            return self.strategy.compute_array(token_ids, ctx).index_keys.tolist()
+        keys = await asyncio.to_thread(self.strategy.compute, token_ids, ctx)
         return prompt_keys(keys)
 
 
