@@ -149,12 +149,16 @@ def test_video_and_audio_name_the_modality(pre) -> None:
             pre.tokenize_chat(chat([part]))
 
 
-def test_a_text_only_model_still_refuses_images() -> None:
+def test_a_text_only_model_refuses_images_as_vllm_does() -> None:
+    # vLLM 0.32: 400 "<served name> is not a multimodal model", before fetching the image (so
+    # a malformed one, or one it could not fetch, gets the same answer).
     from tokenkeys.tokenizer.embedded import default_tokenizer_path
 
-    pre = Preprocessor(Tokenizer.load(default_tokenizer_path()))
-    with pytest.raises(Unsupported, match="image_url"):
-        pre.tokenize_chat(chat([image_part(data_url(encoded((8, 8))))]))
+    pre = Preprocessor(Tokenizer.load(default_tokenizer_path()), model="m")
+    for url in (data_url(encoded((8, 8))), "data:image/png;base64,", "http://10.0.0.1/a.png"):
+        with pytest.raises(InvalidArgument, match="m is not a multimodal model") as raised:
+            pre.tokenize_chat(chat([{"type": "text", "text": "x"}, image_part(url)]))
+        assert raised.value.field == "messages[0].content[1]"
 
 
 def test_another_processor_class_is_refused_by_name(folder, tmp_path) -> None:
