@@ -168,6 +168,6 @@ def _body(response: httpx.Response, policy: MediaPolicy, where: str, start: floa
         if total > policy.max_bytes:
             raise _bad(where, f"the image has more than {policy.max_bytes} bytes")
         if time.monotonic() - start > policy.deadline:
-            raise _bad(where, f"fetching the image took longer than {policy.deadline} s")
+            raise _bad(where, f"fetching the image took longer than {policy.deadline:g} s")
         chunks.append(chunk)
     return b"".join(chunks)
