@@ -12,6 +12,8 @@ for each block must be ``[identifier, offset]`` per item, as tokenkeys computes 
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Iterator
 
 import httpx
@@ -117,26 +119,56 @@ def _sidecar(server: VllmServer, folder: str, model_id: str) -> TokenkeysServe:
     )  # fmt: skip
 
 
-def test_the_sidecar_forwards_image_chats_and_checks_every_block(engine, tiny_model) -> None:
-    server, _, pre, chats = engine
-    sidecar = _sidecar(server, str(tiny_model.vlm), str(tiny_model.vlm))
-    with running(sidecar):
-        before = keys_checked(sidecar.url)
-        blocks = 0
-        for n, (label, chat) in enumerate(chats):
-            ids = pre.tokenize_chat(chat).tokens.ids
-            # A salt of its own: vLLM computes (and publishes) every block again.
-            body = {"model": MODEL_NAME, **chat, "max_tokens": 1, "cache_salt": f"sidecar-{n}"}
-            answer = httpx.post(f"{sidecar.url}/v1/chat/completions", json=body, timeout=300)
-            assert answer.status_code == 200, (label, answer.text)
-            assert answer.json()["usage"]["prompt_tokens"] == len(ids), label
-            blocks += len(ids) // BLOCK_SIZE
-        checked = wait_for(
-            lambda: (c := keys_checked(sidecar.url))["match"] - before["match"] >= blocks and c,
-            f"the sidecar's check of {blocks} stored blocks",
-        )
-        assert checked["mismatch"] == 0
-        assert "do not match" not in sidecar.log_text()
+@pytest.fixture(scope="module")
+def sidecar(engine, tiny_model) -> Iterator[TokenkeysServe]:
+    process = _sidecar(engine[0], str(tiny_model.vlm), str(tiny_model.vlm))
+    with running(process):
+        yield process
+
+
+def test_the_sidecar_forwards_image_chats_and_checks_every_block(engine, sidecar) -> None:
+    _, _, pre, chats = engine
+    before = keys_checked(sidecar.url)
+    blocks = 0
+    for n, (label, chat) in enumerate(chats):
+        ids = pre.tokenize_chat(chat).tokens.ids
+        # A salt of its own: vLLM computes (and publishes) every block again.
+        body = {"model": MODEL_NAME, **chat, "max_tokens": 1, "cache_salt": f"sidecar-{n}"}
+        answer = httpx.post(f"{sidecar.url}/v1/chat/completions", json=body, timeout=300)
+        assert answer.status_code == 200, (label, answer.text)
+        assert answer.json()["usage"]["prompt_tokens"] == len(ids), label
+        blocks += len(ids) // BLOCK_SIZE
+    checked = wait_for(
+        lambda: (c := keys_checked(sidecar.url))["match"] - before["match"] >= blocks and c,
+        f"the sidecar's check of {blocks} stored blocks",
+    )
+    assert checked["mismatch"] == 0
+    assert "do not match" not in sidecar.log_text()
+
+
+def _png_url(raw: bytes | None = None) -> str:
+    if raw is None:
+        buffer = io.BytesIO()
+        PIL.new("RGB", (1, 1)).save(buffer, "PNG")
+        raw = buffer.getvalue()
+    return "data:image/png;base64," + base64.b64encode(raw).decode()
+
+
+def test_bad_images_get_vllms_status(engine, sidecar) -> None:
+    """A corrupt image, and one image more than vLLM's default limit (999 per prompt)."""
+    server = engine[0]
+    for label, urls, field in (
+        ("corrupt", [_png_url(b"\x89PNG not really")], "messages[0].content[1].image_url"),
+        ("too-many", [_png_url()] * 1000, "messages"),
+    ):
+        parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+        content = [{"type": "text", "text": "Look:"}, *parts]
+        body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": content}]}
+        body["max_tokens"] = 1
+        theirs = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+        ours = httpx.post(f"{sidecar.url}/v1/chat/completions", json=body, timeout=300)
+        assert theirs.status_code == ours.status_code == 400, (label, theirs.text, ours.text)
+        assert ours.json()["error"]["param"] == field, (label, ours.text)
 
 
 def test_another_image_identifier_refuses_the_start(engine, tiny_model) -> None:
