@@ -10,6 +10,7 @@ against a real vLLM: ``tests/realengine/test_vllm_sidecar.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 
@@ -18,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.events.model import BlockRemoved, BlockStored, EventBatch
-from tokenkeys.keys import Adapter, KeyContext, block_keys, make_spec
+from tokenkeys.keys import Adapter, KeyContext, MMItem, block_keys, make_spec
 
 BS = 16
 SPEC = make_spec("vllm/sha256_cbor@0.31", BS)
@@ -234,3 +235,59 @@ def test_a_later_block_mismatch_names_the_algorithm() -> None:
     check.observe(EventBatch(0.0, (event,)))
     assert _counts(registry) == (1, 1)
     assert check.first_mismatch is not None and "algorithm" in check.first_mismatch
+
+
+# Image blocks (issue 35): the extra keys hold the image's identifier. A prompt of random text
+# then an image: blocks 0-1 are text, the image's placeholders run from token 2*BS + 5 on.
+IMAGE_AT = 2 * BS + 5
+
+
+def _image_context(identifier: str) -> KeyContext:
+    return KeyContext(mm_items=(MMItem(identifier, IMAGE_AT, 3 * BS),))
+
+
+def test_image_blocks_match_under_the_identifier() -> None:
+    check, registry = _check()
+    prompt = _tokens(90, 6 * BS)
+    context = _image_context("a" * 64)
+    check.expect(prompt, context, owned_from=2)
+    check.observe(_stored(prompt, context=context))
+    assert _counts(registry) == (6, 0) and check.verified
+
+
+def test_another_identifier_on_a_shared_prefix_is_another_clients_image() -> None:
+    # Same text, same placeholder tokens, another image: vLLM stores the blocks under another
+    # identifier. Not the sidecar's request as far as it can know: counted neither way.
+    check, registry = _check()
+    prompt = _tokens(91, 6 * BS)
+    check.expect(prompt, _image_context("a" * 64))
+    check.observe(_stored(prompt, context=_image_context("b" * 64)))
+    assert _counts(registry) == (2, 0) and check.verified
+
+
+def test_another_identifier_in_an_owned_prompt_is_flagged() -> None:
+    # The start probe's prompt: only it can store blocks after its random block 1, so vLLM's
+    # other identifier there is a wrong one (a --mm-model-id that is not vLLM's --model).
+    check, registry = _check()
+    prompt = _tokens(92, 6 * BS)
+    check.expect(prompt, _image_context("a" * 64), owned_from=2)
+    check.observe(_stored(prompt, context=_image_context("b" * 64)))
+    assert _counts(registry) == (2, 4)  # every image block
+    assert not check.verified
+    assert check.first_mismatch is not None and "image identifier" in check.first_mismatch
+
+
+def test_a_tampered_identifier_with_the_right_hash_is_flagged() -> None:
+    # An event whose hashes are tokenkeys' but whose published extra keys name another image.
+    check, registry = _check()
+    prompt = _tokens(93, 6 * BS)
+    context = _image_context("a" * 64)
+    check.expect(prompt, context, owned_from=2)
+    (event,) = _stored(prompt, context=context).events
+    assert isinstance(event, BlockStored) and event.extra_keys is not None
+    tampered = tuple(
+        tuple(("c" * 64, off) for _, off in extra) if extra else extra for extra in event.extra_keys
+    )
+    check.observe(EventBatch(0.0, (dataclasses.replace(event, extra_keys=tampered),)))
+    assert _counts(registry) == (2, 4) and not check.verified
+    assert "image identifier" in (check.first_mismatch or "")

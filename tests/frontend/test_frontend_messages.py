@@ -78,8 +78,8 @@ USER = [{"role": "user", "content": "Hi"}]
                     }
                 ]
             },
-            501,
-            None,
+            400,
+            "messages[0].content[0]",
         ),
         ({"messages": USER, "stream": True}, 501, "stream"),
         ({"messages": USER, "stop_sequences": ["x"]}, 501, "stop"),
@@ -93,10 +93,10 @@ def test_refusals_name_the_field(client, body: dict, status: int, field: str | N
         assert field in (error.get("param") or "") + error["message"]
 
 
-def test_image_is_refused_as_multimodal_on_count_and_render(client) -> None:
+def test_image_for_a_text_only_model_is_vllms_400_on_count_and_render(client) -> None:
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A"}}
     body = {"model": NAME, "max_tokens": 4, "messages": [{"role": "user", "content": [image]}]}
     for path in ("/v1/messages/count_tokens", "/v1/messages/render"):
         answer = client.post(path, json=body)
-        assert answer.status_code == 501
-        assert "image" in answer.json()["error"]["message"]
+        assert answer.status_code == 400, answer.text
+        assert "is not a multimodal model" in answer.json()["error"]["message"]

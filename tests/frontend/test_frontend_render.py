@@ -135,11 +135,12 @@ def test_what_is_not_rebuilt_exactly_is_501(client: httpx.Client, body: dict, fi
     assert answer.json()["error"]["param"] == field
 
 
-def test_multimodal_parts_are_501_with_the_reason(client: httpx.Client) -> None:
+def test_an_image_for_a_text_only_model_is_vllms_400(client: httpx.Client) -> None:
     image = {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}
     body = {"messages": [{"role": "user", "content": [image]}]}
     answer = client.post("/v1/chat/completions/render", json=body)
-    assert answer.status_code == 501 and "image" in answer.json()["error"]["message"]
+    assert answer.status_code == 400, answer.text
+    assert "is not a multimodal model" in answer.json()["error"]["message"]
 
 
 def test_generation_is_refused_with_the_reason(client: httpx.Client) -> None:

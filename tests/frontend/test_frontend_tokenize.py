@@ -268,14 +268,6 @@ def test_non_json_bodies_are_400(client) -> None:
 @pytest.mark.parametrize(
     "body,needle",
     [
-        (
-            {
-                "messages": [
-                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
-                ]
-            },
-            "image_url",
-        ),
         ({"messages": [{"role": "user", "content": "a"}], "mm_processor_kwargs": {"a": 1}}, "mm_"),
         ({"messages": [{"role": "user", "content": "a"}], "media_io_kwargs": {"a": 1}}, "media_"),
         (
@@ -287,6 +279,12 @@ def test_non_json_bodies_are_400(client) -> None:
 )
 def test_what_generation_cannot_do_exactly_is_501(client, body, needle) -> None:
     assert needle in _error(client.post("/tokenize", json=body), 501)
+
+
+def test_an_image_for_a_text_only_model_is_vllms_400(client) -> None:
+    image = {"type": "image_url", "image_url": {"url": "x"}}
+    body = {"messages": [{"role": "user", "content": [image]}]}
+    assert "is not a multimodal model" in _error(client.post("/tokenize", json=body), 400)
 
 
 def test_extra_fields_are_ignored_like_vllm(client) -> None:

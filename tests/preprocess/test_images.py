@@ -19,6 +19,7 @@ from smolvlm_folder import IMAGE_SEQ_LEN, PREPROCESSOR, build_smolvlm_folder
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys.vllm_mm import ImageConversion, image_identifier
 from tokenkeys.preprocess.images import ImageOptions
+from tokenkeys.preprocess.media import fetch
 from tokenkeys.preprocess.media.fetch import MediaPolicy, load_url
 from tokenkeys.preprocess.preprocessor import Preprocessor
 from tokenkeys.tokenizer import Tokenizer
@@ -149,12 +150,16 @@ def test_video_and_audio_name_the_modality(pre) -> None:
             pre.tokenize_chat(chat([part]))
 
 
-def test_a_text_only_model_still_refuses_images() -> None:
+def test_a_text_only_model_refuses_images_as_vllm_does() -> None:
+    # vLLM 0.32: 400 "<served name> is not a multimodal model", before fetching the image (so
+    # a malformed one, or one it could not fetch, gets the same answer).
     from tokenkeys.tokenizer.embedded import default_tokenizer_path
 
-    pre = Preprocessor(Tokenizer.load(default_tokenizer_path()))
-    with pytest.raises(Unsupported, match="image_url"):
-        pre.tokenize_chat(chat([image_part(data_url(encoded((8, 8))))]))
+    pre = Preprocessor(Tokenizer.load(default_tokenizer_path()), model="m")
+    for url in (data_url(encoded((8, 8))), "data:image/png;base64,", "http://10.0.0.1/a.png"):
+        with pytest.raises(InvalidArgument, match="m is not a multimodal model") as raised:
+            pre.tokenize_chat(chat([{"type": "text", "text": "x"}, image_part(url)]))
+        assert raised.value.field == "messages[0].content[1]"
 
 
 def test_another_processor_class_is_refused_by_name(folder, tmp_path) -> None:
@@ -224,6 +229,35 @@ def test_http_fetch_under_the_policy(server, tmp_path) -> None:
         with pytest.raises(InvalidArgument, match=message) as err:
             load_url(server.url + path, MediaPolicy(**options), where=where)
         assert err.value.field == where
+
+
+def test_a_redirect_to_loopback_is_refused(monkeypatch) -> None:
+    # A stand-in for a public image host (no public address is reachable here): a server on
+    # 127.0.0.2 that the address check is told to take as public. It redirects to 127.0.0.1.
+    monkeypatch.setattr(fetch, "_public", lambda address: str(address) == "127.0.0.2")
+    target = ImageServer({"/img.png": encoded((8, 8))})
+    public = ImageServer({}, host="127.0.0.2")
+    where = "messages[0].content[0].image_url"
+    try:
+        # The stand-in passes the check: fetched, its redirect followed, its 404 reported.
+        with pytest.raises(InvalidArgument, match="answered 404"):
+            load_url(public.url + "/away?" + public.url + "/missing", MediaPolicy(), where=where)
+        with pytest.raises(InvalidArgument, match="127.0.0.1, a private, loopback") as err:
+            load_url(public.url + "/away?" + target.url + "/img.png", MediaPolicy(), where=where)
+        assert err.value.field == where
+    finally:
+        target.close()
+        public.close()
+
+
+def test_unbounded_bodies_are_cut_at_the_byte_cap_and_the_deadline(server) -> None:
+    where = "w"
+    private = {"allow_private_addresses": True}
+    with pytest.raises(InvalidArgument, match="more than 100000 bytes"):
+        load_url(server.url + "/endless", MediaPolicy(**private, max_bytes=100_000), where=where)
+    policy = MediaPolicy(**private, read_timeout=1.0, deadline=0.5)
+    with pytest.raises(InvalidArgument, match="took longer than 0.5 s"):
+        load_url(server.url + "/trickle", policy, where=where)
 
 
 def test_file_urls_only_under_the_allowed_path(tmp_path) -> None:

@@ -12,12 +12,15 @@ for each block must be ``[identifier, offset]`` per item, as tokenkeys computes 
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from image_chats import Chats
 from image_server import ImageServer
+from test_vllm_sidecar import keys_checked, wait_for
 
 from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.keys import KeyContext, block_keys, make_spec
@@ -26,8 +29,9 @@ from tokenkeys.preprocess.media.fetch import MediaPolicy
 from tokenkeys.preprocess.preprocessor import Preprocessor
 from tokenkeys.tokenizer import Tokenizer
 
+from served_pair import TokenkeysServe, running
 from vllm_events import EventCollector
-from vllm_server import BLOCK_SIZE, MODEL_NAME, ServerConfig
+from vllm_server import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME, ServerConfig, VllmServer
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -96,3 +100,83 @@ def test_counts_and_block_keys_equal_vllms(engine) -> None:
         ], label
         image_blocks += sum(1 for x in published[:want] if x)
     assert image_blocks >= 100
+
+
+def _sidecar(server: VllmServer, folder: str, model_id: str) -> TokenkeysServe:
+    """``tokenkeys serve`` as the sidecar of the VLM: its folder, spec, events and image id."""
+    return TokenkeysServe(
+        "--model", f"{MODEL_NAME}={folder}",
+        "--backend", "transformers5",
+        "--max-model-len", str(MAX_MODEL_LEN),
+        "--cache-key-profile", f"vllm/{VLM_CONFIG.hash_algo}@0.31",
+        "--block-size", str(BLOCK_SIZE),
+        "--engine", f"vllm+{server.url}",
+        "--engine-kv-events", server.events_endpoint,
+        "--engine-kv-replay", server.replay_endpoint,
+        "--engine-kv-topic", server.topic,
+        "--mm-model-id", model_id,
+        "--allow-private-media-addresses",  # the chats' loopback image server
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sidecar(engine, tiny_model) -> Iterator[TokenkeysServe]:
+    process = _sidecar(engine[0], str(tiny_model.vlm), str(tiny_model.vlm))
+    with running(process):
+        yield process
+
+
+def test_the_sidecar_forwards_image_chats_and_checks_every_block(engine, sidecar) -> None:
+    _, _, pre, chats = engine
+    before = keys_checked(sidecar.url)
+    blocks = 0
+    for n, (label, chat) in enumerate(chats):
+        ids = pre.tokenize_chat(chat).tokens.ids
+        # A salt of its own: vLLM computes (and publishes) every block again.
+        body = {"model": MODEL_NAME, **chat, "max_tokens": 1, "cache_salt": f"sidecar-{n}"}
+        answer = httpx.post(f"{sidecar.url}/v1/chat/completions", json=body, timeout=300)
+        assert answer.status_code == 200, (label, answer.text)
+        assert answer.json()["usage"]["prompt_tokens"] == len(ids), label
+        blocks += len(ids) // BLOCK_SIZE
+    checked = wait_for(
+        lambda: (c := keys_checked(sidecar.url))["match"] - before["match"] >= blocks and c,
+        f"the sidecar's check of {blocks} stored blocks",
+    )
+    assert checked["mismatch"] == 0
+    assert "do not match" not in sidecar.log_text()
+
+
+def _png_url(raw: bytes | None = None) -> str:
+    if raw is None:
+        buffer = io.BytesIO()
+        PIL.new("RGB", (1, 1)).save(buffer, "PNG")
+        raw = buffer.getvalue()
+    return "data:image/png;base64," + base64.b64encode(raw).decode()
+
+
+def test_bad_images_get_vllms_status(engine, sidecar) -> None:
+    """A corrupt image, and one image more than vLLM's default limit (999 per prompt)."""
+    server = engine[0]
+    for label, urls, field in (
+        ("corrupt", [_png_url(b"\x89PNG not really")], "messages[0].content[1].image_url"),
+        ("too-many", [_png_url()] * 1000, "messages"),
+    ):
+        parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+        content = [{"type": "text", "text": "Look:"}, *parts]
+        body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": content}]}
+        body["max_tokens"] = 1
+        theirs = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+        ours = httpx.post(f"{sidecar.url}/v1/chat/completions", json=body, timeout=300)
+        assert theirs.status_code == ours.status_code == 400, (label, theirs.text, ours.text)
+        assert ours.json()["error"]["param"] == field, (label, ours.text)
+
+
+def test_another_image_identifier_refuses_the_start(engine, tiny_model) -> None:
+    server = engine[0]
+    sidecar = _sidecar(server, str(tiny_model.vlm), "/not/the/model/vllm/was/given")
+    try:
+        assert sidecar.wait_exit() != 0
+        log = sidecar.log_text()
+        assert "mm-model-id" in log and "image identifier" in log, log[-3000:]
+    finally:
+        sidecar.stop()

@@ -106,8 +106,8 @@ def test_sidecar_messages_answer_vllms(vllm, sidecar, stream: bool) -> None:
 
 
 #: Bad Messages input (issue 34): an unknown content block, a tool_result whose tool_use never
-#: came. vLLM's status is the judge; a refusal names the field. (An image block for this
-#: text-only model: vLLM answers 400, tokenkeys still 501; open, issue 34.)
+#: came, image blocks for this text-only model (well formed, and without data: vLLM refuses both
+#: before reading the image, issue 35). vLLM's status is the judge; a refusal names the field.
 BAD_INPUT = [
     ("unknown-block", [{"role": "user", "content": [{"type": "bogus", "text": "x"}]}]),
     (
@@ -116,6 +116,25 @@ BAD_INPUT = [
             {
                 "role": "user",
                 "content": [{"type": "tool_result", "tool_use_id": "toolu_none", "content": "4"}],
+            }
+        ],
+    ),
+    (
+        "image-without-data",
+        [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}],
+    ),
+    (
+        "image-for-a-text-only-model",
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {
+                        "type": "image",
+                        "source": {"type": "url", "url": "http://127.0.0.1:9/a.png"},
+                    },
+                ],
             }
         ],
     ),

@@ -240,16 +240,17 @@ def test_refusals_equal_vllm(render_pair, path: str, body: dict) -> None:
     assert theirs.status_code in (400, 404)
 
 
-def test_multimodal_parts_are_501_with_the_reason(render_pair) -> None:
+def test_an_image_for_a_text_only_model_gets_vllms_400(render_pair) -> None:
     image = {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}
     body = {"messages": [{"role": "user", "content": [image]}]}
     theirs, ours = render_pair.both("/v1/chat/completions/render", body)
-    assert theirs.status_code == 400  # vLLM: the tiny model is not multimodal
-    assert ours.status_code == 501
-    assert "image" in ours.json()["error"]["message"]
+    assert theirs.status_code == ours.status_code == 400, (theirs.text, ours.text)
+    # vLLM refuses before fetching the image: the tiny model is not multimodal.
+    assert "is not a multimodal model" in theirs.text
+    assert "is not a multimodal model" in ours.json()["error"]["message"]
     # As /tokenize answers the same request.
     tokenize = render_pair.ours.post("/tokenize", json={"model": "tiny", **body})
-    assert tokenize.status_code == 501
+    assert tokenize.status_code == 400
 
 
 # --- Anthropic Messages (issue 34): the render of vLLM's Messages-to-chat conversion ------------

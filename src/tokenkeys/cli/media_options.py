@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from tokenkeys.errors import ConfigError
-from tokenkeys.preprocess.images import ImageOptions
+from tokenkeys.preprocess.images import DEFAULT_IMAGE_LIMIT, ImageOptions
 from tokenkeys.preprocess.media.decode import DEFAULT_MAX_PIXELS
 from tokenkeys.preprocess.media.fetch import (
     DEFAULT_MAX_BYTES,
@@ -76,9 +76,10 @@ def add_media_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--limit-images-per-prompt",
         type=int,
-        default=None,
+        default=DEFAULT_IMAGE_LIMIT,
         metavar="N",
-        help="most images one prompt may carry (the engine's limit_mm_per_prompt image count)",
+        help="most images one prompt may carry (the engine's limit_mm_per_prompt image count; "
+        f"default {DEFAULT_IMAGE_LIMIT}, vLLM's when it leaves the modality out)",
     )
 
 
@@ -96,7 +97,7 @@ def image_options(args: argparse.Namespace) -> ImageOptions:
         raise ConfigError(
             f"--allowed-local-media-path {local} is not a folder", field="allowed-local-media-path"
         )
-    limit = getattr(args, "limit_images_per_prompt", None)
+    limit = getattr(args, "limit_images_per_prompt", DEFAULT_IMAGE_LIMIT)
     if limit is not None and limit < 0:
         raise ConfigError("--limit-images-per-prompt must be >= 0", field="limit-images-per-prompt")
     policy = MediaPolicy(

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tokenkeys.engine.config import EngineConfig
     from tokenkeys.events.stream import EventStream
     from tokenkeys.keys import CacheKeySpec
+    from tokenkeys.preprocess.preprocessor import Preprocessor
     from tokenkeys.tokenizer import Tokenizer
 
 
@@ -46,7 +47,9 @@ class EngineInputs:
     """What one served model's engine is built from (never the served model itself).
 
     ``stream`` is the model's KV-event stream (None for a kind whose events are forwarded);
-    ``metrics`` what the kind's ``EngineKind.metrics`` made in the server's metrics registry.
+    ``metrics`` what the kind's ``EngineKind.metrics`` made in the server's metrics registry;
+    ``preprocessor`` the model's one Preprocessor (the vLLM sidecar renders its start probes
+    with it).
     """
 
     name: str
@@ -55,6 +58,7 @@ class EngineInputs:
     config: EngineConfig
     stream: EventStream | None = None
     metrics: Any = None
+    preprocessor: Preprocessor | None = None
 
 
 class HostedEngine(Engine, Protocol):

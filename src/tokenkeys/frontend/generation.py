@@ -33,6 +33,17 @@ def key_context(request: dict[str, Any]) -> KeyContext | None:
     return KeyContext(cache_salt=salt)  # validates the salt exactly as vLLM 0.33 does
 
 
+def with_images(context: KeyContext | None, features: Sequence[MMFeature]) -> KeyContext | None:
+    """``context`` with a prompt's image items (the engine keys blocks with them); unchanged
+    without images. An item without its identifier (no ``--mm-model-id``) is refused
+    (FailedPrecondition naming ``model_id``): keys without the image's identity would give two
+    different images the same blocks."""
+    if not features:
+        return context
+    items = tuple(f.item() for f in features)
+    return dataclasses.replace(context or KeyContext(), mm_items=items)
+
+
 def eos_ids(model: ServedModel) -> tuple[int, ...]:
     """Every EOS id of the model's tokenizer (tokenizer_config and generation_config)."""
     return tuple(ref.id for ref in model.tokenizer.specials.eos)
@@ -76,9 +87,7 @@ class EngineCall:
         """
         if not features:
             return self
-        items = tuple(f.item() for f in features)
-        context = dataclasses.replace(self.context or KeyContext(), mm_items=items)
-        return dataclasses.replace(self, context=context)
+        return dataclasses.replace(self, context=with_images(self.context, features))
 
     async def run(self, prompt: Sequence[int]) -> Generated:
         """Run one prompt to the end."""

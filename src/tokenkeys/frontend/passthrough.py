@@ -19,7 +19,7 @@ from starlette.responses import Response, StreamingResponse
 
 from tokenkeys.engine.passthrough import OpenAIAnswer, OpenAIPassThrough, OpenAIRequest, Route
 from tokenkeys.errors import Unsupported
-from tokenkeys.frontend.generation import key_context
+from tokenkeys.frontend.generation import key_context, with_images
 from tokenkeys.frontend.opening import Opened
 
 
@@ -52,15 +52,8 @@ async def forward(
     else:
         chat = await opened.run(model.preprocessor.tokenize_chat, body)
         ids, text = [chat.tokens.ids], chat.prompt
-        if chat.features:
-            # The sidecar's live check would key these blocks without proof that vLLM renders
-            # and keys a forwarded image chat as computed here (issue 35: not proven yet), and
-            # a check that can raise a false alarm is a bug: refused until it is.
-            raise Unsupported(
-                "images are not forwarded to the engine yet: count them with /tokenize or "
-                "render, and send the request to the engine directly",
-                field="image_url",
-            )
+        # The engine keys image blocks with the items' identifiers and placeholder ranges.
+        context = with_images(context, chat.features)
     answer = await engine.answer(
         OpenAIRequest(route, sent, ids, context, opened.lora, request.headers, text)
     )

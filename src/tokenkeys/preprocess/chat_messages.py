@@ -81,7 +81,10 @@ _MEDIA_KEYS = (
     "video_url",
 )
 _KNOWN_PART_TYPES = sorted({*_TEXT_PART_KEYS, *MEDIA_PART_TYPES, "tool_reference"})
-#: Image parts served when the model's processor is reproduced.
+#: Image parts: served when the model's processor is reproduced; a text-only model refuses
+#: them as vLLM 0.32 does, with 400 "<model> is not a multimodal model" before fetching anything
+#: (``vllm/renderers/chat_utils.py`` ``AsyncMultiModalContentParser.parse_image`` adds the item
+#: to its tracker, whose processor ``MultiModalRegistry.create_processor`` refuses).
 IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})
 #: The modality a media part carries, for the 501 that names it.
 _MODALITY = {
@@ -163,9 +166,8 @@ def _part(part: Any, where: str, images: ImageParts | None) -> tuple[str, str] |
             images.refs.append(_image_ref(part, kind, where))
             return ("image", images.placeholder)
         if kind in IMAGE_PART_TYPES:
-            # No image processor in the model's folder: a text-only model, which vLLM 0.32
-            # refuses images for with a 400 ("... is not a multimodal model"); a processor
-            # tokenkeys cannot reproduce was refused before rendering, naming its class.
+            # Not reached from the Preprocessor: a text-only model's media parts get vLLM's 400
+            # before rendering, a processor it cannot reproduce its 501 naming the class.
             raise InvalidArgument(
                 f"the model is not a multimodal model: it takes no {kind!r} part ({where})",
                 field=where,

@@ -58,6 +58,11 @@ class MMFeature:
         return MMItem(self.identifier, self.offset, self.length)
 
 
+#: vLLM 0.32's images per prompt when ``--limit-mm-per-prompt`` leaves the modality out
+#: (``MultiModalConfig.get_limit_per_prompt``).
+DEFAULT_IMAGE_LIMIT = 999
+
+
 @dataclass(frozen=True)
 class ImageOptions:
     """How a served model takes images: the engine's model id as hashed, limits, policy.
@@ -69,7 +74,7 @@ class ImageOptions:
     model_id: str | None = None
     policy: MediaPolicy = field(default_factory=MediaPolicy)
     max_pixels: int = DEFAULT_MAX_PIXELS
-    limit_per_prompt: int | None = None
+    limit_per_prompt: int | None = DEFAULT_IMAGE_LIMIT
     hash_algorithm: str = DEFAULT_ALGORITHM
     engine_release: str = "0.32"
 

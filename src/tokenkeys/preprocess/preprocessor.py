@@ -48,13 +48,16 @@ class Tokenized:
         return len(self.ids)
 
 
-def _has_images(request: Mapping[str, Any]) -> bool:
+def _first_media(request: Mapping[str, Any], kinds: frozenset[str]) -> str | None:
+    """Where the request's first content part of one of ``kinds`` is (``messages[i].content[j]``),
+    or None."""
     messages = request.get("messages") if isinstance(request, Mapping) else None
-    for message in messages if isinstance(messages, list) else ():
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
         content = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(content, list) and any(media_kind(p) in IMAGE_PART_TYPES for p in content):
-            return True
-    return False
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if media_kind(part) in kinds:
+                return f"messages[{i}].content[{j}]"
+    return None
 
 
 def _strip_nul(text: str) -> tuple[str, list[int] | None]:
@@ -105,7 +108,9 @@ class Preprocessor:
         self._image_refusal: Unsupported | None = None
         placeholder = None
         root = self.tokenizer.folder.root
-        if processor_class(root) is not None:
+        #: No processor configs beside the tokenizer: media parts get vLLM's 400.
+        self._text_only = processor_class(root) is None
+        if not self._text_only:
             try:
                 expander = ImageExpander(root, self.images)
                 placeholder = expander.family.placeholder
@@ -248,8 +253,15 @@ class Preprocessor:
         if isinstance(messages, list):
             # Before rendering: a conversation over the limit costs no template work.
             self.limits.check_messages("messages", len(messages))
-        if self._image_refusal is not None and _has_images(request):
+        where = _first_media(request, IMAGE_PART_TYPES)
+        if where is not None and self._image_refusal is not None:
             raise self._image_refusal
+        if where is not None and self._text_only:
+            # vLLM 0.32's answer, before it fetches anything (see IMAGE_PART_TYPES).
+            raise InvalidArgument(
+                f"{self.model or 'the model'} is not a multimodal model (media part at {where})",
+                field=where,
+            )
         chat = self.chat.prepare(request)
         reused = None if chat.images else reused_prompt_ids(request)
         if reused is not None:

@@ -24,6 +24,15 @@ than the span's tail, a layout this check does not place); only a hash that is n
 block's there is a mismatch. An event of a group the spec does not have is one too: the engine's
 layout is not the spec's.
 
+An image block is placed like any other, by its parent, tokens and extra keys, and those extra
+keys hold the image's identifier: a block whose identifier is not the one tokenkeys computed is
+not placed (another client's image of the same size has the same placeholder tokens, so it
+cannot be told from a wrong identifier). Only a prompt known to be the sidecar's alone (the start
+probe's: random text, then a fresh random image) records its blocks after a random one as
+*owned*, placed by parent and tokens alone: nobody else can store a block under that parent, so
+another hash or other published extra keys there are a wrong identifier, proven
+(``expect(owned_from=...)``).
+
 The first mismatch is logged once with the likely cause, and :attr:`KeyCheck.verified` turns
 False for good: from then on the sidecar advertises its keys as unverified.
 """
@@ -87,13 +96,23 @@ class KeyCheck:
         self._placed: _Lru = _Lru(limit)
         self.verified = True
         self.first_mismatch: str | None = None
+        #: (parent digest, tokens) -> (expected key, expected extra keys) of blocks only the
+        #: sidecar's own probe can store (see the module doc).
+        self._owned: _Lru = _Lru(limit)
         #: Blocks placed and counted so far (either way).
         self.counted = 0
         #: ``tokenkeys_engine_keys_checked_total{model, result}`` (see :func:`keys_checked`).
         self.checked = checked
 
-    def expect(self, prompt: Sequence[int], context: KeyContext | None) -> int:
-        """Record the keys of ``prompt``'s full blocks; return how many were recorded."""
+    def expect(
+        self, prompt: Sequence[int], context: KeyContext | None, *, owned_from: int | None = None
+    ) -> int:
+        """Record the keys of ``prompt``'s full blocks; return how many were recorded.
+
+        ``owned_from``: the index of the first block no other request can store (its parent is
+        a block of random tokens only this prompt has); those blocks are placed by parent and
+        tokens alone, so other extra keys there are a mismatch too.
+        """
         keys: list[BlockKey] = block_keys(prompt, self.spec, context)
         bs = self.block_size
         parent = _ROOT
@@ -102,6 +121,8 @@ class KeyCheck:
             tokens = tuple(prompt[start : start + bs])
             extra = self._extra(context, start, start + bs)
             self._expected.put((parent, tokens, extra), key)
+            if owned_from is not None and i >= owned_from:
+                self._owned.put((parent, tokens), (key, extra))
             known = self._children.get((parent, tokens), key)
             self._children.put((parent, tokens), key if known == key else None)
             self._placed.put(key.event_key, key.digest)
@@ -143,17 +164,22 @@ class KeyCheck:
             tokens = tuple(tokens_of[at * bs : (at + 1) * bs])
             extra = extras[i] if i < len(extras) else None
             expected: BlockKey | None = self._expected.get((parent, tokens, extra))
+            wrong_extra, owned_extra = False, None
+            if expected is None and (parent, tokens) in self._owned:
+                expected, owned_extra = self._owned[(parent, tokens)]
+                wrong_extra = owned_extra != extra
             if expected is None:
                 return  # generated tokens, or a prompt no longer remembered
             first = at == 0 and event.parent_block_hash is None
             self.counted += 1
-            if _same(published, expected):
+            if _same(published, expected) and not wrong_extra:
                 self.checked.labels(self.model, "match").inc()
             elif offset and (not whole or any(_same(published, k) for k in walk)):
                 return  # another block of the span: the engine kept blocks not placed here
             else:
                 self.checked.labels(self.model, "mismatch").inc()
-                self._mismatch(published, expected, event, first)
+                cause = _image_cause(extra, owned_extra) if wrong_extra else None
+                self._mismatch(published, expected, event, first, cause)
             self._placed.put(published, expected.digest)
             parent = expected.digest
 
@@ -186,12 +212,17 @@ class KeyCheck:
         )
 
     def _mismatch(
-        self, published: Published, expected: BlockKey, event: BlockStored, first: bool
+        self,
+        published: Published,
+        expected: BlockKey,
+        event: BlockStored,
+        first: bool,
+        cause: str | None = None,
     ) -> None:
         if not self.verified:
             return
         self.verified = False
-        self.first_mismatch = likely_cause(self.spec, published, event, first)
+        self.first_mismatch = cause or likely_cause(self.spec, published, event, first)
         shown = expected.event_key if isinstance(published, int) else expected.digest.hex()
         got = published if isinstance(published, int) else published.hex()
         log.error(
@@ -208,6 +239,15 @@ def _same(published: Published, key: BlockKey) -> bool:
     return published == (key.event_key if isinstance(published, int) else key.digest)
 
 
+def _image_cause(published: Any, expected: Any) -> str:
+    return (
+        f"image identifier: the engine keyed a block of the sidecar's own image prompt with "
+        f"extra keys {published!r}, tokenkeys with {expected!r} (--mm-model-id must be "
+        "vLLM's --model argument as given, the root of its /v1/models entry, and the image "
+        "hash algorithm vLLM's --mm-hasher-algorithm)"
+    )
+
+
 def likely_cause(
     spec: CacheKeySpec, published: int | bytes, event: BlockStored, first: bool
 ) -> str:
@@ -222,8 +262,8 @@ def likely_cause(
         return f"adapter handling: the block was stored under LoRA adapter {event.lora_name!r}"
     if event.extra_keys and any(event.extra_keys):
         return (
-            "adapter, cache_salt or prompt-embeds handling: the engine hashed extra keys for "
-            "this block"
+            "adapter, cache_salt, image identifier or prompt-embeds handling: the engine hashed "
+            "extra keys for this block"
         )
     if first:
         return (

@@ -12,7 +12,10 @@ Only the prompt is replaced by the Preprocessor's ids, the served number:
   (``vllm/renderers/online_renderer.py`` ``_reused_prompt_token_ids``): vLLM skips templating
   and tokenization but still validates ``tool_choice``, adjusts the request for its tool and
   reasoning parsers and parses the output, so tool calls, reasoning and chat logprobs are
-  vLLM's own. The messages and tools are sent along for that.
+  vLLM's own. The messages and tools are sent along for that. A conversation with images goes
+  without the ids: vLLM 0.32 renders one itself (it ignores ids beside non-text content) and
+  fetches, hashes and expands its images, as tokenkeys' Preprocessor did (the sidecar's start
+  probe and live check prove the keys: :mod:`~tokenkeys.engine.vllm.image_probe`).
 
 What cannot pass exactly is refused by :func:`refusal` (501 naming the field). A stream is
 vLLM's, event for event (its usage chunk, when the client asked for one, is also what the
@@ -104,6 +107,11 @@ def vllm_body(request: OpenAIRequest, model: str) -> dict[str, Any]:
     body = dict(request.body)
     body["model"] = model
     if request.route in _RENDERED:
+        if request.context is not None and request.context.mm_items:
+            # vLLM 0.32 renders a conversation with images itself (``_reused_prompt_token_ids``
+            # ignores ids beside non-text content; the ids alone would lose the images): the
+            # messages go as sent, and vLLM fetches, hashes and expands them as tokenkeys did.
+            return body
         kv = dict(body.get("kv_transfer_params") or {})
         kv["prompt_token_ids"] = request.prompts[0]
         body["kv_transfer_params"] = kv

@@ -43,6 +43,7 @@ from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, prepare
 from tokenkeys.engine.vllm.client import VllmHttpClient
 from tokenkeys.engine.vllm.fault import TEST_DROP, fault_drops
 from tokenkeys.engine.vllm.groups import learned_spec
+from tokenkeys.engine.vllm.image_probe import PROBE_WAIT_S, probe_images
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.engine.vllm.openai import usage_of
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, TokenkeysError, Unavailable
@@ -51,12 +52,10 @@ from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
 from tokenkeys.events.zmq_subscriber import ZmqEventSubscriber
 from tokenkeys.keys import Adapter, CacheKeySpec, KeyContext
+from tokenkeys.preprocess.preprocessor import Preprocessor
 from tokenkeys.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-#: Seconds the start probe waits for vLLM's event of its block.
-PROBE_WAIT_S = 10.0
 
 
 class VllmSidecarEngine:
@@ -77,6 +76,7 @@ class VllmSidecarEngine:
         *,
         max_model_len: int | None = None,
         wire_version: str,
+        preprocessor: Preprocessor | None = None,
     ) -> None:
         self.model_name = name
         self.tokenizer = tokenizer
@@ -84,6 +84,7 @@ class VllmSidecarEngine:
         self.stream = stream
         self.config = config
         self.check = check
+        self.preprocessor = preprocessor
         self.client = VllmHttpClient(config.url)
         self._up_down = UpDown(f"vLLM at {config.url}")
         self._max_model_len = max_model_len
@@ -98,7 +99,8 @@ class VllmSidecarEngine:
 
     async def start(self) -> None:
         """Wait for vLLM, check it (a conflict raises ConfigError naming the option), start
-        relaying, then probe one fresh block (:meth:`_probe`)."""
+        relaying, then probe one fresh block (:meth:`_probe`) and, for a model that takes
+        images, one fresh image (:mod:`~tokenkeys.engine.vllm.image_probe`)."""
         self._facts = await check_vllm(
             self.client,
             self.model_name,
@@ -119,6 +121,8 @@ class VllmSidecarEngine:
         self._relay = asyncio.create_task(self._run_relay(self._subscriber))
         if self.config.probe:
             await self._probe()
+            context, _ = self._resolve(None, None)
+            await probe_images(self.client, self.check, self.preprocessor, context)
             self.embeds = await prompt_embeds.learn_prompt_embeds(
                 self.client, self.config, self.model_name, self.block_size, self._codec.version
             )
@@ -386,6 +390,7 @@ def build(inputs: EngineInputs) -> VllmSidecarEngine:
         KeyCheck(inputs.spec, inputs.name, inputs.metrics),
         max_model_len=config.max_model_len,
         wire_version=config.wire_version,
+        preprocessor=inputs.preprocessor,
     )
 
 

@@ -30,7 +30,6 @@ from tokenkeys.errors import InvalidArgument
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_REDIRECTS = 3
-_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -99,6 +98,11 @@ def _file_url(url: str, policy: MediaPolicy, where: str) -> bytes:
         raise _bad(where, f"cannot read {path}: {exc.strerror}") from None
 
 
+def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether media may come from ``address`` without allowing private addresses."""
+    return address.is_global
+
+
 def _check_host(host: str, port: int, policy: MediaPolicy, where: str) -> None:
     domains = policy.allowed_media_domains
     if domains and host not in domains:
@@ -113,7 +117,7 @@ def _check_host(host: str, port: int, policy: MediaPolicy, where: str) -> None:
         raise _bad(where, f"cannot resolve {host}: {exc}") from None
     for info in infos:
         address = ipaddress.ip_address(info[4][0].split("%", 1)[0])
-        if not address.is_global:
+        if not _public(address):
             raise _bad(
                 where,
                 f"{host} resolves to {address}, a private, loopback or reserved address; "
@@ -157,11 +161,13 @@ def _body(response: httpx.Response, policy: MediaPolicy, where: str, start: floa
         raise _bad(where, f"the image has {declared} bytes, at most {policy.max_bytes} allowed")
     chunks: list[bytes] = []
     total = 0
-    for chunk in response.iter_bytes(_CHUNK):
+    # As received, not in fixed-size chunks: a server trickling bytes (each read in time)
+    # must meet the deadline too, and a buffered chunk would hide every byte until it fills.
+    for chunk in response.iter_bytes():
         total += len(chunk)
         if total > policy.max_bytes:
             raise _bad(where, f"the image has more than {policy.max_bytes} bytes")
         if time.monotonic() - start > policy.deadline:
-            raise _bad(where, f"fetching the image took longer than {policy.deadline} s")
+            raise _bad(where, f"fetching the image took longer than {policy.deadline:g} s")
         chunks.append(chunk)
     return b"".join(chunks)

@@ -122,7 +122,13 @@ class StreamedHosting:
         # (its prefix cache is empty now; behind a restarted sidecar, vLLM's is replayed).
         stream.emit(EventBatch(time.time(), (AllBlocksCleared(),)))
         inputs = EngineInputs(
-            model.name, model.tokenizer, spec, config, stream, runtime.kind_metrics
+            model.name,
+            model.tokenizer,
+            spec,
+            config,
+            stream,
+            runtime.kind_metrics,
+            model.preprocessor,
         )
         # A kind hosted "streamed" builds a StreamedEngine (engine.registry.EngineKind).
         engine: StreamedEngine = runtime.kind.build(inputs)  # type: ignore[assignment]
