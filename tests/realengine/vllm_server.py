@@ -64,7 +64,8 @@ class ServerConfig:
     renders some requests differently from the model's own template. ``tool_parser`` starts
     vLLM with ``--enable-auto-tool-choice --tool-call-parser NAME``: tool calls come back parsed
     as ``tool_calls`` (``required`` and named choices forced through structured output), and
-    vLLM no longer refuses those choices (without a parser it answers 400). ``vlm`` serves the
+    vLLM no longer refuses those choices (without a parser it answers 400); its structured output
+    then allows no free whitespace, so a forced call ends. ``vlm`` serves the
     tiny random SmolVLM (Idefics3, ``build_tiny_model.build_vlm``) instead of the Llama.
     ``replica`` tells apart servers of the same options that a test needs at once (two workers to
     route over).
@@ -252,6 +253,12 @@ class VllmServer:
             args += ["--chat-template", self.config.chat_template]
         if self.config.tool_parser:
             args += ["--enable-auto-tool-choice", "--tool-call-parser", self.config.tool_parser]
+            # Forced calls (``required``, named) are JSON under a grammar that by default lets
+            # a random model write whitespace until max_tokens; without it the calls end.
+            args += [
+                "--structured-outputs-config",
+                json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+            ]
         if self.lora_path:
             args += ["--enable-lora", "--max-lora-rank", "8"]
             args += ["--lora-modules", f"{LORA_NAME}={self.lora_path}"]
