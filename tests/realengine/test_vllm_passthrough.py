@@ -77,7 +77,7 @@ def _merge(into: dict, part: dict) -> None:
         if key == "tool_calls" and isinstance(value, list):
             # Streamed tool calls come in fragments naming their call's index; a call's
             # fragments join whatever the cut (the arguments are a string delta).
-            calls = into.setdefault(key, [])
+            calls = into[key] = old or []  # the openai client dumps an absent list as None
             for fragment in value:
                 index = fragment.get("index", 0)
                 while len(calls) <= index:
