@@ -8,17 +8,26 @@ what vLLM's answers; the prompt vLLM's own ``/v1/messages`` reports in ``usage``
 split: input + cache creation + cache read) is tokenkeys' count; and ``/v1/messages`` through
 the sidecar answers what vLLM answers directly, whole and streamed (each side with its own
 ``cache_salt``, so both compute the whole prompt; the answer id aside).
+
+vLLM's own server tests that need vLLM itself (streaming, which the simulated engine refuses)
+run here through the sidecar, with the official ``anthropic`` client and their assertions
+unchanged: from ``tests/entrypoints/anthropic/test_messages.py`` (vllm-project/vllm, the 0.32
+line) ``test_anthropic_streaming``, ``test_anthropic_tool_call_streaming``,
+``test_anthropic_usage_cache`` and ``test_anthropic_usage_cache_streaming``. The rest of that
+file, and what is not ported, is in ``tests/frontend/test_frontend_vllm_messages.py``.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
+import anthropic
 import anthropic_corpus
 import httpx
 import pytest
+import pytest_asyncio
 
 from served_pair import TokenkeysServe, running, sidecar_args
 from vllm_server import DEFAULT_CONFIG, MODEL_NAME, VllmServer
@@ -68,7 +77,10 @@ def _prompt_of(usage: dict) -> int:
 
 
 def test_vllm_messages_usage_is_the_count(vllm, sidecar) -> None:
-    for label, body in anthropic_corpus.messages_requests(max_tokens=2)[::4]:
+    generated = anthropic_corpus.messages_requests(max_tokens=2)
+    generated += anthropic_corpus.tool_requests(max_tokens=2)
+    assert len(generated) >= 100
+    for label, body in generated:
         answer = _post(vllm.url, "/v1/messages", {**body, "temperature": 0})
         assert answer.status_code == 200, (label, answer.text)
         counted = {k: v for k, v in body.items() if k not in ("max_tokens", "stop_sequences")}
@@ -152,3 +164,108 @@ def test_bad_input_gets_vllms_status_and_names_the_field(
     else:
         error = ours.json()["error"]
         assert "messages" in (error.get("param") or "") + error["message"], (label, ours.text)
+
+
+# --- vLLM's test_messages.py through the sidecar -------------------------------------------------
+
+WEATHER_TOOL = {
+    "name": "get_current_weather",
+    "description": "Useful for querying the weather in a specified city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "location": {
+                "type": "string",
+                "description": "City or region, for example: New York, London, Tokyo, etc.",
+            }
+        },
+        "required": ["location"],
+    },
+}
+
+
+@pytest_asyncio.fixture
+async def client(sidecar) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    async with anthropic.AsyncAnthropic(base_url=sidecar.url, api_key="none") as c:
+        yield c
+
+
+@pytest.mark.asyncio
+async def test_anthropic_streaming(client: anthropic.AsyncAnthropic) -> None:
+    resp = await client.messages.create(
+        model=MODEL_NAME,
+        max_tokens=1024,
+        messages=[{"role": "user", "content": "how are you!"}],
+        stream=True,
+    )
+    first_chunk = None
+    chunk_count = 0
+    async for chunk in resp:
+        chunk_count += 1
+        if first_chunk is None and chunk.type == "message_start":
+            first_chunk = chunk
+    assert chunk_count > 0
+    assert first_chunk is not None, "message_start chunk was never observed"
+    assert first_chunk.message is not None, "first chunk should include message"
+    assert first_chunk.message.usage is not None, "first chunk should include usage stats"
+    assert first_chunk.message.usage.output_tokens == 0
+    assert first_chunk.message.usage.input_tokens > 5
+
+
+@pytest.mark.asyncio
+async def test_anthropic_tool_call_streaming(client: anthropic.AsyncAnthropic) -> None:
+    """vLLM's test only reads the whole stream: every event parses in the official client."""
+    resp = await client.messages.create(
+        model=MODEL_NAME,
+        max_tokens=1024,
+        messages=[{"role": "user", "content": "What's the weather like in New York today?"}],
+        tools=[WEATHER_TOOL],
+        stream=True,
+    )
+    async for _chunk in resp:
+        pass
+
+
+LONG_PROMPT = " ".join(["Explain streaming caches."] * 5)
+
+
+@pytest.mark.asyncio
+async def test_anthropic_usage_cache(client: anthropic.AsyncAnthropic) -> None:
+    """input_tokens + cache_read_input_tokens is the whole prompt, cached or not."""
+    messages = [{"role": "user", "content": LONG_PROMPT}]
+    resp1 = await client.messages.create(model=MODEL_NAME, max_tokens=10, messages=messages)
+    assert resp1.usage is not None
+    total1 = resp1.usage.input_tokens + (resp1.usage.cache_read_input_tokens or 0)
+    assert total1 > 0
+    resp2 = await client.messages.create(model=MODEL_NAME, max_tokens=10, messages=messages)
+    assert resp2.usage is not None
+    cached = resp2.usage.cache_read_input_tokens or 0
+    assert cached > 0, "Expected cache_read_input_tokens > 0 on repeated prompt"
+    total2 = resp2.usage.input_tokens + cached
+    assert total2 == total1, (resp2.usage, total1)
+
+
+@pytest.mark.asyncio
+async def test_anthropic_usage_cache_streaming(client: anthropic.AsyncAnthropic) -> None:
+    """Streamed: message_start's split sums to the prompt, message_delta's reports the hit."""
+    messages = [{"role": "user", "content": LONG_PROMPT}]
+    resp1 = await client.messages.create(model=MODEL_NAME, max_tokens=10, messages=messages)
+    assert resp1.usage is not None
+    total_prompt_tokens = resp1.usage.input_tokens + (resp1.usage.cache_read_input_tokens or 0)
+    stream = await client.messages.create(
+        model=MODEL_NAME, max_tokens=10, messages=messages, stream=True
+    )
+    message_start_usage = None
+    message_delta_usage = None
+    async for event in stream:
+        if event.type == "message_start" and event.message:
+            message_start_usage = event.message.usage
+        elif event.type == "message_delta":
+            message_delta_usage = getattr(event, "usage", None)
+    assert message_start_usage is not None, "No usage in message_start"
+    cached_start = message_start_usage.cache_read_input_tokens or 0
+    assert message_start_usage.input_tokens + cached_start == total_prompt_tokens
+    assert message_delta_usage is not None, "No usage in message_delta"
+    cached_delta = message_delta_usage.cache_read_input_tokens or 0
+    assert cached_delta > 0, "Expected cache_read_input_tokens > 0 in message_delta"
+    assert message_delta_usage.input_tokens + cached_delta == total_prompt_tokens
