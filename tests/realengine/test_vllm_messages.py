@@ -13,7 +13,8 @@ vLLM's own server tests that need vLLM itself (streaming, which the simulated en
 run here through the sidecar, with the official ``anthropic`` client and their assertions
 unchanged: from ``tests/entrypoints/anthropic/test_messages.py`` (vllm-project/vllm, the 0.32
 line) ``test_anthropic_streaming``, ``test_anthropic_tool_call_streaming``,
-``test_anthropic_usage_cache`` and ``test_anthropic_usage_cache_streaming``. The rest of that
+``test_anthropic_usage_cache``, ``test_anthropic_usage_cache_streaming`` and
+``test_anthropic_cache_salt``. The rest of that
 file, and what is not ported, is in ``tests/frontend/test_frontend_vllm_messages.py``.
 """
 
@@ -275,3 +276,37 @@ async def test_anthropic_usage_cache_streaming(client: anthropic.AsyncAnthropic)
     cached_delta = message_delta_usage.cache_read_input_tokens or 0
     assert cached_delta > 0, "Expected cache_read_input_tokens > 0 in message_delta"
     assert message_delta_usage.input_tokens + cached_delta == total_prompt_tokens
+
+
+async def _delta_usage(client: anthropic.AsyncAnthropic, **create_kwargs):  # noqa: ANN202
+    """The usage of a streamed answer's message_delta event."""
+    stream = await client.messages.create(**create_kwargs, stream=True)
+    usage = None
+    async for event in stream:
+        if event.type == "message_delta":
+            usage = getattr(event, "usage", None)
+    return usage
+
+
+@pytest.mark.asyncio
+async def test_anthropic_cache_salt(client: anthropic.AsyncAnthropic) -> None:
+    """cache_salt is forwarded and isolates prefix caches, whole and streamed."""
+    messages = [{"role": "user", "content": LONG_PROMPT}]
+    create_kwargs = dict(model=MODEL_NAME, max_tokens=10, messages=messages)
+    await client.messages.create(**create_kwargs, extra_body={"cache_salt": "alpha"})
+    resp2 = await client.messages.create(**create_kwargs, extra_body={"cache_salt": "alpha"})
+    cached_same = resp2.usage.cache_read_input_tokens or 0
+    assert cached_same > 0, "Expected cache hit with same cache_salt"
+    resp3 = await client.messages.create(**create_kwargs, extra_body={"cache_salt": "beta"})
+    cached_diff = resp3.usage.cache_read_input_tokens or 0
+    assert cached_diff == 0, resp3.usage
+    with pytest.raises(anthropic.BadRequestError, match="cache_salt"):
+        await client.messages.create(**create_kwargs, extra_body={"cache_salt": ""})
+    usage = await _delta_usage(client, **create_kwargs, extra_body={"cache_salt": "alpha"})
+    assert usage is not None
+    cached_stream = usage.cache_read_input_tokens or 0
+    assert cached_stream > 0, "Expected cache hit with same cache_salt (streaming)"
+    usage = await _delta_usage(client, **create_kwargs, extra_body={"cache_salt": "gamma"})
+    assert usage is not None
+    cached_stream_diff = usage.cache_read_input_tokens or 0
+    assert cached_stream_diff == 0, usage
