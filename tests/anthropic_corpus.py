@@ -270,3 +270,13 @@ def responses_requests() -> list[tuple[str, dict[str, Any]]]:
         ),
     ]
     return out
+
+
+def usage_total(usage: Any) -> int:
+    """Anthropic's prompt total of an ``anthropic`` client ``Usage`` (or ``MessageDeltaUsage``):
+    uncached + cache creation + cache read tokens, as vLLM 0.32 splits the prompt."""
+    return (
+        usage.input_tokens
+        + (usage.cache_creation_input_tokens or 0)
+        + (usage.cache_read_input_tokens or 0)
+    )

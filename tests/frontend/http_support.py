@@ -27,12 +27,17 @@ BLOCK_SIZE = 16
 
 
 def attach_engines(
-    models: ModelRegistry, *, num_blocks: int = 4096, max_model_len: int | None = None
+    models: ModelRegistry,
+    *,
+    num_blocks: int = 4096,
+    max_model_len: int | None = None,
+    output_vocab: range | None = None,
 ) -> ModelRegistry:
     """Give every model a simulated engine keyed by vLLM 0.31+ sha256_cbor, 16-token blocks.
 
     The bare simulated engine (an :class:`~tokenkeys.engine.protocol.Engine` without adapters
-    or event publishing) as each model's ``engine``.
+    or event publishing) as each model's ``engine``; ``output_vocab`` narrows the ids it draws
+    (its default otherwise), e.g. to make the end-of-turn id likely.
     """
     spec = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE)
     for model in models:
@@ -42,6 +47,7 @@ def attach_engines(
             num_blocks=num_blocks,
             latency=LatencyModel(sleep=False),
             max_model_len=max_model_len,
+            **({} if output_vocab is None else {"output_vocab": output_vocab}),
         )
         models.replace(dataclasses.replace(model, engine=engine))
     return models

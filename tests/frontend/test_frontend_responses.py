@@ -147,3 +147,24 @@ def test_previous_response_id_is_vllms_not_found(client) -> None:
         "/v1/responses", json={"model": NAME, "input": "Hi", "previous_response_id": "resp_x"}
     )
     assert answer.json()["error"]["message"] == "Response with id 'resp_x' not found."
+
+
+@pytest.mark.parametrize("path", ["/v1/responses/render", "/v1/responses"])
+def test_truncation_auto_is_served_within_the_context_and_refused_over_it(client, path) -> None:
+    """vLLM 0.32 cuts a prompt over the context under ``truncation: auto``
+    (``truncate_prompt_tokens=-1``); within it, auto changes nothing, so it is served as
+    disabled is, and over it the answer is a 501 naming the field, never a cut prompt."""
+    body = {"model": NAME, "input": "Hi", "max_output_tokens": 3}
+    plain = _ok(client.post("/v1/responses/render", json=body))["token_ids"]
+    auto = client.post(path, json={**body, "truncation": "auto"})
+    assert auto.status_code == 200, auto.text
+    if path.endswith("render"):
+        assert auto.json()["token_ids"] == plain
+    else:
+        assert auto.json()["usage"]["input_tokens"] == len(plain)
+        assert auto.json()["truncation"] == "auto"
+    long = {**body, "input": "Hi there " * 3000}
+    refused = client.post(path, json={**long, "truncation": "auto"})
+    assert refused.status_code == 501, refused.text
+    assert refused.json()["error"]["param"] == "truncation"
+    assert client.post(path, json=long).status_code == 400

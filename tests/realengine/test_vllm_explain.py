@@ -11,14 +11,16 @@ itself did (its ``cached_tokens``, its ``/tokenize``):
 - explain names the cause: a prefix held by the other worker, another ``cache_salt``, another
   LoRA adapter (vLLM keys an adapter's blocks with its name and path), a prefix evicted by
   overflowing vLLM's cache (with the batch that removed it), and a worker restarted with
-  another chat template (``renders_differently``);
+  another chat template (``renders_differently``; on that vLLM, ``tokenkeys parity`` names the
+  request shapes that differ, issue 34's acceptance, ``test_vllm_parity.py``);
 - a test-only fault in the sidecar's relay (``TOKENKEYS_TEST_DROP_REMOVAL_BATCHES``) keeps the
   batches that evict two prompts from the router: routed again, each answer is short, the
   events prove the index stale, the worker is resynchronised from its sidecar's snapshot and
   promises match again.
 
 The module's servers start twice (the two workers) and one of them once more with the other
-chat template (the last test); nothing else uses this configuration.
+chat template (the last test, where ``tokenkeys parity`` also runs against it); nothing else
+uses this configuration.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from route_process import RouteProcess
+from test_vllm_parity import assert_another_template_differs
 from test_vllm_sidecar import wait_for
 
 from served_pair import TokenkeysServe, sidecar_args
@@ -383,6 +386,8 @@ def test_a_worker_restarted_with_another_chat_template_renders_differently(
                 for e in (kept, restarted)
             ]
             assert ids[0] != ids[1]
+            # Issue 34: tokenkeys parity names what differs on this vLLM (no server of its own).
+            assert_another_template_differs(restarted.url)
         finally:
             new.stop()
     finally:

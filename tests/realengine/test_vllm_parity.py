@@ -9,6 +9,8 @@
   default system message): the shapes that bring their own system message (or instructions)
   and the completions are certified, every other conversation differs, named with its first
   differing token; told the same template (``--chat-template``), parity certifies them again.
+  That vLLM is the one ``test_vllm_explain.py`` restarts with the other template for its last
+  test, which runs :func:`assert_another_template_differs` on it: no server of its own.
 
 The render routes' exact ids (``vllm launch render``) are checked by parity in
 ``test_vllm_render.py``, where that server runs.
@@ -23,9 +25,8 @@ import pytest
 from tokenkeys.parity.corpus import BUILT_IN
 
 from support import run_cli
-from vllm_server import DEFAULT_CONFIG, OTHER_CHAT_TEMPLATE, ServerConfig
+from vllm_server import DEFAULT_CONFIG, OTHER_CHAT_TEMPLATE
 
-OTHER = ServerConfig(chat_template=OTHER_CHAT_TEMPLATE)
 pytestmark = pytest.mark.realengine
 
 #: The built-in shapes that carry a system message (or instructions) of their own, which the
@@ -54,9 +55,10 @@ def test_every_built_in_shape_is_certified_against_vllm(vllm_pool) -> None:
     assert code == 0
 
 
-@pytest.mark.vllm_servers(OTHER)
-def test_another_template_names_the_shapes_that_differ(vllm_pool) -> None:
-    url = vllm_pool.get(OTHER).url
+def assert_another_template_differs(url: str) -> None:
+    """``tokenkeys parity`` against the vLLM at ``url``, started with ``--chat-template``
+    :data:`OTHER_CHAT_TEMPLATE`, names the shapes that differ and their first differing token,
+    and certifies every shape once told that template."""
     code, report = parity(url)
     assert code == 1
     shapes = {s["name"]: s for s in report["shapes"]}

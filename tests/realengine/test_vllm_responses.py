@@ -8,6 +8,8 @@ effort, an unfinished assistant turn): the prompt vLLM's own ``/v1/responses`` r
 through the sidecar answers what vLLM answers directly, whole and streamed (each side with its
 own ``cache_salt``, so both compute the whole prompt; ids and timestamps aside). A
 ``previous_response_id`` gets vLLM's own answer without a response store (404).
+``truncation: auto`` is served within the context (in the corpus) and refused (501) over it,
+where vLLM cuts the prompt (pinned here).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import anthropic_corpus
 import httpx
 import pytest
 
-from vllm_server import DEFAULT_CONFIG, MODEL_NAME
+from vllm_server import DEFAULT_CONFIG, MAX_MODEL_LEN, MODEL_NAME
 
 pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
@@ -28,7 +30,7 @@ GENERATED = [
     (label, body)
     for label, body in anthropic_corpus.responses_requests()
     if label not in ("stream", "bare-output-text")
-]
+] + [("truncation-auto", {"input": "Which trains leave Alder?", "truncation": "auto"})]
 #: Keys that differ between any two answers: random ids, the clock, and the place of an event
 #: in a stream whose text deltas are joined (see :func:`_events`).
 _VARYING = frozenset({"id", "item_id", "created_at", "sequence_number"})
@@ -87,7 +89,7 @@ def _events(response: httpx.Response) -> list[tuple[str, Any]]:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_sidecar_responses_answer_vllms(vllm, sidecar, stream: bool) -> None:
-    for label, body in GENERATED[::3]:
+    for label, body in GENERATED[::3] if stream else GENERATED:
         sent = {**body, "temperature": 0, "max_output_tokens": 6, "stream": stream}
         theirs = _post(vllm.url, "/v1/responses", {**sent, "cache_salt": f"v{next(_salts)}"})
         ours = _post(sidecar.url, "/v1/responses", {**sent, "cache_salt": f"t{next(_salts)}"})
@@ -126,3 +128,15 @@ def test_simulated_answer_has_vllms_shape(pair) -> None:
         }, label
         assert got["usage"]["input_tokens"] == want["usage"]["input_tokens"], label
         assert set(got["usage"]) == set(want["usage"]), label
+
+
+def test_truncation_auto_over_the_context_is_cut_by_vllm_and_refused_here(vllm, sidecar) -> None:
+    """What docs/api.md says vLLM does and tokenkeys refuses: vLLM 0.32 cuts the prompt to
+    the context less one token (``max_truncation_tokens``) and answers; tokenkeys never cuts."""
+    body = {"input": "Hi there " * MAX_MODEL_LEN, "truncation": "auto", "max_output_tokens": 1}
+    theirs = _post(vllm.url, "/v1/responses", body)
+    assert theirs.status_code == 200, theirs.text
+    assert theirs.json()["usage"]["input_tokens"] == MAX_MODEL_LEN - 1
+    ours = _post(sidecar.url, "/v1/responses", body)
+    assert ours.status_code == 501, ours.text
+    assert ours.json()["error"]["param"] == "truncation"

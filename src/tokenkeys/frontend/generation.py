@@ -137,3 +137,11 @@ def usage_body(usages: Sequence[Usage]) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(u.cached_prompt_tokens for u in usages)},
     }
+
+
+def cache_creation_tokens(usage: Usage, engine: Any) -> int:
+    """vLLM's ``num_cache_creation_tokens`` (0.32): the prompt's tokens in the full blocks the
+    engine holds after the prefill, less those it found cached (``PrefillStats.finalize``)."""
+    block = getattr(engine, "block_size", None) or 0
+    stored = (usage.prompt_tokens // block) * block if block else usage.cached_prompt_tokens
+    return max(0, stored - usage.cached_prompt_tokens)

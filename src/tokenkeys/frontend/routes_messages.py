@@ -12,7 +12,8 @@ that to the model's one Preprocessor, so every number is the served one:
 - ``/v1/messages`` generates: in front of a real vLLM the request goes to vLLM's own
   ``/v1/messages`` whole, with the Preprocessor's ids, and its answer or events come back as
   vLLM sent them; on the simulated engine the answer is shaped as vLLM shapes a whole Messages
-  answer (``messages_full_converter``). Streaming on the simulated engine is refused (501).
+  answer (``messages_full_converter``; ``usage`` split as vLLM 0.32 splits it, cache creation
+  included). Streaming on the simulated engine is refused (501).
 
 Image blocks become the chat's ``image_url`` parts: a model whose processor is reproduced
 (``tokenkeys.preprocess.images``) expands them as the chat path does, any other refuses them
@@ -30,10 +31,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenkeys.engine.passthrough import OpenAIPassThrough
+from tokenkeys.engine.protocol import Usage
 from tokenkeys.errors import Unsupported
 from tokenkeys.frontend import passthrough
 from tokenkeys.frontend.body import json_response
-from tokenkeys.frontend.generation import usage_body
+from tokenkeys.frontend.generation import cache_creation_tokens
 from tokenkeys.frontend.openapi import add_body_route
 from tokenkeys.frontend.opening import Opened
 from tokenkeys.frontend.render_params import unsupported_render_option
@@ -73,12 +75,16 @@ def _stop_reason(finish_reason: str | None) -> str | None:
     return {"length": "max_tokens", "stop": "end_turn"}.get(finish_reason or "")
 
 
-def anthropic_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's ``_build_anthropic_usage``: the prompt split into uncached and cache-read tokens."""
-    cached = usage["prompt_tokens_details"]["cached_tokens"]
+def anthropic_usage(usage: Usage, engine: Any) -> dict[str, Any]:
+    """vLLM's ``_build_anthropic_usage`` with ``--enable-prompt-tokens-details``: the prompt
+    split into uncached, cache-creation and cache-read tokens (Anthropic's total is their sum),
+    in vLLM's key order."""
+    cached = usage.cached_prompt_tokens
+    created = cache_creation_tokens(usage, engine)
     return {
-        "input_tokens": max(0, usage["prompt_tokens"] - cached),
-        "output_tokens": usage["completion_tokens"],
+        "input_tokens": max(0, usage.prompt_tokens - cached - created),
+        "output_tokens": usage.completion_tokens,
+        "cache_creation_input_tokens": created,
         "cache_read_input_tokens": cached,
     }
 
@@ -114,7 +120,7 @@ async def messages(request: Request) -> Response:
         "content": [{"type": "text", "text": text}],
         "model": opened.lora or model.name,
         "stop_reason": _stop_reason(done.finish_reason),
-        "usage": anthropic_usage(usage_body([done.usage])),
+        "usage": anthropic_usage(done.usage, engine_of(model)),
     }
     return json_response(answer)
 

@@ -18,6 +18,9 @@ renders (:mod:`tokenkeys.preprocess.responses`) and rendered by the model's one 
   answers what vLLM answers without one (its default, ``VLLM_ENABLE_RESPONSES_API_STORE``
   unset): 404 ``Response with id '…' not found.``. The stored conversation cannot be
   rendered here, so the request is not forwarded either; carry previous turns in ``input``.
+- ``truncation: "auto"`` is served where it changes nothing (a prompt within the context);
+  a prompt vLLM would cut to the context is refused (501 naming ``truncation``), since no
+  prompt is ever truncated here.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from tokenkeys.errors import Unsupported
 from tokenkeys.frontend import passthrough
 from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.errors import error_body, error_json
+from tokenkeys.frontend.generation import cache_creation_tokens
 from tokenkeys.frontend.openapi import add_body_route
 from tokenkeys.frontend.opening import Opened
 from tokenkeys.frontend.render_params import sampling_params
@@ -103,6 +107,15 @@ async def _engine_request(opened: Opened) -> tuple[list[int], dict[str, Any]]:
     chat = _as_chat(opened)
     rendered = await chat.run(model.preprocessor.tokenize_chat, chat.body)
     ids = rendered.tokens.ids
+    if body.get("truncation") == "auto" and len(ids) > limit:
+        # vLLM 0.32 cuts such a prompt to the context (truncate_prompt_tokens=-1, from the
+        # tokenizer's truncation side); no prompt is ever truncated here (prompt_options).
+        raise Unsupported(
+            f"truncation: auto would cut this {len(ids)}-token prompt to the model's context "
+            f"of {limit} tokens, and prompts are never truncated here; shorten the input, or "
+            "send truncation: disabled for vLLM's 400",
+            field="truncation",
+        )
     defaults = defaults_of(model)
     budget = budget_of(len(ids), body.get("max_output_tokens"), defaults, limit, text=True)
     params = sampling_params(
@@ -146,6 +159,8 @@ async def responses(request: Request) -> Response:
     if body.get("previous_response_id") is not None:
         return _not_found(body["previous_response_id"])
     if isinstance(engine := engine_of(opened.model), OpenAIPassThrough):
+        if body.get("truncation") == "auto":
+            await _engine_request(opened)  # vLLM would cut a prompt over the context: 501
         # vLLM gets the Responses body as sent; the Preprocessor renders its chat conversion.
         return await passthrough.forward(request, _as_chat(opened), engine, "responses", body)
     wants = {"stream": body.get("stream"), "include": _LOGPROBS in (body.get("include") or ())}
@@ -194,19 +209,14 @@ def _output(text: str) -> list[dict[str, Any]]:
 
 
 def _usage(done: Any, engine: Any) -> dict[str, Any]:
-    """vLLM's ``ResponseUsage`` of one simple (single-turn) context.
-
-    ``cache_write_tokens`` are the prompt's tokens in full blocks the engine computed and
-    stored (vLLM's ``num_cache_creation_tokens``: cached after the prefill minus cached before).
-    """
+    """vLLM's ``ResponseUsage`` of one simple (single-turn) context (``cache_write_tokens``:
+    :func:`~tokenkeys.frontend.generation.cache_creation_tokens`)."""
     usage = done.usage
-    block = getattr(engine, "block_size", None) or 0
-    stored = (usage.prompt_tokens // block) * block if block else usage.cached_prompt_tokens
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {
             "cached_tokens": usage.cached_prompt_tokens,
-            "cache_write_tokens": max(0, stored - usage.cached_prompt_tokens),
+            "cache_write_tokens": cache_creation_tokens(usage, engine),
             "input_tokens_per_turn": [],
             "cached_tokens_per_turn": [],
         },
