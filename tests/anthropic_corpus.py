@@ -280,3 +280,21 @@ def usage_total(usage: Any) -> int:
         + (usage.cache_creation_input_tokens or 0)
         + (usage.cache_read_input_tokens or 0)
     )
+
+
+async def check_usage_cache(client: Any, model: str) -> None:
+    """vLLM 0.32's ``test_anthropic_usage_cache`` (tests/entrypoints/anthropic/test_messages.py)
+    over an ``anthropic.AsyncAnthropic`` client: the same prompt twice, the second served from
+    the cache, its usage summing to the same whole prompt (Anthropic's total: see
+    :func:`usage_total`). Run on the simulated engine and through the sidecar before vLLM."""
+    messages = [{"role": "user", "content": " ".join(["Explain streaming caches."] * 5)}]
+    resp1 = await client.messages.create(model=model, max_tokens=10, messages=messages)
+    assert resp1.usage is not None
+    total1 = usage_total(resp1.usage)
+    assert total1 > 0
+    resp2 = await client.messages.create(model=model, max_tokens=10, messages=messages)
+    assert resp2.usage is not None
+    cached = resp2.usage.cache_read_input_tokens or 0
+    assert cached > 0, "Expected cache_read_input_tokens > 0 on repeated prompt"
+    total2 = usage_total(resp2.usage)
+    assert total2 == total1, (resp2.usage, total1)

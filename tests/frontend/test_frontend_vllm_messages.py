@@ -115,20 +115,7 @@ async def test_system_message(client: anthropic.AsyncAnthropic) -> None:
 async def test_anthropic_usage_cache(client: anthropic.AsyncAnthropic) -> None:
     """The usage split sums to the whole prompt, cached or not (with cache creation: see the
     module doc)."""
-    long_prompt = " ".join(["Explain streaming caches."] * 5)
-    messages = [{"role": "user", "content": long_prompt}]
-
-    resp1 = await client.messages.create(model=MODEL, max_tokens=10, messages=messages)
-    assert resp1.usage is not None
-    total1 = anthropic_corpus.usage_total(resp1.usage)
-    assert total1 > 0
-
-    resp2 = await client.messages.create(model=MODEL, max_tokens=10, messages=messages)
-    assert resp2.usage is not None
-    cached = resp2.usage.cache_read_input_tokens or 0
-    assert cached > 0, "Expected cache_read_input_tokens > 0 on repeated prompt"
-    total2 = anthropic_corpus.usage_total(resp2.usage)
-    assert total2 == total1, (resp2.usage, total1)
+    await anthropic_corpus.check_usage_cache(client, MODEL)
 
 
 @pytest.mark.asyncio
