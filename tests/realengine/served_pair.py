@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from support import REPO
 from vllm_server import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME, VllmServer, free_port
@@ -129,3 +131,34 @@ def running(*processes: TokenkeysServe | VllmServer) -> Iterator[None]:
     finally:
         for process in processes:
             process.stop()
+
+
+#: Seconds: a safety net for a broken engine, never a pass/fail criterion.
+WAIT_LIMIT = 120.0
+#: The tiny models' vocabulary (SmolLM2's tokenizer).
+VOCAB = 49152
+
+
+def keys_checked(url: str) -> dict[str, float]:
+    """``tokenkeys_engine_keys_checked_total`` by result, from the sidecar's /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    counts = {"match": 0.0, "mismatch": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tokenkeys_engine_keys_checked_total":
+                counts[sample.labels["result"]] += sample.value
+    return counts
+
+
+def wait_for(condition, what: str):  # noqa: ANN001, ANN201 - a predicate and its value
+    deadline = time.monotonic() + WAIT_LIMIT
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.1)
+    return value
+
+
+def random_prompt(seed: int, length: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(VOCAB) for _ in range(length)]

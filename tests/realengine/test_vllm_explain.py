@@ -37,9 +37,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from route_process import RouteProcess
 from test_vllm_parity import assert_another_template_differs
-from test_vllm_sidecar import wait_for
 
-from served_pair import TokenkeysServe, sidecar_args
+from served_pair import TokenkeysServe, sidecar_args, wait_for
 from vllm_server import (
     BLOCK_SIZE,
     LORA_NAME,

@@ -28,7 +28,6 @@ import grpc
 import httpx
 import pytest
 from route_process import RouteProcess
-from test_vllm_sidecar import keys_checked, wait_for
 
 from tokenkeys._gen.openengine.v1 import (
     cache_keys_pb2,
@@ -39,7 +38,7 @@ from tokenkeys._gen.openengine.v1 import (
 from tokenkeys.events.model import BlockRemoved, BlockStored
 from tokenkeys.keys import CacheKeySpec, block_keys, make_spec
 
-from served_pair import TokenkeysServe, running, sidecar_args
+from served_pair import TokenkeysServe, keys_checked, running, sidecar_args, wait_for
 from vllm_events import EventCollector
 from vllm_server import BLOCK_SIZE, MODEL_NAME, ServerConfig, VllmServer
 

@@ -20,7 +20,6 @@ import httpx
 import pytest
 from image_chats import Chats
 from image_server import ImageServer
-from test_vllm_sidecar import keys_checked, wait_for
 
 from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.keys import KeyContext, block_keys, make_spec
@@ -29,7 +28,7 @@ from tokenkeys.preprocess.media.fetch import MediaPolicy
 from tokenkeys.preprocess.preprocessor import Preprocessor
 from tokenkeys.tokenizer import Tokenizer
 
-from served_pair import TokenkeysServe, running
+from served_pair import TokenkeysServe, keys_checked, running, wait_for
 from vllm_events import EventCollector
 from vllm_server import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME, ServerConfig, VllmServer
 

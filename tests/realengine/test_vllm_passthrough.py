@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
+from answers import answer_of, fresh, said
 from route_process import RouteProcess
-from test_vllm_sidecar import random_prompt, wait_for
 
-from served_pair import TokenkeysServe
+from served_pair import TokenkeysServe, random_prompt, wait_for
 from vllm_server import (
     BLOCK_SIZE,
     DEFAULT_CONFIG,
@@ -58,67 +57,6 @@ def front(request):  # noqa: ANN001, ANN201
     return request.getfixturevalue(request.param)
 
 
-def _fresh(value):  # noqa: ANN001, ANN202 - any JSON value
-    """An answer without what each answer makes anew."""
-    if isinstance(value, dict):
-        return {k: _fresh(v) for k, v in value.items() if k not in ("id", "created")}
-    if isinstance(value, list):
-        return [_fresh(v) for v in value]
-    return value
-
-
-#: Choice fields a stream sends whole, once (every other string is a delta to concatenate).
-_WHOLE = {"finish_reason", "stop_reason", "role", "index", "type", "id", "name"}
-
-
-def _merge(into: dict, part: dict) -> None:
-    for key, value in part.items():
-        old = into.get(key)
-        if key == "tool_calls" and isinstance(value, list):
-            # Streamed tool calls come in fragments naming their call's index; a call's
-            # fragments join whatever the cut (the arguments are a string delta).
-            calls = into[key] = old or []  # the openai client dumps an absent list as None
-            for fragment in value:
-                index = fragment.get("index", 0)
-                while len(calls) <= index:
-                    calls.append({})
-                _merge(calls[index], fragment)
-        elif isinstance(value, str) and isinstance(old, str) and key not in _WHOLE:
-            into[key] = old + value
-        elif isinstance(value, list) and isinstance(old, list):
-            into[key] = old + value
-        elif isinstance(value, dict) and isinstance(old, dict):
-            _merge(old, value)
-        elif value is not None or key not in into:
-            into[key] = value
-
-
-def _said(chunks: list[dict]) -> dict:
-    """What a stream says, whatever the cut between its chunks (vLLM sends the tokens a step
-    produced while the reader was busy in one chunk, so the cut varies from run to run):
-    per choice the concatenated text, ids and logprobs and the last finish reason; the other
-    chunk fields (usage, prompt ids and text, fingerprint) as sent."""
-    choices: dict[int, dict] = {}
-    rest: dict = {}
-    for chunk in chunks:
-        for choice in chunk.get("choices") or ():
-            flat = {k: v for k, v in choice.items() if k != "delta"} | (choice.get("delta") or {})
-            _merge(choices.setdefault(choice["index"], {}), flat)
-        for key, value in chunk.items():
-            if key != "choices" and value is not None:
-                rest[key] = value
-    return {"choices": [choices[i] for i in sorted(choices)], **rest}
-
-
-def _answer(response: httpx.Response, stream: bool):  # noqa: ANN202
-    """(status, the answer without what is made anew); a refusal is compared as vLLM's JSON."""
-    if response.status_code != 200 or not stream:
-        return response.status_code, _fresh(response.json())
-    lines = [line for line in response.text.splitlines() if line.startswith("data: ")]
-    assert lines[-1] == "data: [DONE]"
-    return 200, _said([_fresh(json.loads(line[6:])) for line in lines[:-1]])
-
-
 def _both(  # noqa: ANN202
     vllm: VllmServer,
     sidecar: TokenkeysServe | RouteProcess,
@@ -133,7 +71,7 @@ def _both(  # noqa: ANN202
     for url in (vllm.url, sidecar.url):
         sent = copy.deepcopy({"model": MODEL_NAME, **body, "stream": stream})
         sent["cache_salt"] = f"salt-{next(_salts)}"
-        answers.append(_answer(httpx.post(url + path, json=sent, timeout=600), stream))
+        answers.append(answer_of(httpx.post(url + path, json=sent, timeout=600), stream))
     assert answers[0][0] == (400 if refused else 200), answers[0]
     return answers[0][1], answers[1][1]
 
@@ -282,8 +220,8 @@ def test_the_openai_client_gets_vllms_answers(vllm, front) -> None:
             stream_options={"include_usage": True},
             extra_body={"cache_salt": f"salt-{next(_salts)}"},
         )
-        said = _said([_fresh(c.model_dump()) for c in chunks])
-        answers.append((_fresh(whole.model_dump()), said))
+        joined = said([fresh(c.model_dump()) for c in chunks])
+        answers.append((fresh(whole.model_dump()), joined))
     assert answers[1] == answers[0]
 
 
@@ -310,8 +248,8 @@ async def test_the_async_openai_client_gets_vllms_answers(vllm, front) -> None:
             stream_options={"include_usage": True},
             extra_body={"cache_salt": f"salt-{next(_salts)}"},
         )
-        said = _said([_fresh(c.model_dump()) async for c in stream])
-        answers.append((_fresh(whole.model_dump()), said))
+        joined = said([fresh(c.model_dump()) async for c in stream])
+        answers.append((fresh(whole.model_dump()), joined))
         await client.close()
     assert answers[1] == answers[0]
 

@@ -27,7 +27,6 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 from test_vllm_hybrid import LAYOUTS, Layout
-from test_vllm_sidecar import keys_checked, wait_for
 
 from tokenkeys.engine.vllm.key_check import KeyCheck
 from tokenkeys.engine.vllm.key_check import keys_checked as checked_counter
@@ -35,7 +34,7 @@ from tokenkeys.events.model import BlockStored, EventBatch
 from tokenkeys.keys import KeyContext, block_keys, make_spec
 from tokenkeys.keys.prompt_embeds import prompt_embeds_of
 
-from served_pair import TokenkeysServe, running, sidecar_args
+from served_pair import TokenkeysServe, keys_checked, running, sidecar_args, wait_for
 from vllm_events import EventCollector
 from vllm_server import BLOCK_SIZE, MODEL_NAME, PLAIN_CONFIG, VllmServer
 

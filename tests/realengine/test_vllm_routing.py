@@ -28,11 +28,10 @@ import pytest
 from late_door import LateDoor
 from prometheus_client.parser import text_string_to_metric_families
 from route_process import RouteProcess
-from test_vllm_sidecar import keys_checked, wait_for
 
 from tokenkeys._gen.openengine.v1 import model_pb2, openengine_pb2_grpc
 
-from served_pair import TokenkeysServe, sidecar_args
+from served_pair import TokenkeysServe, keys_checked, sidecar_args, wait_for
 from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME, VllmServer
 
 pytestmark = [

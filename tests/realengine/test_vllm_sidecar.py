@@ -11,51 +11,20 @@ algorithm: the sidecar refuses to start, naming both values.
 
 from __future__ import annotations
 
-import random
-import time
-
 import grpc
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tokenkeys._gen.openengine.v1 import kv_pb2, model_pb2, openengine_pb2_grpc, server_pb2
 from tokenkeys.keys import block_keys, make_spec
 
-from served_pair import TokenkeysServe, sidecar_args
+from served_pair import TokenkeysServe, keys_checked, random_prompt, sidecar_args, wait_for
 from vllm_events import EventCollector
 from vllm_server import BLOCK_SIZE, DEFAULT_CONFIG, MODEL_NAME
 
 pytestmark = [pytest.mark.realengine, pytest.mark.vllm_servers(DEFAULT_CONFIG)]
 
-VOCAB = 49152
-WAIT_LIMIT = 120.0  # seconds: a safety net for a broken engine, never a pass/fail criterion
 SPEC = make_spec("vllm/sha256_cbor@0.31", BLOCK_SIZE)  # vLLM's default root (no PYTHONHASHSEED)
-
-
-def keys_checked(url: str) -> dict[str, float]:
-    """``tokenkeys_engine_keys_checked_total`` by result, from the sidecar's /metrics."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    counts = {"match": 0.0, "mismatch": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "tokenkeys_engine_keys_checked_total":
-                counts[sample.labels["result"]] += sample.value
-    return counts
-
-
-def wait_for(condition, what: str):  # noqa: ANN001, ANN201 - a predicate and its value
-    deadline = time.monotonic() + WAIT_LIMIT
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.1)
-    return value
-
-
-def random_prompt(seed: int, length: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB) for _ in range(length)]
 
 
 def sse(response: httpx.Response) -> list[dict]:

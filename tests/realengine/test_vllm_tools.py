@@ -19,6 +19,7 @@ functions offered.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,9 +27,9 @@ from dataclasses import dataclass
 import httpx
 import openai
 import pytest
+from answers import answer_of, fresh, said
 from route_process import RouteProcess
 from test_vllm_hybrid import LAYOUTS
-from test_vllm_passthrough import _answer, _fresh, _said, _salts
 
 from served_pair import TokenkeysServe, running, sidecar_args
 from vllm_server import MODEL_NAME, VllmServer
@@ -78,6 +79,7 @@ TOOLS = [
 ASK = [{"role": "user", "content": "What is the weather in Paris, and what is 2 plus 3?"}]
 NAMED = {"type": "function", "function": {"name": "add"}}
 CHAT = "/v1/chat/completions"
+_salts = itertools.count()
 
 CASES = {
     "required": {
@@ -113,7 +115,7 @@ class Door:
         difference between two engine processes could change)."""
 
         def sent() -> dict:
-            salt = f"salt-{next(_salts)}"
+            salt = f"tools-{next(_salts)}"
             return {"model": MODEL_NAME, **body, "stream": stream, "cache_salt": salt}
 
         routed = httpx.post(f"{self.router.url}{CHAT}", json=sent(), timeout=600)
@@ -121,7 +123,7 @@ class Door:
         engine = self.behind[routed.headers["x-tokenkeys-worker"]]
         straight = httpx.post(f"{engine.url}{CHAT}", json=sent(), timeout=600)
         assert straight.status_code == 200, straight.text
-        return _answer(straight, stream)[1], _answer(routed, stream)[1]
+        return answer_of(straight, stream)[1], answer_of(routed, stream)[1]
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +177,7 @@ def test_the_openai_client_gets_vllms_parsed_calls(door) -> None:
             tool_choice=NAMED,  # type: ignore[arg-type]
             max_tokens=MAX_TOKENS,
             temperature=0,
-            extra_body={"cache_salt": f"salt-{next(_salts)}"},
+            extra_body={"cache_salt": f"tools-{next(_salts)}"},
         )
 
     def required(url: str):  # noqa: ANN202 - the raw response
@@ -189,12 +191,12 @@ def test_the_openai_client_gets_vllms_parsed_calls(door) -> None:
             temperature=0,
             stream=True,
             stream_options={"include_usage": True},
-            extra_body={"cache_salt": f"salt-{next(_salts)}"},
+            extra_body={"cache_salt": f"tools-{next(_salts)}"},
         )
 
     for call, parse in (
-        (named, lambda raw: _fresh(raw.parse().model_dump())),
-        (required, lambda raw: _said([_fresh(c.model_dump()) for c in raw.parse()])),
+        (named, lambda raw: fresh(raw.parse().model_dump())),
+        (required, lambda raw: said([fresh(c.model_dump()) for c in raw.parse()])),
     ):
         routed = call(door.router.url)
         engine = door.behind[routed.headers["x-tokenkeys-worker"]]
