@@ -25,6 +25,7 @@ import anthropic_corpus
 import derender_cases
 import httpx
 import pytest
+import render_cases
 
 from chat_fixtures import CONVERSATIONS, TOOL_CONVERSATION, TOOLS, openai_form
 from served_pair import SERVE_ARGS, Pair, TokenkeysServe, ok
@@ -344,6 +345,16 @@ RENDER_PATHS = {
     "messages": "messages",
     "responses": "responses",
 }
+
+
+@pytest.mark.parametrize("name", sorted(render_cases.CASES))
+def test_vllms_render_tests_pass_on_both(render_pair, name: str) -> None:
+    """vLLM's own render tests, assertions unchanged, hold for vLLM 0.32 and for tokenkeys."""
+    for side, client in (("vllm", render_pair.engine), ("tokenkeys", render_pair.ours)):
+        try:
+            render_cases.CASES[name](client, MODEL_NAME)
+        except AssertionError as failed:
+            raise AssertionError(f"{side}: {failed}") from failed
 
 
 # --- Derender (issue 34) ------------------------------------------------------------------------
