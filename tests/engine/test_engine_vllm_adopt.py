@@ -1,13 +1,22 @@
-"""What the sidecar takes from vLLM when the options leave it unset (engine/vllm/adopt.py); the
-real vLLM's side is tests/realengine/test_vllm_sidecar_start.py."""
+"""What the sidecar takes from vLLM when the options leave it unset (engine/vllm/adopt.py, and
+the image model id, engine/vllm/image_probe.py); the real vLLM's side is
+tests/realengine/test_vllm_sidecar_start.py (the image model id: test_vllm_images.py)."""
 
 from __future__ import annotations
 
+import base64
+import io
+
 import pytest
+from smolvlm_folder import build_smolvlm_folder
 
 from tokenkeys.engine.vllm.adopt import VllmPublisher, adopted_spec, event_source, profile_for
+from tokenkeys.engine.vllm.image_probe import adopt_model_id
 from tokenkeys.errors import ConfigError
 from tokenkeys.keys.deployment import DEFAULT_PROFILE, KeySpecOptions, build_spec
+from tokenkeys.preprocess.images import ImageOptions
+from tokenkeys.preprocess.preprocessor import Preprocessor
+from tokenkeys.tokenizer import Tokenizer, default_tokenizer_path
 
 # vLLM 0.32's cache_config_info labels (the fields the adoption reads).
 CACHE = {"block_size": "32", "prefix_caching_hash_algo": "sha256"}
@@ -96,3 +105,51 @@ def test_a_publisher_that_cannot_be_named_asks_for_the_option(sources: dict, wor
     with pytest.raises(ConfigError, match=words) as refused:
         event_source(sources, "http://h:1")
     assert refused.value.field == "engine-kv-events"
+
+
+#: vLLM's base model card ``root``: its ``--model`` argument as given.
+ROOT = "/engines/tiny-smolvlm"
+URL = "http://127.0.0.1:8000"
+
+
+def _image_identifier(pre: Preprocessor) -> str | None:
+    image = pytest.importorskip("PIL.Image")
+    buffer = io.BytesIO()
+    image.new("RGB", (40, 30), (10, 100, 200)).save(buffer, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    parts = [{"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": url}}]
+    chat = {"model": "m", "messages": [{"role": "user", "content": parts}]}
+    return pre.tokenize_chat(chat).features[0].identifier
+
+
+@pytest.fixture(scope="module")
+def vlm_folder(tmp_path_factory):
+    return build_smolvlm_folder(tmp_path_factory.mktemp("smolvlm"))
+
+
+def test_an_unset_image_model_id_is_vllms_root(vlm_folder) -> None:
+    adopting = Preprocessor(Tokenizer.load(vlm_folder))
+    assert _image_identifier(adopting) is None  # no model id: no identifier, no keys
+    adopt_model_id(adopting, ROOT, URL)
+    given = Preprocessor(Tokenizer.load(vlm_folder), images=ImageOptions(model_id=ROOT))
+    assert adopting.images.model_id == ROOT
+    assert _image_identifier(adopting) == _image_identifier(given) is not None
+    adopt_model_id(given, ROOT, URL)  # the same one given: kept
+    assert given.images.model_id == ROOT
+
+
+def test_a_given_image_model_id_that_is_not_vllms_is_refused(vlm_folder) -> None:
+    pre = Preprocessor(Tokenizer.load(vlm_folder), images=ImageOptions(model_id="/elsewhere"))
+    with pytest.raises(ConfigError) as refused:
+        adopt_model_id(pre, ROOT, URL)
+    assert refused.value.field == "mm-model-id"
+    assert f"--mm-model-id is '/elsewhere', vLLM at {URL} was started with --model {ROOT!r}" in (
+        refused.value.message
+    )
+    assert pre.images.model_id == "/elsewhere"  # nothing half done
+
+
+def test_a_text_model_takes_no_image_model_id() -> None:
+    pre = Preprocessor(Tokenizer.load(default_tokenizer_path()))
+    adopt_model_id(pre, ROOT, URL)
+    assert pre.image_expander is None and pre.images.model_id is None

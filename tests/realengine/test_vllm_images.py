@@ -101,8 +101,10 @@ def test_counts_and_block_keys_equal_vllms(engine) -> None:
     assert image_blocks >= 100
 
 
-def _sidecar(server: VllmServer, folder: str, model_id: str) -> TokenkeysServe:
-    """``tokenkeys serve`` as the sidecar of the VLM: its folder, spec, events and image id."""
+def _sidecar(server: VllmServer, folder: str, model_id: str | None = None) -> TokenkeysServe:
+    """``tokenkeys serve`` as the sidecar of the VLM: its folder, spec and events; the image
+    id adopted from vLLM's ``/v1/models`` ``root`` unless ``model_id`` is given."""
+    given = () if model_id is None else ("--mm-model-id", model_id)
     return TokenkeysServe(
         "--model", f"{MODEL_NAME}={folder}",
         "--backend", "transformers5",
@@ -113,14 +115,14 @@ def _sidecar(server: VllmServer, folder: str, model_id: str) -> TokenkeysServe:
         "--engine-kv-events", server.events_endpoint,
         "--engine-kv-replay", server.replay_endpoint,
         "--engine-kv-topic", server.topic,
-        "--mm-model-id", model_id,
         "--allow-private-media-addresses",  # the chats' loopback image server
+        *given,
     )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def sidecar(engine, tiny_model) -> Iterator[TokenkeysServe]:
-    process = _sidecar(engine[0], str(tiny_model.vlm), str(tiny_model.vlm))
+    process = _sidecar(engine[0], str(tiny_model.vlm))  # the image id: vLLM's, adopted
     with running(process):
         yield process
 
@@ -176,6 +178,8 @@ def test_another_image_identifier_refuses_the_start(engine, tiny_model) -> None:
     try:
         assert sidecar.wait_exit() != 0
         log = sidecar.log_text()
-        assert "mm-model-id" in log and "image identifier" in log, log[-3000:]
+        # Both named: the one given and vLLM's --model (its /v1/models root).
+        wrong = "--mm-model-id is '/not/the/model/vllm/was/given'"
+        assert wrong in log and f"--model {str(tiny_model.vlm)!r}" in log, log[-3000:]
     finally:
         sidecar.stop()

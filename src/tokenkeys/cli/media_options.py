@@ -29,8 +29,9 @@ def add_media_options(parser: argparse.ArgumentParser) -> None:
         "--mm-model-id",
         metavar="MODEL",
         help="the engine's --model argument exactly as given (vLLM hashes it with every image "
-        "into the identifier its block keys carry); without it counts are exact and image "
-        "prompts get no keys",
+        "into the identifier its block keys carry); in front of a vLLM (--engine vllm+URL) "
+        "taken from its /v1/models when not given; otherwise without it counts are exact and "
+        "image prompts get no keys",
     )
     group.add_argument(
         "--allowed-local-media-path",

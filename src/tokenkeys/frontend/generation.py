@@ -35,7 +35,7 @@ def key_context(request: dict[str, Any]) -> KeyContext | None:
 
 def with_images(context: KeyContext | None, features: Sequence[MMFeature]) -> KeyContext | None:
     """``context`` with a prompt's image items (the engine keys blocks with them); unchanged
-    without images. An item without its identifier (no ``--mm-model-id``) is refused
+    without images. An item without its identifier (no model id given or adopted) is refused
     (FailedPrecondition naming ``model_id``): keys without the image's identity would give two
     different images the same blocks."""
     if not features:
@@ -82,7 +82,7 @@ class EngineCall:
     def with_images(self, features: Sequence[MMFeature]) -> EngineCall:
         """This call keyed with a prompt's image items (the engine keys blocks with them).
 
-        An item without its identifier (no ``--mm-model-id``) is refused: keys without the
+        An item without its identifier (no model id given or adopted) is refused: keys without the
         image's identity would give two different images the same blocks.
         """
         if not features:

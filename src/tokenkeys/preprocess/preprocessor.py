@@ -9,7 +9,7 @@ construction, the count generation produces for it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenkeys.errors import InvalidArgument, Unsupported, vllm_invalid
@@ -125,6 +125,13 @@ class Preprocessor:
         )
         self.encoder = IncrementalEncoder(self.tokenizer, self.incremental)
         self.history = HistoryWatch(self.model)
+
+    def adopt_image_model_id(self, model_id: str) -> None:
+        """Hash images with ``model_id`` from now on: the engine reported its ``--model``
+        argument (the vLLM sidecar, where ``--mm-model-id`` was not given)."""
+        self.images = replace(self.images, model_id=model_id)
+        if self.image_expander is not None:
+            self.image_expander.options = self.images
 
     def normalize(self, text: str, nul: str | None = None) -> tuple[str, list[int] | None]:
         """Apply the text normalization of this deployment (NUL handling)."""

@@ -13,7 +13,8 @@ vLLM says what it is in four places, all read before the sidecar serves anything
   ``--served-model-name`` when given (adopted otherwise, :func:`prepare`: the sidecar
   forwards under its own served name), ``max_model_len`` against ``--max-model-len`` when
   given (adopted otherwise), the adapters vLLM serves for the model (adopted), and the model
-  path vLLM loaded (named when the tokenizer probe fails);
+  path vLLM loaded (``root``: named when the tokenizer probe fails, and the image identifier's
+  model id, :func:`~tokenkeys.engine.vllm.image_probe.adopt_model_id`);
 - ``/tokenize`` of a probe text: vLLM's ids against the sidecar's tokenizer (backend), so the
   served number is vLLM's.
 
@@ -51,6 +52,8 @@ class VllmFacts:
     max_model_len: int | None
     num_blocks: int
     adapters: tuple[Adapter, ...]
+    #: vLLM's ``--model`` argument as given (the base model card's ``root``).
+    root: str = ""
 
 
 log = logging.getLogger(__name__)
@@ -149,7 +152,10 @@ async def check_vllm(
     await _probe_tokenize(client, name, tokenizer, base.root)
     adapters = tuple(Adapter(m.name, m.root) for m in served if m.parent == base.name)
     return VllmFacts(
-        base.max_model_len or max_model_len, int(cache.get("num_gpu_blocks") or 0), adapters
+        base.max_model_len or max_model_len,
+        int(cache.get("num_gpu_blocks") or 0),
+        adapters,
+        base.root,
     )
 
 

@@ -9,6 +9,12 @@ fresh image of random pixels, rendered by the model's one Preprocessor and sent 
 block after the first block of random tokens is the probe's alone, so the check places it by
 parent and tokens (``KeyCheck.expect(owned_from=...)``) and flags another hash or other published
 extra keys there. A mismatch refuses the start, naming ``mm-model-id``.
+
+The identifier's model id is vLLM's ``--model`` argument as given, which vLLM reports as the
+``root`` of its base model card on ``/v1/models`` (vLLM 0.32
+``entrypoints/launchers/api_server/app_state.py``: ``BaseModelPath(model_path=args.model)``,
+``entrypoints/openai/models/serving.py``: ``root=base_model.model_path``); the sidecar adopts it
+when ``--mm-model-id`` is not given (:func:`adopt_model_id`), and the probe proves it.
 """
 
 from __future__ import annotations
@@ -60,6 +66,23 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
 
 
+def adopt_model_id(preprocessor: Preprocessor | None, root: str, url: str) -> None:
+    """Hash images with vLLM's ``--model`` argument (``root``, see the module doc) where
+    ``--mm-model-id`` is not given; a given one that is not ``root`` refuses the start."""
+    if preprocessor is None or preprocessor.image_expander is None or not root:
+        return
+    given = preprocessor.images.model_id
+    if given is None:
+        log.info("image identifiers with model id %r, the --model vLLM at %s reports", root, url)
+        preprocessor.adopt_image_model_id(root)
+    elif given != root:
+        raise ConfigError(
+            f"--mm-model-id is {given!r}, vLLM at {url} was started with --model {root!r} (the "
+            "model id it hashes into every image identifier); give vLLM's or leave it out",
+            field="mm-model-id",
+        )
+
+
 async def probe_images(
     client: VllmHttpClient,
     check: KeyCheck,
@@ -69,16 +92,17 @@ async def probe_images(
 ) -> None:
     """Probe one fresh image through vLLM (see the module doc); ConfigError on a mismatch.
 
-    Nothing is probed for a model that takes no images or has no ``--mm-model-id`` (its image
-    prompts have no keys to check). A vLLM that refuses the image, or publishes no placed block
-    within ``wait_s``, is logged: its image blocks are then checked on live traffic only.
+    Nothing is probed for a model that takes no images or has no model id (neither given nor
+    adopted: its image prompts have no keys to check). A vLLM that refuses the image, or
+    publishes no placed block within ``wait_s``, is logged: its image blocks are then checked
+    on live traffic only.
     """
     if preprocessor is None or preprocessor.image_expander is None:
         return
     model, url = check.model, client.base_url
     if preprocessor.images.model_id is None:
         log.warning(
-            "no --mm-model-id: image prompts of %s are forwarded without keys to check", model
+            "no image model id: image prompts of %s are forwarded without keys to check", model
         )
         return
     bs = check.block_size

@@ -43,7 +43,7 @@ from tokenkeys.engine.vllm.checks import VllmFacts, check_vllm, prepare
 from tokenkeys.engine.vllm.client import VllmHttpClient
 from tokenkeys.engine.vllm.fault import TEST_DROP, fault_drops
 from tokenkeys.engine.vllm.groups import learned_spec
-from tokenkeys.engine.vllm.image_probe import PROBE_WAIT_S, probe_images
+from tokenkeys.engine.vllm.image_probe import PROBE_WAIT_S, adopt_model_id, probe_images
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.engine.vllm.openai import usage_of
 from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, TokenkeysError, Unavailable
@@ -109,6 +109,7 @@ class VllmSidecarEngine:
             self._max_model_len,
             self.config.wait_s,
         )
+        adopt_model_id(self.preprocessor, self._facts.root, self.config.url)
         self._release = await self.client.version()
         snapshot_scope.before_first(self.stream.ledger)
         self._subscriber = ZmqEventSubscriber(
