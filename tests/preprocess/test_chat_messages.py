@@ -75,23 +75,6 @@ def test_media_parts_are_unsupported(part: dict, kind: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "part",
-    [
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
-        {"image_url": "http://x/y.png"},  # no type, recognised by its key
-    ],
-)
-def test_an_image_for_a_model_without_an_image_processor_is_a_bad_request(part: dict) -> None:
-    # vLLM 0.32 answers 400 "<model> is not a multimodal model" (checked against the real
-    # engine in tests/realengine/test_vllm_messages.py).
-    assert media_kind(part) == "image_url"
-    with pytest.raises(InvalidArgument) as info:
-        one({"role": "user", "content": [{"type": "text", "text": "see"}, part]})
-    assert "not a multimodal model" in info.value.message
-    assert info.value.field == "messages[0].content[1]"
-
-
-@pytest.mark.parametrize(
     "part,match",
     [
         ({"type": "video"}, None),

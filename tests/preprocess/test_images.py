@@ -18,6 +18,7 @@ from smolvlm_folder import IMAGE_SEQ_LEN, PREPROCESSOR, build_smolvlm_folder
 
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys.vllm_mm import ImageConversion, image_identifier
+from tokenkeys.preprocess.chat_messages import media_kind
 from tokenkeys.preprocess.images import ImageOptions
 from tokenkeys.preprocess.media import fetch
 from tokenkeys.preprocess.media.fetch import MediaPolicy, load_url
@@ -160,6 +161,26 @@ def test_a_text_only_model_refuses_images_as_vllm_does() -> None:
         with pytest.raises(InvalidArgument, match="m is not a multimodal model") as raised:
             pre.tokenize_chat(chat([{"type": "text", "text": "x"}, image_part(url)]))
         assert raised.value.field == "messages[0].content[1]"
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
+        {"image_url": "http://x/y.png"},  # no type, recognised by its key
+    ],
+)
+def test_an_image_for_a_model_without_an_image_processor_is_a_bad_request(part: dict) -> None:
+    # vLLM 0.32 answers 400 "<model> is not a multimodal model" (checked against the real
+    # engine in tests/realengine/test_vllm_messages.py).
+    from tokenkeys.tokenizer.embedded import default_tokenizer_path
+
+    pre = Preprocessor(Tokenizer.load(default_tokenizer_path()), model="m")
+    assert media_kind(part) == "image_url"
+    with pytest.raises(InvalidArgument) as info:
+        pre.tokenize_chat(chat([{"type": "text", "text": "see"}, part]))
+    assert "not a multimodal model" in info.value.message
+    assert info.value.field == "messages[0].content[1]"
 
 
 def test_another_processor_class_is_refused_by_name(folder, tmp_path) -> None:

@@ -165,13 +165,9 @@ def _part(part: Any, where: str, images: ImageParts | None) -> tuple[str, str] |
         if images is not None and kind in IMAGE_PART_TYPES:
             images.refs.append(_image_ref(part, kind, where))
             return ("image", images.placeholder)
-        if kind in IMAGE_PART_TYPES:
-            # Not reached from the Preprocessor: a text-only model's media parts get vLLM's 400
-            # before rendering, a processor it cannot reproduce its 501 naming the class.
-            raise InvalidArgument(
-                f"the model is not a multimodal model: it takes no {kind!r} part ({where})",
-                field=where,
-            )
+        # An image part without ImageParts is not reached from the Preprocessor: a text-only
+        # model's images get vLLM's 400 before rendering (Preprocessor.tokenize_chat), a
+        # processor it cannot reproduce its 501 naming the class.
         reason = modality_reason(kind, where)
         if reason is not None:
             raise Unsupported(reason, field=where)
