@@ -6,9 +6,13 @@ a guard catch it; clients are ordinary httpx clients, as a router's would be.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from tokenkeys.engine.simulated.engine import SimulatedEngine
 from tokenkeys.engine.simulated.latency import LatencyModel
@@ -19,7 +23,7 @@ from tokenkeys.preprocess.chat import ChatOptions
 from tokenkeys.server.assembly import EngineServer, ServeConfig
 from tokenkeys.server.runtime.loading import ModelSource, load_models
 from tokenkeys.serving.models import ModelRegistry
-from tokenkeys.tokenizer import TokenizerOptions
+from tokenkeys.tokenizer import TokenizerOptions, default_tokenizer_path
 
 from support import LoopServerThread
 
@@ -136,3 +140,13 @@ def bos_variant(folder: Path) -> Path:
     config = (src / "tokenizer_config.json").read_text(encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(config, encoding="utf-8")
     return folder
+
+
+@contextlib.contextmanager
+def served_as(name: str, max_model_len: int = 4096) -> Iterator[tuple[httpx.Client, ModelRegistry]]:
+    """The embedded tokenizer served as ``name`` on a simulated engine with a context of
+    ``max_model_len``, on a loopback port: a client of it, and the models it serves."""
+    models = registry(ModelSource(name, default_tokenizer_path()), engines=False)
+    attach_engines(models, max_model_len=max_model_len)
+    with HttpServerThread(models) as thread, httpx.Client(base_url=thread.url, timeout=60) as c:
+        yield c, models

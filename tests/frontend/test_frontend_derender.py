@@ -14,19 +14,15 @@ import pytest
 from tokenkeys.derender.incremental import Window, advance
 from tokenkeys.derender.pieces import Pieces, pieces_of, special_tokens
 from tokenkeys.preprocess.preprocessor import Preprocessor
-from tokenkeys.server.runtime.loading import ModelSource
-from tokenkeys.tokenizer import default_tokenizer_path
 
-from http_support import HttpServerThread, attach_engines, registry
+from http_support import served_as
 
 NAME = "smollm2"
 
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[httpx.Client, Preprocessor]]:
-    models = registry(ModelSource(NAME, default_tokenizer_path()), engines=False)
-    attach_engines(models, max_model_len=4096)
-    with HttpServerThread(models) as thread, httpx.Client(base_url=thread.url, timeout=60) as c:
+    with served_as(NAME) as (c, models):
         yield c, models.get(None).preprocessor
 
 

@@ -14,19 +14,15 @@ import httpx
 import pytest
 
 from tokenkeys.preprocess.anthropic import to_chat_request
-from tokenkeys.server.runtime.loading import ModelSource
-from tokenkeys.tokenizer import default_tokenizer_path
 
-from http_support import HttpServerThread, attach_engines, registry
+from http_support import served_as
 
 NAME = "smollm2"
 
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[httpx.Client]:
-    models = registry(ModelSource(NAME, default_tokenizer_path()), engines=False)
-    attach_engines(models, max_model_len=4096)
-    with HttpServerThread(models) as thread, httpx.Client(base_url=thread.url, timeout=60) as c:
+    with served_as(NAME) as (c, _models):
         yield c
 
 
