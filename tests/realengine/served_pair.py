@@ -122,11 +122,17 @@ def sidecar_args(vllm: VllmServer, *extra: str, url: str | None = None) -> tuple
 
 
 @contextlib.contextmanager
-def running(*processes: TokenkeysServe | VllmServer) -> Iterator[None]:
-    """Wait until every process (a sidecar or a vLLM) is healthy; stop them all on leaving."""
+def running(
+    *processes: TokenkeysServe | VllmServer, timeout: float | None = None
+) -> Iterator[None]:
+    """Wait until every process (a sidecar or a vLLM) is healthy (each within ``timeout``
+    seconds, its own default without); stop them all on leaving."""
     try:
         for process in processes:
-            process.wait_healthy()
+            if timeout is None:
+                process.wait_healthy()
+            else:
+                process.wait_healthy(timeout=timeout)
         yield
     finally:
         for process in processes:

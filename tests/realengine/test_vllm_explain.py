@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from route_process import RouteProcess
 from test_vllm_parity import assert_another_template_differs
 
-from served_pair import TokenkeysServe, sidecar_args, wait_for
+from served_pair import TokenkeysServe, running, sidecar_args, wait_for
 from vllm_server import (
     BLOCK_SIZE,
     LORA_NAME,
@@ -79,13 +79,8 @@ def engines(vllm_pool) -> list[VllmServer]:
 @pytest.fixture(scope="module")
 def sidecars(engines, fault) -> Iterator[list[TokenkeysServe]]:
     started = [TokenkeysServe(*sidecar_args(e, *VERSION)) for e in engines]
-    try:
-        for sidecar in started:
-            sidecar.wait_healthy(timeout=600)
+    with running(*started, timeout=600):
         yield started
-    finally:
-        for sidecar in started:
-            sidecar.stop()
 
 
 @pytest.fixture(scope="module")
