@@ -13,20 +13,35 @@ from tokenkeys.cli import interrupts
 # Each module exposes register(subparsers); a subcommand's parser sets ``func(args) -> int``.
 # Imported by build_parser, not here: they take seconds to import (FastAPI, gRPC, tokenizers),
 # and main() latches Ctrl-C first (tokenkeys.cli.interrupts) so one pressed meanwhile counts.
-_MODULES = ("serve", "route", "tokens", "pull", "keys", "parity")
+#: The module registering each command (tests/cli/test_cli_commands.py holds it to the modules).
+COMMANDS = {
+    "serve": "serve",
+    "route": "route",
+    "info": "tokens",
+    "tokenize": "tokens",
+    "detokenize": "tokens",
+    "pull": "pull",
+    "prune": "pull",
+    "keys": "keys",
+    "vectors": "keys",
+    "parity": "parity",
+}
 #: Exit status when the reader of stdout went away (``tokenkeys keys --list | head``): what a
 #: shell reports for a program ended by SIGPIPE, 128 + 13.
 EXIT_BROKEN_PIPE = 141
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (also used to document the CLI)."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser (also used to document the CLI): every command's, or only that of
+    ``command`` when it names one (a command imports only its own module: a second or two of
+    CPU less for ``tokenkeys keys``; what it parses and its messages are the same)."""
     parser = argparse.ArgumentParser(
         prog="tokenkeys",
         description="Tokenizer and KV prefix-cache key interoperability for LLM serving.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in _MODULES:
+    modules = [COMMANDS[command]] if command in COMMANDS else COMMANDS.values()
+    for name in dict.fromkeys(modules):
         importlib.import_module(f"tokenkeys.cli.{name}").register(sub)
     return parser
 
@@ -52,12 +67,13 @@ def _run(argv: Sequence[str] | None) -> int:
     from tokenkeys.process.allocator import restart_tuned
     from tokenkeys.terminal import printable
 
-    if argv is None and _command(sys.argv[1:]) == "serve":
+    command = _command(sys.argv[1:] if argv is None else argv)
+    if argv is None and command == "serve":
         # The serving process's allocator (tokenkeys.process.allocator), before the parser
         # imports the commands' modules: the process that re-executes has imported nothing to
         # throw away (about half of a serve start's CPU seconds otherwise).
         restart_tuned()
-    parser = build_parser()
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     interrupts.release()  # a Ctrl-C during the imports and parsing ends the command here
     try:
@@ -81,9 +97,9 @@ def _run(argv: Sequence[str] | None) -> int:
 
 
 def _command(args: Sequence[str]) -> str | None:
-    """The subcommand ``args`` name: the first argument that is not an option (the top-level
-    parser's only option, ``-h``, takes no value)."""
-    return next((arg for arg in args if not arg.startswith("-")), None)
+    """The subcommand ``args`` name first, if they do (an option first, such as ``-h``, asks
+    the whole parser)."""
+    return args[0] if args and not args[0].startswith("-") else None
 
 
 if __name__ == "__main__":
