@@ -9,7 +9,7 @@ serves, block for block, image-bearing blocks included, so its keys are the work
 worker keys with its Preprocessor's features, as the sidecar does). Another image of the same
 size (the same placeholder tokens) is promised nothing past the text before it. A router whose
 ``--mm-model-id`` contradicts the workers', and workers that state no id, route image chats by
-load and forward them unchanged.
+load and forward them unchanged, as do two workers that state different ids.
 """
 
 from __future__ import annotations
@@ -56,13 +56,16 @@ def folder(tmp_path_factory):
     return build_smolvlm_folder(tmp_path_factory.mktemp("smolvlm"))
 
 
-def _models(folder, model_id: str | None):  # noqa: ANN001, ANN202
+def _models(folder, model_ids: tuple[str | None, ...]):  # noqa: ANN001, ANN202
+    """The served models of each engine in turn, hashing images with its id of ``model_ids``."""
+    ids = iter(model_ids)
+
     def make() -> ModelRegistry:
         models = load_models(
             [ModelSource("smolvlm", folder)],
             TokenizerOptions(),
             Limits(),
-            images=ImageOptions(model_id=model_id),
+            images=ImageOptions(model_id=next(ids)),
         )
         attach_cache_keys(models, make_spec(DEFAULT_PROFILE, BLOCK), Limits())
         return models
@@ -70,14 +73,14 @@ def _models(folder, model_id: str | None):  # noqa: ANN001, ANN202
     return make
 
 
-async def _cluster(folder, tmp_path, *, workers_id: str | None, router_id: str | None = None):  # noqa: ANN001, ANN202
+async def _cluster(folder, tmp_path, *, workers_id, router_id: str | None = None):  # noqa: ANN001, ANN202
     settings = PoolSettings(cache=tmp_path / "cache", images=ImageOptions(model_id=router_id))
     return await start_cluster(
         2,
         settings=settings,
         http=True,
         worker_http=True,
-        models=_models(folder, workers_id),
+        models=_models(folder, workers_id if isinstance(workers_id, tuple) else (workers_id,) * 2),
     )
 
 
@@ -133,7 +136,12 @@ async def test_image_conversations_go_to_their_holder_and_keep_the_promise(folde
 
 
 @pytest.mark.parametrize(
-    ("workers_id", "router_id"), [(None, None), (MODEL_ID, "/another/path/to/the/model")]
+    ("workers_id", "router_id"),
+    [
+        (None, None),  # no worker states its engine's model id
+        (MODEL_ID, "/another/path/to/the/model"),  # route --mm-model-id contradicts them
+        ((MODEL_ID, "/another/path/to/the/model"), None),  # the two workers disagree
+    ],
 )
 async def test_images_without_one_known_model_id_are_routed_by_load(
     folder, tmp_path, caplog, workers_id, router_id
@@ -157,6 +165,6 @@ async def test_images_without_one_known_model_id_are_routed_by_load(
                     # Forwarded unchanged: the worker's own answer (its 400 without an id).
                     assert routed.status_code == straight.status_code
             contradicted = "hash images with different model ids" in caplog.text
-            assert contradicted == (router_id is not None), caplog.text
+            assert contradicted == (workers_id is not None), caplog.text
     finally:
         await cluster.close()
