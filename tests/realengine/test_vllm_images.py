@@ -20,6 +20,7 @@ import httpx
 import pytest
 from image_chats import Chats
 from image_server import ImageServer
+from route_process import RouteProcess
 
 from tokenkeys.engine.simulated.event_extra_keys import VllmEventExtraKeys
 from tokenkeys.keys import KeyContext, block_keys, make_spec
@@ -183,3 +184,89 @@ def test_another_image_identifier_refuses_the_start(engine, tiny_model) -> None:
         assert wrong in log and f"--model {str(tiny_model.vlm)!r}" in log, log[-3000:]
     finally:
         sidecar.stop()
+
+
+#: The routing acceptance's conversations: each a first turn with one image, then follow-ups.
+GROUPS = 3  # odd, so round robin does not happen to send a conversation to one engine each turn
+TURNS = 3
+
+
+@pytest.fixture(scope="module")
+def second_sidecar(vllm_pool, tiny_model) -> Iterator[TokenkeysServe]:
+    process = _sidecar(vllm_pool.get(VLM_CONFIG.second()), str(tiny_model.vlm))
+    with running(process, timeout=600):
+        yield process
+
+
+def _conversations(chats: list[tuple[str, dict]]) -> list[dict]:
+    """GROUPS one-image chats (64x64 and up, each image its own), as first turns."""
+    single = [chat for label, chat in chats if label.startswith("one ")]
+    return single[1 : 1 + GROUPS]
+
+
+def _converse(client: httpx.Client, firsts: list[dict], salt: str, wait: bool) -> tuple[int, list]:
+    """TURNS turns of each conversation, one follow-up each per round; vLLM's cached tokens in
+    all, and the worker of each turn by conversation. ``wait``: before a follow-up, until the
+    router's index holds the previous turn (its events reached the router)."""
+    total, chosen = 0, [[] for _ in firsts]
+    conversations = [list(chat["messages"]) for chat in firsts]
+    for turn in range(TURNS):
+        for g, messages in enumerate(conversations):
+            body = {"model": MODEL_NAME, "messages": messages, "cache_salt": salt}
+            if turn and wait:
+                wait_for(
+                    lambda b=body: (
+                        client.post("/router/route", json=b).json()["reason"] == "prefix"
+                    ),
+                    "the previous turn's blocks at the router",
+                )
+            response = client.post("/v1/chat/completions", json={**body, "max_tokens": 1})
+            assert response.status_code == 200, response.text
+            cached = response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            total += cached
+            if response.headers["x-tokenkeys-policy"] == "precise":
+                # The router's promise: its keys of the image blocks are vLLM's (within one
+                # block, as for text prompts: test_vllm_routing).
+                expected = int(response.headers["x-tokenkeys-expected-cached-tokens"])
+                assert abs(cached - expected) <= BLOCK_SIZE, (expected, cached)
+            chosen[g].append(response.headers["x-tokenkeys-worker"])
+            messages += [
+                {"role": "assistant", "content": f"An answer to turn {turn}."},
+                {"role": "user", "content": f"Conversation {g}, turn {turn + 1}: and now?"},
+            ]
+    return total, chosen
+
+
+@pytest.mark.vllm_servers(VLM_CONFIG.second())
+def test_the_router_sends_image_conversations_to_their_holder(
+    engine, sidecar, second_sidecar, tmp_path
+) -> None:
+    """Two VLM vLLMs behind their sidecars behind ``tokenkeys route``: the router learns
+    vLLM's model id from the sidecars' cards, keys each turn's image blocks as vLLM does, and
+    every follow-up reaches the vLLM holding its conversation, promised what vLLM serves;
+    vLLM's cached tokens beat round robin's on the same conversations by at least 1.5x (each
+    run under its own ``cache_salt``: nothing one run stored is found by the other)."""
+    chats = engine[3]
+    sidecars = (sidecar, second_sidecar)
+    before = [keys_checked(s.url) for s in sidecars]
+    workers = [a for s in sidecars for a in ("--worker", s.target)]
+    args = (*workers, "--poll-interval", "1", "--allow-private-media-addresses")
+    with RouteProcess(*args, cache=str(tmp_path / "a")) as router:
+        with httpx.Client(base_url=router.url, timeout=300) as client:
+            wait_for(lambda: len(_ready(client)) == 2, "both sidecars ready at the router")
+            precise, chosen = _converse(client, _conversations(chats), "route-precise", True)
+    for workers_of_one in chosen:
+        assert len(set(workers_of_one)) == 1, chosen  # every turn at the vLLM holding it
+    with RouteProcess(*args, "--policy", "round_robin", cache=str(tmp_path / "b")) as rr:
+        with httpx.Client(base_url=rr.url, timeout=300) as client:
+            wait_for(lambda: len(_ready(client)) == 2, "both sidecars ready at the router")
+            round_robin, _ = _converse(client, _conversations(chats), "route-rr", False)
+    assert precise >= 1.5 * round_robin > 0, (precise, round_robin)
+    for s, was in zip(sidecars, before, strict=True):
+        now = keys_checked(s.url)
+        assert now["mismatch"] == was["mismatch"] == 0 and now["match"] > was["match"], now
+
+
+def _ready(client: httpx.Client) -> list[str]:
+    workers = client.get("/router/workers").json()["workers"]
+    return [w["address"] for w in workers if w["state"] == "ready"]

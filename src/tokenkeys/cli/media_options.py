@@ -1,4 +1,5 @@
-"""``serve``'s image options: the engine's model id as vLLM hashes it, where media may come from.
+"""The image options of ``serve`` and ``route``: the engine's model id as vLLM hashes it, where
+media may come from.
 
 The names follow vLLM's (``--allowed-local-media-path``, ``--allowed-media-domains``); the
 bounds of a fetch are tokenkeys' own (vLLM has a timeout only).
@@ -29,9 +30,9 @@ def add_media_options(parser: argparse.ArgumentParser) -> None:
         "--mm-model-id",
         metavar="MODEL",
         help="the engine's --model argument exactly as given (vLLM hashes it with every image "
-        "into the identifier its block keys carry); in front of a vLLM (--engine vllm+URL) "
-        "taken from its /v1/models when not given; otherwise without it counts are exact and "
-        "image prompts get no keys",
+        "into the identifier its block keys carry); when not given, a sidecar (--engine "
+        "vllm+URL) takes it from its vLLM's /v1/models root and a router from its workers'; "
+        "given, theirs must agree; unknown, counts are exact and image prompts get no keys",
     )
     group.add_argument(
         "--allowed-local-media-path",

@@ -21,6 +21,7 @@ from tokenkeys.cli.access_options import (
 from tokenkeys.cli.connection_options import add_connection_options, connection_limits_from
 from tokenkeys.cli.help import DefaultsFormatter, essentials_first
 from tokenkeys.cli.log_options import add_log_options
+from tokenkeys.cli.media_options import add_media_options, image_options
 from tokenkeys.cli.run_options import add_run_options, check_run_options
 from tokenkeys.cli.serve_http import http_config
 from tokenkeys.limits import Limits
@@ -169,6 +170,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         processes="route from N processes sharing the HTTP port (SO_REUSEPORT), each a full "
         "router replica with its own index (or the shared --index redis); default 1",
     )
+    add_media_options(p)
     add_connection_options(p, grpc=False)
     add_server_access_options(p, templates=False)
     add_client_access_options(p, prefix="worker-")
@@ -194,7 +196,10 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> Router
         timeout=args.timeout,
         down_after=args.down_after,
         pools=PoolSettings(
-            cache=args.cache, limits=limits, security=channel_security(args, prefix="worker-")
+            cache=args.cache,
+            limits=limits,
+            security=channel_security(args, prefix="worker-"),
+            images=image_options(args),
         ),
         cost=CostWeights(
             prefix=args.prefix_weight,

@@ -48,7 +48,7 @@ class ModelCard(_Out):
     object: str = "model"
     created: int
     owned_by: str = "tokenkeys"
-    root: str
+    root: str | None = None  # vLLM: --model as given; null while a VLM's is unknown
     parent: str | None = None
     max_model_len: int | None = None
 

@@ -14,6 +14,7 @@ from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.metrics import CONTENT_TYPE
 from tokenkeys.frontend.responses import ModelList
 from tokenkeys.frontend.state import adapters_of, max_model_len_of, state_of
+from tokenkeys.serving.models import ServedModel
 
 
 def add_routes(app: FastAPI) -> None:
@@ -21,12 +22,17 @@ def add_routes(app: FastAPI) -> None:
     created = int(time.time())
 
     async def models(request: Request) -> Response:
-        """The served models, the default first, each of its names a card sharing one root
-        (its first name), then LoRA adapters with their base as parent and their path as root
-        (as vLLM 0.32 lists them: ``vllm/entrypoints/openai/models/serving.py``)."""
+        """The served models, the default first, each of its names a card sharing one root,
+        then LoRA adapters with their base as parent and their path as root (as vLLM 0.32 lists
+        them: ``vllm/entrypoints/openai/models/serving.py``).
+
+        vLLM's root is its ``--model`` argument, which it hashes into every image identifier;
+        a model that takes images shows the one its images are hashed with (a sidecar's is its
+        vLLM's), null while unknown, so a router in front keys image prompts as the engine
+        does (``router.forwarding.image_ids``). Other models show their first name."""
         state = state_of(request)
         data = [
-            _card(name, m.name, None, max_model_len_of(m))
+            _card(name, _root(m), None, max_model_len_of(m))
             for m in state.models
             for name in m.served_names
         ]
@@ -34,7 +40,11 @@ def add_routes(app: FastAPI) -> None:
             data += [_card(a.name, a.path, m.name, max_model_len_of(m)) for a in adapters_of(m)]
         return json_response({"object": "list", "data": data})
 
-    def _card(name: str, root: str, parent: str | None, max_model_len: int) -> dict:
+    def _root(model: ServedModel) -> str | None:
+        pre = model.preprocessor
+        return pre.images.model_id if pre.image_expander is not None else model.name
+
+    def _card(name: str, root: str | None, parent: str | None, max_model_len: int) -> dict:
         return {
             "id": name,
             "object": "model",

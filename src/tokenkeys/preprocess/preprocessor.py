@@ -126,9 +126,10 @@ class Preprocessor:
         self.encoder = IncrementalEncoder(self.tokenizer, self.incremental)
         self.history = HistoryWatch(self.model)
 
-    def adopt_image_model_id(self, model_id: str) -> None:
+    def adopt_image_model_id(self, model_id: str | None) -> None:
         """Hash images with ``model_id`` from now on: the engine reported its ``--model``
-        argument (the vLLM sidecar, where ``--mm-model-id`` was not given)."""
+        argument (the vLLM sidecar, where ``--mm-model-id`` was not given; the router, from its
+        workers). None: no longer known, image prompts get no identifiers (and no keys)."""
         self.images = replace(self.images, model_id=model_id)
         if self.image_expander is not None:
             self.image_expander.options = self.images

@@ -104,6 +104,7 @@ class RouterProcess:
             service.promises,
             service.shared,
             accuracy=service.accuracy,
+            image_model_id=self.config.router.pools.images.model_id,
         )
         await door.start(self.config.router.poll_interval)
         self.door = door

@@ -37,7 +37,7 @@ from tokenkeys.router.explain.endpoint import HEADER_EXPLAIN, explain, header_va
 from tokenkeys.router.forwarding.adapters import request_context
 from tokenkeys.router.forwarding.door import FrontDoor
 from tokenkeys.router.forwarding.promise import promise_headers
-from tokenkeys.router.forwarding.routes import FORWARDED
+from tokenkeys.router.forwarding.routes import FORWARDED, Prompt
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
 from tokenkeys.router.replicas.shared_load import SharedLoad
@@ -187,10 +187,16 @@ def create_router_app(
         """The decision for a completion or chat body (its first prompt), not forwarded."""
         opened = await open_request(request)
         body, model = opened.body, opened.model
-        tokens = await opened.run(tokenize_body, model, body, False)
         context = request_context(opened)
-        workers = door.workers_for(router.pool(model.name), context) if door else None
-        wanted = RouteRequest(tokens.ids, model.name, context, workers=workers)
+        if door is None:
+            tokens = await opened.run(tokenize_body, model, body, False)
+            wanted = RouteRequest(tokens.ids, model.name, context)
+        else:  # as the front door routes it, images keyed with the workers' model id
+            pool = router.pool(model.name)
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            prompt = next(iter(await door.prompts(FORWARDED[path], opened, pool)), Prompt([]))
+            workers = door.workers_for(pool, context)
+            wanted = RouteRequest(prompt.ids, model.name, prompt.context(context), workers=workers)
         decision = await router.route(wanted, record=False)
         return json_response(decision_body(decision))
 

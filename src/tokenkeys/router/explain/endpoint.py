@@ -73,7 +73,8 @@ async def explain(request: Request, router: Router, explainer: Explainer) -> Res
     asked_for = dataclasses.replace(opened, body=inner, model=model, lora=lora)
     pool = router.pool(model.name)
     prompts = await opened.run(route.prompts, model.preprocessor, inner)
-    found = await explainer.explain(pool, prompts[0], request_context(asked_for))
+    first = prompts[0]  # an image without its identifier: FailedPrecondition naming model_id
+    found = await explainer.explain(pool, first.ids, first.context(request_context(asked_for)))
     return json_response({"route": path, **found.as_dict()})
 
 

@@ -10,6 +10,9 @@ into every block key as ``("lora", name, path)`` (the path exactly as registered
 router's keys for that request are the adapter's and meet the blocks vLLM stored for it
 (``BlockStored.lora_name``).
 
+The same answers carry each base model's ``root``: vLLM's ``--model`` argument, which it hashes
+into every image identifier (:mod:`~tokenkeys.router.forwarding.image_ids` settles it per pool).
+
 The lists are read when the front door starts and again every poll interval; a worker whose
 frontend does not answer keeps its last list. A request naming an adapter is routed only among
 the workers that list it (:meth:`WorkerAdapters.serving`): a worker without it would answer
@@ -31,6 +34,7 @@ from tokenkeys.frontend.opening import Opened
 from tokenkeys.frontend.state import adapters_of
 from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
+from tokenkeys.router.forwarding.image_ids import listed_roots
 from tokenkeys.router.forwarding.relay import Relay
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,8 @@ class WorkerAdapters:
         self._relay = relay
         #: worker address -> base model -> its adapters, as last listed.
         self._listed: dict[str, dict[str, tuple[Adapter, ...]]] = {}
+        #: worker address -> base model -> its root (None: the card states none).
+        self._roots: dict[str, dict[str, str | None]] = {}
         self._warned: set[tuple[str, str]] = set()
         self._task: asyncio.Task | None = None
 
@@ -71,6 +77,7 @@ class WorkerAdapters:
         for (address, _), answer in zip(wanted, answers, strict=True):
             if not isinstance(answer, BaseException):
                 self._listed[address] = listed_adapters(answer)
+                self._roots[address] = listed_roots(answer)
 
     def start(self, addresses: Callable[[], Iterable[str]], interval: float) -> None:
         """Refresh every ``interval`` seconds over ``addresses()`` until :meth:`close`."""
@@ -110,6 +117,10 @@ class WorkerAdapters:
                 model,
             )
         return tuple(a for name, a in found.items() if name not in clashing)
+
+    def roots(self, model: str) -> dict[str, str | None]:
+        """The root each worker's card of ``model`` states, by address (listed workers only)."""
+        return {a: r[model] for a, r in self._roots.items() if model in r}
 
     def serving(self, model: str, adapter: Adapter, members: Iterable[str]) -> frozenset[str]:
         """The workers of ``members`` whose frontend lists ``adapter`` (same path) for

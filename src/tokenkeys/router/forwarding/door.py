@@ -35,6 +35,7 @@ from tokenkeys.router.forwarding.adapters import WorkerAdapters, request_context
 from tokenkeys.router.forwarding.client_side import ClientGone, replay, unless_gone
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
 from tokenkeys.router.forwarding.http1 import Reply
+from tokenkeys.router.forwarding.image_ids import ImageModelIds
 from tokenkeys.router.forwarding.promise import (
     Promise,
     PromiseMetrics,
@@ -50,7 +51,7 @@ from tokenkeys.router.forwarding.relay import (
     read_all,
 )
 from tokenkeys.router.forwarding.relay import raw as raw_chunks
-from tokenkeys.router.forwarding.routes import ForwardedRoute
+from tokenkeys.router.forwarding.routes import ForwardedRoute, Prompt
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
 from tokenkeys.router.replicas.shared_load import LocalLoad, SharedLoad
@@ -86,6 +87,7 @@ class FrontDoor:
         shared: SharedLoad | None = None,
         *,
         accuracy: Accuracy | None = None,
+        image_model_id: str | None = None,
     ) -> None:
         self.router = router
         self.registry = registry
@@ -95,8 +97,11 @@ class FrontDoor:
         self.shared = shared if shared is not None else LocalLoad()
         #: Promised against served per worker, and the explanations (``router.explain``).
         self.accuracy = accuracy
-        #: The LoRA adapters the workers' frontends list (``adapters``).
+        #: The LoRA adapters the workers' frontends list (``adapters``), and their roots.
         self.adapters = WorkerAdapters(frontends, relay)
+        #: The model id each pool's images are hashed with (``image_ids``); ``image_model_id``
+        #: is ``route --mm-model-id``.
+        self.image_ids = ImageModelIds(image_model_id)
 
     async def start(self, interval: float) -> None:
         """Learn the workers' adapters now, then again every ``interval`` seconds."""
@@ -119,6 +124,18 @@ class FrontDoor:
             return None
         return self.adapters.serving(pool.name, context.adapter, pool.members)
 
+    async def prompts(self, route: ForwardedRoute, opened: Opened, pool: Pool) -> list[Prompt]:
+        """The body's prompts as ``route``'s worker builds them, keyable: none (route by load,
+        forward unchanged) when one cannot be built exactly (truncate_prompt_tokens,
+        prompt_embeds, ...) or an image has no identifier (the pool's workers state no engine
+        model id, or contradict each other: ``image_ids``)."""
+        self.image_ids.settle(pool, self.adapters.roots(pool.name))
+        try:
+            prompts = await opened.run(route.prompts, opened.model.preprocessor, opened.body)
+        except Unsupported:
+            return []
+        return prompts if all(p.keyable for p in prompts) else []
+
     def handler(self, route: ForwardedRoute, fallback: Endpoint | None) -> Endpoint:
         """The endpoint of ``route``; ``fallback`` serves a worker without an HTTP frontend."""
 
@@ -135,19 +152,16 @@ class FrontDoor:
         pool = self.router.pool(opened.model.name)
         context = request_context(opened)
         workers = self.workers_for(pool, context)
-        try:
-            prompts = await opened.run(route.prompts, opened.model.preprocessor, opened.body)
-        except Unsupported:
-            # A prompt the Preprocessor cannot build exactly (truncate_prompt_tokens, media
-            # parts, prompt_embeds, ...): it gets no keys, so it is routed by load alone and
-            # forwarded as it came; the worker, whose frontend builds it, answers. A worker
-            # without a frontend refuses it on the Generate path, as before.
-            prompts = []
+        # Without prompts (see ``prompts``) the request gets no keys, so it is routed by load
+        # alone and forwarded as it came; the worker, whose frontend builds it, answers. A
+        # worker without a frontend refuses it on the Generate path, as before.
+        prompts = await self.prompts(route, opened, pool)
+        contexts = [p.context(context) for p in prompts] or [context]
         decisions = []
-        for i, ids in enumerate(prompts or [[]]):
+        for i, prompt in enumerate(prompts or [Prompt([])]):
             # One worker serves the whole body: the first prompt decides, the others are only
             # looked up (what they will find cached there is part of the promise).
-            wanted = RouteRequest(ids, pool.name, context, workers=workers)
+            wanted = RouteRequest(prompt.ids, pool.name, contexts[i], workers=workers)
             decisions.append(await self.router.route(wanted, record=route.generates and i == 0))
         first = decisions[0]
         note = current_note.get() or RouteNote()
@@ -156,22 +170,24 @@ class FrontDoor:
         note.decisions.append(first)
         if not prompts:  # nothing was promised: no promise to keep, nothing to explain
             return await self._forward(
-                request, opened, route, pool, [[]], decisions, note, _kept_nowhere, None
+                request, opened, route, pool, (0,), decisions, note, _kept_nowhere, None
             )
         if route.generates:
             # The access line's prompt tokens: the ids the router decided on are the worker's,
             # whose Preprocessor fingerprint the pool checked; a stream's usage comes too late.
-            note_prompt_tokens(sum(len(ids) for ids in prompts))
+            note_prompt_tokens(sum(len(p.ids) for p in prompts))
         explained = None
+        ids, keyed = prompts[0].ids, contexts[0]
         if self.accuracy is not None:
             explainer = self.accuracy.explainer
-            explainer.routed(pool, context)
+            explainer.routed(pool, keyed)
             if asked(request):  # taken now: the worker's answer stores the prompt's blocks
                 keys = first.keys or None
-                explained = await explainer.explain(pool, prompts[0], context, keys=keys)
-        keep = self._keeper(pool, prompts[0], context, first)
+                explained = await explainer.explain(pool, ids, keyed, keys=keys)
+        keep = self._keeper(pool, ids, keyed, first)
+        lengths = tuple(len(p.ids) for p in prompts)
         return await self._forward(
-            request, opened, route, pool, prompts, decisions, note, keep, explained
+            request, opened, route, pool, lengths, decisions, note, keep, explained
         )
 
     def _keeper(
@@ -217,7 +233,7 @@ class FrontDoor:
         opened: Opened,
         route: ForwardedRoute,
         pool: Pool,
-        prompts: list[list[int]],
+        lengths: tuple[int, ...],
         decisions: list[RouteDecision],
         note: RouteNote,
         keep: Keep,
@@ -262,7 +278,7 @@ class FrontDoor:
                 address,
                 pool.name,
                 pool.block_size,
-                tuple(len(p) for p in prompts),
+                lengths,
                 matched_at(address, decisions, opened.body),
             )
             part = explained.worker(address) if explained is not None else None

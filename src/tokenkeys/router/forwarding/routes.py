@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tokenkeys.frontend.generation import with_images
 from tokenkeys.frontend.opening import Schema
 from tokenkeys.frontend.schemas import (
     ChatCompletionRequest,
@@ -25,12 +26,34 @@ from tokenkeys.frontend.schemas import (
     RenderResponsesRequest,
 )
 from tokenkeys.frontend.schemas_anthropic import CountTokensRequest, MessagesRequest
+from tokenkeys.keys import KeyContext
 from tokenkeys.preprocess import Preprocessor, anthropic, responses
 from tokenkeys.preprocess.chat_schema import check_chat_request
 from tokenkeys.preprocess.completion import refuse_empty_prompt
+from tokenkeys.preprocess.images import MMFeature
+from tokenkeys.preprocess.preprocessor import ChatTokenized
 
-#: The prompt ids of a body (one list per prompt), from the pool's Preprocessor.
-Prompts = Callable[[Preprocessor, dict[str, Any]], list[list[int]]]
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of a body as its worker builds it: the ids, and its images' features (vLLM's
+    identifier and placeholder range of each, which its block keys carry)."""
+
+    ids: list[int]
+    features: tuple[MMFeature, ...] = ()
+
+    @property
+    def keyable(self) -> bool:
+        """Every image has its identifier (the engine's model id is known): keys are exact."""
+        return all(f.identifier is not None for f in self.features)
+
+    def context(self, base: KeyContext | None) -> KeyContext | None:
+        """``base`` with the prompt's image items, as the worker keys its blocks."""
+        return with_images(base, self.features)
+
+
+#: The prompts of a body, from the pool's Preprocessor.
+Prompts = Callable[[Preprocessor, dict[str, Any]], list[Prompt]]
 
 
 @dataclass(frozen=True)
@@ -48,30 +71,34 @@ class ForwardedRoute:
     generates: bool = True
 
 
-def completion_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
+def _chat(rendered: ChatTokenized) -> list[Prompt]:
+    return [Prompt(rendered.tokens.ids, rendered.features)]
+
+
+def completion_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[Prompt]:
     """A completions body's prompts, as /v1/completions tokenizes them."""
-    return [p.ids for p in preprocessor.tokenize_completion(body)]
+    return [Prompt(p.ids) for p in preprocessor.tokenize_completion(body)]
 
 
-def chat_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
+def chat_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[Prompt]:
     """A chat body's one rendered prompt, as /v1/chat/completions tokenizes it."""
-    return [preprocessor.tokenize_chat(body).tokens.ids]
+    return _chat(preprocessor.tokenize_chat(body))
 
 
-def messages_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
+def messages_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[Prompt]:
     """An Anthropic Messages body's prompt, as /v1/messages and its render tokenize it."""
-    return [preprocessor.tokenize_chat(anthropic.chat_body(preprocessor, body)).tokens.ids]
+    return _chat(preprocessor.tokenize_chat(anthropic.chat_body(preprocessor, body)))
 
 
-def count_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
+def count_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[Prompt]:
     """A count_tokens body's prompt, as /v1/messages/count_tokens tokenizes it."""
     chat = anthropic.chat_body(preprocessor, body, count=True)
-    return [preprocessor.tokenize_chat(chat).tokens.ids]
+    return _chat(preprocessor.tokenize_chat(chat))
 
 
-def responses_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[list[int]]:
+def responses_prompts(preprocessor: Preprocessor, body: dict[str, Any]) -> list[Prompt]:
     """A Responses body's prompt, as /v1/responses and its render tokenize it."""
-    return [preprocessor.tokenize_chat(responses.to_chat_request(body)).tokens.ids]
+    return _chat(preprocessor.tokenize_chat(responses.to_chat_request(body)))
 
 
 #: Forwarded routes by path, in registration order.

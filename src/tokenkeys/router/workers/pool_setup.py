@@ -25,6 +25,7 @@ from tokenkeys.errors import FailedPrecondition, Unsupported
 from tokenkeys.keys.strategy import KeyStrategy
 from tokenkeys.limits import Limits
 from tokenkeys.preprocess import Preprocessor
+from tokenkeys.preprocess.images import ImageOptions
 from tokenkeys.router.workers.discovery import ModelDescription
 from tokenkeys.router.workers.pool import Pool
 
@@ -47,7 +48,9 @@ class PoolSettings:
     """How pools are built: the artifact cache, request limits, the event transport.
 
     ``security`` (TLS, bearer token) reaches the workers' tokenizer endpoints: the artifact pull
-    (unless ``pull`` says otherwise) and the default key strategy's cache-key calls.
+    (unless ``pull`` says otherwise) and the default key strategy's cache-key calls. ``images``
+    are the image options of every pool whose tokenizer folder carries a multimodal processor
+    (``serve``'s: where media may come from, limits, the engine's model id when given).
     """
 
     cache: ArtifactCache | str | os.PathLike[str] | None = None
@@ -56,6 +59,7 @@ class PoolSettings:
     pull: PullSettings | None = None
     strategy: StrategyFactory = server_strategy
     security: ChannelSecurity = PLAIN
+    images: ImageOptions = field(default_factory=ImageOptions)
 
 
 class _ChatRefusingPreprocessor(Preprocessor):
@@ -99,7 +103,7 @@ async def build_pool(address: str, model: ModelDescription, settings: PoolSettin
     )
     chat_reproducible = tokenizer.options.chat_template_sha256 is None
     cls = Preprocessor if chat_reproducible else _ChatRefusingPreprocessor
-    preprocessor = cls(tokenizer, settings.limits, model=model.name)
+    preprocessor = cls(tokenizer, settings.limits, model=model.name, images=settings.images)
     factory = settings.strategy
     if factory is server_strategy:
         factory = functools.partial(server_strategy, security=settings.security)
