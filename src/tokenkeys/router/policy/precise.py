@@ -28,6 +28,7 @@ from tokenkeys.router.policy.cost import (
     WorkerCost,
     choose,
     cost_workers,
+    new_prefix_slack,
 )
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.placement import LocalPlacements, Placement, Placements
@@ -139,10 +140,12 @@ class PrecisePolicy:
                     queued_prefill=view.queued_prefill(prompt_keys),
                     capacity=view.capacity,
                 )
+            costs = cost_workers(live, total, loads, self.cost)
             costs = choose(
-                cost_workers(live, total, loads, self.cost),
+                costs,
                 self.cost.temperature,
                 affinity=keys[0] if keys else None,
+                slack=new_prefix_slack(costs, total, self.cost),
                 rng=self.rng,
             )
             best = costs[0]
