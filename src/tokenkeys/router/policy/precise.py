@@ -141,11 +141,15 @@ class PrecisePolicy:
                     capacity=view.capacity,
                 )
             costs = cost_workers(live, total, loads, self.cost)
+            # Alone, a router sees every decision it makes and spreads new prompts by cost;
+            # beside peers, a prompt new everywhere goes by rendezvous within the slack, so
+            # that the replicas agree on it (router.policy.cost).
+            slack = new_prefix_slack(costs, total, self.cost) if self.placements.replicated else 0
             costs = choose(
                 costs,
                 self.cost.temperature,
                 affinity=keys[0] if keys else None,
-                slack=new_prefix_slack(costs, total, self.cost),
+                slack=slack,
                 rng=self.rng,
             )
             best = costs[0]
