@@ -368,8 +368,10 @@ async def _run_async(quick: bool) -> str:
         "(16 tokens here). Every replica follows every engine's KV events. In the replica rows "
         "the replicas share their requests in flight (blocks in use, queued prefill) and "
         "their cache growth through one Redis (`--share-load`, router.replicas.shared_load: each "
-        "decision made on local memory at once and told afterwards on a Redis stream; docs/"
-        "router.md); in the unshared row each "
+        "decision made on local memory at once and told afterwards on a Redis stream, a "
+        "prompt new everywhere sent to the rendezvous worker of its first block among the "
+        "workers at most one such prompt dearer than the cheapest, `--new-prefix-slack 1`; "
+        "docs/router.md); in the unshared row each "
         "counts only its own, so two new prefixes routed by different replicas can land on "
         "one engine.",
         "",

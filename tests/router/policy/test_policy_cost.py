@@ -14,6 +14,9 @@ import random
 from collections import Counter
 
 import pytest
+import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.index.model import PrefixMatch
@@ -23,6 +26,7 @@ from tokenkeys.router.policy.cost import (
     GrowthLedger,
     choose,
     cost_workers,
+    new_prefix_slack,
 )
 from tokenkeys.router.policy.scorer import score_workers
 
@@ -262,6 +266,7 @@ def test_temperature_samples_cheaper_workers_more_often():
         ("overflow", -0.1, "--overflow-weight"),
         ("temperature", True, "--router-temperature"),
         ("load", "1", "--load-weight"),
+        ("new_prefix_slack", -0.5, "--new-prefix-slack"),
     ],
 )
 def test_weights_are_finite_non_negative_numbers(field, value, option):
@@ -277,3 +282,147 @@ def test_growth_decays_per_decision_and_forgets_workers_that_left():
     assert ledger.get("w1") == 4.0
     ledger.forget("w0")
     assert ledger.get("w0") == 0.0
+
+
+def new_prompt(loads: dict[str, Candidate], total: int = 12, key: int = 7, **kw: float):  # noqa: ANN201
+    """The ranking of a prompt of ``total`` blocks cached and in flight nowhere, as the precise
+    policy makes it: the slack of :func:`new_prefix_slack` on its first block key ``key``."""
+    weights = CostWeights(**kw)
+    scores = score_workers({}, total, dict.fromkeys(WORKERS, 0.0))
+    costs = cost_workers(scores, total, loads, weights)
+    slack = new_prefix_slack(costs, total, weights)
+    return choose(costs, weights.temperature, affinity=key, slack=slack)
+
+
+def rendezvous_order(key: int, workers=WORKERS) -> list[str]:  # noqa: ANN001
+    """Workers by the rendezvous hash of (``key``, worker), highest first, as
+    xxh64(key as 8 little-endian bytes + worker id) (``router.policy.cost``)."""
+    return sorted(
+        workers,
+        key=lambda w: -xxhash.xxh64_intdigest(key.to_bytes(8, "little") + w.encode()),
+    )
+
+
+def test_the_slack_is_one_prompt_and_only_for_prompts_new_everywhere():
+    """Default: what one more such prompt adds to a worker's cost (its blocks in use and
+    queued to prefill at the load weight, its growth at the growth weight: 12 x (2 x 1/8 +
+    1/4) = 6 for 12 blocks); 0 as soon as one worker holds or has in flight one block of it
+    (the prefix then decides, as before)."""
+    weights = CostWeights()
+    assert weights.new_prefix_slack == 1.0
+    scores = score_workers({}, 12, dict.fromkeys(WORKERS, 0.0))
+    assert new_prefix_slack(cost_workers(scores, 12, {}, weights), 12, weights) == 6.0
+    dynamo = CostWeights(load=1.0, new_prefix_slack=0.5)
+    assert new_prefix_slack(cost_workers(scores, 12, {}, dynamo), 12, dynamo) == 0.5 * 12 * 2.25
+    held = score_workers(
+        {"w2": PrefixMatch("w2", ((1, ("cpu",)),))}, 12, dict.fromkeys(WORKERS, 0.0)
+    )
+    assert new_prefix_slack(cost_workers(held, 12, {}, weights), 12, weights) == 0.0
+    in_flight = {"w1": Candidate(inflight_prefix=1)}
+    assert new_prefix_slack(cost_workers(scores, 12, in_flight, weights), 12, weights) == 0.0
+    assert new_prefix_slack(cost_workers(scores, 0, {}, weights), 0, weights) == 0.0
+    for off in (CostWeights(new_prefix_slack=0.0), CostWeights(load=0.0, growth=0.0)):
+        assert new_prefix_slack(cost_workers(scores, 12, {}, off), 12, off) == 0.0
+
+
+def test_a_new_prompt_goes_to_its_rendezvous_worker_among_the_workers_within_the_slack():
+    """w0 is the cheapest by 2 blocks of load cost (16 blocks in use at 1/8); within the
+    slack of a 12-block prompt (6) every worker is a candidate, and the prompt's rendezvous
+    worker takes it; the others follow by cost, as fallbacks."""
+    for key in range(20):
+        loads = {w: Candidate(active_blocks=16) for w in WORKERS if w != "w0"}
+        ranking = [c.worker for c in new_prompt(loads, key=key)]
+        assert ranking[0] == rendezvous_order(key)[0]
+        rest = [c.worker for c in new_prompt(loads, key=key, new_prefix_slack=0.0)]
+        assert rest[0] == "w0"  # without the slack the cheapest, as before
+        assert ranking[1:] == [w for w in rest if w != ranking[0]]
+
+
+@given(
+    key=st.integers(0, 2**64 - 1),
+    mine=st.lists(st.integers(0, 40), min_size=4, max_size=4),
+    theirs=st.lists(st.integers(0, 40), min_size=4, max_size=4),
+    growth=st.lists(st.floats(0, 40), min_size=4, max_size=4),
+)
+def test_the_choice_is_deterministic_and_never_dearer_than_the_cheapest_by_more_than_the_slack(
+    key, mine, theirs, growth
+):
+    """Whatever the loads: the same inputs give the same worker; the chosen worker costs at
+    most the slack above the cheapest (a real load difference beyond it is respected); it
+    is the rendezvous-first worker of those within the slack."""
+    loads = {
+        w: Candidate(active_blocks=a, queued_prefill=q, growth=g)
+        for w, a, q, g in zip(WORKERS, mine, theirs, growth, strict=True)
+    }
+    ranking = new_prompt(loads, key=key)
+    assert [c.worker for c in new_prompt(loads, key=key)] == [c.worker for c in ranking]
+    cheapest = min(c.cost for c in ranking)
+    slack = 6.0  # 12 blocks x (2 x 1/8 + 1/4)
+    assert ranking[0].cost <= cheapest + slack + 1e-9
+    near = {c.worker for c in ranking if c.cost <= cheapest + slack + 1e-9}
+    assert ranking[0].worker == next(w for w in rendezvous_order(key) if w in near)
+
+
+@given(
+    key=st.integers(0, 2**64 - 1),
+    base=st.lists(st.integers(0, 60), min_size=4, max_size=4),
+    lead=st.integers(0, 24),
+    mine=st.lists(st.integers(0, 1), min_size=4, max_size=4),
+    theirs=st.lists(st.integers(0, 1), min_size=4, max_size=4),
+)
+def test_replicas_whose_views_differ_by_less_than_the_slack_agree_on_a_new_prompt(
+    key, base, lead, mine, theirs
+):
+    """Two replicas share the same load (``base``, where the prompt's rendezvous worker has
+    ``lead`` blocks in use more than the least loaded other: up to 3 of cost, half the slack
+    of a 12-block prompt) and each added requests of its own the other has not heard of yet
+    (24 blocks in use on any workers: 3 of cost, the other half). Both send the prompt to its
+    rendezvous worker, each on its own view; without the slack they part whenever their own
+    requests make different workers the cheapest."""
+    first = rendezvous_order(key)[0]
+    others = [b for w, b in zip(WORKERS, base, strict=True) if w != first]
+    base = [min(others) + lead if w == first else b for w, b in zip(WORKERS, base, strict=True)]
+
+    def view(extra: list[int], **kw: float) -> str:
+        loads = {
+            w: Candidate(active_blocks=b + 24 * e)
+            for w, b, e in zip(WORKERS, base, extra, strict=True)
+        }
+        return new_prompt(loads, key=key, **kw)[0].worker
+
+    assert view(mine) == view(theirs) == first
+    rows = list(zip(WORKERS, base, mine, strict=True))
+    cheaper = any(w != first and b == min(others) and not e for w, b, e in rows)
+    if lead and cheaper:  # another worker is the cheapest here: the slack made the difference
+        assert view(mine, new_prefix_slack=0.0) != first
+
+
+def test_with_the_slack_at_0_equal_costs_still_go_by_rendezvous():
+    """The existing rule: equal costs, the highest hash of (first block key, worker)."""
+    for key in range(10):
+        ranking = new_prompt({}, key=key, new_prefix_slack=0.0)
+        assert ranking[0].worker == rendezvous_order(key)[0]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_router_spreads_a_burst_of_new_prompts_within_one_prompt_of_even(seed):
+    """One router routing 16 new 12-block prompts in turn, each counted where it went before
+    the next (blocks in use and queued, growth): a worker takes one by rendezvous only while
+    it is at most one prompt above the cheapest, so no two end more than 2 prompts apart
+    (by rendezvous alone, an unbounded slack, these seeds leave them up to 8 apart)."""
+    rng = random.Random(seed)
+    active: Counter[str] = Counter()
+    growth = GrowthLedger()
+    served: Counter[str] = Counter()
+    for _ in range(16):
+        loads = {
+            w: Candidate(active_blocks=active[w], queued_prefill=active[w], growth=growth.get(w))
+            for w in WORKERS
+        }
+        best = new_prompt(loads, key=rng.getrandbits(64))[0]
+        growth.record(best.worker, best.prefill_blocks)
+        active[best.worker] += 12
+        served[best.worker] += 1
+    counts = [served[w] for w in WORKERS]
+    assert sum(counts) == 16
+    assert max(counts) - min(counts) <= 2

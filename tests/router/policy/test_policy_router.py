@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import xxhash
-from routing_support import SYSTEM, collect, start_cluster
+from routing_support import SYSTEM, collect, routed, start_cluster
 
 from tokenkeys.errors import InvalidArgument
 from tokenkeys.router.index.memory import MemoryPrefixIndex
+from tokenkeys.router.policy.placement import LocalPlacements
+from tokenkeys.router.policy.precise import PrecisePolicy
 from tokenkeys.router.policy.router import POLICIES, make_policy
 from tokenkeys.router.routed_engine import RouteNote, current_note
 
@@ -114,3 +116,44 @@ async def test_a_spec_the_router_cannot_compute_is_keyed_by_the_engine(settings)
         for decision, usage, _ in history[1:]:
             assert decision.worker == history[0][0].worker and decision.reason == "prefix"
             assert usage.cached_prompt_tokens > 0
+
+
+class ReplicatedPlacements(LocalPlacements):
+    """Decisions stand as made, as beside peers that have not heard of them yet."""
+
+    replicated = True
+
+
+@pytest.mark.parametrize("replicated", [False, True])
+async def test_beside_peers_a_new_prompt_goes_to_its_rendezvous_worker_within_the_slack(
+    settings, replicated
+):
+    """A first new prompt goes to its rendezvous worker (all tie) and grows its cache there.
+    A second new prompt of about the same size whose rendezvous worker is that same one: one
+    router sends it to a cheaper worker (the growth there costs); beside peers it follows its
+    hash within the slack (one such prompt), as every replica deciding it at that instant
+    would, whatever else each had placed."""
+    index = MemoryPrefixIndex()
+    placements = ReplicatedPlacements() if replicated else LocalPlacements()
+    policy = PrecisePolicy(index, placements=placements)
+    cluster = await start_cluster(3, settings=settings, index=index, policy=policy)
+    try:
+        pool = next(iter(cluster.registry.pools.values()))
+
+        async def ids_of(c: int) -> tuple[list[int], str]:
+            messages = [{"role": "system", "content": f"Desk {c}. {SYSTEM}"}]
+            ids = pool.preprocessor.tokenize_chat({"messages": messages}).tokens.ids
+            return ids, rendezvous(await pool.block_keys(ids), cluster.addresses)
+
+        first_ids, home = await ids_of(0)
+        decision = (await routed(cluster, first_ids))[0]
+        assert decision.worker == home
+        await cluster.settle()
+        # The next desk whose prompt hashes to the same worker (a new prompt: no block of it
+        # is cached anywhere, its first block differs).
+        second_ids = next(ids for ids, h in [await ids_of(c) for c in range(1, 40)] if h == home)
+        second = (await routed(cluster, second_ids))[0]
+        assert second.matched_blocks == 0
+        assert (second.worker == home) is replicated
+    finally:
+        await cluster.close()

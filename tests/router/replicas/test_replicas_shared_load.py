@@ -23,7 +23,7 @@ from routing_support import wait_until
 
 from tokenkeys.errors import ConfigError
 from tokenkeys.router.policy.cost import GrowthLedger
-from tokenkeys.router.policy.placement import Placement
+from tokenkeys.router.policy.placement import LocalPlacements, Placement
 from tokenkeys.router.replicas.contention import Contention
 from tokenkeys.router.replicas.shared_load import LocalLoad, RedisSharedLoad
 from tokenkeys.router.service import RoutingConfig, RoutingService
@@ -381,3 +381,12 @@ def test_only_decisions_neither_side_had_seen_are_counted():
     assert (c.concurrent, c.split, c.piled) == (4, 1, 2)
     clock.now += 60.0  # past the window: nothing is kept to compare
     assert c.peer_placed("m", "w1", [9], [9], b"0-0", (50, 0)) == 0
+
+
+def test_only_replicas_sharing_their_load_place_new_prompts_by_rendezvous():
+    """The precise policy gives a prompt new everywhere the cost model's slack only beside
+    peers (``Placements.replicated``): one router, or replicas that share nothing, take the
+    cheapest worker as before (router.policy.cost)."""
+    assert RedisSharedLoad("redis://h:1/0", namespace="t").replicated is True
+    assert LocalLoad().replicated is False
+    assert LocalPlacements().replicated is False

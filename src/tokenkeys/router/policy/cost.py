@@ -46,6 +46,21 @@ is warm for llm-d and would follow the header. With ``temperature`` 0 the cheape
 wins, ties broken by a stable rule (:func:`choose`); above 0 a worker is drawn with
 probability ``exp(-(cost - min) / ((max - min) * temperature))``, normalized, as Dynamo's
 ``softmax_sample`` does.
+
+A prompt new everywhere (no worker holds or has in flight a block of it) is the one decision
+router replicas deciding at the same instant can make differently with nothing to tell them
+apart but their own requests of that instant: each would put one new system prompt on the
+worker cheapest in its own view, and the prompt is computed twice. So among the workers at
+most ``new_prefix_slack`` such prompts dearer than the cheapest (:func:`new_prefix_slack`),
+the prompt goes to the highest rendezvous hash of (its first block key, worker), which every
+replica computes alike: they agree whenever the prompt's hash worker is within the slack in
+each one's view. The slack bounds what the hash may override: a worker dearer than the
+cheapest by more than one such prompt (its load, queued prefill, growth, blocks beyond its
+capacity) never takes it, so a burst of new prompts decided in turn still ends within two of
+even (tests/router/policy/test_policy_cost.py). The precise policy applies it beside peers
+only (``Placements.replicated``): one router sees all its own decisions and takes the
+cheapest (with the slack its hit ratio in bench_routing's concurrent workload fell from 81.1 %
+to 80.5-80.7 %, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -64,6 +79,8 @@ from tokenkeys.router.policy.scorer import WorkerScore
 GROWTH_HORIZON = 64
 # Costs are compared at this many decimals, so float rounding never reorders equal costs.
 _DIGITS = 9
+# The command-line options of the fields not named ``--<field>-weight``.
+_OPTIONS = {"temperature": "router-temperature", "new_prefix_slack": "new-prefix-slack"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,10 @@ class CostWeights:
       price of short shared prefixes (a common header) being computed more than once.
     - ``temperature``: 0 is deterministic; above 0 workers are sampled, cheaper ones more
       often, which spreads ties and near-ties over replicas at the price of some hits.
+    - ``new_prefix_slack``: how many prompts' worth of cost (what one more such prompt adds
+      to a worker) the rendezvous worker of a prompt new everywhere may be above the
+      cheapest and still take it (module doc). Higher makes router replicas agree on more
+      new prompts at the price of balance; 0 always takes the cheapest.
     """
 
     prefix: float = 1.0
@@ -92,9 +113,10 @@ class CostWeights:
     growth: float = 0.25
     temperature: float = 0.0
     overflow: float = 1.0
+    new_prefix_slack: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("prefix", "load", "overflow", "growth", "temperature"):
+        for name in ("prefix", "load", "overflow", "growth", "temperature", "new_prefix_slack"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -102,7 +124,7 @@ class CostWeights:
                 or not math.isfinite(value)
                 or value < 0
             ):
-                option = "router-temperature" if name == "temperature" else f"{name}-weight"
+                option = _OPTIONS.get(name, f"{name}-weight")
                 raise ConfigError(
                     f"--{option} must be a finite number >= 0, got {value!r}", field=option
                 )
@@ -191,25 +213,46 @@ def _rendezvous(affinity: int | None, worker: str) -> int:
     return xxhash.xxh64_intdigest(affinity.to_bytes(8, "little") + worker.encode())
 
 
+def new_prefix_slack(costs: Sequence[WorkerCost], total_blocks: int, weights: CostWeights) -> float:
+    """How much dearer than the cheapest a worker may be and still take a prompt new
+    everywhere by rendezvous (:func:`choose`): ``weights.new_prefix_slack`` times what such a
+    prompt adds to the cost of the worker it goes to (its blocks in use and queued to
+    prefill at the load weight, its growth at the growth weight), when every candidate would
+    prefill all of it (nothing of it cached or in flight anywhere); 0 otherwise."""
+    if total_blocks <= 0 or any(c.prefill_blocks < total_blocks for c in costs):
+        return 0.0
+    return weights.new_prefix_slack * (2 * weights.load + weights.growth) * total_blocks
+
+
 def choose(
     costs: Sequence[WorkerCost],
     temperature: float = 0.0,
     *,
     affinity: int | None = None,
+    slack: float = 0.0,
     rng: random.Random | None = None,
 ) -> list[WorkerCost]:
     """``costs`` ordered best first: the chosen worker, then the fallbacks by cost.
 
     Temperature 0: by cost, then (equal costs) by the highest hash of (``affinity``, worker),
     rendezvous hashing on the prompt's first block key, so that router replicas send one new
-    prefix to the same worker before its events arrive; then by worker id. Above 0 the first
-    worker is sampled (module doc) with ``rng``.
+    prefix to the same worker before its events arrive; then by worker id. With ``slack`` > 0
+    (a prompt new everywhere, :func:`new_prefix_slack`) the first is the highest hash among
+    the workers costing at most ``slack`` more than the cheapest; the rest follow by cost.
+    Above 0 the first worker is sampled (module doc) with ``rng``.
     """
     ordered = sorted(
         costs, key=lambda c: (round(c.cost, _DIGITS), -_rendezvous(affinity, c.worker), c.worker)
     )
-    if temperature <= 0 or len(ordered) < 2:
+    if len(ordered) < 2:
         return ordered
+    if temperature <= 0:
+        if slack <= 0 or affinity is None:
+            return ordered
+        bound = round(ordered[0].cost + slack, _DIGITS)
+        near = [c for c in ordered if round(c.cost, _DIGITS) <= bound]
+        chosen = max(near, key=lambda c: (_rendezvous(affinity, c.worker), c.worker))
+        return [chosen, *(c for c in ordered if c is not chosen)]
     low, high = ordered[0].cost, ordered[-1].cost
     if high == low:
         weights = [1.0] * len(ordered)

@@ -34,6 +34,10 @@ class Placement:
 class Placements(Protocol):
     """Runs decisions and keeps their placements for the other router replicas."""
 
+    #: Whether other router replicas decide beside this one (a prompt new everywhere then
+    #: goes by rendezvous within the cost model's slack, ``router.policy.cost``).
+    replicated: bool
+
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """Run ``decide`` (local, no awaits) once; its result.
 
@@ -45,6 +49,8 @@ class Placements(Protocol):
 
 class LocalPlacements:
     """One router: every decision stands as made."""
+
+    replicated = False
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """``decide``'s result, once."""

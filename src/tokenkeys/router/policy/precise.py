@@ -28,6 +28,7 @@ from tokenkeys.router.policy.cost import (
     WorkerCost,
     choose,
     cost_workers,
+    new_prefix_slack,
 )
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.placement import LocalPlacements, Placement, Placements
@@ -139,10 +140,16 @@ class PrecisePolicy:
                     queued_prefill=view.queued_prefill(prompt_keys),
                     capacity=view.capacity,
                 )
+            costs = cost_workers(live, total, loads, self.cost)
+            # Alone, a router sees every decision it makes and spreads new prompts by cost;
+            # beside peers, a prompt new everywhere goes by rendezvous within the slack, so
+            # that the replicas agree on it (router.policy.cost).
+            slack = new_prefix_slack(costs, total, self.cost) if self.placements.replicated else 0
             costs = choose(
-                cost_workers(live, total, loads, self.cost),
+                costs,
                 self.cost.temperature,
                 affinity=keys[0] if keys else None,
+                slack=slack,
                 rng=self.rng,
             )
             best = costs[0]

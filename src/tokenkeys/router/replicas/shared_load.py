@@ -79,6 +79,9 @@ class SharedLoad(Protocol):
     """Tells other router replicas what this one sent; applies what they sent. It is also
     the policy's :class:`~tokenkeys.router.policy.placement.Placements`."""
 
+    #: True: peers decide beside this replica (``router.policy.placement``).
+    replicated: bool
+
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """Run a decision (``router.policy.placement``); what it placed is told later."""
         ...
@@ -106,6 +109,8 @@ class SharedLoad(Protocol):
 
 class LocalLoad:
     """Shares nothing: every router counts only its own requests."""
+
+    replicated = False
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """The decision as made."""
@@ -143,6 +148,8 @@ class RedisSharedLoad:
     flights are ended here; ``timeout`` bounds each Redis call (never a decision's: none
     makes one).
     """
+
+    replicated = True
 
     def __init__(
         self,
