@@ -17,6 +17,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenkeys.engine.protocol import Usage
 from tokenkeys.frontend.access_log import note_prompt_tokens, route_label
+from tokenkeys.serving.labelled import Children
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
@@ -52,9 +53,8 @@ class HttpMetrics:
         )
         # With --processes N every process keeps its own counters and a scrape reaches
         # whichever worker takes the connection; the pid says whose counters these are.
-        #: The counter and histogram children of each (route, status) seen, found once:
-        #: ``labels()`` takes a lock and builds its key on every call.
-        self._answered: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._requests_of = Children(self.requests)
+        self._latency_of = Children(self.latency)
         Gauge(
             "tokenkeys_process", "The process that answered this scrape", ["pid"], registry=r
         ).labels(str(os.getpid())).set(1)
@@ -71,12 +71,8 @@ class HttpMetrics:
     def record(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request of ``route`` (its template path, or ``unmatched``) with
         ``status``, which took ``seconds`` to the end of its body."""
-        children = self._answered.get((route, status))
-        if children is None:
-            children = (self.requests.labels(route, str(status)), self.latency.labels(route))
-            self._answered[(route, status)] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        self._requests_of[(route, str(status))].inc()
+        self._latency_of[(route,)].observe(seconds)
 
     def include(self, registry: CollectorRegistry) -> None:
         """Export another registry's metrics (router, engines) beside this app's own."""
