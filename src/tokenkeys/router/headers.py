@@ -28,6 +28,20 @@ HEADER_REASON = "x-tokenkeys-reason"
 HEADER_RETRIES = "x-tokenkeys-retries"
 
 
+_WORKER, _SCORE, _MATCHED, _POLICY, _REASON, _RETRIES, _EXPLAIN = (
+    name.encode()
+    for name in (
+        HEADER_WORKER,
+        HEADER_SCORE,
+        HEADER_MATCHED,
+        HEADER_POLICY,
+        HEADER_REASON,
+        HEADER_RETRIES,
+        HEADER_EXPLAIN,
+    )
+)
+
+
 def route_headers(note: RouteNote) -> list[tuple[bytes, bytes]]:
     """The ``x-tokenkeys-*`` headers of a request's routing decisions."""
     decisions = note.decisions
@@ -38,18 +52,18 @@ def route_headers(note: RouteNote) -> list[tuple[bytes, bytes]]:
 
     matched = [f"{d.matched_blocks}/{d.total_blocks}" for d in decisions]
     headers = [
-        (HEADER_WORKER.encode(), join(served)),
-        (HEADER_SCORE.encode(), join([f"{d.score:.4f}" for d in decisions])),
-        (HEADER_MATCHED.encode(), join(matched)),
-        (HEADER_POLICY.encode(), join(sorted({d.policy for d in decisions}))),
-        (HEADER_REASON.encode(), join([d.reason for d in decisions])),
+        (_WORKER, join(served)),
+        (_SCORE, join([f"{d.score:.4f}" for d in decisions])),
+        (_MATCHED, join(matched)),
+        (_POLICY, join(sorted({d.policy for d in decisions}))),
+        (_REASON, join([d.reason for d in decisions])),
     ]
     if note.promise is not None:  # a forwarded request
-        headers.append((HEADER_RETRIES.encode(), str(note.retries).encode()))
+        headers.append((_RETRIES, b"%d" % note.retries))
         headers += promise_headers(note.promise)
     if note.explanation is not None:
         part, blocks = note.explanation
-        headers.append((HEADER_EXPLAIN.encode(), header_value(part, note.promise, blocks)))
+        headers.append((_EXPLAIN, header_value(part, note.promise, blocks)))
     return headers
 
 

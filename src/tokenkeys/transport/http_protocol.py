@@ -21,6 +21,11 @@ its socket writes). :class:`_HeadWithBody` holds the head until the end of the e
 step, so a body written in the same step leaves in the same send; a stream's head still leaves
 at once (within that step), its events as they come.
 
+And one ASGI extension: every request's ``scope["extensions"]`` holds :data:`DISCONNECT`, a
+future done once the client's connection is lost, so an app that waits on something else (the
+router waiting for a worker) notices a client that left without a task of its own reading
+``receive()`` (``router.forwarding.client_side``).
+
 The idle keep-alive timeout is uvicorn's own ``timeout_keep_alive``, set from the same limits by
 :func:`tokenkeys.frontend.server.start_http_server`.
 
@@ -56,6 +61,9 @@ def _plain_answer(status: str, text: str) -> bytes:
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     ).encode("ascii") + body
 
+
+#: The ASGI extension naming the future of the client's connection; see the module doc.
+DISCONNECT = "tokenkeys.disconnect"
 
 _TOO_MANY = _plain_answer("503 Service Unavailable", "too many connections; retry later\n")
 _HEAD_TOO_LARGE = _plain_answer(
@@ -150,6 +158,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_tail = b""
         self._header_timer: asyncio.TimerHandle | None = None
+        self._lost: asyncio.Future[None] | None = None  # DISCONNECT, once a request asked
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         remote = get_remote_addr(transport)
@@ -173,6 +182,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.counts.release(self._client)
         self._client = None
         self._cancel_header_timer()
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -196,6 +207,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None and self.cycle is not before:  # a request to answer
             self.cycle.transport = _HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
+            if self._lost is None:
+                self._lost = self.loop.create_future()
+            self.cycle.scope.setdefault("extensions", {})[DISCONNECT] = self._lost
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -14,6 +14,8 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
+from tokenkeys.transport.http_protocol import DISCONNECT
+
 T = TypeVar("T")
 
 
@@ -43,18 +45,20 @@ async def _disconnected(request: Request) -> None:
 async def unless_gone(request: Request, call: Awaitable[T]) -> T:
     """``call``'s result, or ClientGone (``call`` cancelled) when the client disconnects.
 
-    ``call`` runs in the caller's own task, which the watch of the client cancels (one task
-    per request rather than two and a wait: the forwarded path's own cost, bench_front_door).
+    ``call`` runs in the caller's own task, which the client's disconnect cancels. The server's
+    future of the connection (``transport.http_protocol.DISCONNECT``) says when; a server
+    without it is watched by a task reading ``receive()``.
     """
     current = asyncio.current_task()
     assert current is not None
     watching = True
 
-    def cancel_call(gone: asyncio.Future) -> None:
-        if watching and not gone.cancelled():
+    def cancel_call(_: asyncio.Future) -> None:
+        if watching:
             current.cancel()
 
-    gone = asyncio.ensure_future(_disconnected(request))
+    lost = request.scope.get("extensions", {}).get(DISCONNECT)
+    gone = lost if lost is not None else asyncio.ensure_future(_disconnected(request))
     gone.add_done_callback(cancel_call)
     try:
         return await call
@@ -68,4 +72,6 @@ async def unless_gone(request: Request, call: Awaitable[T]) -> T:
         raise ClientGone from gone.exception()
     finally:
         watching = False
-        gone.cancel()
+        gone.remove_done_callback(cancel_call)  # the connection's future outlives the request
+        if gone is not lost:
+            gone.cancel()

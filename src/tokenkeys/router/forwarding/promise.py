@@ -28,6 +28,7 @@ from tokenkeys.serving.labelled import Children
 #: Response headers of a forwarded request (``docs/router.md``).
 HEADER_EXPECTED = "x-tokenkeys-expected-cached-tokens"
 HEADER_SERVED = "x-tokenkeys-served-cached-tokens"
+_EXPECTED, _SERVED = HEADER_EXPECTED.encode(), HEADER_SERVED.encode()
 
 _DIFFERENCE_BUCKETS = (-4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096)
 
@@ -89,9 +90,9 @@ def cached_tokens(usage: Any) -> int | None:
 
 def promise_headers(promise: Promise) -> list[tuple[bytes, bytes]]:
     """The expected (and, once known, served) cached tokens as response headers."""
-    headers = [(HEADER_EXPECTED.encode(), str(promise.expected_tokens).encode())]
+    headers = [(_EXPECTED, b"%d" % promise.expected_tokens)]
     if promise.served_tokens is not None:
-        headers.append((HEADER_SERVED.encode(), str(promise.served_tokens).encode()))
+        headers.append((_SERVED, b"%d" % promise.served_tokens))
     return headers
 
 
