@@ -33,7 +33,7 @@ from tokenkeys.keys import Adapter
 from tokenkeys.router.explain.causes import Explainer
 from tokenkeys.router.explain.endpoint import explain
 from tokenkeys.router.forwarding.adapters import request_context
-from tokenkeys.router.forwarding.asgi import ForwardingApp, Served
+from tokenkeys.router.forwarding.asgi import ForwardingApp, ServedRoute
 from tokenkeys.router.forwarding.door import FrontDoor
 from tokenkeys.router.forwarding.routes import FORWARDED
 from tokenkeys.router.headers import RouteHeaders
@@ -159,7 +159,7 @@ def create_router_app(
     return ForwardingApp(app, served) if served is not None else app
 
 
-def mount_forwarded(app: FastAPI, door: FrontDoor) -> dict[str, Served]:
+def mount_forwarded(app: FastAPI, door: FrontDoor) -> dict[str, ServedRoute]:
     """Every forwarded route, served through ``door``; the frontend's own route of the same
     path (its documentation kept) serves the workers that have no HTTP frontend. The app's
     route of each path documents it in /openapi.json; :class:`ForwardingApp` serves it."""
@@ -187,7 +187,7 @@ def mount_forwarded(app: FastAPI, door: FrontDoor) -> dict[str, Served]:
         )
         route = app.router.routes[-1]
         assert isinstance(route, APIRoute) and route.path == path
-        served[path] = Served(route, handler)
+        served[path] = ServedRoute(route, handler)
     return served
 
 

@@ -42,7 +42,7 @@ from tokenkeys.router.routed_engine import RouteNote, current_note
 
 
 @dataclass(frozen=True)
-class Served:
+class ServedRoute:
     """One forwarded route: its handler, and the app's route that documents it (left in the
     scope, as the app's router leaves it)."""
 
@@ -53,7 +53,7 @@ class Served:
 class ForwardingApp:
     """The router's HTTP app: ``served`` (by path) here, every other request by ``app``."""
 
-    def __init__(self, app: FastAPI, served: dict[str, Served]) -> None:
+    def __init__(self, app: FastAPI, served: dict[str, ServedRoute]) -> None:
         self.app = app
         #: The frontend app's state (settings, metrics, guards), which is this app's.
         self.state = app.state
@@ -70,7 +70,7 @@ class ForwardingApp:
         else:
             await self._serve(served, scope, receive, send)
 
-    async def _serve(self, served: Served, scope: dict, receive: Any, send: Any) -> None:
+    async def _serve(self, served: ServedRoute, scope: dict, receive: Any, send: Any) -> None:
         started = time.perf_counter()
         note = RouteNote()
         token = current_note.set(note)
