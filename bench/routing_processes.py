@@ -37,7 +37,7 @@ from routing_workload import (
 )
 
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
-from tokenkeys.router.frontend import HEADER_WORKER
+from tokenkeys.router.headers import HEADER_WORKER
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.service import RoutingConfig
 

@@ -87,6 +87,13 @@ def test_http_streams_per_client() -> None:
                 error = refused.json()["error"]
                 assert error["type"] == "RateLimitError"
                 assert "max_streams_per_client" in error["message"]
+                # The client is the connection's peer: X-Forwarded-For names nobody else.
+                spoofed = other.post(
+                    "/v1/completions",
+                    json={**body, "max_tokens": 1},
+                    headers={"x-forwarded-for": "10.1.2.3"},
+                )
+                assert spoofed.status_code == 429, spoofed.text
                 # /tokenize is no stream: still served.
                 assert other.post("/tokenize", json={"prompt": "x"}).status_code == 200
             for stream, _ in opened:

@@ -48,6 +48,12 @@ def note_prompt_tokens(count: int) -> None:
         record.prompt_tokens = (record.prompt_tokens or 0) + count
 
 
+def route_label(scope: dict) -> str:
+    """The route a request is logged and counted under: the matched route's path template
+    (FastAPI leaves the route in the scope), ``unmatched`` for every other path."""
+    return getattr(scope.get("route"), "path", None) or "unmatched"
+
+
 class AccessLog:
     """Pure ASGI middleware writing :mod:`this module <tokenkeys.frontend.access_log>`'s line."""
 
@@ -66,7 +72,7 @@ class AccessLog:
         logged = False
 
         def write() -> None:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            route = route_label(scope)
             fields = {
                 "method": scope.get("method"),
                 "route": route,

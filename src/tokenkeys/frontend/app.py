@@ -79,7 +79,7 @@ def create_app(
             lambda: [(m.name, m.preprocessor.encoder, m.preprocessor.history) for m in models]
         )
     )
-    app.state.tokenkeys = AppState(models, config, metrics, lifecycle)
+    app.state.tokenkeys = AppState(models, config, metrics, lifecycle, guards)
     install_error_handlers(app)
     routes_system.add_routes(app)
     routes_generate.add_routes(app)

@@ -62,39 +62,34 @@ def error_response(error: TokenkeysError) -> Response:
     return error_json(body, status)
 
 
-async def _tokenkeys_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, TokenkeysError)
-    return error_response(exc)
-
-
-async def _invalid_body(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestValidationError)
-    return error_response(validation_error(list(exc.errors()), "the request"))
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, StarletteHTTPException)
-    status = exc.status_code
-    if status == 404:
-        message = f"no route {request.url.path!r} on this server; GET /openapi.json lists them"
-    elif status == 405:
-        message = f"{request.method} is not allowed on {request.url.path!r}"
-    else:
-        message = str(exc.detail)
-    body = error_body(message, _HTTP_TYPES.get(status, "HTTPError"), status)
-    return error_json(body, status)
-
-
-async def _unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("unexpected error on %s %s", request.method, request.url.path)
+def error_answer(exc: Exception, method: str, path: str) -> Response:
+    """The answer to an exception a route raised on ``method path``: a tokenkeys error's own
+    status and body, an invalid body's 400, a 404 or 405 naming the path, and any other
+    exception a 500 that names its type (its trace goes to the log)."""
+    if isinstance(exc, TokenkeysError):
+        return error_response(exc)
+    if isinstance(exc, RequestValidationError):
+        return error_response(validation_error(list(exc.errors()), "the request"))
+    if isinstance(exc, StarletteHTTPException):
+        status = exc.status_code
+        if status == 404:
+            message = f"no route {path!r} on this server; GET /openapi.json lists them"
+        elif status == 405:
+            message = f"{method} is not allowed on {path!r}"
+        else:
+            message = str(exc.detail)
+        return error_json(error_body(message, _HTTP_TYPES.get(status, "HTTPError"), status), status)
+    log.exception("unexpected error on %s %s", method, path, exc_info=exc)
     return error_response(
         TokenkeysError(f"internal error ({type(exc).__name__}); the server log has the details")
     )
 
 
+async def _answer(request: Request, exc: Exception) -> Response:
+    return error_answer(exc, request.method, request.url.path)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Route every exception type to its OpenAI error body."""
-    app.add_exception_handler(TokenkeysError, _tokenkeys_error)
-    app.add_exception_handler(RequestValidationError, _invalid_body)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)
+    """Route every exception type to its OpenAI error body (:func:`error_answer`)."""
+    for kind in (TokenkeysError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(kind, _answer)

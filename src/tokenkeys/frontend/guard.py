@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.responses import Response
+
 from tokenkeys.errors import TokenkeysError, Unauthenticated
 from tokenkeys.frontend.errors import error_response
 from tokenkeys.serving.guards import Call, Guards
@@ -21,6 +23,32 @@ HEALTH_PATHS = frozenset({"/health", "/livez"})
 #: Routes whose calls hold a stream (or a generation) open: they count against
 #: ``max_streams_per_client``.
 STREAMING_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
+def call_of(scope: dict) -> Call:
+    """What the guards know of an HTTP request: its path, client address and credentials."""
+    path = scope["path"]
+    authorization = None
+    for key, value in scope["headers"]:
+        if key == b"authorization":
+            authorization = value.decode("latin-1")
+            break
+    client = scope.get("client")
+    return Call(
+        route=path,
+        client=client[0] if client else "unknown",
+        authorization=authorization,
+        streaming=path in STREAMING_PATHS,
+        health=path in HEALTH_PATHS,
+    )
+
+
+def refusal(error: TokenkeysError) -> Response:
+    """The answer to a request the guards refused (401s name the Bearer scheme)."""
+    response = error_response(error)
+    if isinstance(error, Unauthenticated):
+        response.headers["www-authenticate"] = 'Bearer realm="tokenkeys"'
+    return response
 
 
 class GuardMiddleware:
@@ -34,27 +62,10 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        authorization = None
-        for key, value in scope["headers"]:
-            if key == b"authorization":
-                authorization = value.decode("latin-1")
-                break
-        client = scope.get("client")
-        call = Call(
-            route=path,
-            client=client[0] if client else "unknown",
-            authorization=authorization,
-            streaming=path in STREAMING_PATHS,
-            health=path in HEALTH_PATHS,
-        )
         try:
-            release = self.guards.admit(call)
+            release = self.guards.admit(call_of(scope))
         except TokenkeysError as error:
-            response = error_response(error)
-            if isinstance(error, Unauthenticated):
-                response.headers["www-authenticate"] = 'Bearer realm="tokenkeys"'
-            await response(scope, receive, send)
+            await refusal(error)(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)

@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenkeys.engine.protocol import Usage
-from tokenkeys.frontend.access_log import note_prompt_tokens
+from tokenkeys.frontend.access_log import note_prompt_tokens, route_label
+from tokenkeys.serving.labelled import Children
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
@@ -52,6 +53,8 @@ class HttpMetrics:
         )
         # With --processes N every process keeps its own counters and a scrape reaches
         # whichever worker takes the connection; the pid says whose counters these are.
+        self._requests_of = Children(self.requests)
+        self._latency_of = Children(self.latency)
         Gauge(
             "tokenkeys_process", "The process that answered this scrape", ["pid"], registry=r
         ).labels(str(os.getpid())).set(1)
@@ -64,6 +67,12 @@ class HttpMetrics:
         self.prompt_tokens.labels(model, route).inc(prompt)
         self.cached_tokens.labels(model).inc(sum(u.cached_prompt_tokens for u in usages))
         self.generation_tokens.labels(model).inc(sum(u.completion_tokens for u in usages))
+
+    def record(self, route: str, status: int, seconds: float) -> None:
+        """Count one answered request of ``route`` (its template path, or ``unmatched``) with
+        ``status``, which took ``seconds`` to the end of its body."""
+        self._requests_of[(route, str(status))].inc()
+        self._latency_of[(route,)].observe(seconds)
 
     def include(self, registry: CollectorRegistry) -> None:
         """Export another registry's metrics (router, engines) beside this app's own."""
@@ -107,8 +116,4 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            # FastAPI leaves the matched route in the scope; unmatched paths share one label.
-            route = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
-            self.metrics.requests.labels(path, str(status)).inc()
-            self.metrics.latency.labels(path).observe(time.perf_counter() - started)
+            self.metrics.record(route_label(scope), status, time.perf_counter() - started)

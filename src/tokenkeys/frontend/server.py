@@ -112,6 +112,11 @@ async def start_http_server(
         log_level=log_level,
         log_config=None,  # uvicorn's loggers propagate to the process' one format
         access_log=False,
+        # The client address is the connection's peer, for the streams per client as for the
+        # connection caps (docs/operating.md, behind a proxy). uvicorn's default would take
+        # X-Forwarded-For from a peer on 127.0.0.1, so a local client could name any address,
+        # and its layer runs on every request.
+        proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=5,
         **(tls.uvicorn_options() if tls is not None else {}),
@@ -146,12 +151,12 @@ async def serve_app(app: Any, bind: Bind, port: int) -> HttpServer:
     """:func:`start_http_server` of ``app`` on ``bind.host:port``, with the builder's TLS,
     port sharing and connection limits: the HTTP face of ``serve`` and ``route`` alike.
 
-    With the app's ``access_log`` setting, the access log wraps it here, outermost, after the
-    builder added its own middleware (the router's headers name the worker it logs).
+    With the app's ``access_log`` setting, the access log wraps it here, outermost, around
+    everything the builder added (the router's headers name the worker it logs).
     """
     state = getattr(app.state, "tokenkeys", None)
     if state is not None and state.config.access_log:
-        app.add_middleware(AccessLog)
+        app = AccessLog(app)
     return await start_http_server(
         app,
         bind.host,

@@ -14,6 +14,7 @@ from tokenkeys.frontend.config import HttpConfig
 from tokenkeys.frontend.metrics import HttpMetrics
 from tokenkeys.keys import Adapter
 from tokenkeys.process.encode_lanes import offload
+from tokenkeys.serving.guards import Guards
 from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
@@ -28,6 +29,8 @@ class AppState:
     config: HttpConfig
     metrics: HttpMetrics
     lifecycle: Lifecycle
+    #: What admits every request (authentication, draining, streams per client).
+    guards: Guards
 
 
 def state_of(request: Request) -> AppState:

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import FastAPI
-
 from tokenkeys.access.tls import ServerTls
 from tokenkeys.frontend import HttpConfig, HttpServer
 from tokenkeys.frontend.server import serve_app
 from tokenkeys.router.forwarding.door import FrontDoor
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
 from tokenkeys.router.forwarding.relay import Relay
-from tokenkeys.router.frontend import create_router_app
+from tokenkeys.router.frontend import RouterApp, create_router_app
 from tokenkeys.router.index.model import PrefixIndex
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.service import RoutingConfig, RoutingService
@@ -75,7 +73,7 @@ class RouterProcess:
         #: The front door (``router.forwarding``), once HTTP listens.
         self.door: FrontDoor | None = None
         #: The HTTP app, once the HTTP face is listening.
-        self.app: FastAPI | None = None
+        self.app: RouterApp | None = None
 
     @property
     def http_port(self) -> int:

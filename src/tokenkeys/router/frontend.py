@@ -24,38 +24,30 @@ from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Match, Route
 
 from tokenkeys.frontend import HttpConfig, create_app
-from tokenkeys.frontend.access_log import WORKER_HEADER
 from tokenkeys.frontend.body import json_response
 from tokenkeys.frontend.opening import open_request
 from tokenkeys.frontend.routes_tokenize import tokenize_body
 from tokenkeys.keys import Adapter
 from tokenkeys.router.explain.causes import Explainer
-from tokenkeys.router.explain.endpoint import HEADER_EXPLAIN, explain, header_value
+from tokenkeys.router.explain.endpoint import explain
 from tokenkeys.router.forwarding.adapters import request_context
+from tokenkeys.router.forwarding.asgi import ForwardingApp, ServedRoute
 from tokenkeys.router.forwarding.door import FrontDoor
-from tokenkeys.router.forwarding.promise import promise_headers
 from tokenkeys.router.forwarding.routes import FORWARDED, Prompt
+from tokenkeys.router.headers import RouteHeaders
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
 from tokenkeys.router.replicas.shared_load import SharedLoad
-from tokenkeys.router.routed_engine import RoutedEngine, RouteNote, current_note
+from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.workers.pool import Pool
 from tokenkeys.router.workers.registry import WorkerRegistry
 from tokenkeys.serving.lifecycle import Lifecycle
 from tokenkeys.serving.models import ModelRegistry, ServedModel
 
-#: Response headers of a routed request; several prompts (a completions batch) give
-#: comma-separated values in prompt order.
-HEADER_WORKER = WORKER_HEADER
-HEADER_SCORE = "x-tokenkeys-score"
-HEADER_MATCHED = "x-tokenkeys-matched-blocks"
-HEADER_POLICY = "x-tokenkeys-policy"
-HEADER_REASON = "x-tokenkeys-reason"
-#: Workers that failed before the first byte of their answer (forwarded requests).
-HEADER_RETRIES = "x-tokenkeys-retries"
+#: The routing app: the frontend's, behind the forwarded routes' own layer when it forwards.
+RouterApp = FastAPI | ForwardingApp
 
 
 class PoolModels(ModelRegistry):
@@ -100,61 +92,6 @@ class PoolModels(ModelRegistry):
         return iter([self._model(p) for p in list(self._registry.pools.values())])
 
 
-def route_headers(note: RouteNote) -> list[tuple[bytes, bytes]]:
-    """The ``x-tokenkeys-*`` headers of a request's routing decisions."""
-    decisions = note.decisions
-    served = note.served_by or [d.worker for d in decisions]
-
-    def join(values: list[str]) -> bytes:
-        return ",".join(values).encode("latin-1")
-
-    matched = [f"{d.matched_blocks}/{d.total_blocks}" for d in decisions]
-    headers = [
-        (HEADER_WORKER.encode(), join(served)),
-        (HEADER_SCORE.encode(), join([f"{d.score:.4f}" for d in decisions])),
-        (HEADER_MATCHED.encode(), join(matched)),
-        (HEADER_POLICY.encode(), join(sorted({d.policy for d in decisions}))),
-        (HEADER_REASON.encode(), join([d.reason for d in decisions])),
-    ]
-    if note.promise is not None:  # a forwarded request
-        headers.append((HEADER_RETRIES.encode(), str(note.retries).encode()))
-        headers += promise_headers(note.promise)
-    if note.explanation is not None:
-        part, blocks = note.explanation
-        headers.append((HEADER_EXPLAIN.encode(), header_value(part, note.promise, blocks)))
-    return headers
-
-
-class RouteHeaders:
-    """Pure ASGI middleware: a fresh :class:`RouteNote` per request, reported in headers.
-
-    The note is set before the app runs, so the routed engine (called by the generation route,
-    also from the streaming body's task: a copied context holds the same note) records into it;
-    the headers are added to the response start, which for streams follows the first token.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        note = RouteNote()
-        token = current_note.set(note)
-
-        async def send_with_headers(message: dict) -> None:
-            if message["type"] == "http.response.start" and note.decisions:
-                headers = [*message.get("headers", []), *route_headers(note)]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_headers)
-        finally:
-            current_note.reset(token)
-
-
 def create_router_app(
     registry: WorkerRegistry,
     router: Router,
@@ -165,19 +102,19 @@ def create_router_app(
     shared: SharedLoad | None = None,
     door: FrontDoor | None = None,
     explainer: Explainer | None = None,
-) -> FastAPI:
+) -> RouterApp:
     """The OpenAI-compatible routing app; ``metrics`` (router, ingestion, index) is exported
     on ``/metrics`` beside the frontend's own; /health reports ``lifecycle`` (draining);
     ``shared`` tells the other router replicas what this one sends (``shared_load``);
-    ``door`` forwards the routes of ``router.forwarding.routes`` to the workers' frontends
-    (without it every request generates over OpenEngine ``Generate``); ``explainer`` answers
+    ``door`` forwards the routes of ``router.forwarding.routes`` to the workers' frontends,
+    served by a :class:`ForwardingApp` in front of the app (without it every request generates
+    over OpenEngine ``Generate``); ``explainer`` answers
     ``GET|POST /router/explain`` (``router.explain.endpoint``)."""
     adapters = door.adapters_of if door is not None else None
     app = create_app(PoolModels(registry, router, shared, adapters), config, lifecycle=lifecycle)
     if metrics is not None:
         app.state.tokenkeys.metrics.include(metrics)
-    if door is not None:
-        mount_forwarded(app, door)
+    served = mount_forwarded(app, door) if door is not None else None
 
     async def workers(request: Request) -> Response:
         """Pools, their members and key strategy, every worker's state and refusals."""
@@ -225,23 +162,14 @@ def create_router_app(
             summary="Why a request would miss the cache, per worker",
         )
     app.add_middleware(RouteHeaders)
-    return app
+    return ForwardingApp(app, served) if served is not None else app
 
 
-class _FastRoute(Route):
-    """A Starlette route that leaves itself in the scope as FastAPI's routes do: the access
-    log and the HTTP metrics label a request with ``scope["route"].path``."""
-
-    def matches(self, scope: Any) -> tuple[Match, dict[str, Any]]:
-        match, child = super().matches(scope)
-        if match is not Match.NONE:
-            child["route"] = self
-        return match, child
-
-
-def mount_forwarded(app: FastAPI, door: FrontDoor) -> None:
-    """Serve every forwarded route through ``door``; the frontend's own route of the same path
-    (its documentation kept) serves the workers that have no HTTP frontend."""
+def mount_forwarded(app: FastAPI, door: FrontDoor) -> dict[str, ServedRoute]:
+    """Every forwarded route, served through ``door``; the frontend's own route of the same
+    path (its documentation kept) serves the workers that have no HTTP frontend. The app's
+    route of each path documents it in /openapi.json; :class:`ForwardingApp` serves it."""
+    served = {}
     for path, forwarded in FORWARDED.items():
         own = next(
             (
@@ -254,11 +182,6 @@ def mount_forwarded(app: FastAPI, door: FrontDoor) -> None:
         if own is not None:
             app.router.routes.remove(own)
         handler = door.handler(forwarded, own.endpoint if own is not None else None)
-        # Served by a plain Starlette route, matched first: the handler takes the request and
-        # returns the answer, so FastAPI's request handling (dependencies, exit stacks) is
-        # CPU the hot path need not pay (bench_front_door). The API route below, never
-        # matched, documents the path in /openapi.json.
-        app.router.routes.insert(0, _FastRoute(path, handler, methods=["POST"]))
         app.add_api_route(
             path,
             handler,
@@ -268,6 +191,10 @@ def mount_forwarded(app: FastAPI, door: FrontDoor) -> None:
             openapi_extra=own.openapi_extra if own is not None else None,
             response_model=own.response_model if own is not None else None,
         )
+        route = app.router.routes[-1]
+        assert isinstance(route, APIRoute) and route.path == path
+        served[path] = ServedRoute(route, handler)
+    return served
 
 
 def decision_body(decision: RouteDecision) -> dict[str, Any]:

@@ -7,36 +7,12 @@ on ``/metrics``.
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-Metric = TypeVar("Metric", Counter, Gauge, Histogram)
+from tokenkeys.serving.labelled import Children
 
 _SCORE_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 _SECONDS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-
-
-class Children(dict[tuple[str, ...], Metric], Generic[Metric]):
-    """A labelled metric's children by their label values, ``labels()`` called once for each.
-
-    ``labels()`` takes the metric's lock and builds its key on every call, which costs a hot
-    path (ingest: once per batch) more than the increment itself. Exact by construction: a child
-    is created on its first use, when ``labels()`` would have created it (so the exported series
-    are the same), and is the one ``labels()`` returns as long as the metric's children are not
-    removed. None of the router's are; code that ever prunes a series (``remove()``,
-    ``clear()``) must drop its entry here too.
-    """
-
-    __slots__ = ("metric",)
-
-    def __init__(self, metric: Metric) -> None:
-        super().__init__()
-        self.metric = metric
-
-    def __missing__(self, labels: tuple[str, ...]) -> Metric:
-        child = self[labels] = self.metric.labels(*labels)
-        return child
 
 
 class RouterMetrics:
@@ -109,6 +85,13 @@ class RouterMetrics:
             ("worker", "outcome"),
             registry=r,
         )
+        # The children the routing of every request counts with (``Children``).
+        self.decisions_of = Children(self.decisions)
+        self.score_of = Children(self.score)
+        self.prompt_blocks_of = Children(self.prompt_blocks)
+        self.matched_blocks_of = Children(self.matched_blocks)
+        self.route_seconds_of = Children(self.route_seconds)
+        self.requests_of = Children(self.requests)
         self.cached_tokens = Counter(
             "tokenkeys_router_cached_prompt_tokens",
             "Prompt tokens the workers served from their prefix cache.",

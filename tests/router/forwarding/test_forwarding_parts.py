@@ -11,14 +11,17 @@ from contextlib import asynccontextmanager
 
 import pytest
 from certs import make_certs
+from starlette.requests import Request
 
 from tokenkeys.errors import ConfigError
+from tokenkeys.router.forwarding.client_side import ClientGone, unless_gone
 from tokenkeys.router.forwarding.frontends import WorkerFrontends, split_worker
 from tokenkeys.router.forwarding.http1 import Broken, Client, Unreachable
 from tokenkeys.router.forwarding.promise import Promise, expected_tokens, matched_at
 from tokenkeys.router.forwarding.relay import events, request_headers
 from tokenkeys.router.workers.discovery import WorkerDescription
 from tokenkeys.router.workers.state import WorkerState
+from tokenkeys.transport.http_protocol import DISCONNECT
 
 
 def test_a_worker_spec_names_grpc_and_optionally_http():
@@ -257,3 +260,56 @@ async def test_the_client_speaks_tls_to_a_worker_its_ca_signed(tmp_path):
         with pytest.raises(Unreachable, match="SSL"):
             await stranger.request(b"POST", url + "/x", [], b"{}")
         await stranger.close()
+
+
+def _request(receive: Callable, extensions: dict | None = None) -> Request:
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+    if extensions is not None:
+        scope["extensions"] = extensions
+    return Request(scope, receive)
+
+
+async def test_a_client_gone_while_a_worker_is_awaited_cancels_the_wait():
+    # The server's future of the connection (this server's extension), and a server without
+    # it, whose receive() says http.disconnect: either way the wait is cancelled.
+    async def never() -> dict:
+        await asyncio.Event().wait()
+        return {}
+
+    async def leaves() -> dict:
+        await asyncio.sleep(0.05)
+        return {"type": "http.disconnect"}
+
+    lost = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.05, lost.set_result, None)
+    for request in (_request(never, {DISCONNECT: lost}), _request(leaves)):
+        cancelled = asyncio.Event()
+
+        async def worker(cancelled: asyncio.Event) -> str:
+            try:
+                await asyncio.sleep(30)
+            finally:
+                cancelled.set()
+            return "answer"
+
+        with pytest.raises(ClientGone):
+            await unless_gone(request, worker(cancelled))
+        assert cancelled.is_set()
+        await asyncio.sleep(0)  # the caller's task goes on, uncancelled
+
+
+async def test_an_answer_before_the_client_leaves_is_returned_and_the_watch_ends():
+    lost = asyncio.get_running_loop().create_future()
+
+    async def never() -> dict:
+        await asyncio.Event().wait()
+        return {}
+
+    async def worker() -> str:
+        await asyncio.sleep(0.01)
+        return "answer"
+
+    assert await unless_gone(_request(never, {DISCONNECT: lost}), worker()) == "answer"
+    lost.set_result(None)  # the connection closes later: this request is no longer watched
+    await asyncio.sleep(0.05)
+    assert await unless_gone(_request(never), worker()) == "answer"

@@ -40,6 +40,7 @@ from tokenkeys.keys import KeyContext
 from tokenkeys.router.explain.causes import Explainer
 from tokenkeys.router.explain.repair import Repair, ShortAnswerCase
 from tokenkeys.router.workers.pool import Pool
+from tokenkeys.serving.labelled import Children
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,10 @@ class Accuracy:
             ["worker", "cause"],
             registry=registry,
         )
+        self._promised_of = Children(self.promised)
+        self._served_of = Children(self.served)
+        self._under_promises_of = Children(self.under_promises)
+        self._misses_of = Children(self.misses)
         self._logged: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
 
@@ -127,10 +132,10 @@ class Accuracy:
         if served is None:
             return
         worker, expected = promise.worker, promise.expected_tokens
-        self.promised.labels(worker).inc(expected)
-        self.served.labels(worker).inc(served)
+        self._promised_of[(worker,)].inc(expected)
+        self._served_of[(worker,)].inc(served)
         if served > expected:
-            self.under_promises.labels(worker).inc()
+            self._under_promises_of[(worker,)].inc()
         keys = decision.keys
         if not keys:
             return  # routed without keys (a baseline policy): nothing to explain by
@@ -143,7 +148,7 @@ class Accuracy:
                     self.repair.short(case)
         cause = "promised_not_served" if promise.over_promised else missed.cause
         if cause is not None:
-            self.misses.labels(worker, cause).inc()
+            self._misses_of[(worker, cause)].inc()
         if promise.over_promised and worker not in self._logged:
             self._logged.add(worker)
             task = asyncio.ensure_future(self._log(promise, pool, ids, context, keys))

@@ -9,11 +9,12 @@ wait, which closes the worker's connection and so aborts its request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from starlette.requests import Request
+
+from tokenkeys.transport.http_protocol import DISCONNECT
 
 T = TypeVar("T")
 
@@ -42,19 +43,35 @@ async def _disconnected(request: Request) -> None:
 
 
 async def unless_gone(request: Request, call: Awaitable[T]) -> T:
-    """``call``'s result, or ClientGone (``call`` cancelled) when the client disconnects."""
-    task = asyncio.ensure_future(call)
-    gone = asyncio.ensure_future(_disconnected(request))
+    """``call``'s result, or ClientGone (``call`` cancelled) when the client disconnects.
+
+    ``call`` runs in the caller's own task, which the client's disconnect cancels. The server's
+    future of the connection (``transport.http_protocol.DISCONNECT``) says when; a server
+    without it is watched by a task reading ``receive()``.
+    """
+    current = asyncio.current_task()
+    assert current is not None
+    watching = True
+
+    def cancel_call(_: asyncio.Future) -> None:
+        if watching:
+            current.cancel()
+
+    lost = request.scope.get("extensions", {}).get(DISCONNECT)
+    gone = lost if lost is not None else asyncio.ensure_future(_disconnected(request))
+    gone.add_done_callback(cancel_call)
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
+        return await call
+    except asyncio.CancelledError:
+        if not gone.done() or gone.cancelled():
+            raise  # cancelled from outside, not by the client's disconnect
+        # The cancellation was ours: the caller's task goes on (Python 3.11+ counts them).
+        uncancel = getattr(current, "uncancel", None)
+        if uncancel is not None:
+            uncancel()
+        raise ClientGone from gone.exception()
     finally:
-        gone.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise ClientGone
+        watching = False
+        gone.remove_done_callback(cancel_call)  # the connection's future outlives the request
+        if gone is not lost:
+            gone.cancel()

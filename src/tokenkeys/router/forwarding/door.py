@@ -262,7 +262,7 @@ class FrontDoor:
                 return Response(status_code=499)
             except WorkerUnreachable as exc:
                 self._end(trip)
-                metrics.requests.labels(address, "retried").inc()
+                metrics.requests_of[(address, "retried")].inc()
                 failures.append(f"{address}: {exc}")
                 self.registry.suspect(address)
                 continue
@@ -321,7 +321,7 @@ class FrontDoor:
             finally:
                 self._end(trip)
             self.registry.refresh(address)
-            self.router.metrics.requests.labels(address, "ok" if status < 500 else "failed").inc()
+            self.router.metrics.requests_of[(address, "ok" if status < 500 else "failed")].inc()
             if status == 200 and generates:
                 promise = promise.answered(answer_usage(body))
                 keep(promise)
@@ -354,7 +354,7 @@ class FrontDoor:
         try:
             async for chunk in events(response, on_event):
                 yield chunk
-            self.router.metrics.requests.labels(address, "ok").inc()
+            self.router.metrics.requests_of[(address, "ok")].inc()
         finally:
             self._end(trip)
             if keep:

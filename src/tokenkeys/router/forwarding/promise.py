@@ -17,14 +17,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from tokenkeys.serving.labelled import Children
+
 #: Response headers of a forwarded request (``docs/router.md``).
 HEADER_EXPECTED = "x-tokenkeys-expected-cached-tokens"
 HEADER_SERVED = "x-tokenkeys-served-cached-tokens"
+_EXPECTED, _SERVED = HEADER_EXPECTED.encode(), HEADER_SERVED.encode()
 
 _DIFFERENCE_BUCKETS = (-4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096)
 
@@ -51,9 +55,10 @@ class Promise:
     matched_blocks: tuple[int, ...]
     served_tokens: int | None = None
 
-    @property
+    @cached_property
     def expected_tokens(self) -> int:
-        """Cached prompt tokens the router expects the worker to report."""
+        """Cached prompt tokens the router expects the worker to report (read by the metrics,
+        the headers and the explanations of one answer: summed once)."""
         return sum(
             expected_tokens(m, n, self.block_size)
             for m, n in zip(self.matched_blocks, self.prompt_tokens, strict=True)
@@ -85,9 +90,9 @@ def cached_tokens(usage: Any) -> int | None:
 
 def promise_headers(promise: Promise) -> list[tuple[bytes, bytes]]:
     """The expected (and, once known, served) cached tokens as response headers."""
-    headers = [(HEADER_EXPECTED.encode(), str(promise.expected_tokens).encode())]
+    headers = [(_EXPECTED, b"%d" % promise.expected_tokens)]
     if promise.served_tokens is not None:
-        headers.append((HEADER_SERVED.encode(), str(promise.served_tokens).encode()))
+        headers.append((_SERVED, b"%d" % promise.served_tokens))
     return headers
 
 
@@ -115,15 +120,19 @@ class PromiseMetrics:
             ["worker"],
             registry=registry,
         )
+        self._difference_of = Children(self.difference)
+        self._over_promises_of = Children(self.over_promises)
+        self._unanswered_of = Children(self.unanswered)
 
     def record(self, promise: Promise) -> None:
         """Count one finished request's promise."""
-        if promise.difference is None:
-            self.unanswered.labels(promise.worker).inc()
+        difference = promise.difference
+        if difference is None:
+            self._unanswered_of[(promise.worker,)].inc()
             return
-        self.difference.labels(promise.model).observe(promise.difference)
+        self._difference_of[(promise.model,)].observe(difference)
         if promise.over_promised:
-            self.over_promises.labels(promise.worker).inc()
+            self._over_promises_of[(promise.worker,)].inc()
 
 
 def matched_at(worker: str, decisions: Sequence[Any], body: Any = None) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from tokenkeys.errors import TokenkeysError
 from tokenkeys.router.index.model import DEFAULT_TIER, PrefixIndex, PrefixMatch
-from tokenkeys.router.metrics import Children
+from tokenkeys.serving.labelled import Children
 
 T = TypeVar("T")
 

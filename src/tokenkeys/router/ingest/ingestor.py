@@ -48,7 +48,7 @@ from tokenkeys.events.model import (
 from tokenkeys.router.index.hybrid import GroupLayout, group_key
 from tokenkeys.router.index.model import PrefixIndex, check_worker, index_keys, medium_tier
 from tokenkeys.router.ingest.backoff import WriteBackoff
-from tokenkeys.router.metrics import Children
+from tokenkeys.serving.labelled import Children
 
 log = logging.getLogger(__name__)
 

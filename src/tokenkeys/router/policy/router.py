@@ -120,11 +120,11 @@ class Router:
         if not record:
             return decision
         m, name = self.metrics, self.policy.name
-        m.route_seconds.labels(name).observe(time.perf_counter() - started)
-        m.decisions.labels(pool.name, name, decision.reason).inc()
-        m.score.labels(pool.name, name).observe(decision.score)
-        m.prompt_blocks.labels(pool.name).inc(decision.total_blocks)
-        m.matched_blocks.labels(pool.name).inc(decision.matched_blocks)
+        m.route_seconds_of[(name,)].observe(time.perf_counter() - started)
+        m.decisions_of[(pool.name, name, decision.reason)].inc()
+        m.score_of[(pool.name, name)].observe(decision.score)
+        m.prompt_blocks_of[(pool.name,)].inc(decision.total_blocks)
+        m.matched_blocks_of[(pool.name,)].inc(decision.matched_blocks)
         return decision
 
     def forget(self, pool: Pool, address: str) -> None:
