@@ -48,8 +48,11 @@ from pathlib import Path
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _die_with_parent(sig: int) -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+def terminate_with_parent() -> None:
+    """SIGTERM when the parent dies, even by SIGKILL (``PR_SET_PDEATHSIG``; the parent is the
+    thread that started this process): no vLLM outlives an interrupted session (its API server
+    then stops its engine core). Called in a child before exec, or after fork."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 # ---------------------------------------------------------------------- the test process's side
@@ -134,7 +137,7 @@ class ForkServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=lambda: _die_with_parent(signal.SIGTERM),
+                preexec_fn=terminate_with_parent,
             )
 
     @property
@@ -177,7 +180,7 @@ class ForkServer:
 def _become(request: dict) -> None:
     """In the forked child: take the start's session, output, environment and directory."""
     os.setsid()
-    _die_with_parent(signal.SIGTERM)
+    terminate_with_parent()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

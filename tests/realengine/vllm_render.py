@@ -13,13 +13,14 @@ import os
 import subprocess
 from pathlib import Path
 
+from vllm_forkserver import terminate_with_parent
+
 from vllm_server import (
     MAX_MODEL_LEN,
     MODEL_NAME,
     ServerConfig,
     TinyModel,
     VllmServer,
-    _terminate_with_parent,
 )
 
 
@@ -53,5 +54,5 @@ class VllmRenderServer(VllmServer):
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_terminate_with_parent,
+                preexec_fn=terminate_with_parent,
             )

@@ -18,7 +18,6 @@ the next one in the background while the tests before it run.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import httpx
 from ports import free_port
-from vllm_forkserver import ForkedProcess, ForkServer
+from vllm_forkserver import ForkedProcess, ForkServer, terminate_with_parent
 
 BLOCK_SIZE = 32  # vLLM's CPU attention needs KV blocks in multiples of 32
 MAX_MODEL_LEN = 4096
@@ -39,16 +38,6 @@ MODEL_NAME = "tiny"
 LORA_NAME = "ada"
 START_TIMEOUT = 600.0  # seconds; 40-130 s is usual, a busy shared machine can take longer
 STOP_GRACE = 30.0
-
-
-def _terminate_with_parent() -> None:
-    """In the child before exec: SIGTERM when the test process dies, even by SIGKILL, so no
-    vLLM outlives an interrupted session (vLLM's API server then stops its engine core)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -331,7 +320,7 @@ class VllmServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_terminate_with_parent,
+                preexec_fn=terminate_with_parent,
             )
 
     def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
