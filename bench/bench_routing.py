@@ -61,6 +61,7 @@ from pathlib import Path
 
 import httpx
 from redis_local import LocalRedis
+from routing_attribution import attribution
 from routing_processes import run_policy_processes
 from routing_smg import POLICIES as SMG_POLICIES
 from routing_smg import SmgRouter, chat, quiet, smg_executable, smg_router
@@ -344,7 +345,7 @@ async def _run_async(quick: bool) -> str:
             lines.append("")
         rows = [n for n in ("precise, 2 replicas", "precise, 4 replicas") if n in res]
         if rows:
-            lines += [_replica_note(res, rows), ""]
+            lines += [_replica_note(res, rows, w.systems), ""]
     lines += [
         f"{ENGINES} simulated engines behind one router (in the replica rows, 2 or 4 routers "
         "behind a load balancer picking one at random per request). Simulated TTFT = 1 ms + "
@@ -415,8 +416,9 @@ def _smg_note(where: str, ran: bool) -> str:
     )
 
 
-def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
-    """The sharing replicas against one router: hit ratio, decision time, what they missed."""
+def _replica_note(res: dict[str, dict], rows: list[str], systems: int) -> str:
+    """The sharing replicas against one router: hit ratio, decision time, what they missed
+    (and, when the rows carry their turns, where their lost hits went: routing_attribution)."""
     one = res["precise"]
     parts = []
     for n in rows:
@@ -432,6 +434,8 @@ def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
         )
         if r.get("took"):  # routers in processes of their own (routing_processes)
             figures += f"; {_took(r)}"
+        if "turns" in r and "turns" in one:
+            figures += f"; {attribution(one, r, systems)}"
         figures += ")"
         parts.append(f"{n.split(', ')[1]} **{r['hit'] / one['hit']:.2f}x**{figures}")
     return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."
@@ -516,7 +520,7 @@ async def _replica_rows(repeat: int, processes: bool) -> str:
                     one_took = f" ({_took(res['precise'])})"
                 else:
                     one_took = ""
-                note = _replica_note(res, rows).split(": ", 1)[1]
+                note = _replica_note(res, rows, w.systems).split(": ", 1)[1]
                 lines.append(
                     f"- run {i + 1} (load average {load:.1f}): one router {one:.1f} %"
                     f"{one_took}; {note}"
