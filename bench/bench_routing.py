@@ -42,9 +42,10 @@ A last, small section routes over two real vLLM 0.32 servers behind sidecars
 
 ``--replicas N`` runs only the concurrent workload's one-router and sharing-replica rows, N
 times, with what sharing adds to a decision (``_share_cost``; each row's decision time, p50,
-against one router's in the same run) and what replicas deciding at the same instant missed
-of each other (``router.replicas.contention``); ``--processes`` runs each of those routers in
-a process of its own, as an operator does (``routing_processes``).
+against one router's in the same run), what replicas deciding at the same instant missed
+of each other (``router.replicas.contention``) and where the cached tokens they lost against
+one router went, turn by turn (``routing_attribution``); ``--processes`` runs each of those
+routers in a process of its own, as an operator does (``routing_processes``).
 """
 
 from __future__ import annotations
@@ -369,10 +370,10 @@ async def _run_async(quick: bool) -> str:
         "(16 tokens here). Every replica follows every engine's KV events. In the replica rows "
         "the replicas share their requests in flight (blocks in use, queued prefill) and "
         "their cache growth through one Redis (`--share-load`, router.replicas.shared_load: each "
-        "decision made on local memory at once and told afterwards on a Redis stream, a "
-        "prompt new everywhere sent to the rendezvous worker of its first block among the "
-        "workers at most one such prompt dearer than the cheapest, `--new-prefix-slack 1`; "
-        "docs/router.md); in the unshared row each "
+        "decision made on local memory at once and told afterwards on a Redis stream; among "
+        "the workers at most one prompt's worth dearer than the cheapest, the one caching most "
+        "of the prompt takes it, a prompt new everywhere going to the rendezvous worker of its "
+        "first block, `--replica-slack 1`; docs/router.md); in the unshared row each "
         "counts only its own, so two new prefixes routed by different replicas can land on "
         "one engine.",
         "",

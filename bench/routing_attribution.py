@@ -55,6 +55,6 @@ def attribution(one: dict, row: dict, systems: int) -> str:
     lost = lost_hits(one["turns"], row["turns"], systems)
     cached = sum(k for _, k, _ in one["turns"].values())
     parts = ", ".join(
-        f"{cause} {lost[cause]:,} ({100 * lost[cause] / cached:+.1f} %)" for cause in CAUSES
+        f"{cause} {lost[cause]:,} ({100 * lost[cause] / cached:.1f} %)" for cause in CAUSES
     )
     return f"cached tokens lost against one router's {cached:,}: {parts}"
