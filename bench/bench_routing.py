@@ -42,9 +42,10 @@ A last, small section routes over two real vLLM 0.32 servers behind sidecars
 
 ``--replicas N`` runs only the concurrent workload's one-router and sharing-replica rows, N
 times, with what sharing adds to a decision (``_share_cost``; each row's decision time, p50,
-against one router's in the same run) and what replicas deciding at the same instant missed
-of each other (``router.replicas.contention``); ``--processes`` runs each of those routers in
-a process of its own, as an operator does (``routing_processes``).
+against one router's in the same run), what replicas deciding at the same instant missed
+of each other (``router.replicas.contention``) and where the cached tokens they lost against
+one router went, turn by turn (``routing_attribution``); ``--processes`` runs each of those
+routers in a process of its own, as an operator does (``routing_processes``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from pathlib import Path
 
 import httpx
 from redis_local import LocalRedis
+from routing_attribution import attribution
 from routing_processes import run_policy_processes
 from routing_smg import POLICIES as SMG_POLICIES
 from routing_smg import SmgRouter, chat, quiet, smg_executable, smg_router
@@ -344,7 +346,7 @@ async def _run_async(quick: bool) -> str:
             lines.append("")
         rows = [n for n in ("precise, 2 replicas", "precise, 4 replicas") if n in res]
         if rows:
-            lines += [_replica_note(res, rows), ""]
+            lines += [_replica_note(res, rows, w.systems), ""]
     lines += [
         f"{ENGINES} simulated engines behind one router (in the replica rows, 2 or 4 routers "
         "behind a load balancer picking one at random per request). Simulated TTFT = 1 ms + "
@@ -368,10 +370,10 @@ async def _run_async(quick: bool) -> str:
         "(16 tokens here). Every replica follows every engine's KV events. In the replica rows "
         "the replicas share their requests in flight (blocks in use, queued prefill) and "
         "their cache growth through one Redis (`--share-load`, router.replicas.shared_load: each "
-        "decision made on local memory at once and told afterwards on a Redis stream, a "
-        "prompt new everywhere sent to the rendezvous worker of its first block among the "
-        "workers at most one such prompt dearer than the cheapest, `--new-prefix-slack 1`; "
-        "docs/router.md); in the unshared row each "
+        "decision made on local memory at once and told afterwards on a Redis stream; among "
+        "the workers at most one prompt's worth dearer than the cheapest, the one caching most "
+        "of the prompt takes it, a prompt new everywhere going to the rendezvous worker of its "
+        "first block, `--replica-slack 1`; docs/router.md); in the unshared row each "
         "counts only its own, so two new prefixes routed by different replicas can land on "
         "one engine.",
         "",
@@ -415,8 +417,9 @@ def _smg_note(where: str, ran: bool) -> str:
     )
 
 
-def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
-    """The sharing replicas against one router: hit ratio, decision time, what they missed."""
+def _replica_note(res: dict[str, dict], rows: list[str], systems: int) -> str:
+    """The sharing replicas against one router: hit ratio, decision time, what they missed
+    (and, when the rows carry their turns, where their lost hits went: routing_attribution)."""
     one = res["precise"]
     parts = []
     for n in rows:
@@ -432,6 +435,8 @@ def _replica_note(res: dict[str, dict], rows: list[str]) -> str:
         )
         if r.get("took"):  # routers in processes of their own (routing_processes)
             figures += f"; {_took(r)}"
+        if "turns" in r and "turns" in one:
+            figures += f"; {attribution(one, r, systems)}"
         figures += ")"
         parts.append(f"{n.split(', ')[1]} **{r['hit'] / one['hit']:.2f}x**{figures}")
     return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."
@@ -516,7 +521,7 @@ async def _replica_rows(repeat: int, processes: bool) -> str:
                     one_took = f" ({_took(res['precise'])})"
                 else:
                     one_took = ""
-                note = _replica_note(res, rows).split(": ", 1)[1]
+                note = _replica_note(res, rows, w.systems).split(": ", 1)[1]
                 lines.append(
                     f"- run {i + 1} (load average {load:.1f}): one router {one:.1f} %"
                     f"{one_took}; {note}"

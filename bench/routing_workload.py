@@ -204,6 +204,9 @@ async def drive(
     }
     counts: list[tuple[int, int]] = []
     served: Counter[str] = Counter()
+    # (conversation, turn) -> (prompt tokens, cached tokens, the worker that served it):
+    # what routing_attribution compares between a replica row and one router's.
+    turns: dict[tuple[int, int], tuple[int, int, str | None]] = {}
 
     async def turn_of(c: int, turn: int) -> None:
         tag = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
@@ -211,6 +214,7 @@ async def drive(
         messages = history[c] + [{"role": "user", "content": question}]
         prompt, cached, reply, by = await send(messages)
         counts.append((prompt, cached))
+        turns[(c, turn)] = (prompt, cached, by)
         if by is not None:
             served[by] += 1
         history[c] = messages + [{"role": "assistant", "content": reply}]
@@ -234,6 +238,7 @@ async def drive(
         "p90": pct(ttft, 90),
         "served": served,
         "requests": len(counts),
+        "turns": turns,
     }
 
 

@@ -67,8 +67,8 @@ def test_route_refuses_bad_options(capsys):
     assert "--router-temperature must be a finite number >= 0" in capsys.readouterr().err
     assert main(["route", "--worker", "127.0.0.1:1", "--overflow-weight", "-0.5"]) == 2
     assert "--overflow-weight must be a finite number >= 0" in capsys.readouterr().err
-    assert main(["route", "--worker", "127.0.0.1:1", "--new-prefix-slack", "-1"]) == 2
-    assert "--new-prefix-slack must be a finite number >= 0" in capsys.readouterr().err
+    assert main(["route", "--worker", "127.0.0.1:1", "--replica-slack", "-1"]) == 2
+    assert "--replica-slack must be a finite number >= 0" in capsys.readouterr().err
     # The run options are checked as serve checks them (one check, cli/run_options).
     assert main(["route", "--worker", "127.0.0.1:1", "--shutdown-timeout", "-1"]) == 2
     assert "--shutdown-timeout must be >= 0" in capsys.readouterr().err
@@ -80,10 +80,10 @@ def test_route_cost_options_reach_the_router_config():
     args = parser.parse_args(
         ["route", "--worker", "127.0.0.1:1", "--prefix-weight", "2", "--load-weight", "0.5"]
         + ["--overflow-weight", "3", "--growth-weight", "0", "--router-temperature", "0.3"]
-        + ["--new-prefix-slack", "2"]
+        + ["--replica-slack", "2"]
     )
     config = config_from(args)
     assert config.router.cost == CostWeights(
-        prefix=2.0, load=0.5, overflow=3.0, growth=0.0, temperature=0.3, new_prefix_slack=2.0
+        prefix=2.0, load=0.5, overflow=3.0, growth=0.0, temperature=0.3, replica_slack=2.0
     )
     assert config_from(parser.parse_args(["route", "--worker", "h:1"])).router.cost == CostWeights()

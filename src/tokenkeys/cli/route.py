@@ -114,10 +114,11 @@ def register(sub: argparse._SubParsersAction) -> None:
          "worker; higher spreads new prefixes, 0 lets a shared header attract them"),
         ("--router-temperature", d.temperature, "0 always takes the cheapest worker; above 0 "
          "samples workers, cheaper ones more often"),
-        ("--new-prefix-slack", d.new_prefix_slack, "a prompt cached nowhere goes to the "
-         "rendezvous-hash worker of its first block among the workers at most this many such "
-         "prompts dearer than the cheapest (router replicas then agree on it without talking); "
-         "0 always takes the cheapest"),
+        ("--replica-slack", d.replica_slack, "with --share-load: among the workers at most "
+         "this many prompts' worth dearer than the cheapest, the one caching most of the prompt "
+         "takes it, a prompt cached nowhere going to the rendezvous-hash worker of its first "
+         "block (router replicas then agree on it without talking); 0 always takes the "
+         "cheapest"),
     ):  # fmt: skip
         cost.add_argument(
             option, type=float, default=default, metavar="X", help=f"{what} (default {default})"
@@ -211,7 +212,7 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> Router
             overflow=args.overflow_weight,
             growth=args.growth_weight,
             temperature=args.router_temperature,
-            new_prefix_slack=args.new_prefix_slack,
+            replica_slack=args.replica_slack,
         ),
     )
     return RouterProcessConfig(

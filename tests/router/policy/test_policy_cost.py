@@ -26,9 +26,10 @@ from tokenkeys.router.policy.cost import (
     GrowthLedger,
     choose,
     cost_workers,
-    new_prefix_slack,
+    replica_slack,
 )
 from tokenkeys.router.policy.scorer import score_workers
+from tokenkeys.router.workers.load_view import LoadView
 
 WORKERS = ("w0", "w1", "w2", "w3")
 
@@ -266,7 +267,7 @@ def test_temperature_samples_cheaper_workers_more_often():
         ("overflow", -0.1, "--overflow-weight"),
         ("temperature", True, "--router-temperature"),
         ("load", "1", "--load-weight"),
-        ("new_prefix_slack", -0.5, "--new-prefix-slack"),
+        ("replica_slack", -0.5, "--replica-slack"),
     ],
 )
 def test_weights_are_finite_non_negative_numbers(field, value, option):
@@ -286,11 +287,12 @@ def test_growth_decays_per_decision_and_forgets_workers_that_left():
 
 def new_prompt(loads: dict[str, Candidate], total: int = 12, key: int = 7, **kw: float):  # noqa: ANN201
     """The ranking of a prompt of ``total`` blocks cached and in flight nowhere, as the precise
-    policy makes it: the slack of :func:`new_prefix_slack` on its first block key ``key``."""
+    policy makes it beside router replicas: the slack of :func:`replica_slack` on its first
+    block key ``key``."""
     weights = CostWeights(**kw)
     scores = score_workers({}, total, dict.fromkeys(WORKERS, 0.0))
     costs = cost_workers(scores, total, loads, weights)
-    slack = new_prefix_slack(costs, total, weights)
+    slack = replica_slack(total, weights)
     return choose(costs, weights.temperature, affinity=key, slack=slack)
 
 
@@ -303,26 +305,65 @@ def rendezvous_order(key: int, workers=WORKERS) -> list[str]:  # noqa: ANN001
     )
 
 
-def test_the_slack_is_one_prompt_and_only_for_prompts_new_everywhere():
-    """Default: what one more such prompt adds to a worker's cost (its blocks in use and
-    queued to prefill at the load weight, its growth at the growth weight: 12 x (2 x 1/8 +
-    1/4) = 6 for 12 blocks); 0 as soon as one worker holds or has in flight one block of it
-    (the prefix then decides, as before)."""
+def test_the_slack_is_what_the_prompt_adds_as_a_new_one():
+    """Default: what the prompt adds to a worker's cost as a new one (its 12 full blocks and
+    one partial block in use and its 12 blocks queued to prefill at the load weight, its
+    growth at the growth weight: 25 / 8 + 12 / 4 = 6.125 for 12 blocks), whatever is cached
+    of it; 0 for a prompt without a full block, or with the slack or both weights at 0."""
     weights = CostWeights()
-    assert weights.new_prefix_slack == 1.0
-    scores = score_workers({}, 12, dict.fromkeys(WORKERS, 0.0))
-    assert new_prefix_slack(cost_workers(scores, 12, {}, weights), 12, weights) == 6.0
-    dynamo = CostWeights(load=1.0, new_prefix_slack=0.5)
-    assert new_prefix_slack(cost_workers(scores, 12, {}, dynamo), 12, dynamo) == 0.5 * 12 * 2.25
-    held = score_workers(
-        {"w2": PrefixMatch("w2", ((1, ("cpu",)),))}, 12, dict.fromkeys(WORKERS, 0.0)
+    assert weights.replica_slack == 1.0
+    assert replica_slack(12, weights) == 6.125
+    dynamo = CostWeights(load=1.0, replica_slack=0.5)
+    assert replica_slack(12, dynamo) == 0.5 * 28
+    assert replica_slack(0, weights) == 0.0
+    for off in (CostWeights(replica_slack=0.0), CostWeights(load=0.0, growth=0.0)):
+        assert replica_slack(12, off) == 0.0
+
+
+def held_prompt(held: str, loads: dict[str, Candidate], key: int = 7, **kw: float):  # noqa: ANN201
+    """The ranking beside replicas of a 20-block follow-up whose first 16 blocks ``held``
+    caches and whose first 12 (its system prompt) the other workers cache."""
+    weights = CostWeights(**kw)
+    matches = {w: PrefixMatch(w, ((16 if w == held else 12, ("cpu",)),)) for w in WORKERS}
+    scores = score_workers(matches, 20, dict.fromkeys(WORKERS, 0.0))
+    costs = cost_workers(scores, 20, loads, weights)
+    return choose(costs, weights.temperature, affinity=key, slack=replica_slack(20, weights))
+
+
+@pytest.mark.parametrize("key", range(8))
+def test_beside_replicas_a_follow_up_stays_with_its_holder_within_the_slack(key):
+    """The holder has 40 blocks in use more than the others (5 of cost at 1/8) and saves 4
+    blocks of prefill (4 of cost): one router, taking the cheapest, moves the conversation to
+    a worker that holds only its system prompt; beside replicas a load difference within
+    the slack (10.125 for 20 blocks) does not override the prefix every replica knows alike,
+    whatever the prompt's rendezvous order. Beyond the slack the load decides again."""
+    busy = {"w2": Candidate(active_blocks=40)}
+    assert held_prompt("w2", busy, key, replica_slack=0.0)[0].worker != "w2"
+    assert held_prompt("w2", busy, key)[0].worker == "w2"
+    full = {"w2": Candidate(active_blocks=120)}  # 15 of cost: beyond the slack
+    assert held_prompt("w2", full, key)[0].worker != "w2"
+
+
+@pytest.mark.parametrize("size", [12, 13, 14])
+def test_a_worker_one_prompt_above_the_cheapest_as_a_router_counts_it_is_within_the_slack(size):
+    """The slack is what one such prompt adds as the router counts it: a request sent there
+    (``LoadView.begin``) holds its full blocks and one partial block, its full blocks queued
+    to prefill, and the decision records its growth. A worker exactly one prompt of the same
+    size above the others stays a candidate, so its rendezvous prompts still go there (the
+    slack once left the partial block out, and replicas that had each placed one prompt
+    parted on the next: docs/benchmarks.md)."""
+    view = LoadView()
+    view.begin(tuple(range(1000, 1000 + size)))
+    growth = GrowthLedger()
+    growth.record("w0", float(size))
+    busy = Candidate(
+        active_blocks=view.active_blocks,
+        queued_prefill=view.queued_prefill(frozenset()),
+        growth=growth.get("w0"),
     )
-    assert new_prefix_slack(cost_workers(held, 12, {}, weights), 12, weights) == 0.0
-    in_flight = {"w1": Candidate(inflight_prefix=1)}
-    assert new_prefix_slack(cost_workers(scores, 12, in_flight, weights), 12, weights) == 0.0
-    assert new_prefix_slack(cost_workers(scores, 0, {}, weights), 0, weights) == 0.0
-    for off in (CostWeights(new_prefix_slack=0.0), CostWeights(load=0.0, growth=0.0)):
-        assert new_prefix_slack(cost_workers(scores, 12, {}, off), 12, off) == 0.0
+    for key in range(64):
+        if rendezvous_order(key)[0] == "w0":
+            assert new_prompt({"w0": busy}, total=size, key=key)[0].worker == "w0"
 
 
 def test_a_new_prompt_goes_to_its_rendezvous_worker_among_the_workers_within_the_slack():
@@ -333,7 +374,7 @@ def test_a_new_prompt_goes_to_its_rendezvous_worker_among_the_workers_within_the
         loads = {w: Candidate(active_blocks=16) for w in WORKERS if w != "w0"}
         ranking = [c.worker for c in new_prompt(loads, key=key)]
         assert ranking[0] == rendezvous_order(key)[0]
-        rest = [c.worker for c in new_prompt(loads, key=key, new_prefix_slack=0.0)]
+        rest = [c.worker for c in new_prompt(loads, key=key, replica_slack=0.0)]
         assert rest[0] == "w0"  # without the slack the cheapest, as before
         assert ranking[1:] == [w for w in rest if w != ranking[0]]
 
@@ -357,7 +398,7 @@ def test_the_choice_is_deterministic_and_never_dearer_than_the_cheapest_by_more_
     ranking = new_prompt(loads, key=key)
     assert [c.worker for c in new_prompt(loads, key=key)] == [c.worker for c in ranking]
     cheapest = min(c.cost for c in ranking)
-    slack = 6.0  # 12 blocks x (2 x 1/8 + 1/4)
+    slack = 6.125  # 25 blocks x 1/8 + 12 blocks x 1/4
     assert ranking[0].cost <= cheapest + slack + 1e-9
     near = {c.worker for c in ranking if c.cost <= cheapest + slack + 1e-9}
     assert ranking[0].worker == next(w for w in rendezvous_order(key) if w in near)
@@ -394,13 +435,13 @@ def test_replicas_whose_views_differ_by_less_than_the_slack_agree_on_a_new_promp
     rows = list(zip(WORKERS, base, mine, strict=True))
     cheaper = any(w != first and b == min(others) and not e for w, b, e in rows)
     if lead and cheaper:  # another worker is the cheapest here: the slack made the difference
-        assert view(mine, new_prefix_slack=0.0) != first
+        assert view(mine, replica_slack=0.0) != first
 
 
 def test_with_the_slack_at_0_equal_costs_still_go_by_rendezvous():
     """The existing rule: equal costs, the highest hash of (first block key, worker)."""
     for key in range(10):
-        ranking = new_prompt({}, key=key, new_prefix_slack=0.0)
+        ranking = new_prompt({}, key=key, replica_slack=0.0)
         assert ranking[0].worker == rendezvous_order(key)[0]
 
 

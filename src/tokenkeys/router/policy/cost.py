@@ -47,20 +47,27 @@ wins, ties broken by a stable rule (:func:`choose`); above 0 a worker is drawn w
 probability ``exp(-(cost - min) / ((max - min) * temperature))``, normalized, as Dynamo's
 ``softmax_sample`` does.
 
-A prompt new everywhere (no worker holds or has in flight a block of it) is the one decision
-router replicas deciding at the same instant can make differently with nothing to tell them
-apart but their own requests of that instant: each would put one new system prompt on the
-worker cheapest in its own view, and the prompt is computed twice. So among the workers at
-most ``new_prefix_slack`` such prompts dearer than the cheapest (:func:`new_prefix_slack`),
-the prompt goes to the highest rendezvous hash of (its first block key, worker), which every
-replica computes alike: they agree whenever the prompt's hash worker is within the slack in
-each one's view. The slack bounds what the hash may override: a worker dearer than the
-cheapest by more than one such prompt (its load, queued prefill, growth, blocks beyond its
-capacity) never takes it, so a burst of new prompts decided in turn still ends within two of
-even (tests/router/policy/test_policy_cost.py). The precise policy applies it beside peers
-only (``Placements.replicated``): one router sees all its own decisions and takes the
-cheapest (with the slack its hit ratio in bench_routing's concurrent workload fell from 81.1 %
-to 80.5-80.7 %, docs/benchmarks.md).
+Router replicas deciding at the same instant each decide on their own view: what they share
+alike is the prefix index (every replica follows every worker's events) and what their peers
+told them; what they do not share is their peers' requests of that instant, not heard yet. In
+a burst those make the replicas' views of the load differ by about one prompt per worker, and
+a load difference that small is each replica's own guess, not knowledge they share. So beside
+peers (``Placements.replicated``) the load decides only beyond a slack
+(:func:`replica_slack`: ``replica_slack`` times what the prompt would add to a worker as a new
+prompt, its blocks in use and queued to prefill at the load weight, its growth at the growth
+weight): among the workers at most that much dearer than the cheapest, the prompt goes to the
+one with the most of it cached (the fewest blocks to prefill, from the index), then to the
+highest rendezvous hash of (its first block key, worker), both of which every replica
+computes alike. A follow-up then stays with the worker that holds its conversation although
+a peer's view would rate another a little cheaper (without it, replicas moved conversations
+between two copies of their system prompt on load differences within one prompt), and two
+replicas deciding one new system prompt at the same instant agree whenever its rendezvous
+worker is within the slack in each one's view. The slack bounds what the prefix and the hash
+may override: a worker dearer than the cheapest by more than one such prompt (its load, queued
+prefill, growth, blocks beyond its capacity) never takes it, so a burst of new prompts decided
+in turn still ends within two of even (tests/router/policy/test_policy_cost.py). One router
+sees all its own decisions and takes the cheapest (with the slack on new prompts its hit ratio
+in bench_routing's concurrent workload fell from 81.1 % to 80.5-80.7 %, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ GROWTH_HORIZON = 64
 # Costs are compared at this many decimals, so float rounding never reorders equal costs.
 _DIGITS = 9
 # The command-line options of the fields not named ``--<field>-weight``.
-_OPTIONS = {"temperature": "router-temperature", "new_prefix_slack": "new-prefix-slack"}
+_OPTIONS = {"temperature": "router-temperature", "replica_slack": "replica-slack"}
 
 
 @dataclass(frozen=True)
@@ -102,10 +109,11 @@ class CostWeights:
       price of short shared prefixes (a common header) being computed more than once.
     - ``temperature``: 0 is deterministic; above 0 workers are sampled, cheaper ones more
       often, which spreads ties and near-ties over replicas at the price of some hits.
-    - ``new_prefix_slack``: how many prompts' worth of cost (what one more such prompt adds
-      to a worker) the rendezvous worker of a prompt new everywhere may be above the
-      cheapest and still take it (module doc). Higher makes router replicas agree on more
-      new prompts at the price of balance; 0 always takes the cheapest.
+    - ``replica_slack``: beside router replicas, how many prompts' worth of cost (what the
+      prompt adds to a worker as a new one) a worker may be above the cheapest and still take
+      it for holding more of it cached or, for a prompt new everywhere, by rendezvous (module
+      doc). Higher makes replicas agree on more prompts at the price of balance; 0 always
+      takes the cheapest.
     """
 
     prefix: float = 1.0
@@ -113,10 +121,10 @@ class CostWeights:
     growth: float = 0.25
     temperature: float = 0.0
     overflow: float = 1.0
-    new_prefix_slack: float = 1.0
+    replica_slack: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("prefix", "load", "overflow", "growth", "temperature", "new_prefix_slack"):
+        for name in ("prefix", "load", "overflow", "growth", "temperature", "replica_slack"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -213,15 +221,23 @@ def _rendezvous(affinity: int | None, worker: str) -> int:
     return xxhash.xxh64_intdigest(affinity.to_bytes(8, "little") + worker.encode())
 
 
-def new_prefix_slack(costs: Sequence[WorkerCost], total_blocks: int, weights: CostWeights) -> float:
-    """How much dearer than the cheapest a worker may be and still take a prompt new
-    everywhere by rendezvous (:func:`choose`): ``weights.new_prefix_slack`` times what such a
-    prompt adds to the cost of the worker it goes to (its blocks in use and queued to
-    prefill at the load weight, its growth at the growth weight), when every candidate would
-    prefill all of it (nothing of it cached or in flight anywhere); 0 otherwise."""
-    if total_blocks <= 0 or any(c.prefill_blocks < total_blocks for c in costs):
+def _tie(affinity: int | None, c: WorkerCost) -> tuple[int, str]:
+    return _rendezvous(affinity, c.worker), c.worker
+
+
+def replica_slack(total_blocks: int, weights: CostWeights) -> float:
+    """How much dearer than the cheapest a worker may be and still take a prompt beside router
+    replicas by what they all know alike (:func:`choose`): ``weights.replica_slack`` times what
+    the prompt, new, adds to the cost of the worker it goes to: its full blocks and one partial
+    block in use and its full blocks queued to prefill at the load weight, its full blocks of
+    growth at the growth weight (0 for a prompt without full blocks)."""
+    if total_blocks <= 0:
         return 0.0
-    return weights.new_prefix_slack * (2 * weights.load + weights.growth) * total_blocks
+    # A request in flight holds its full blocks and one partial block (LoadView.own_blocks):
+    # without that block a worker exactly one such prompt above the cheapest fell outside the
+    # slack, and replicas that had each placed one parted on the prompt (docs/benchmarks.md).
+    added = weights.load * (2 * total_blocks + 1) + weights.growth * total_blocks
+    return weights.replica_slack * added
 
 
 def choose(
@@ -237,8 +253,9 @@ def choose(
     Temperature 0: by cost, then (equal costs) by the highest hash of (``affinity``, worker),
     rendezvous hashing on the prompt's first block key, so that router replicas send one new
     prefix to the same worker before its events arrive; then by worker id. With ``slack`` > 0
-    (a prompt new everywhere, :func:`new_prefix_slack`) the first is the highest hash among
-    the workers costing at most ``slack`` more than the cheapest; the rest follow by cost.
+    (router replicas, :func:`replica_slack`) the first is, among the workers costing at most
+    ``slack`` more than the cheapest, the one with the fewest blocks to prefill, then the
+    highest hash; the rest follow by cost.
     Above 0 the first worker is sampled (module doc) with ``rng``.
     """
     ordered = sorted(
@@ -251,7 +268,8 @@ def choose(
             return ordered
         bound = round(ordered[0].cost + slack, _DIGITS)
         near = [c for c in ordered if round(c.cost, _DIGITS) <= bound]
-        chosen = max(near, key=lambda c: (_rendezvous(affinity, c.worker), c.worker))
+        # What every replica knows alike decides within the slack: the prefix, then the hash.
+        chosen = max(near, key=lambda c: (-round(c.prefill_blocks, _DIGITS), *_tie(affinity, c)))
         return [chosen, *(c for c in ordered if c is not chosen)]
     low, high = ordered[0].cost, ordered[-1].cost
     if high == low:

@@ -28,7 +28,7 @@ from tokenkeys.router.policy.cost import (
     WorkerCost,
     choose,
     cost_workers,
-    new_prefix_slack,
+    replica_slack,
 )
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.placement import LocalPlacements, Placement, Placements
@@ -141,10 +141,10 @@ class PrecisePolicy:
                     capacity=view.capacity,
                 )
             costs = cost_workers(live, total, loads, self.cost)
-            # Alone, a router sees every decision it makes and spreads new prompts by cost;
-            # beside peers, a prompt new everywhere goes by rendezvous within the slack, so
-            # that the replicas agree on it (router.policy.cost).
-            slack = new_prefix_slack(costs, total, self.cost) if self.placements.replicated else 0
+            # Alone, a router sees every decision it makes and takes the cheapest; beside
+            # peers, within the slack the prefix and then the rendezvous hash decide, which
+            # every replica knows alike (router.policy.cost).
+            slack = replica_slack(total, self.cost) if self.placements.replicated else 0
             costs = choose(
                 costs,
                 self.cost.temperature,
