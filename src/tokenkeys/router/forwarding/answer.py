@@ -21,7 +21,8 @@ from tokenkeys.router.forwarding.relay import events, raw
 
 class WholeAnswer(Response):
     """A worker's whole answer as it sent it (status, headers and body; the length set as
-    Starlette's ``Response(body)`` sets it), then ``after``, once the client has it."""
+    Starlette's ``Response(body)`` sets it), then ``after``, once the client has it (also when
+    sending failed: it ends what the request holds)."""
 
     def __init__(
         self,
@@ -39,10 +40,16 @@ class WholeAnswer(Response):
         self._after = after
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        start = {"type": "http.response.start", "status": self.status_code}
-        await send({**start, "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": self.body})
-        self._after()
+        start = {
+            "type": "http.response.start",
+            "status": self.status_code,
+            "headers": self.raw_headers,
+        }
+        try:
+            await send(start)
+            await send({"type": "http.response.body", "body": self.body})
+        finally:
+            self._after()
 
 
 async def event_relay(

@@ -340,15 +340,18 @@ class FrontDoor:
         if not stream and b"chunked" not in response.header(b"transfer-encoding").lower():
             try:
                 body = await read_all(response)
-            finally:
+            except BaseException:
                 self._end(trip)
+                raise
             kept = status == 200 and generates
             if kept:
                 promise = promise.answered(answer_usage(body))
             note.promise = promise
 
             def after() -> None:
-                # Once the client has the answer (nothing of it reads these).
+                # Once the client has the answer (nothing of it reads these), before any other
+                # request of this process is served.
+                self._end(trip)
                 self.registry.refresh(address)
                 self.router.metrics.requests_of[(address, "ok" if status < 500 else "failed")].inc()
                 if kept:
