@@ -198,6 +198,36 @@ async def test_a_connection_closed_by_the_worker_as_it_is_reused_is_retried_once
     assert served == 3
 
 
+async def test_the_sent_hook_runs_once_the_request_is_written_before_its_answer():
+    # The worker answers only once the hook ran: a hook run after the answer would never run.
+    # Each connection is closed after one answer without saying so, so every reuse is the
+    # stale-connection case, sent once more: the hook still runs once per request.
+    hooked = asyncio.Event()
+    calls = 0
+
+    def sent() -> None:
+        nonlocal calls
+        calls += 1
+        hooked.set()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await hooked.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async with http_server(answer) as url:
+        client = Client(5.0)
+        for n in range(3):
+            hooked.clear()
+            request = client.request(b"POST", url + "/x", [], b"{}", sent=sent)
+            response = await asyncio.wait_for(request, 30)  # a bound, not a measure
+            assert await response.read() == b"ok"
+            response.close()
+            assert calls == n + 1
+        await client.close()
+
+
 async def test_failures_before_the_head_are_unreachable_after_it_broken():
     async def head_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)

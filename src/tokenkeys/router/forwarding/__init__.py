@@ -14,6 +14,8 @@ answer as it is. Each concern has its module:
 - :mod:`.promise`: what the router expected a worker to serve from cache, against what it
   reported (one value per request, and its metrics);
 - :mod:`.client_side`: the client's disconnect while a worker is awaited, its body given again;
+- :mod:`.answer`: the worker's answer back to the client, whole or streamed, and what is kept
+  of it once the client has it;
 - :mod:`.door`: one request through all of them, with the retries before the first byte;
 - :mod:`.asgi`: the forwarded routes' one ASGI layer in front of the frontend's app (guards,
   metrics, the ``x-tokenkeys-*`` headers, error answers).

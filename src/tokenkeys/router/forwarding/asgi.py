@@ -16,8 +16,8 @@ in one place and in the order those layers did, what each of them did:
 4. the door's handler; an exception it raises is answered as the app's error handlers answer
    it (:func:`tokenkeys.frontend.errors.error_answer`), one raised once the answer began is
    left to the server, which closes the connection;
-5. the HTTP metrics by route and status, timed to the end of the body; the guards' hold
-   released then.
+5. the HTTP metrics by route and status, timed to the end of the body (and of what a whole
+   answer keeps once it is sent, ``answer.WholeAnswer``); the guards' hold released then.
 
 The access log, when on, wraps this app from outside (``frontend.server.serve_app``).
 """

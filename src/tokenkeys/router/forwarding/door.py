@@ -17,7 +17,7 @@ this decision handed to it (:attr:`RouteNote.preset`) so nothing is routed twice
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -32,6 +32,7 @@ from tokenkeys.router.explain.accuracy import Accuracy
 from tokenkeys.router.explain.causes import Explanation
 from tokenkeys.router.explain.endpoint import asked
 from tokenkeys.router.forwarding.adapters import WorkerAdapters, request_context
+from tokenkeys.router.forwarding.answer import WholeAnswer, chunk_relay, event_relay
 from tokenkeys.router.forwarding.client_side import ClientGone, replay, unless_gone
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
 from tokenkeys.router.forwarding.http1 import Reply
@@ -40,17 +41,14 @@ from tokenkeys.router.forwarding.promise import (
     Promise,
     PromiseMetrics,
     answer_usage,
-    event_usage,
     matched_at,
 )
 from tokenkeys.router.forwarding.relay import (
     Relay,
     WorkerUnreachable,
     answer_headers,
-    events,
     read_all,
 )
-from tokenkeys.router.forwarding.relay import raw as raw_chunks
 from tokenkeys.router.forwarding.routes import ForwardedRoute, Prompt
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
@@ -158,36 +156,54 @@ class FrontDoor:
         prompts = await self.prompts(route, opened, pool)
         contexts = [p.context(context) for p in prompts] or [context]
         decisions = []
+        counted: tuple[RouteDecision, float] | None = None
         for i, prompt in enumerate(prompts or [Prompt([])]):
             # One worker serves the whole body: the first prompt decides, the others are only
             # looked up (what they will find cached there is part of the promise).
             wanted = RouteRequest(prompt.ids, pool.name, contexts[i], workers=workers)
-            decisions.append(await self.router.route(wanted, record=route.generates and i == 0))
+            record = route.generates and i == 0
+            decision, seconds = await self.router.decide(wanted, record=record)
+            if record:
+                counted = (decision, seconds)
+            decisions.append(decision)
         first = decisions[0]
         note = current_note.get() or RouteNote()
         if self.frontends.url(first.worker) is None:
+            if counted is not None:
+                self.router.count(*counted)
             return await self._generate(request, opened, fallback, note, first)
         note.decisions.append(first)
-        if not prompts:  # nothing was promised: no promise to keep, nothing to explain
-            return await self._forward(
-                request, opened, route, pool, (0,), decisions, note, _kept_nowhere, None
-            )
-        if route.generates:
-            # The access line's prompt tokens: the ids the router decided on are the worker's,
-            # whose Preprocessor fingerprint the pool checked; a stream's usage comes too late.
-            note_prompt_tokens(sum(len(p.ids) for p in prompts))
+        ids, keyed = (prompts[0].ids, contexts[0]) if prompts else ([], context)
         explained = None
-        ids, keyed = prompts[0].ids, contexts[0]
-        if self.accuracy is not None:
-            explainer = self.accuracy.explainer
-            explainer.routed(pool, keyed)
-            if asked(request):  # taken now: the worker's answer stores the prompt's blocks
-                keys = first.keys or None
-                explained = await explainer.explain(pool, ids, keyed, keys=keys)
-        keep = self._keeper(pool, ids, keyed, first)
-        lengths = tuple(len(p.ids) for p in prompts)
+        explaining = bool(prompts) and self.accuracy is not None and asked(request)
+        if explaining:
+            assert self.accuracy is not None
+            # Taken now: the worker's answer stores the prompt's blocks.
+            self.accuracy.explainer.routed(pool, keyed)
+            explained = await self.accuracy.explainer.explain(
+                pool, ids, keyed, keys=first.keys or None
+            )
+
+        def settle() -> Keep:
+            """What is counted of the decision: run once the request is written (the worker
+            computes meanwhile), before its answer is awaited, so nothing in between can
+            change what it reads."""
+            if counted is not None:
+                self.router.count(*counted)
+            if not prompts:  # nothing was promised: no promise to keep, nothing to explain
+                return _kept_nowhere
+            if route.generates:
+                # The access line's prompt tokens: the ids the router decided on are the
+                # worker's, whose Preprocessor fingerprint the pool checked; a stream's usage
+                # comes too late.
+                note_prompt_tokens(sum(len(p.ids) for p in prompts))
+            if self.accuracy is not None and not explaining:
+                self.accuracy.explainer.routed(pool, keyed)
+            return self._keeper(pool, ids, keyed, first)
+
+        lengths = tuple(len(p.ids) for p in prompts) or (0,)
         return await self._forward(
-            request, opened, route, pool, lengths, decisions, note, keep, explained
+            request, opened, route, pool, lengths, decisions, note, _Settle(settle), explained
         )
 
     def _keeper(
@@ -236,28 +252,39 @@ class FrontDoor:
         lengths: tuple[int, ...],
         decisions: list[RouteDecision],
         note: RouteNote,
-        keep: Keep,
+        settle: _Settle,
         explained: Explanation | None,
     ) -> Response:
         first = decisions[0]
         metrics = self.router.metrics
         failures: list[str] = []
         order = [first.worker, *first.fallbacks()]
+        scope = request.scope
         for n, address in enumerate(order):
             url, member = self.frontends.url(address), pool.members.get(address)
             if url is None or member is None:
                 continue
             trip = self._begin(pool, member, first, route.generates)
+            promised: list[Promise] = []
+
+            def sent(address: str = address, promised: list[Promise] = promised) -> None:
+                # The request is on its way: the decision's bookkeeping and this worker's
+                # promise are made while it computes.
+                settle()
+                matched = matched_at(address, decisions, opened.body)
+                promised.append(Promise(address, pool.name, pool.block_size, lengths, matched))
+
             try:
-                scope = request.scope
                 response = await unless_gone(
-                    request, self.relay.open(url + scope["path"], opened.raw, scope["headers"])
+                    request,
+                    self.relay.open(url + scope["path"], opened.raw, scope["headers"], sent),
                 )
                 if response.status == 503 and n < len(order) - 1:
                     response.close()
                     raise WorkerUnreachable("answered 503 (unavailable)")
             except ClientGone:
                 self._end(trip)
+                settle()
                 # Nobody reads this answer; closing the worker's connection aborted its request.
                 return Response(status_code=499)
             except WorkerUnreachable as exc:
@@ -268,24 +295,19 @@ class FrontDoor:
                 continue
             except BaseException:
                 self._end(trip)
+                settle()
                 raise
             if trip.flight is not None:
                 member.view.first_output(trip.flight)
                 self.shared.answered(trip.flight)
             note.served_by.append(address)
             note.retries = len(failures)
-            promise = Promise(
-                address,
-                pool.name,
-                pool.block_size,
-                lengths,
-                matched_at(address, decisions, opened.body),
-            )
             part = explained.worker(address) if explained is not None else None
             if part is not None:
                 assert explained is not None
                 note.explanation = (part, explained.prompt_blocks)
-            return await self._answer(response, trip, promise, note, route.generates, keep)
+            return await self._answer(response, trip, promised[0], note, route.generates, settle())
+        settle()
         raise Unavailable(
             f"no worker of {pool.name!r} accepted the request: " + "; ".join(failures or ["none"]),
             field="model",
@@ -318,54 +340,57 @@ class FrontDoor:
         if not stream and b"chunked" not in response.header(b"transfer-encoding").lower():
             try:
                 body = await read_all(response)
-            finally:
+            except BaseException:
                 self._end(trip)
-            self.registry.refresh(address)
-            self.router.metrics.requests_of[(address, "ok" if status < 500 else "failed")].inc()
-            if status == 200 and generates:
+                raise
+            kept = status == 200 and generates
+            if kept:
                 promise = promise.answered(answer_usage(body))
-                keep(promise)
             note.promise = promise
-            out = Response(body, status_code=status)
-            out.raw_headers = [h for h in out.raw_headers if h[0] == b"content-length"]
-            out.raw_headers += answer_headers(response)
-            return out
+
+            def after() -> None:
+                # Once the client has the answer (nothing of it reads these), before any other
+                # request of this process is served.
+                self._end(trip)
+                self.registry.refresh(address)
+                self.router.metrics.requests_of[(address, "ok" if status < 500 else "failed")].inc()
+                if kept:
+                    keep(promise)
+
+            return WholeAnswer(body, status, answer_headers(response), after)
         note.promise = promise
         if stream:
-            body_iter = self._events(response, trip, promise, generates and status == 200, keep)
+            watch = generates and status == 200
+
+            def ended(promise: Promise, whole: bool) -> None:
+                if whole:
+                    self.router.metrics.requests_of[(address, "ok")].inc()
+                self._end(trip)
+                if watch:
+                    keep(promise)
+
+            body_iter = event_relay(response, promise, watch, ended)
         else:
-            body_iter = self._chunks(response, trip)
+            body_iter = chunk_relay(response, lambda: self._end(trip))
         out = StreamingResponse(body_iter, status_code=status)
         out.raw_headers = answer_headers(response)
         return out
 
-    async def _events(
-        self, response: Reply, trip: _Trip, promise: Promise, keep: bool, record: Keep
-    ) -> AsyncIterator[bytes]:
-        seen = [promise]
 
-        def on_event(event: bytes) -> None:
-            if keep and b'"usage"' in event:
-                usage = event_usage(event)
-                if usage is not None:
-                    seen[0] = seen[0].answered(usage)
+class _Settle:
+    """A request's bookkeeping of its decision, made once, by whoever asks first: the relay
+    once the request is written, or the door when none was; its keeper of the promise after."""
 
-        address = trip.member.address
-        try:
-            async for chunk in events(response, on_event):
-                yield chunk
-            self.router.metrics.requests_of[(address, "ok")].inc()
-        finally:
-            self._end(trip)
-            if keep:
-                record(seen[0])
+    __slots__ = ("_make", "_keep")
 
-    async def _chunks(self, response: Reply, trip: _Trip) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in raw_chunks(response):
-                yield chunk
-        finally:
-            self._end(trip)
+    def __init__(self, make: Callable[[], Keep]) -> None:
+        self._make = make
+        self._keep: Keep | None = None
+
+    def __call__(self) -> Keep:
+        if self._keep is None:
+            self._keep = self._make()
+        return self._keep
 
 
 def _kept_nowhere(promise: Promise) -> None:

@@ -29,7 +29,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from urllib.parse import urlsplit
 
 import httptools
@@ -271,10 +271,14 @@ class Client:
         body: bytes = b"",
         *,
         read_timeout: float | None = None,
+        sent: Callable[[], None] | None = None,
     ) -> Reply:
         """Send one request (``headers`` as given, names and values as bytes); the answer once
         its status and headers arrived (Unreachable before that). Cancelled while waiting: the
-        connection is closed, which aborts the worker's request."""
+        connection is closed, which aborts the worker's request.
+
+        ``sent`` is called once the request is written, before its answer is awaited: work
+        that need not delay the request runs while the worker computes."""
         origin, host, target = self._split(url)
         head = [method, b" ", target, b" HTTP/1.1\r\nhost: ", host, b"\r\n"]
         if body or method == b"POST":
@@ -291,6 +295,8 @@ class Client:
                 connection = await self._connect(origin)
             answer = connection.send(data, timeout)
             try:
+                if sent is not None and attempt == 0:
+                    sent()
                 await answer._await_head()
             except Unreachable:
                 connection.abort()

@@ -86,12 +86,19 @@ class Relay:
             keepalive_expiry=KEEPALIVE_EXPIRY,
         )
 
-    async def open(self, url: str, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Reply:
+    async def open(
+        self,
+        url: str,
+        body: bytes,
+        headers: Iterable[tuple[bytes, bytes]],
+        sent: Callable[[], None] | None = None,
+    ) -> Reply:
         """POST ``body`` to ``url`` with the client's ``headers`` (ASGI's raw list); the answer
-        once its head arrived (body unread)."""
+        once its head arrived (body unread). ``sent`` is called once the request is written
+        (:meth:`.http1.Client.request`)."""
         try:
-            sent = request_headers(headers, self._token)
-            return await self._http.request(b"POST", url, sent, body)
+            out = request_headers(headers, self._token)
+            return await self._http.request(b"POST", url, out, body, sent=sent)
         except Unreachable as exc:
             raise WorkerUnreachable(str(exc)) from None
 

@@ -13,7 +13,6 @@ Placements.place`, which keeps what they placed for the peers (``router.policy.p
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from collections.abc import Mapping
@@ -32,7 +31,7 @@ from tokenkeys.router.policy.cost import (
 )
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.placement import LocalPlacements, Placement, Placements
-from tokenkeys.router.policy.scorer import DEFAULT_TIER_WEIGHTS, score_workers
+from tokenkeys.router.policy.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore, score_workers
 from tokenkeys.router.workers.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -168,7 +167,13 @@ class PrecisePolicy:
             reason = "prefix" if best.prefill_blocks < total else "load"
             if best.worker in untrusted:
                 reason = "keys_unverified"  # routed by load: say why in the decision metrics
-        ranking = [dataclasses.replace(c.score, cost=c.cost) for c in costs]
+        # Each score with its cost, as dataclasses.replace(c.score, cost=c.cost) makes it
+        # (without replace's walk over the fields on every call).
+        ranking = [
+            WorkerScore(s.worker, s.score, s.matched_blocks, s.load, c.cost)
+            for c in costs
+            for s in (c.score,)
+        ]
         return RouteDecision.first_of(
             ranking, model=pool.name, policy=self.name, total_blocks=total, reason=reason, keys=keys
         )

@@ -102,6 +102,17 @@ class Router:
         ``record`` False asks without acting on the answer: no metrics, and the policy does
         not remember the prompt (a dry run, ``POST /router/route``).
         """
+        decision, seconds = await self.decide(request, record=record)
+        if record:
+            self.count(decision, seconds)
+        return decision
+
+    async def decide(
+        self, request: RouteRequest, *, record: bool = True
+    ) -> tuple[RouteDecision, float]:
+        """:meth:`route` without its metrics: the decision and the seconds it took, for
+        :meth:`count` once the request is on its way (the front door counts while the worker
+        computes, not before it writes the request)."""
         pool = self.pool(request.model)
         load = pool.candidates()
         if request.workers is not None:
@@ -117,15 +128,16 @@ class Router:
             )
         started = time.perf_counter()
         decision = await self.policy.choose(pool, request, load, record=record)
-        if not record:
-            return decision
-        m, name = self.metrics, self.policy.name
-        m.route_seconds_of[(name,)].observe(time.perf_counter() - started)
-        m.decisions_of[(pool.name, name, decision.reason)].inc()
-        m.score_of[(pool.name, name)].observe(decision.score)
-        m.prompt_blocks_of[(pool.name,)].inc(decision.total_blocks)
-        m.matched_blocks_of[(pool.name,)].inc(decision.matched_blocks)
-        return decision
+        return decision, time.perf_counter() - started
+
+    def count(self, decision: RouteDecision, seconds: float) -> None:
+        """Count a recorded decision (:meth:`decide`) that took ``seconds``."""
+        m, name, model = self.metrics, self.policy.name, decision.model
+        m.route_seconds_of[(name,)].observe(seconds)
+        m.decisions_of[(model, name, decision.reason)].inc()
+        m.score_of[(model, name)].observe(decision.score)
+        m.prompt_blocks_of[(model,)].inc(decision.total_blocks)
+        m.matched_blocks_of[(model,)].inc(decision.matched_blocks)
 
     def forget(self, pool: Pool, address: str) -> None:
         """Drop what the policy remembers of a worker that left ``pool``."""
