@@ -148,6 +148,30 @@ def test_the_sidecar_forwards_image_chats_and_checks_every_block(engine, sidecar
     assert "do not match" not in sidecar.log_text()
 
 
+def test_render_equals_vllms_render_with_the_features(engine, sidecar) -> None:
+    """vLLM's own chat render (``vllm serve --enable-scale-out``, ``"mm_payload": "none"``)
+    and the sidecar's (the Preprocessor's) answer the same body, request ids aside, for every
+    chat: the token ids and the features (per modality the item hashes and placeholder
+    ranges, no tensors). vLLM serializes them in
+    ``vllm/entrypoints/scale_out/token_in_token_out/mm_features.py`` ``extract_mm_features``."""
+    server, _, pre, chats = engine
+    items = 0
+    for n, (label, chat) in enumerate(chats):
+        body = {"model": MODEL_NAME, **chat, "mm_payload": "none"}
+        if n % 2:  # sampling options and a salt go through render as well
+            body |= {"max_tokens": 5, "temperature": 0, "cache_salt": f"render-{n}"}
+        theirs = httpx.post(f"{server.url}/v1/chat/completions/render", json=body, timeout=300)
+        ours = httpx.post(f"{sidecar.url}/v1/chat/completions/render", json=body, timeout=300)
+        assert theirs.status_code == ours.status_code == 200, (label, theirs.text, ours.text)
+        want = {k: v for k, v in theirs.json().items() if k != "request_id"}
+        got = {k: v for k, v in ours.json().items() if k != "request_id"}
+        assert got == want, label
+        features = pre.tokenize_chat(chat).features
+        assert want["features"]["mm_hashes"] == {"image": [f.item().identifier for f in features]}
+        items += len(features)
+    assert items >= 40
+
+
 def _png_url(raw: bytes | None = None) -> str:
     if raw is None:
         buffer = io.BytesIO()

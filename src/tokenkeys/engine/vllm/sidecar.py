@@ -46,7 +46,14 @@ from tokenkeys.engine.vllm.groups import learned_spec
 from tokenkeys.engine.vllm.image_probe import PROBE_WAIT_S, adopt_model_id, probe_images
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.engine.vllm.openai import usage_of
-from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, TokenkeysError, Unavailable
+from tokenkeys.errors import (
+    ConfigError,
+    InvalidArgument,
+    NotFound,
+    TokenkeysError,
+    Unavailable,
+    Unsupported,
+)
 from tokenkeys.events.model import AllBlocksCleared, EventBatch
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
@@ -192,6 +199,12 @@ class VllmSidecarEngine:
     def keys_verified(self) -> bool:
         """False from the first stored block whose hash is not the key tokenkeys computed."""
         return self.check.verified
+
+    @property
+    def takes_media(self) -> bool:
+        """Never over :meth:`generate`: vLLM 0.32's completions take token ids without the
+        images they were expanded from (image chats go to vLLM as messages instead)."""
+        return False
 
     @property
     def release(self) -> str:
@@ -351,6 +364,13 @@ class VllmSidecarEngine:
         if not prompt:
             raise InvalidArgument(
                 "prompt_token_ids is empty; give at least one token", field="prompt_token_ids"
+            )
+        if context is not None and context.mm_items:
+            raise Unsupported(
+                f"{len(context.mm_items)} media items: vLLM's completions take token ids "
+                "without the images they were expanded from, so this sidecar cannot forward "
+                "them; send the image chat to /v1/chat/completions",
+                field="media",
             )
         ctx, name = self._resolve(context, lora_name)
         # Expected before forwarding: vLLM publishes the prompt's blocks before it answers.
