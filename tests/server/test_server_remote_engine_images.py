@@ -140,11 +140,14 @@ def _media(offset: int, length: int, **fields) -> gen.MediaItem:
     return gen.MediaItem(placeholder=gen.MediaPlaceholder(offset=offset, length=length), **fields)
 
 
+_UNPLACED = gen.MediaItem(modality=gen.MODALITY_IMAGE, uuid="x")  # no placeholder run
+
+
 @pytest.mark.parametrize(
     ("media", "prompt", "code", "field"),
     [
         ([_media(1, 3, modality=gen.MODALITY_VIDEO)], False, "UNIMPLEMENTED", "media[0].modality"),
-        ([gen.MediaItem(modality=gen.MODALITY_IMAGE, uuid="x")], False, "UNIMPLEMENTED", "media[0].placeholder"),
+        ([_UNPLACED], False, "UNIMPLEMENTED", "media[0].placeholder"),
         ([_media(1, 3, uuid="")], False, "INVALID_ARGUMENT", "media[0].uuid"),
         ([_media(8, 3)], False, "INVALID_ARGUMENT", "media[0].placeholder"),
         ([_media(1, 0)], False, "INVALID_ARGUMENT", "media[0].placeholder"),
