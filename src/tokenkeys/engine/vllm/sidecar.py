@@ -46,14 +46,7 @@ from tokenkeys.engine.vllm.groups import learned_spec
 from tokenkeys.engine.vllm.image_probe import PROBE_WAIT_S, adopt_model_id, probe_images
 from tokenkeys.engine.vllm.key_check import KeyCheck, keys_checked
 from tokenkeys.engine.vllm.openai import usage_of
-from tokenkeys.errors import (
-    ConfigError,
-    InvalidArgument,
-    NotFound,
-    TokenkeysError,
-    Unavailable,
-    Unsupported,
-)
+from tokenkeys.errors import ConfigError, InvalidArgument, NotFound, TokenkeysError, Unavailable
 from tokenkeys.events.model import AllBlocksCleared, EventBatch
 from tokenkeys.events.stream import EventStream
 from tokenkeys.events.vllm_codec import VllmMsgpackCodec
@@ -202,8 +195,7 @@ class VllmSidecarEngine:
 
     @property
     def takes_media(self) -> bool:
-        """Never over :meth:`generate`: vLLM 0.32's completions take token ids without the
-        images they were expanded from (image chats go to vLLM as messages instead)."""
+        """Never on :meth:`generate` (``openai.completion_body`` refuses image items)."""
         return False
 
     @property
@@ -325,24 +317,6 @@ class VllmSidecarEngine:
             ctx = dataclasses.replace(ctx, model=self.model_name)
         return ctx, name
 
-    def _body(
-        self, prompt: list[int], params: GenerationParams, ctx: KeyContext, name: str | None
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": name or self.model_name, "prompt": prompt}
-        body.update(params.sampling())
-        if params.max_tokens is not None:
-            body["max_tokens"] = params.max_tokens
-        elif self.max_model_len is not None:
-            # Unset: the rest of the context, as vLLM's chat does (its completions say 16).
-            body["max_tokens"] = self.max_model_len - len(prompt)
-        if params.seed is not None:
-            body["seed"] = params.seed
-        if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)
-        if ctx.cache_salt is not None:
-            body["cache_salt"] = ctx.cache_salt
-        return body
-
     async def generate(
         self,
         prompt_token_ids: Sequence[int],
@@ -365,21 +339,16 @@ class VllmSidecarEngine:
             raise InvalidArgument(
                 "prompt_token_ids is empty; give at least one token", field="prompt_token_ids"
             )
-        if context is not None and context.mm_items:
-            raise Unsupported(
-                f"{len(context.mm_items)} media items: vLLM's completions take token ids "
-                "without the images they were expanded from, so this sidecar cannot forward "
-                "them; send the image chat to /v1/chat/completions",
-                field="media",
-            )
         ctx, name = self._resolve(context, lora_name)
+        model, limit = name or self.model_name, self.max_model_len
+        body = vllm_openai.completion_body(prompt, params, ctx, model, limit)  # refuses images
         # Expected before forwarding: vLLM publishes the prompt's blocks before it answers.
         self.check.expect(prompt, ctx)
         rid = request_id or uuid.uuid4().hex
         held: int | None = None
         finish: str | None = None
         usage: Usage | None = None
-        chunks = self.client.complete(self._body(prompt, params, ctx, name))
+        chunks = self.client.complete(body)
         async with contextlib.aclosing(chunks) as stream:
             async for chunk in stream:
                 for choice in chunk.get("choices") or ():
