@@ -172,6 +172,47 @@ def test_render_equals_vllms_render_with_the_features(engine, sidecar) -> None:
     assert items >= 40
 
 
+def _anthropic(chat: dict) -> dict:
+    """The chat as an Anthropic Messages request: image parts become image blocks (a data:
+    URL a base64 source, an http URL a url source)."""
+
+    def block(part: dict) -> dict:
+        if part["type"] == "text":
+            return part
+        url = part["image_url"]["url"]
+        if not url.startswith("data:"):
+            return {"type": "image", "source": {"type": "url", "url": url}}
+        media_type, data = url[len("data:") :].split(";base64,")
+        source = {"type": "base64", "media_type": media_type, "data": data}
+        return {"type": "image", "source": source}
+
+    messages = [
+        {
+            **m,
+            "content": [block(p) for p in m["content"]]
+            if isinstance(m["content"], list)
+            else m["content"],
+        }
+        for m in chat["messages"]
+    ]
+    return {"model": MODEL_NAME, "max_tokens": 16, "messages": messages, "mm_payload": "none"}
+
+
+def test_messages_render_equals_vllms_with_image_blocks(engine, sidecar) -> None:
+    """The same chats as Anthropic image blocks: vLLM's ``/v1/messages/render`` (its
+    Messages-to-chat conversion, then the chat render) and the sidecar's answer alike."""
+    server, _, _, chats = engine
+    for label, chat in chats[::3]:
+        body = _anthropic(chat)
+        theirs = httpx.post(f"{server.url}/v1/messages/render", json=body, timeout=300)
+        ours = httpx.post(f"{sidecar.url}/v1/messages/render", json=body, timeout=300)
+        assert theirs.status_code == ours.status_code == 200, (label, theirs.text, ours.text)
+        want = {k: v for k, v in theirs.json().items() if k != "request_id"}
+        got = {k: v for k, v in ours.json().items() if k != "request_id"}
+        assert got == want, label
+        assert want["features"]["mm_hashes"]["image"], label
+
+
 def _png_url(raw: bytes | None = None) -> str:
     if raw is None:
         buffer = io.BytesIO()
