@@ -200,7 +200,8 @@ def _anthropic(chat: dict) -> dict:
 
 def test_messages_render_equals_vllms_with_image_blocks(engine, sidecar) -> None:
     """The same chats as Anthropic image blocks: vLLM's ``/v1/messages/render`` (its
-    Messages-to-chat conversion, then the chat render) and the sidecar's answer alike."""
+    Messages-to-chat conversion, then the chat render) and ``/v1/messages/count_tokens``
+    answer as the sidecar's do."""
     server, _, _, chats = engine
     for label, chat in chats[::3]:
         body = _anthropic(chat)
@@ -211,6 +212,13 @@ def test_messages_render_equals_vllms_with_image_blocks(engine, sidecar) -> None
         got = {k: v for k, v in ours.json().items() if k != "request_id"}
         assert got == want, label
         assert want["features"]["mm_hashes"]["image"], label
+        counting = {k: v for k, v in body.items() if k != "mm_payload"}
+        path = "/v1/messages/count_tokens"
+        theirs = httpx.post(f"{server.url}{path}", json=counting, timeout=300)
+        ours = httpx.post(f"{sidecar.url}{path}", json=counting, timeout=300)
+        assert theirs.status_code == ours.status_code == 200, (label, theirs.text, ours.text)
+        assert ours.json() == theirs.json(), label
+        assert theirs.json()["input_tokens"] == len(want["token_ids"]), label
 
 
 def _png_url(raw: bytes | None = None) -> str:
