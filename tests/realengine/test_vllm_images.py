@@ -148,6 +148,19 @@ def test_the_sidecar_forwards_image_chats_and_checks_every_block(engine, sidecar
     assert "do not match" not in sidecar.log_text()
 
 
+def _same_answer(
+    server: VllmServer, sidecar: TokenkeysServe, path: str, body: dict, label: str
+) -> dict:
+    """vLLM's answer to ``body`` at ``path``, once the sidecar answered the same: status 200
+    and the same body, request ids aside (random on both sides)."""
+    theirs = httpx.post(f"{server.url}{path}", json=body, timeout=300)
+    ours = httpx.post(f"{sidecar.url}{path}", json=body, timeout=300)
+    assert theirs.status_code == ours.status_code == 200, (label, theirs.text, ours.text)
+    want = {k: v for k, v in theirs.json().items() if k != "request_id"}
+    assert {k: v for k, v in ours.json().items() if k != "request_id"} == want, label
+    return want
+
+
 def test_render_equals_vllms_render_with_the_features(engine, sidecar) -> None:
     """vLLM's own chat render (``vllm serve --enable-scale-out``, ``"mm_payload": "none"``)
     and the sidecar's (the Preprocessor's) answer the same body, request ids aside, for every
@@ -160,12 +173,7 @@ def test_render_equals_vllms_render_with_the_features(engine, sidecar) -> None:
         body = {"model": MODEL_NAME, **chat, "mm_payload": "none"}
         if n % 2:  # sampling options and a salt go through render as well
             body |= {"max_tokens": 5, "temperature": 0, "cache_salt": f"render-{n}"}
-        theirs = httpx.post(f"{server.url}/v1/chat/completions/render", json=body, timeout=300)
-        ours = httpx.post(f"{sidecar.url}/v1/chat/completions/render", json=body, timeout=300)
-        assert theirs.status_code == ours.status_code == 200, (label, theirs.text, ours.text)
-        want = {k: v for k, v in theirs.json().items() if k != "request_id"}
-        got = {k: v for k, v in ours.json().items() if k != "request_id"}
-        assert got == want, label
+        want = _same_answer(server, sidecar, "/v1/chat/completions/render", body, label)
         features = pre.tokenize_chat(chat).features
         assert want["features"]["mm_hashes"] == {"image": [f.item().identifier for f in features]}
         items += len(features)
@@ -205,20 +213,11 @@ def test_messages_render_equals_vllms_with_image_blocks(engine, sidecar) -> None
     server, _, _, chats = engine
     for label, chat in chats[::3]:
         body = _anthropic(chat)
-        theirs = httpx.post(f"{server.url}/v1/messages/render", json=body, timeout=300)
-        ours = httpx.post(f"{sidecar.url}/v1/messages/render", json=body, timeout=300)
-        assert theirs.status_code == ours.status_code == 200, (label, theirs.text, ours.text)
-        want = {k: v for k, v in theirs.json().items() if k != "request_id"}
-        got = {k: v for k, v in ours.json().items() if k != "request_id"}
-        assert got == want, label
+        want = _same_answer(server, sidecar, "/v1/messages/render", body, label)
         assert want["features"]["mm_hashes"]["image"], label
         counting = {k: v for k, v in body.items() if k != "mm_payload"}
-        path = "/v1/messages/count_tokens"
-        theirs = httpx.post(f"{server.url}{path}", json=counting, timeout=300)
-        ours = httpx.post(f"{sidecar.url}{path}", json=counting, timeout=300)
-        assert theirs.status_code == ours.status_code == 200, (label, theirs.text, ours.text)
-        assert ours.json() == theirs.json(), label
-        assert theirs.json()["input_tokens"] == len(want["token_ids"]), label
+        counted = _same_answer(server, sidecar, "/v1/messages/count_tokens", counting, label)
+        assert counted["input_tokens"] == len(want["token_ids"]), label
 
 
 def _png_url(raw: bytes | None = None) -> str:
