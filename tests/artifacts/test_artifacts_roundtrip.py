@@ -150,3 +150,46 @@ def test_unwritable_cache_is_a_clear_error(grpc_server, tmp_path: Path) -> None:
     with pytest.raises(FailedPrecondition, match="cannot write the tokenizer cache") as info:
         fetch(server.target, cache=not_a_folder)
     assert info.value.field == "cache"
+
+
+def _png_data_url() -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (96, 64), (10, 20, 30)).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_a_vlms_processor_configs_travel_with_the_tokenizer(grpc_server, tmp_path: Path) -> None:
+    """A multimodal model's processor configs are tokenizer files (issue 35): pulled with the
+    artifacts, in the fingerprint, and a pulled folder expands images as the served one."""
+    pytest.importorskip("PIL.Image")
+    from smolvlm_folder import build_smolvlm_folder
+
+    from tokenkeys.preprocess.images import ImageOptions
+    from tokenkeys.tokenizer import Tokenizer
+
+    image = {"type": "image_url", "image_url": {"url": _png_data_url()}}
+    folder = build_smolvlm_folder(tmp_path / "vlm")
+    configs = {"processor_config.json", "preprocessor_config.json"}
+    assert configs <= {p.name for p in folder.iterdir()}
+    server = grpc_server(load_models([ModelSource("vlm", folder)], TokenizerOptions(), Limits()))
+    tokenizer = pull(server.target, cache=tmp_path / "cache")
+    assert configs <= set(tokenizer.folder.contents)
+    assert tokenizer.fingerprint == server.models.get(None).tokenizer.fingerprint
+    chat = {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "?"}]}]}
+    options = ImageOptions(model_id="/m")
+    pulled = Preprocessor(tokenizer, images=options).tokenize_chat(chat)
+    served = Preprocessor(Tokenizer.load(folder), images=options).tokenize_chat(chat)
+    assert pulled.tokens.ids == served.tokens.ids and len(pulled.features) == 1
+    # Another processor setting is another tokenizer identity.
+    changed = tmp_path / "vlm-changed"
+    shutil.copytree(folder, changed)
+    settings = json.loads((changed / "preprocessor_config.json").read_text())
+    settings["do_image_splitting"] = not settings.get("do_image_splitting", True)
+    (changed / "preprocessor_config.json").write_text(json.dumps(settings))
+    other = load_models([ModelSource("vlm", changed)], TokenizerOptions(), Limits()).get(None)
+    assert other.tokenizer.fingerprint != tokenizer.fingerprint

@@ -26,8 +26,8 @@ from tokenkeys.engine.config import EngineConfig, SimulatedConfig, VllmEngineCon
 from tokenkeys.engine.protocol import Engine, EngineLoad, GenerateOutput, GenerationParams
 from tokenkeys.engine.remote import RemoteEngine
 from tokenkeys.engine.simulated.latency import LatencyModel
-from tokenkeys.errors import InvalidArgument
-from tokenkeys.keys import Adapter, make_spec
+from tokenkeys.errors import InvalidArgument, Unsupported
+from tokenkeys.keys import Adapter, KeyContext, MMItem, make_spec
 from tokenkeys.limits import Limits
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.server.runtime.loading import ModelSource, load_models
@@ -46,13 +46,16 @@ class Subject:
 
     ``block_size``: its KV blocks (prefix hits come in whole blocks); ``context``: the context
     length of the engine that judges a request (a kind that forwards may state none itself);
-    ``reproducible``: whether the same seed is promised the same tokens (see the vLLM kind).
+    ``reproducible``: whether the same seed is promised the same tokens (see the vLLM kind);
+    ``takes_media``: whether it keys a context's image items (else refuses them, naming
+    ``media``: the sidecar, whose vLLM takes images only inside messages).
     """
 
     engine: Engine
     block_size: int = 16
     context: int = MAX_MODEL_LEN
     reproducible: bool = True
+    takes_media: bool = True
 
 
 def _config():  # noqa: ANN202 - an EngineConfig
@@ -123,7 +126,9 @@ async def vllm_engine(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
         # (docs.vllm.ai "Reproducibility", 0.32: "In online mode, you can only enable batch
         # invariance"), which this server does not run; and a repeated prompt is computed
         # from cached KV, another numeric path than its first prefill.
-        yield Subject(engine, BLOCK_SIZE, engine.max_model_len, reproducible=False)
+        yield Subject(
+            engine, BLOCK_SIZE, engine.max_model_len, reproducible=False, takes_media=False
+        )
     finally:
         await stack.stop()
 
@@ -160,8 +165,10 @@ def fresh_prompt(label: str) -> list[int]:
     return random.Random(label).sample(range(1000, 40_000), 100)
 
 
-async def _run(engine: Engine, ids: list[int], max_tokens: int = 4) -> list[GenerateOutput]:
-    outputs = engine.generate(ids, GenerationParams(max_tokens=max_tokens, seed=7))
+async def _run(
+    engine: Engine, ids: list[int], max_tokens: int = 4, context: KeyContext | None = None
+) -> list[GenerateOutput]:
+    outputs = engine.generate(ids, GenerationParams(max_tokens=max_tokens, seed=7), context)
     async with contextlib.aclosing(outputs) as stream:
         return [o async for o in stream]
 
@@ -201,6 +208,31 @@ async def test_a_prompt_filling_the_context_is_refused_in_vllms_words(subject: S
     # words it, whichever engine judged (engine/context_window.py is the simulated engine's).
     with pytest.raises(InvalidArgument, match=r"max_tokens must be at least 1, got 0\."):
         await _run(engine, list(range(subject.context)), max_tokens=4)
+
+
+async def test_image_items_key_their_blocks_or_are_refused(subject: Subject) -> None:
+    """An image item (identifier, placeholder run) enters the keys of the blocks it reaches:
+    the same ids with another identifier hit only the blocks before the item; a kind that
+    cannot key items refuses them instead of keying the blocks as text."""
+    prompt = fresh_prompt("image items")
+
+    def image(identifier: str) -> KeyContext:
+        return KeyContext(mm_items=(MMItem(identifier, 40, 30),))
+
+    if not subject.takes_media:
+        with pytest.raises(Unsupported) as info:
+            await _run(subject.engine, prompt, context=image("a" * 64))
+        assert info.value.field == "media"
+        return
+    bs = subject.block_size
+    first = await _run(subject.engine, prompt, context=image("a" * 64))
+    other = await _run(subject.engine, prompt, context=image("b" * 64))
+    same = await _run(subject.engine, prompt, context=image("a" * 64))
+    usage = [r[-1].usage for r in (first, other, same)]
+    assert all(u is not None for u in usage)
+    assert usage[0].cached_prompt_tokens == 0
+    assert usage[1].cached_prompt_tokens == 40 // bs * bs  # the blocks before the image only
+    assert usage[2].cached_prompt_tokens == (len(prompt) - 1) // bs * bs
 
 
 async def test_adapters_and_load(subject: Subject) -> None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 import pytest
 
 from tokenkeys.engine.passthrough import OpenAIRequest
-from tokenkeys.engine.vllm.openai import refusal, vllm_body
+from tokenkeys.engine.protocol import GenerationParams
+from tokenkeys.engine.vllm.openai import completion_body, refusal, vllm_body
+from tokenkeys.errors import Unsupported
+from tokenkeys.keys import KeyContext, MMItem
 
 CHAT = [{"role": "user", "content": "Hi"}]
 
@@ -60,3 +63,22 @@ def test_chat_carries_the_ids_as_vllms_token_in_chat_beside_the_messages() -> No
     assert sent["kv_transfer_params"] == {"prompt_token_ids": [7, 8, 9]}
     assert sent["messages"] == CHAT and sent["tools"] == body["tools"]
     assert "stream_options" not in sent  # vLLM's stream as the client asked for it
+
+
+def test_generate_bodies_carry_the_ids_and_refuse_image_items() -> None:
+    """gRPC Generate's completion body: the ids, the rest of the context when max_tokens is
+    unset, the salt; image items are refused (vLLM's completions would key them as text)."""
+    params = GenerationParams(seed=3, stop_token_ids=(7,))
+    body = completion_body([1, 2, 3], params, KeyContext(cache_salt="s"), "tiny", 100)
+    assert body == {
+        "model": "tiny",
+        "prompt": [1, 2, 3],
+        "max_tokens": 97,
+        "seed": 3,
+        "stop_token_ids": [7],
+        "cache_salt": "s",
+    }
+    images = KeyContext(mm_items=(MMItem("a" * 64, 1, 2),))
+    with pytest.raises(Unsupported) as info:
+        completion_body([1, 2, 3], params, images, "tiny", 100)
+    assert info.value.field == "media"

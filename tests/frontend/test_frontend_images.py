@@ -131,12 +131,25 @@ def test_anthropic_image_blocks_go_the_same_way(setup) -> None:
     )
     assert counted.status_code == 200, counted.text
     assert counted.json()["input_tokens"] == len(pre.tokenize_chat(chat).tokens.ids)
+    # The Messages render answers the chat's features when it asks for no tensors, as vLLM's
+    # (the choice is the Messages request's own; test_vllm_images compares it with vLLM).
+    for choice in ({"mm_payload": "none"}, {"return_mm_kwargs": False}):
+        request = {**body, "model": model, **choice}
+        rendered = httpx.post(f"{url}/v1/messages/render", json=request, timeout=60)
+        assert rendered.status_code == 200, rendered.text
+        want = pre.tokenize_chat(chat).features
+        assert rendered.json()["features"]["mm_hashes"] == {"image": [f.identifier for f in want]}
+    tensors = httpx.post(f"{url}/v1/messages/render", json={**body, "model": model}, timeout=60)
+    assert tensors.status_code == 501 and "mm_payload" in tensors.text
 
 
 def test_refusals_name_the_field(setup) -> None:
     url, images, _ = setup
     tensors = httpx.post(f"{url}/v1/chat/completions/render", json=_chat(images), timeout=60)
     assert tensors.status_code == 501 and "mm_payload" in tensors.text
+    alias = {**_chat(images), "return_mm_kwargs": False}  # vLLM's deprecated "none"
+    rendered = httpx.post(f"{url}/v1/chat/completions/render", json=alias, timeout=60)
+    assert rendered.status_code == 200 and rendered.json()["features"]["kwargs_data"] is None
     corrupt = "data:image/png;base64," + base64.b64encode(b"not an image").decode()
     for bad, status, words in (
         (corrupt, 400, "messages[0].content[1].image_url"),

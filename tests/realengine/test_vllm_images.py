@@ -148,6 +148,78 @@ def test_the_sidecar_forwards_image_chats_and_checks_every_block(engine, sidecar
     assert "do not match" not in sidecar.log_text()
 
 
+def _same_answer(
+    server: VllmServer, sidecar: TokenkeysServe, path: str, body: dict, label: str
+) -> dict:
+    """vLLM's answer to ``body`` at ``path``, once the sidecar answered the same: status 200
+    and the same body, request ids aside (random on both sides)."""
+    theirs = httpx.post(f"{server.url}{path}", json=body, timeout=300)
+    ours = httpx.post(f"{sidecar.url}{path}", json=body, timeout=300)
+    assert theirs.status_code == ours.status_code == 200, (label, theirs.text, ours.text)
+    want = {k: v for k, v in theirs.json().items() if k != "request_id"}
+    assert {k: v for k, v in ours.json().items() if k != "request_id"} == want, label
+    return want
+
+
+def test_render_equals_vllms_render_with_the_features(engine, sidecar) -> None:
+    """vLLM's own chat render (``vllm serve --enable-scale-out``, ``"mm_payload": "none"``)
+    and the sidecar's (the Preprocessor's) answer the same body, request ids aside, for every
+    chat: the token ids and the features (per modality the item hashes and placeholder
+    ranges, no tensors). vLLM serializes them in
+    ``vllm/entrypoints/scale_out/token_in_token_out/mm_features.py`` ``extract_mm_features``."""
+    server, _, pre, chats = engine
+    items = 0
+    for n, (label, chat) in enumerate(chats):
+        body = {"model": MODEL_NAME, **chat, "mm_payload": "none"}
+        if n % 2:  # sampling options and a salt go through render as well
+            body |= {"max_tokens": 5, "temperature": 0, "cache_salt": f"render-{n}"}
+        want = _same_answer(server, sidecar, "/v1/chat/completions/render", body, label)
+        features = pre.tokenize_chat(chat).features
+        assert want["features"]["mm_hashes"] == {"image": [f.item().identifier for f in features]}
+        items += len(features)
+    assert items >= 40
+
+
+def _anthropic(chat: dict) -> dict:
+    """The chat as an Anthropic Messages request: image parts become image blocks (a data:
+    URL a base64 source, an http URL a url source)."""
+
+    def block(part: dict) -> dict:
+        if part["type"] == "text":
+            return part
+        url = part["image_url"]["url"]
+        if not url.startswith("data:"):
+            return {"type": "image", "source": {"type": "url", "url": url}}
+        media_type, data = url[len("data:") :].split(";base64,")
+        source = {"type": "base64", "media_type": media_type, "data": data}
+        return {"type": "image", "source": source}
+
+    messages = [
+        {
+            **m,
+            "content": [block(p) for p in m["content"]]
+            if isinstance(m["content"], list)
+            else m["content"],
+        }
+        for m in chat["messages"]
+    ]
+    return {"model": MODEL_NAME, "max_tokens": 16, "messages": messages, "mm_payload": "none"}
+
+
+def test_messages_render_equals_vllms_with_image_blocks(engine, sidecar) -> None:
+    """The same chats as Anthropic image blocks: vLLM's ``/v1/messages/render`` (its
+    Messages-to-chat conversion, then the chat render) and ``/v1/messages/count_tokens``
+    answer as the sidecar's do."""
+    server, _, _, chats = engine
+    for label, chat in chats[::3]:
+        body = _anthropic(chat)
+        want = _same_answer(server, sidecar, "/v1/messages/render", body, label)
+        assert want["features"]["mm_hashes"]["image"], label
+        counting = {k: v for k, v in body.items() if k != "mm_payload"}
+        counted = _same_answer(server, sidecar, "/v1/messages/count_tokens", counting, label)
+        assert counted["input_tokens"] == len(want["token_ids"]), label
+
+
 def _png_url(raw: bytes | None = None) -> str:
     if raw is None:
         buffer = io.BytesIO()

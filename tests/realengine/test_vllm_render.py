@@ -9,8 +9,8 @@ except for the request ids, which are random on both sides: the text corpus (bot
 sampling options with vLLM's defaults and its serialization, and vLLM's refusals in its words.
 A second pair serves a copy of the model whose generation_config.json sets sampling defaults.
 
-Deliberate differences, each asserted here: multimodal parts (501 with the reason, as /tokenize;
-vLLM answers 400 for a text-only model). The derender routes are compared in
+An image part for this text-only model is vLLM's 400 on both; image renders of a VLM are
+compared in ``test_vllm_images.py``. The derender routes are compared in
 ``test_vllm_derender.py``; ``tokenkeys parity`` certifies every built-in shape here too.
 """
 

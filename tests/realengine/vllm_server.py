@@ -58,7 +58,11 @@ class ServerConfig:
     as ``tool_calls`` (``required`` and named choices forced through structured output), and
     vLLM no longer refuses those choices (without a parser it answers 400); its structured output
     then allows no free whitespace, so a forced call ends. ``vlm`` serves the
-    tiny random SmolVLM (Idefics3, ``build_tiny_model.build_vlm``) instead of the Llama.
+    tiny random SmolVLM (Idefics3, ``build_tiny_model.build_vlm``) instead of the Llama, with
+    vLLM's scale-out routes on (``--enable-scale-out``: render, derender, ``/inference/v1/*``),
+    so the same server answers the image render that tokenkeys' render is compared with; the
+    flag only registers routes (``vllm/entrypoints/scale_out/factories.py``
+    ``register_scale_out_api_routers``), nothing the other image tests observe changes.
     ``replica`` tells apart servers of the same options that a test needs at once (two workers to
     route over).
     """
@@ -256,6 +260,8 @@ class VllmServer:
         ``--log-error-stack`` is the default ``VLLM_SERVER_DEV_MODE`` gives it, read when vLLM is
         imported: a server forked after the import (``vllm_forkserver``) is told it."""
         args = ["-m", API_SERVER, "--enable-prompt-tokens-details"]
+        if self.config.vlm:
+            args += ["--enable-scale-out"]  # the render the image render is compared with
         return args + (["--log-error-stack"] if self.config.dev_mode else [])
 
     def engine_options(self, model: TinyModel) -> list[str]:

@@ -54,7 +54,7 @@ async def test_model_info_advertises_tokenizer_and_key_spec():
         assert info.served_model_name == model.name
         assert info.max_context_length == 8192
         assert info.supports_text_input and info.supports_token_ids_input
-        assert info.supports_lora and not info.supports_multimodal
+        assert info.supports_lora and info.supports_multimodal  # image items over token ids
         assert info.generation.max_num_sequences == 1
         assert info.generation.HasField("guided_decoding")
         assert not info.generation.guided_decoding.supported

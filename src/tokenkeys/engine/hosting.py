@@ -110,6 +110,12 @@ class StreamedEngine(HostedEngine, Protocol):
         """Whether every key the engine published so far is the one tokenkeys computes."""
         ...
 
+    @property
+    def takes_media(self) -> bool:
+        """Whether :meth:`generate` keys a context's image items (gRPC ``Generate``'s media
+        over token ids: ``ModelInfo.supports_multimodal``); False: it refuses them."""
+        ...
+
 
 class ForwardedEngine(HostedEngine, Protocol):
     """An OpenEngine engine whose events and ``Control`` answers are forwarded; see the doc."""

@@ -8,10 +8,12 @@ model is the server's (``server/grpc/generate_inputs.py``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
 from tokenkeys.engine.protocol import GenerateOutput, GenerationParams, SimulatedTiming, Usage
-from tokenkeys.errors import InvalidArgument, Unsupported
-from tokenkeys.keys import KeyContext
+from tokenkeys.errors import InvalidArgument, TokenkeysError, Unsupported
+from tokenkeys.keys import KeyContext, MMItem
 
 _FINISH = {"stop": gen.FINISH_REASON_STOP, "length": gen.FINISH_REASON_LENGTH}
 _FINISH_NAMES = {v: k for k, v in _FINISH.items()}
@@ -31,10 +33,10 @@ def generate_request(
 ) -> gen.GenerateRequest:
     """The request a frontend forwards to a remote engine: token ids, never text."""
     ctx = context or KeyContext()
-    if ctx.mm_items or ctx.prompt_embeds_digests or ctx.parent is not None:
+    if ctx.prompt_embeds_digests or ctx.parent is not None:
         raise Unsupported(
-            "a remote engine receives token ids, cache salt and adapter name only; multimodal "
-            "items, prompt embeddings and chained parents cannot be forwarded",
+            "a remote engine receives token ids, cache salt, adapter name and media items "
+            "only; prompt embeddings and chained parents cannot be forwarded",
             field="context",
         )
     adapter = ctx.adapter.name if ctx.adapter is not None else None
@@ -59,7 +61,76 @@ def generate_request(
         setattr(request.sampling, name, value)
     if ctx.cache_salt is not None:
         request.kv.cache_salt = ctx.cache_salt
+    request.media.extend(media_of(ctx.mm_items))
     return request
+
+
+def media_of(items: Sequence[MMItem]) -> list[gen.MediaItem]:
+    """The Generate media of a context's items: an image each (the only modality the
+    Preprocessor expands; video and audio are refused before an engine is asked), its
+    identifier as ``uuid`` (vLLM keys a client's uuid in place of its own hash) and its
+    placeholder run in the token ids (``MediaItem.placeholder``, tokenkeys' field 100)."""
+    return [
+        gen.MediaItem(
+            modality=gen.MODALITY_IMAGE,
+            uuid=item.identifier,
+            placeholder=gen.MediaPlaceholder(offset=item.offset, length=item.length),
+        )
+        for item in items
+    ]
+
+
+def items_of(media: Sequence[gen.MediaItem], token_count: int) -> tuple[MMItem, ...]:
+    """The key items of a Generate request's media over ``token_count`` given token ids.
+
+    The inverse of :func:`media_of`. Refusals name the item's field: another modality
+    (UNIMPLEMENTED), an item without its placeholder run (UNIMPLEMENTED: a tokenkeys engine
+    does not expand media itself), an empty ``uuid``, a run outside the token ids, items out
+    of order or overlapping (INVALID_ARGUMENT).
+    """
+    items = []
+    for i, medium in enumerate(media):
+        field = f"media[{i}]"
+        if medium.modality != gen.MODALITY_IMAGE:
+            name = gen.Modality.Name(medium.modality).removeprefix("MODALITY_").lower()
+            raise Unsupported(
+                f"{field}.modality is {name}; a tokenkeys engine keys image items only",
+                field=f"{field}.modality",
+            )
+        if not medium.HasField("placeholder"):
+            raise Unsupported(
+                f"{field}.placeholder is unset; a tokenkeys engine does not expand media: "
+                "send the expanded token ids and each item's placeholder (offset, length)",
+                field=f"{field}.placeholder",
+            )
+        if not medium.uuid:
+            raise InvalidArgument(
+                f"{field}.uuid is empty; set it to the identifier the item's blocks are keyed "
+                "with (vLLM: its mm hash, or the client's uuid)",
+                field=f"{field}.uuid",
+            )
+        run = medium.placeholder
+        if run.offset + run.length > token_count:
+            raise InvalidArgument(
+                f"{field}.placeholder spans tokens {run.offset}..{run.offset + run.length - 1}, "
+                f"past the {token_count} token ids given",
+                field=f"{field}.placeholder",
+            )
+        try:
+            items.append(MMItem(medium.uuid, run.offset, run.length))
+        except TokenkeysError as error:
+            raise type(error)(
+                f"{field}.placeholder: {error.message}", field=f"{field}.placeholder"
+            ) from None
+    for i in range(1, len(items)):
+        if items[i].offset < items[i - 1].end:
+            raise InvalidArgument(
+                f"media[{i}].placeholder starts at token {items[i].offset}, before "
+                f"media[{i - 1}] ends ({items[i - 1].end}); items must be sorted by offset and "
+                "must not overlap",
+                field=f"media[{i}].placeholder",
+            )
+    return tuple(items)
 
 
 def token_response(request_id: str, output: GenerateOutput) -> gen.GenerateResponse:

@@ -1,7 +1,8 @@
 """Generation forwarded to an OpenEngine engine: ``tokenkeys serve --engine HOST:PORT``.
 
-The frontend tokenizes once, with the model's own Preprocessor, and sends token ids to the
-engine's ``Inference.Generate``; :class:`RemoteEngine` then yields the same
+The frontend tokenizes once, with the model's own Preprocessor, and sends token ids (and, for an
+image prompt, each image's identifier and placeholder run: ``engine/proto.py`` ``media_of``) to
+the engine's ``Inference.Generate``; :class:`RemoteEngine` then yields the same
 :class:`~tokenkeys.engine.protocol.GenerateOutput` values as the simulated engine, so every caller
 (gRPC Generate, the HTTP routes) is indifferent to where generation runs. Control calls that
 describe the engine (server info, load, KV-event sources and streams) are forwarded through
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from tokenkeys._gen.openengine.v1 import openengine_pb2_grpc, server_pb2
+from tokenkeys._gen.openengine.v1 import model_pb2, openengine_pb2_grpc, server_pb2
 from tokenkeys.engine.config import RemoteConfig
 from tokenkeys.engine.hosting import EngineInputs
 from tokenkeys.engine.proto import (
@@ -26,7 +27,7 @@ from tokenkeys.engine.proto import (
 from tokenkeys.engine.proto_errors import error_of
 from tokenkeys.engine.protocol import EngineLoad, GenerateOutput, GenerationParams
 from tokenkeys.engine.registry import EngineKind
-from tokenkeys.errors import TokenkeysError, Unavailable, from_grpc
+from tokenkeys.errors import FailedPrecondition, TokenkeysError, Unavailable, from_grpc
 from tokenkeys.keys import Adapter, KeyContext
 
 
@@ -45,6 +46,9 @@ class RemoteEngine:
         self.owns_channel = owns_channel
         self.inference = openengine_pb2_grpc.InferenceStub(channel)
         self.control = openengine_pb2_grpc.ControlStub(channel)
+        #: Whether the engine said it keys image items (asked at the first image request;
+        #: only a yes is kept, so an engine upgraded in place is asked again).
+        self._takes_media = False
 
     async def start(self) -> None:
         """Nothing to check first: the engine answers for itself (its Control is forwarded)."""
@@ -81,6 +85,25 @@ class RemoteEngine:
         if self.owns_channel:
             await self.channel.close()
 
+    async def _check_media(self) -> None:
+        """Refuse before sending image items to an engine that does not say it keys them
+        (``ModelInfo.supports_multimodal``): one that ignored ``MediaItem.placeholder`` or the
+        items would key the image blocks as text, silently."""
+        if self._takes_media:
+            return
+        try:
+            info = await self.control.GetModelInfo(model_pb2.GetModelInfoRequest(model=self.model))
+        except grpc.RpcError as error:
+            raise self._unavailable(error) from None
+        if not info.supports_multimodal:
+            raise FailedPrecondition(
+                f"remote engine {self.target} does not take media items for {self.model!r} "
+                "(its ModelInfo.supports_multimodal is false), so a request with images cannot "
+                "be forwarded to it; send text only, or use an engine that keys image items",
+                field="engine",
+            )
+        self._takes_media = True
+
     def _unavailable(self, error: grpc.RpcError) -> TokenkeysError:
         translated = from_grpc(error)
         if isinstance(translated, Unavailable):
@@ -108,6 +131,8 @@ class RemoteEngine:
         with a separate GenerationFinished while the engine interface marks the last token.
         """
         params = params or GenerationParams()
+        if context is not None and context.mm_items:
+            await self._check_media()
         request = generate_request(
             self.model, list(prompt_token_ids), params, context, request_id, lora_name
         )

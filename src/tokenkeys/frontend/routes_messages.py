@@ -40,7 +40,12 @@ from tokenkeys.frontend.openapi import add_body_route
 from tokenkeys.frontend.opening import Opened
 from tokenkeys.frontend.render_params import unsupported_render_option
 from tokenkeys.frontend.routes_generate import chat_call, decoder
-from tokenkeys.frontend.routes_render import check_chat_body, open_render, render_chat_opened
+from tokenkeys.frontend.routes_render import (
+    MM_PAYLOAD_FIELDS,
+    check_chat_body,
+    open_render,
+    render_chat_opened,
+)
 from tokenkeys.frontend.schemas_anthropic import CountTokensRequest, MessagesRequest
 from tokenkeys.frontend.state import engine_of
 from tokenkeys.preprocess.anthropic import chat_body
@@ -54,7 +59,12 @@ def _as_chat(opened: Opened, *, count: bool = False) -> Opened:
 
 async def render_messages(request: Request) -> Response:
     """The engine request of a Messages conversation (vLLM's render API)."""
-    opened = _as_chat(await open_render(request, MessagesRequest, None))
+    given = await open_render(request, MessagesRequest, None)
+    opened = _as_chat(given)
+    # What the features carry is the Messages request's own choice (vLLM 0.32 sets the chat
+    # request's ``mm_payload`` from it: ``scale_out/render/serving.py``).
+    payload = {k: given.body[k] for k in MM_PAYLOAD_FIELDS if k in given.body}
+    opened = dataclasses.replace(opened, body={**opened.body, **payload})
     check_chat_body(opened.body)
     refused = unsupported_render_option(opened.body)
     if refused is not None:

@@ -249,8 +249,21 @@ async def render_chat_opened(request: Request, opened: Opened) -> Response:
     params = sampling_params(body, budget, defaults, chat=True)
     answer = answer_of(_request_id(request, body, "chatcmpl"), ids, params, body)
     if chat.features:
-        answer["features"] = features_of(chat.features, body.get("mm_payload"))
+        answer["features"] = features_of(chat.features, mm_payload(body))
     return json_response(answer)
+
+
+#: The request fields that choose what render's ``features`` carry.
+MM_PAYLOAD_FIELDS = ("mm_payload", "return_mm_kwargs")
+
+
+def mm_payload(body: Mapping[str, Any]) -> object:
+    """The request's ``mm_payload``: as given, else ``"none"`` for the deprecated
+    ``return_mm_kwargs: false`` (vLLM 0.32's alias, ``generate/base/protocol.py``), else
+    vLLM's default ``"tensors"``."""
+    if "mm_payload" in body:
+        return body["mm_payload"]
+    return "none" if body.get("return_mm_kwargs") is False else "tensors"
 
 
 def features_of(features: Sequence[MMFeature], mm_payload: object) -> dict[str, Any]:

@@ -131,6 +131,11 @@ class LocalEngine:
         return True
 
     @property
+    def takes_media(self) -> bool:
+        """Always: image items are keys (identifier, placeholder run); nothing reads pixels."""
+        return True
+
+    @property
     def max_model_len(self) -> int | None:
         """``--max-model-len``, else the tokenizer's ``model_max_length``."""
         return self.engine.max_model_len

@@ -22,6 +22,9 @@ vLLM's, event for event (its usage chunk, when the client asked for one, is also
 sidecar's metrics count; asking for it on the client's behalf would change vLLM's other
 chunks); ``return_prompt_text`` gets the Preprocessor's rendered prompt, which vLLM does not
 have for a prompt given as ids.
+
+gRPC ``Generate`` on the sidecar sends its ids to ``/v1/completions`` too
+(:func:`completion_body`); image items are refused there (UNIMPLEMENTED naming ``media``).
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from typing import Any
 import orjson
 
 from tokenkeys.engine.passthrough import OpenAIAnswer, OpenAIRequest, Route
-from tokenkeys.engine.protocol import Usage
+from tokenkeys.engine.protocol import GenerationParams, Usage
 from tokenkeys.engine.vllm.client import VllmHttpClient
+from tokenkeys.errors import Unsupported
+from tokenkeys.keys import KeyContext
 
 _PATHS: dict[Route, str] = {
     "completions": "/v1/completions",
@@ -223,3 +228,39 @@ def usage_of(usage: Mapping[str, Any]) -> Usage:
         int(usage.get("completion_tokens") or 0),
         int(details.get("cached_tokens") or 0),
     )
+
+
+def completion_body(
+    prompt: list[int],
+    params: GenerationParams,
+    ctx: KeyContext,
+    model: str,
+    max_model_len: int | None,
+) -> dict[str, Any]:
+    """The ``/v1/completions`` body of one gRPC ``Generate`` (the sidecar's :meth:`generate`).
+
+    A prompt with image items is refused (UNIMPLEMENTED naming ``media``): vLLM 0.32's
+    completions take token ids without the images they were expanded from, and would key the
+    image blocks as text; image chats reach vLLM as messages over the HTTP routes instead.
+    """
+    if ctx.mm_items:
+        raise Unsupported(
+            f"{len(ctx.mm_items)} media items: vLLM's completions take token ids without the "
+            "images they were expanded from, so the sidecar's Generate cannot forward them; "
+            "send the image chat to /v1/chat/completions",
+            field="media",
+        )
+    body: dict[str, Any] = {"model": model, "prompt": prompt}
+    body.update(params.sampling())
+    if params.max_tokens is not None:
+        body["max_tokens"] = params.max_tokens
+    elif max_model_len is not None:
+        # Unset: the rest of the context, as vLLM's chat does (its completions say 16).
+        body["max_tokens"] = max_model_len - len(prompt)
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.stop_token_ids:
+        body["stop_token_ids"] = list(params.stop_token_ids)
+    if ctx.cache_salt is not None:
+        body["cache_salt"] = ctx.cache_salt
+    return body

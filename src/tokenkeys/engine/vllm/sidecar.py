@@ -194,6 +194,11 @@ class VllmSidecarEngine:
         return self.check.verified
 
     @property
+    def takes_media(self) -> bool:
+        """Never on :meth:`generate` (``openai.completion_body`` refuses image items)."""
+        return False
+
+    @property
     def release(self) -> str:
         """The version vLLM's ``/version`` reported at start."""
         return self._release
@@ -312,24 +317,6 @@ class VllmSidecarEngine:
             ctx = dataclasses.replace(ctx, model=self.model_name)
         return ctx, name
 
-    def _body(
-        self, prompt: list[int], params: GenerationParams, ctx: KeyContext, name: str | None
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": name or self.model_name, "prompt": prompt}
-        body.update(params.sampling())
-        if params.max_tokens is not None:
-            body["max_tokens"] = params.max_tokens
-        elif self.max_model_len is not None:
-            # Unset: the rest of the context, as vLLM's chat does (its completions say 16).
-            body["max_tokens"] = self.max_model_len - len(prompt)
-        if params.seed is not None:
-            body["seed"] = params.seed
-        if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)
-        if ctx.cache_salt is not None:
-            body["cache_salt"] = ctx.cache_salt
-        return body
-
     async def generate(
         self,
         prompt_token_ids: Sequence[int],
@@ -353,13 +340,15 @@ class VllmSidecarEngine:
                 "prompt_token_ids is empty; give at least one token", field="prompt_token_ids"
             )
         ctx, name = self._resolve(context, lora_name)
+        model, limit = name or self.model_name, self.max_model_len
+        body = vllm_openai.completion_body(prompt, params, ctx, model, limit)  # refuses images
         # Expected before forwarding: vLLM publishes the prompt's blocks before it answers.
         self.check.expect(prompt, ctx)
         rid = request_id or uuid.uuid4().hex
         held: int | None = None
         finish: str | None = None
         usage: Usage | None = None
-        chunks = self.client.complete(self._body(prompt, params, ctx, name))
+        chunks = self.client.complete(body)
         async with contextlib.aclosing(chunks) as stream:
             async for chunk in stream:
                 for choice in chunk.get("choices") or ():

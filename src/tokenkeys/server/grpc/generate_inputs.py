@@ -1,11 +1,13 @@
 """A Generate request, validated for a served model: token ids, parameters, key context.
 
 What the simulated engine cannot honour exactly is refused with UNIMPLEMENTED naming the field
-(media, guided decoding, logprobs, several sequences, stop strings, min_tokens, KV sessions,
-prefix-cache bypass); the sampling knobs (temperature .. repetition_penalty) are carried to the
-engine: a real vLLM samples with them, the simulated tokens do not depend on them.
-The same refusals apply when generation is forwarded to a remote engine,
-because the forwarding interface carries token ids, usage and finish reasons only.
+(media other than image items over token ids, guided decoding, logprobs, several sequences,
+stop strings, min_tokens, KV sessions, prefix-cache bypass); the sampling knobs (temperature ..
+repetition_penalty) are carried to the engine: a real vLLM samples with them, the simulated
+tokens do not depend on them. Image items (``MediaItem`` with ``uuid`` and ``placeholder``)
+enter the key context, so the engine keys their blocks as vLLM does. The same refusals apply
+when generation is forwarded to a remote engine, because the forwarding interface carries token
+ids, cache salt, adapter and media items, and brings back tokens, usage and finish reasons only.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 
 from tokenkeys._gen.openengine.v1 import generation_pb2 as gen
+from tokenkeys.engine.proto import items_of
 from tokenkeys.engine.protocol import SAMPLING_KNOBS, GenerationParams
 from tokenkeys.errors import InvalidArgument, Unsupported
 from tokenkeys.keys import KeyContext
@@ -42,8 +45,12 @@ def unsupported(what: str, field: str) -> Unsupported:
 
 
 def _refuse_unsupported(request: gen.GenerateRequest) -> None:
-    if request.media:
-        raise unsupported(f"media input ({len(request.media)} items)", "media")
+    if request.media and request.WhichOneof("input") != "token_ids":
+        raise unsupported(
+            f"media input ({len(request.media)} items) beside a text prompt (send the token "
+            "ids with each item's placeholder run instead)",
+            "media",
+        )
     guide = request.guided.WhichOneof("guide") if request.HasField("guided") else None
     if guide is not None:
         raise unsupported(f"guided decoding ({guide})", f"guided.{guide}")
@@ -107,7 +114,8 @@ def generate_inputs(request: gen.GenerateRequest, model: ServedModel) -> Generat
         **{k: getattr(sampling, k) for k in SAMPLING_KNOBS if sampling.HasField(k)},
     )
     salt = request.kv.cache_salt if request.kv.HasField("cache_salt") else None
-    context = KeyContext(cache_salt=salt) if salt is not None else None
+    items = items_of(request.media, len(ids))
+    context = KeyContext(cache_salt=salt, mm_items=items) if salt is not None or items else None
     return GenerateInputs(
         request_id=request.request_id or uuid.uuid4().hex,
         token_ids=ids,

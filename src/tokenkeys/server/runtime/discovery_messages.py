@@ -125,7 +125,7 @@ def model_info(
         supports_text_input=True,
         supports_token_ids_input=True,
         supports_lora=bool(engine.adapters),
-        supports_multimodal=False,
+        supports_multimodal=engine.takes_media,
         tokenizer=tokenizer_advertisement(model, engine),
     )
     limit = config.max_model_len or model.tokenizer.specials.model_max_length
