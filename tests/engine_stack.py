@@ -119,10 +119,10 @@ async def start_stack(
         http_port=http_port,
     )
     serving = await EngineServer(models, serve).start()
-    # A subchannel of its own: gRPC shares one per target across a process's channels, and a
-    # stack restarted on its port (RouterCluster.restart_engine) would inherit the one the
-    # router's polls left in reconnect backoff while the port was closed, so its first call
-    # failed "Connection refused" with the new server listening (seen once in a whole run).
+    # A subchannel of its own: gRPC shares one per target and options across a process's
+    # channels, and a stack restarted on its port (RouterCluster.restart_engine) could take
+    # over the previous stack's, left in reconnect backoff while the port was closed: its first
+    # call failed "Connection refused" with the new server listening (seen once in a whole run).
     channel = grpc.aio.insecure_channel(
         f"127.0.0.1:{serving.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)]
     )
