@@ -17,6 +17,7 @@ this decision handed to it (:attr:`RouteNote.preset`) so nothing is routed twice
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -127,7 +128,7 @@ class FrontDoor:
         forward unchanged) when one cannot be built exactly (truncate_prompt_tokens,
         prompt_embeds, ...) or an image has no identifier (the pool's workers state no engine
         model id, or contradict each other: ``image_ids``)."""
-        self.image_ids.settle(pool, self.adapters.roots(pool.name))
+        self.image_ids.settle(pool, self.adapters.roots)
         try:
             prompts = await opened.run(route.prompts, opened.model.preprocessor, opened.body)
         except Unsupported:
@@ -184,10 +185,12 @@ class FrontDoor:
                 pool, ids, keyed, keys=first.keys or None
             )
 
+        @functools.cache
         def settle() -> Keep:
-            """What is counted of the decision: run once the request is written (the worker
-            computes meanwhile), before its answer is awaited, so nothing in between can
-            change what it reads."""
+            """What is counted of the decision, run once by whoever asks first: the relay once
+            the request is written (the worker computes meanwhile), before its answer is
+            awaited, so nothing in between can change what it reads; or the door when no
+            request was written. Its keeper of the promise after."""
             if counted is not None:
                 self.router.count(*counted)
             if not prompts:  # nothing was promised: no promise to keep, nothing to explain
@@ -203,7 +206,7 @@ class FrontDoor:
 
         lengths = tuple(len(p.ids) for p in prompts) or (0,)
         return await self._forward(
-            request, opened, route, pool, lengths, decisions, note, _Settle(settle), explained
+            request, opened, route, pool, lengths, decisions, note, settle, explained
         )
 
     def _keeper(
@@ -252,7 +255,7 @@ class FrontDoor:
         lengths: tuple[int, ...],
         decisions: list[RouteDecision],
         note: RouteNote,
-        settle: _Settle,
+        settle: Callable[[], Keep],
         explained: Explanation | None,
     ) -> Response:
         first = decisions[0]
@@ -375,22 +378,6 @@ class FrontDoor:
         out = StreamingResponse(body_iter, status_code=status)
         out.raw_headers = answer_headers(response)
         return out
-
-
-class _Settle:
-    """A request's bookkeeping of its decision, made once, by whoever asks first: the relay
-    once the request is written, or the door when none was; its keeper of the promise after."""
-
-    __slots__ = ("_make", "_keep")
-
-    def __init__(self, make: Callable[[], Keep]) -> None:
-        self._make = make
-        self._keep: Keep | None = None
-
-    def __call__(self) -> Keep:
-        if self._keep is None:
-            self._keep = self._make()
-        return self._keep
 
 
 def _kept_nowhere(promise: Promise) -> None:

@@ -19,7 +19,7 @@ same model on two hosts are such a contradiction: their vLLMs key the same image
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from tokenkeys.router.workers.pool import Pool
 
@@ -50,14 +50,16 @@ class ImageModelIds:
         self.given = given
         self._reported: set[tuple[str, frozenset[str]]] = set()
 
-    def settle(self, pool: Pool, roots: Mapping[str, str | None]) -> str | None:
-        """The id ``pool``'s images are hashed with, given its workers' ``roots`` (address ->
-        stated root, absent or None: unknown), adopted by the pool's Preprocessor; None
-        (no identifiers, no image keys) when unknown or contradicted."""
+    def settle(self, pool: Pool, roots: Callable[[str], Mapping[str, str | None]]) -> str | None:
+        """The id ``pool``'s images are hashed with, given its workers' roots (``roots(model)``:
+        address -> stated root, absent or None: unknown; asked only for a model that takes
+        images, so a text model's requests build nothing), adopted by the pool's Preprocessor;
+        None (no identifiers, no image keys) when unknown or contradicted."""
         preprocessor = pool.preprocessor
         if preprocessor.image_expander is None:
             return None
-        stated = {a: r for a in pool.members if (r := roots.get(a)) is not None}
+        listed = roots(pool.name)
+        stated = {a: r for a in pool.members if (r := listed.get(a)) is not None}
         ids = set(stated.values()) | ({self.given} if self.given is not None else set())
         model_id = next(iter(ids)) if len(ids) == 1 else None
         if len(ids) > 1:
