@@ -4,11 +4,15 @@ A port from ``bind(0)`` lies in the kernel's ephemeral range, which every outgoi
 on the machine draws its local port from: between the pick and the server's own bind, a client
 socket of any process may take it ("Address already in use", seen with the ZMQ ports of engines
 restarted in place while other test runs shared the machine). Below that range only another
-explicit pick can collide, and picks are random.
+explicit pick can collide, and two cannot: each xdist worker picks from a band of its own
+(its subprocesses inherit the worker's name), and a process never hands out the same port twice
+(a server picking its HTTP and gRPC ports, or a port freed and picked again while its first
+owner still starts, was "Address already in use" once in a whole run).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -24,19 +28,37 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
+#: Every port this process handed out.
+_GIVEN: set[int] = set()
+
+
+def _band(low: int) -> range:
+    """This process's ports: the worker's share of the span below the ephemeral range."""
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) % count if worker.isdigit() else 0
+    width = _SPAN // count
+    start = low - _SPAN + index * width
+    return range(start, start + width)
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, below the ephemeral range when there is room."""
+    """A TCP port free on 127.0.0.1 now that this process never handed out before, below the
+    ephemeral range when there is room."""
     low = _ephemeral_low()
     if low - _SPAN >= 1024:
-        pick = random.SystemRandom()
+        band, pick = _band(low), random.SystemRandom()
         for _ in range(100):
-            port = pick.randrange(low - _SPAN, low)
+            port = pick.choice(band)
+            if port in _GIVEN:
+                continue
             with socket.socket() as sock:
                 try:
                     sock.bind(("127.0.0.1", port))
                 except OSError:
                     continue
-                return port
+            _GIVEN.add(port)
+            return port
     with socket.socket() as sock:  # no room below the range, or all taken: the kernel's pick
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
