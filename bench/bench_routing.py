@@ -51,6 +51,7 @@ routers in a process of its own, as an operator does (``routing_processes``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import sys
@@ -129,7 +130,8 @@ async def _run_policy(
     decide: list[float] = []
     for service in services:
         time_decisions(service, decide)
-    balancer = random.Random(11)  # the load balancer's picks, apart from the workload's draws
+    # The load balancer's picks, apart from the workload's draws.
+    balancer = random.Random(11 + w.seed)
     try:
         pool = services[0].router.pool(None)
         replicas = [s.engine() for s in services]
@@ -496,17 +498,20 @@ def _ms(values: list[float], q: float) -> str:
     return f"{1e3 * pct(values, q):.1f} ms" if values else "n/a"
 
 
-async def _replica_rows(repeat: int, processes: bool) -> str:
+async def _replica_rows(repeat: int, processes: bool, seed: int = 0) -> str:
     """The concurrent workload's one-router and sharing-replica rows, ``repeat`` times each
-    (``--replicas N``: whether the ratio holds, not one lucky run); with ``processes``
-    (``--processes``) every router runs in a process of its own (``routing_processes``)."""
-    w = next(w for w in workloads(False) if w.name == "concurrent")
+    (``--replicas N``: whether the ratio holds, not one lucky run), run ``i`` with the draws of
+    seed ``seed + i`` (``--seed``: the questions and the load balancer's picks; 0 is the full
+    section's); with ``processes`` (``--processes``) every router runs in a process of its
+    own (``routing_processes``)."""
+    concurrent = next(w for w in workloads(False) if w.name == "concurrent")
     shared = LocalRedis()
     lines = []
     try:
         lines.append("- " + await _share_cost(shared.url))
         with tempfile.TemporaryDirectory() as cache:
             for i in range(repeat):
+                w = dataclasses.replace(concurrent, seed=seed + i)
                 res = {}
                 for name, policy, cost, replicas, share in POLICIES[:3]:
                     url = shared.url if share else None
@@ -523,8 +528,8 @@ async def _replica_rows(repeat: int, processes: bool) -> str:
                     one_took = ""
                 note = _replica_note(res, rows, w.systems).split(": ", 1)[1]
                 lines.append(
-                    f"- run {i + 1} (load average {load:.1f}): one router {one:.1f} %"
-                    f"{one_took}; {note}"
+                    f"- run {i + 1} (seed {w.seed}, load average {load:.1f}): one router "
+                    f"{one:.1f} %{one_took}; {note}"
                 )
     finally:
         shared.close()
@@ -550,6 +555,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT / "src"))
     if "--replicas" in sys.argv:
         repeat = int(sys.argv[sys.argv.index("--replicas") + 1])
-        print(asyncio.run(_replica_rows(repeat, "--processes" in sys.argv)))
+        seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
+        print(asyncio.run(_replica_rows(repeat, "--processes" in sys.argv, seed)))
     else:
         print(run("--quick" in sys.argv))

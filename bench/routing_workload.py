@@ -55,6 +55,7 @@ class Workload:
     header: bool = False  # every system prompt opens with HEADER
     concurrent: bool = False  # a round's turns are sent at once, engines really wait
     restart: bool = False  # one engine restarts halfway
+    seed: int = 0  # offsets the questions' and the load balancer's draws (--seed)
 
 
 def workloads(quick: bool) -> tuple[Workload, ...]:
@@ -197,7 +198,7 @@ async def drive(
     (``rng`` draws only them). ``restart`` runs halfway when the workload restarts an engine;
     ``settle`` after each round (the router applies the round's engine events: a user thinks
     for seconds, events take milliseconds)."""
-    rng = random.Random(7)
+    rng = random.Random(7 + w.seed)
     history = {
         c: [{"role": "system", "content": system_prompt(c % w.systems, w)}]
         for c in range(w.conversations)
