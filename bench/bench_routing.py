@@ -44,8 +44,10 @@ A last, small section routes over two real vLLM 0.32 servers behind sidecars
 times, with what sharing adds to a decision (``_share_cost``; each row's decision time, p50,
 against one router's in the same run), what replicas deciding at the same instant missed
 of each other (``router.replicas.contention``) and where the cached tokens they lost against
-one router went, turn by turn (``routing_attribution``); ``--processes`` runs each of those
-routers in a process of its own, as an operator does (``routing_processes``).
+one router went, turn by turn (``routing_attribution``); ``--seed S`` draws run ``i``'s
+questions and load balancer picks from seed ``S + i`` (0: the full section's); ``--processes``
+runs each of those routers in a process of its own, as an operator does
+(``routing_processes``). ``routing_round0`` models the first round of those rows alone.
 """
 
 from __future__ import annotations
