@@ -1,15 +1,15 @@
 """Round 0 of bench_routing's concurrent workload, modelled: what replicas can agree on alone.
 
-``python3 bench/routing_round0.py [--draws N]``. Round 0 opens 16 new system prompts, each by
-two conversations at the same instant; a load balancer hands each of the 32 first turns to a
-random replica, in random order, and every replica decides on its own view, which holds its
-own decisions of the instant and nothing of its peers' (in the in-process bench a round's
-decisions are all made before any stream entry is read). The model runs the policy's own
-code on those views (``LoadView.begin`` for each request sent, ``GrowthLedger.record`` for
+``PYTHONPATH=src python3 bench/routing_round0.py [--draws N]``. Round 0 opens 16 new system
+prompts, each by two conversations at the same instant; a load balancer hands each of the 32
+first turns to a random replica, in random order, and every replica decides on its own view,
+which holds its own decisions of the instant and nothing of its peers' (in the in-process bench
+a round's decisions are all made before any stream entry is read). The model runs the policy's
+own code on those views (``LoadView.begin`` for each request sent, ``GrowthLedger.record`` for
 each decision, ``cost_workers`` and ``choose`` with the slack of ``replica_slack``) over 4
-workers with new addresses per draw (the rendezvous order changes, as with the bench's new
-ports every run), prompts of 12-13 shared blocks plus 1-2 of their own (the bench's sizes),
-and reports per slack (``--replica-slack``) and replica count, as means over the draws:
+workers with new addresses per draw (the rendezvous order changes, as with the bench's new ports
+every run), prompts of 12-13 shared blocks plus 1-2 of their own (the bench's sizes), and
+reports per slack (``--replica-slack``) and replica count, as means over the draws:
 
 - ``split``: prompts placed on two workers (each computed twice: about 200 tokens, 0.5 % of
   one router's cached tokens in the bench);
