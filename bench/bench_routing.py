@@ -45,7 +45,9 @@ times, with what sharing adds to a decision (``_share_cost``; each row's decisio
 against one router's in the same run), what replicas deciding at the same instant missed
 of each other (``router.replicas.contention``) and where the cached tokens they lost against
 one router went, turn by turn (``routing_attribution``); ``--seed S`` draws run ``i``'s
-questions and load balancer picks from seed ``S + i`` (0: the full section's); ``--processes``
+questions and load balancer picks from seed ``S + i`` (0: the full section's), ``--ports P``
+puts the engines on fixed ports from ``P`` (the same rendezvous orders, so two codes compared
+on one seed see the same first round); ``--processes``
 runs each of those routers in a process of its own, as an operator does
 (``routing_processes``). ``routing_round0`` models the first round of those rows alone.
 """
@@ -500,7 +502,7 @@ def _ms(values: list[float], q: float) -> str:
     return f"{1e3 * pct(values, q):.1f} ms" if values else "n/a"
 
 
-async def _replica_rows(repeat: int, processes: bool, seed: int = 0) -> str:
+async def _replica_rows(repeat: int, processes: bool, seed: int = 0, ports: int = 0) -> str:
     """The concurrent workload's one-router and sharing-replica rows, ``repeat`` times each
     (``--replicas N``: whether the ratio holds, not one lucky run), run ``i`` with the draws of
     seed ``seed + i`` (``--seed``: the questions and the load balancer's picks; 0 is the full
@@ -513,7 +515,7 @@ async def _replica_rows(repeat: int, processes: bool, seed: int = 0) -> str:
         lines.append("- " + await _share_cost(shared.url))
         with tempfile.TemporaryDirectory() as cache:
             for i in range(repeat):
-                w = dataclasses.replace(concurrent, seed=seed + i)
+                w = dataclasses.replace(concurrent, seed=seed + i, ports=ports)
                 res = {}
                 for name, policy, cost, replicas, share in POLICIES[:3]:
                     url = shared.url if share else None
@@ -558,6 +560,7 @@ if __name__ == "__main__":
     if "--replicas" in sys.argv:
         repeat = int(sys.argv[sys.argv.index("--replicas") + 1])
         seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
-        print(asyncio.run(_replica_rows(repeat, "--processes" in sys.argv, seed)))
+        ports = int(sys.argv[sys.argv.index("--ports") + 1]) if "--ports" in sys.argv else 0
+        print(asyncio.run(_replica_rows(repeat, "--processes" in sys.argv, seed, ports)))
     else:
         print(run("--quick" in sys.argv))

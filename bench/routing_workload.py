@@ -56,6 +56,7 @@ class Workload:
     concurrent: bool = False  # a round's turns are sent at once, engines really wait
     restart: bool = False  # one engine restarts halfway
     seed: int = 0  # offsets the questions' and the load balancer's draws (--seed)
+    ports: int = 0  # engine i listens on ports + 2i (gRPC) and + 2i + 1 (HTTP); 0: any
 
 
 def workloads(quick: bool) -> tuple[Workload, ...]:
@@ -244,8 +245,13 @@ async def drive(
 
 
 async def start_engines(w: Workload) -> list[Engine]:
-    """:data:`ENGINES` engines for ``w``, started side by side."""
-    starts = (asyncio.to_thread(start_engine, w) for _ in range(ENGINES))
+    """:data:`ENGINES` engines for ``w``, started side by side (on ``w.ports`` when set: the
+    same addresses, hence the same rendezvous orders, for two runs compared by seed)."""
+    ports = [
+        (str(w.ports + 2 * i), str(w.ports + 2 * i + 1)) if w.ports else ("0", "0")
+        for i in range(ENGINES)
+    ]
+    starts = (asyncio.to_thread(start_engine, w, *p) for p in ports)
     return list(await asyncio.gather(*starts))
 
 
