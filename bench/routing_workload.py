@@ -252,7 +252,14 @@ async def start_engines(w: Workload) -> list[Engine]:
         for i in range(ENGINES)
     ]
     starts = (asyncio.to_thread(start_engine, w, *p) for p in ports)
-    return list(await asyncio.gather(*starts))
+    started = await asyncio.gather(*starts, return_exceptions=True)
+    failed = [e for e in started if isinstance(e, BaseException)]
+    if failed:  # e.g. a fixed port taken: stop the engines that did start, then say why
+        for engine in started:
+            if isinstance(engine, Engine):
+                engine.stop()
+        raise failed[0]
+    return [e for e in started if isinstance(e, Engine)]
 
 
 def finish(result: dict, served: Counter[str]) -> dict:
