@@ -44,13 +44,18 @@ A last, small section routes over two real vLLM 0.32 servers behind sidecars
 times, with what sharing adds to a decision (``_share_cost``; each row's decision time, p50,
 against one router's in the same run), what replicas deciding at the same instant missed
 of each other (``router.replicas.contention``) and where the cached tokens they lost against
-one router went, turn by turn (``routing_attribution``); ``--processes`` runs each of those
-routers in a process of its own, as an operator does (``routing_processes``).
+one router went, turn by turn (``routing_attribution``); ``--seed S`` draws run ``i``'s
+questions and load balancer picks from seed ``S + i`` (0: the full section's), ``--ports P``
+puts the engines on fixed ports from ``P`` (the same rendezvous orders, so two codes compared
+on one seed see the same first round); ``--processes``
+runs each of those routers in a process of its own, as an operator does
+(``routing_processes``). ``routing_round0`` models the first round of those rows alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import sys
@@ -129,7 +134,8 @@ async def _run_policy(
     decide: list[float] = []
     for service in services:
         time_decisions(service, decide)
-    balancer = random.Random(11)  # the load balancer's picks, apart from the workload's draws
+    # The load balancer's picks, apart from the workload's draws.
+    balancer = random.Random(11 + w.seed)
     try:
         pool = services[0].router.pool(None)
         replicas = [s.engine() for s in services]
@@ -496,17 +502,20 @@ def _ms(values: list[float], q: float) -> str:
     return f"{1e3 * pct(values, q):.1f} ms" if values else "n/a"
 
 
-async def _replica_rows(repeat: int, processes: bool) -> str:
+async def _replica_rows(repeat: int, processes: bool, seed: int = 0, ports: int = 0) -> str:
     """The concurrent workload's one-router and sharing-replica rows, ``repeat`` times each
-    (``--replicas N``: whether the ratio holds, not one lucky run); with ``processes``
-    (``--processes``) every router runs in a process of its own (``routing_processes``)."""
-    w = next(w for w in workloads(False) if w.name == "concurrent")
+    (``--replicas N``: whether the ratio holds, not one lucky run), run ``i`` with the draws of
+    seed ``seed + i`` (``--seed``: the questions and the load balancer's picks; 0 is the full
+    section's); with ``processes`` (``--processes``) every router runs in a process of its
+    own (``routing_processes``)."""
+    concurrent = next(w for w in workloads(False) if w.name == "concurrent")
     shared = LocalRedis()
     lines = []
     try:
         lines.append("- " + await _share_cost(shared.url))
         with tempfile.TemporaryDirectory() as cache:
             for i in range(repeat):
+                w = dataclasses.replace(concurrent, seed=seed + i, ports=ports)
                 res = {}
                 for name, policy, cost, replicas, share in POLICIES[:3]:
                     url = shared.url if share else None
@@ -523,8 +532,8 @@ async def _replica_rows(repeat: int, processes: bool) -> str:
                     one_took = ""
                 note = _replica_note(res, rows, w.systems).split(": ", 1)[1]
                 lines.append(
-                    f"- run {i + 1} (load average {load:.1f}): one router {one:.1f} %"
-                    f"{one_took}; {note}"
+                    f"- run {i + 1} (seed {w.seed}, load average {load:.1f}): one router "
+                    f"{one:.1f} %{one_took}; {note}"
                 )
     finally:
         shared.close()
@@ -550,6 +559,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT / "src"))
     if "--replicas" in sys.argv:
         repeat = int(sys.argv[sys.argv.index("--replicas") + 1])
-        print(asyncio.run(_replica_rows(repeat, "--processes" in sys.argv)))
+        seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
+        ports = int(sys.argv[sys.argv.index("--ports") + 1]) if "--ports" in sys.argv else 0
+        print(asyncio.run(_replica_rows(repeat, "--processes" in sys.argv, seed, ports)))
     else:
         print(run("--quick" in sys.argv))

@@ -47,9 +47,16 @@ def lost_hits(one: Turns, row: Turns, systems: int) -> dict[str, int]:
     return dict(lost)
 
 
+def fullest(row: Turns) -> int:
+    """The most conversations round 0 left on one worker (one router leaves 8 on each of
+    4): where they outgrow its KV cache at the last turns, their histories are evicted."""
+    return max(Counter(by for (_, turn), (_, _, by) in row.items() if turn == 0).values())
+
+
 def attribution(one: dict, row: dict, systems: int) -> str:
     """One line: the row's cached tokens lost against one router's, by cause, as tokens and
-    as a share of one router's cached tokens (``1 - ratio`` in all)."""
+    as a share of one router's cached tokens (``1 - ratio`` in all), and the most
+    conversations round 0 left on one worker (:func:`fullest`)."""
     if None in (by for _, _, by in row["turns"].values()):
         return "lost hits not attributed (the workers that served were not reported)"
     lost = lost_hits(one["turns"], row["turns"], systems)
@@ -57,4 +64,7 @@ def attribution(one: dict, row: dict, systems: int) -> str:
     parts = ", ".join(
         f"{cause} {lost[cause]:,} ({100 * lost[cause] / cached:.1f} %)" for cause in CAUSES
     )
-    return f"cached tokens lost against one router's {cached:,}: {parts}"
+    return (
+        f"cached tokens lost against one router's {cached:,}: {parts}; round 0 left "
+        f"{fullest(row['turns'])} conversations on the fullest worker"
+    )

@@ -110,7 +110,8 @@ async def run_policy_processes(
         for pipe in pipes:
             pipe.send("begin")
         took: list[float] = []
-        balancer = random.Random(11)  # the load balancer's picks, as in bench_routing's rows
+        # The load balancer's picks, as in bench_routing's rows.
+        balancer = random.Random(11 + w.seed)
         timeout = httpx.Timeout(60.0)
         async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
 

@@ -55,6 +55,8 @@ class Workload:
     header: bool = False  # every system prompt opens with HEADER
     concurrent: bool = False  # a round's turns are sent at once, engines really wait
     restart: bool = False  # one engine restarts halfway
+    seed: int = 0  # offsets the questions' and the load balancer's draws (--seed)
+    ports: int = 0  # engine i listens on ports + 2i (gRPC) and + 2i + 1 (HTTP); 0: any
 
 
 def workloads(quick: bool) -> tuple[Workload, ...]:
@@ -197,7 +199,7 @@ async def drive(
     (``rng`` draws only them). ``restart`` runs halfway when the workload restarts an engine;
     ``settle`` after each round (the router applies the round's engine events: a user thinks
     for seconds, events take milliseconds)."""
-    rng = random.Random(7)
+    rng = random.Random(7 + w.seed)
     history = {
         c: [{"role": "system", "content": system_prompt(c % w.systems, w)}]
         for c in range(w.conversations)
@@ -243,9 +245,21 @@ async def drive(
 
 
 async def start_engines(w: Workload) -> list[Engine]:
-    """:data:`ENGINES` engines for ``w``, started side by side."""
-    starts = (asyncio.to_thread(start_engine, w) for _ in range(ENGINES))
-    return list(await asyncio.gather(*starts))
+    """:data:`ENGINES` engines for ``w``, started side by side (on ``w.ports`` when set: the
+    same addresses, hence the same rendezvous orders, for two runs compared by seed)."""
+    ports = [
+        (str(w.ports + 2 * i), str(w.ports + 2 * i + 1)) if w.ports else ("0", "0")
+        for i in range(ENGINES)
+    ]
+    starts = (asyncio.to_thread(start_engine, w, *p) for p in ports)
+    started = await asyncio.gather(*starts, return_exceptions=True)
+    failed = [e for e in started if isinstance(e, BaseException)]
+    if failed:  # e.g. a fixed port taken: stop the engines that did start, then say why
+        for engine in started:
+            if isinstance(engine, Engine):
+                engine.stop()
+        raise failed[0]
+    return [e for e in started if isinstance(e, Engine)]
 
 
 def finish(result: dict, served: Counter[str]) -> dict:
