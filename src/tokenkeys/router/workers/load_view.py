@@ -216,5 +216,5 @@ def _take(counts: Counter[int], keys: Sequence[int]) -> None:
         left = counts.get(key, 0) - 1
         if left > 0:
             counts[key] = left
-        elif key in counts:
-            del counts[key]
+        else:
+            counts.pop(key, None)  # dict's pop, in C (Counter's ``del`` is a Python method)
