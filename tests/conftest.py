@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from evidence import under_ci
+from hypothesis import settings
 from vllm_schedule import MARKER, Schedule, check_declared, families, module, order
 
 from tokenkeys.limits import Limits
@@ -27,8 +28,14 @@ from support import ServerThread
 
 # The real-vLLM session fixtures (environment, tiny model, server pool), here so that every
 # suite shares one pool: tests/realengine and the Engine conformance suite's vLLM case.
-from vllm_fixtures import SCHEDULE, tiny_model, vllm_pool, vllm_python  # noqa: F401
+from vllm_fixtures import SCHEDULE, tiny_model, vllm_fork_server, vllm_pool, vllm_python  # noqa: F401
 from vllm_server import Start
+
+# Hypothesis fails an example that takes over 200 ms by default: a timing in a pass/fail test,
+# which a loaded machine trips (test_labelled's first example took 546 ms in a whole run at load
+# average 10, then 25 ms when Hypothesis ran it again and called the failure flaky).
+settings.register_profile("tokenkeys", deadline=None)
+settings.load_profile("tokenkeys")
 
 #: The tiers whose tests are the run's evidence, counted at the end (marker: what it proves).
 EVIDENCE = {

@@ -32,7 +32,7 @@ from served_pair import SERVE_ARGS, Pair, TokenkeysServe, ok
 from support import run_cli
 from text_corpus import all_strings
 from vllm_render import VllmRenderServer
-from vllm_server import MAX_MODEL_LEN, MODEL_NAME, TinyModel
+from vllm_server import MAX_MODEL_LEN, MODEL_NAME, ForkServer, TinyModel
 
 pytestmark = pytest.mark.realengine
 
@@ -41,8 +41,15 @@ TOKENIZER_ONLY = ("--engine", "none")
 USER = [{"role": "user", "content": "Bonjour! 東京 🎌"}]
 
 
-def _start(python: Path, model: TinyModel, log_dir: Path, serve: tuple[str, ...], label: str):
-    vllm = VllmRenderServer(python, model, log_dir, label)
+def _start(
+    python: Path,
+    fork_server: ForkServer | None,
+    model: TinyModel,
+    log_dir: Path,
+    serve: tuple[str, ...],
+    label: str,
+):
+    vllm = VllmRenderServer(python, model, log_dir, label, fork_server)
     ours = TokenkeysServe(*serve, *TOKENIZER_ONLY)
     try:
         vllm.wait_healthy()
@@ -56,12 +63,14 @@ def _start(python: Path, model: TinyModel, log_dir: Path, serve: tuple[str, ...]
 
 @pytest.fixture(scope="module")
 def render_pair(
-    vllm_python: Path, tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
+    vllm_python: Path,
+    vllm_fork_server: ForkServer | None,
+    tiny_model: TinyModel,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Pair]:
     """``vllm launch render`` and tokenizer-only ``tokenkeys serve`` on the same files."""
-    vllm, ours = _start(
-        vllm_python, tiny_model, tmp_path_factory.mktemp("render-logs"), SERVE_ARGS, "render"
-    )
+    log_dir = tmp_path_factory.mktemp("render-logs")
+    vllm, ours = _start(vllm_python, vllm_fork_server, tiny_model, log_dir, SERVE_ARGS, "render")
     try:
         with (
             httpx.Client(base_url=vllm.url, timeout=120) as engine,
@@ -488,7 +497,10 @@ GENERATION_DEFAULTS = {
 
 @pytest.fixture(scope="module")
 def defaults_pair(
-    vllm_python: Path, tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
+    vllm_python: Path,
+    vllm_fork_server: ForkServer | None,
+    tiny_model: TinyModel,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Pair]:
     """Both servers on a copy of the tiny model whose generation_config.json sets defaults."""
     base = tmp_path_factory.mktemp("tiny-defaults")
@@ -497,7 +509,8 @@ def defaults_pair(
     config = json.loads((folder / "generation_config.json").read_text())
     (folder / "generation_config.json").write_text(json.dumps({**config, **GENERATION_DEFAULTS}))
     serve = ("--model", f"tiny={folder}", *SERVE_ARGS[2:])
-    vllm, ours = _start(vllm_python, TinyModel(folder, None), base, serve, "render-defaults")
+    model = TinyModel(folder, None)
+    vllm, ours = _start(vllm_python, vllm_fork_server, model, base, serve, "render-defaults")
     try:
         with (
             httpx.Client(base_url=vllm.url, timeout=120) as engine,

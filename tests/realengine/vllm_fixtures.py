@@ -19,7 +19,7 @@ from evidence import unavailable
 from vllm_schedule import Schedule
 
 from cached_venv import VenvUnavailable
-from vllm_server import TinyModel, VllmServerPool
+from vllm_server import ForkServer, TinyModel, VllmServerPool
 
 #: Where the root conftest keeps the run's schedule.
 SCHEDULE = pytest.StashKey[Schedule]()
@@ -52,3 +52,10 @@ def tiny_model(request: pytest.FixtureRequest) -> TinyModel:
     """A tiny random Llama with the embedded SmolLM2 tokenizer files, a LoRA adapter, and tiny
     hybrid Gemma 3 models (sliding window and full attention) with the same tokenizer files."""
     return _pool(request).model
+
+
+@pytest.fixture(scope="session")
+def vllm_fork_server(request: pytest.FixtureRequest) -> ForkServer | None:
+    """The process that imported vLLM once and forks the pool's servers: a server started
+    apart from the pool (``vllm launch render``) forks from it too (None: none runs)."""
+    return _pool(request).fork_server()

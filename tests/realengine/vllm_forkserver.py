@@ -28,8 +28,15 @@ dies with the fork server (``PR_SET_PDEATHSIG``), which dies with the test proce
 server reaps its children and tells the harness each one's exit status on the connection that
 asked for it; :class:`ForkedProcess` reads it there, as ``subprocess.Popen`` does ``waitpid``.
 
+A child may run another module of the same environment than the one imported (``vllm launch
+render``'s, which needs part of that import and no engine core): the state it starts from is the
+fresh interpreter's after the fork server's import, then the module's own import, the same code
+in a superset of modules, none of which registers anything the render reads.
+
 Run as a script (in the engine environment, standard library only):
-``python vllm_forkserver.py SOCKET MODULE``.
+``python vllm_forkserver.py SOCKET MODULE``; or ``python vllm_forkserver.py --run MODULE
+ARGS...`` to run one server in this process, its engine core forked (:func:`run`: a server of
+another environment, vLLM's gRPC launcher, which no fork server imported).
 """
 
 from __future__ import annotations
@@ -149,9 +156,13 @@ class ForkServer:
         """The fork server's process id (the leader of its session)."""
         return self._process.pid
 
-    def spawn(self, args: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
-        """Fork a server that runs ``self.module`` with ``args`` (``sys.argv[1:]``) in ``env``,
-        its output to ``log_path``; returns at once (the fork may wait for the import)."""
+    def spawn(
+        self, args: list[str], env: dict[str, str], log_path: Path, module: str | None = None
+    ) -> ForkedProcess:
+        """Fork a server that runs ``module`` (``self.module`` unless named) with ``args``
+        (``sys.argv[1:]``) in ``env``, its output to ``log_path``; returns at once (the fork may
+        wait for the import)."""
+        module = module or self.module
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         while True:
             try:
@@ -165,9 +176,11 @@ class ForkServer:
                         f"{self.log_path}:\n{self.log_path.read_text(errors='replace')[-3000:]}"
                     ) from None
                 time.sleep(0.05)  # it binds before its import: a moment after its start
-        request = {"args": args, "env": env, "cwd": os.getcwd(), "log": str(log_path)}
+        request = {
+            "module": module, "args": args, "env": env, "cwd": os.getcwd(), "log": str(log_path)
+        }  # fmt: skip
         connection.sendall(json.dumps(request).encode() + b"\n")
-        return ForkedProcess(connection, [str(self.python), "-m", self.module, *args])
+        return ForkedProcess(connection, [str(self.python), "-m", module, *args])
 
     def close(self) -> None:
         """Stop the fork server (its servers die with it)."""
@@ -219,6 +232,23 @@ def _fork_the_engine_core() -> None:
     engine_utils.get_mp_context = lambda: fork
 
 
+def _run_as_main(module: str) -> None:
+    """Run ``module`` as ``python -m`` would, its engine core forked, and exit."""
+    _fork_the_engine_core()
+    # As ``python -m``: an exception or SystemExit ends the process through the interpreter's
+    # own exit (threads joined, atexit handlers run: vLLM's and multiprocessing's, which reaps
+    # the engine core).
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    sys.exit(0)
+
+
+def run(module: str, args: list[str]) -> None:
+    """Run one server of ``module`` with ``args`` in this process (``--run``)."""
+    sys.path[0] = os.getcwd()  # as ``python -m``: this file's folder must not shadow vLLM's
+    sys.argv = ["-m", *args]
+    _run_as_main(module)
+
+
 def serve(path: str, module: str) -> None:
     """Import ``module``, then fork a child per request on the socket at ``path``."""
     sys.path[0] = os.getcwd()  # this file's folder must not shadow what vLLM imports
@@ -254,12 +284,7 @@ def serve(path: str, module: str) -> None:
                     for fd in (listener, wake_read, wake_write, *children.values()):
                         os.close(fd) if isinstance(fd, int) else fd.close()
                     _become(request)
-                    _fork_the_engine_core()
-                    # As ``python -m``: an exception or SystemExit ends the child through the
-                    # interpreter's own exit (threads joined, atexit handlers run: vLLM's and
-                    # multiprocessing's, which reaps the engine core).
-                    runpy.run_module(module, run_name="__main__", alter_sys=True)
-                    sys.exit(0)
+                    _run_as_main(request["module"])
                 children[pid] = connection
                 connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             else:
@@ -277,4 +302,7 @@ def serve(path: str, module: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--run":
+        run(sys.argv[2], sys.argv[3:])
+    else:
+        serve(sys.argv[1], sys.argv[2])

@@ -317,8 +317,15 @@ class VllmServer:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.config.hash_seed is not None:
             env["PYTHONHASHSEED"] = self.config.hash_seed
-        if self._fork_server is not None and args[:2] == ["-m", self._fork_server.module]:
-            return self._fork_server.spawn(args[2:], env, self.log_path)
+        return self._launch_process(python, args, env)
+
+    def _launch_process(
+        self, python: Path, args: list[str], env: dict[str, str]
+    ) -> subprocess.Popen | ForkedProcess:
+        """``python`` running ``args`` (``-m MODULE ...``) in ``env``: forked by the fork
+        server when there is one (it runs ``python``), else a process of its own."""
+        if self._fork_server is not None and args[0] == "-m":
+            return self._fork_server.spawn(args[2:], env, self.log_path, module=args[1])
         with open(self.log_path, "wb") as log:
             return subprocess.Popen(
                 [str(python), *args],
@@ -530,11 +537,16 @@ class VllmServerPool:
 
     # ------------------------------------------------------------------ processes
 
-    def _start(self, config: ServerConfig) -> None:
+    def fork_server(self) -> ForkServer | None:
+        """The fork server of the pool's servers, started on first use (None when
+        ``TOKENKEYS_VLLM_FORK=0``: every server a process of its own)."""
         if self._fork_server is None and os.environ.get("TOKENKEYS_VLLM_FORK", "1") != "0":
             self._fork_server = ForkServer(self.python, API_SERVER, engine_env(), self.log_dir)
+        return self._fork_server
+
+    def _start(self, config: ServerConfig) -> None:
         self._servers[config] = VllmServer(
-            self.python, self.model, config, self.log_dir, self._fork_server
+            self.python, self.model, config, self.log_dir, self.fork_server()
         )
 
     def _drop(self, config: ServerConfig) -> None:
