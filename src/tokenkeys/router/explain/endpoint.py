@@ -38,9 +38,19 @@ from tokenkeys.router.policy.router import Router
 HEADER_EXPLAIN = "x-tokenkeys-explain"
 
 
+_ASKING = HEADER_EXPLAIN.encode()
+
+
 def asked(request: Request) -> bool:
-    """The request asks for its explanation (``x-tokenkeys-explain: 1``)."""
-    return request.headers.get(HEADER_EXPLAIN, "").strip() in ("1", "true")
+    """The request asks for its explanation (``x-tokenkeys-explain: 1``).
+
+    The first such header, as ``request.headers.get`` reads it, found in the scope's raw list:
+    on every forwarded request the header is mostly absent, and Starlette's ``get`` raises and
+    catches a KeyError to say so."""
+    for name, value in request.scope["headers"]:
+        if name == _ASKING:
+            return value.decode("latin-1").strip() in ("1", "true")
+    return False
 
 
 async def explain(request: Request, router: Router, explainer: Explainer) -> Response:

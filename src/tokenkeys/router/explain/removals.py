@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from tokenkeys.errors import ConfigError
@@ -251,11 +251,12 @@ class RemovalLog:
         self._last_clear[worker] = self._advance(worker, (), "cleared")
         self._release(worker, None)
 
-    async def lookup(
+    def lookup(
         self, keys: Sequence[int], workers: Collection[str] | None = None
-    ) -> dict[str, PrefixMatch]:
-        """Forwarded."""
-        return await self.inner.lookup(keys, workers)
+    ) -> Awaitable[dict[str, PrefixMatch]]:
+        """Forwarded: the wrapped index's own awaitable (no coroutine of this log's on every
+        routing decision's path)."""
+        return self.inner.lookup(keys, workers)
 
     async def workers(self) -> frozenset[str]:
         """Forwarded."""

@@ -94,6 +94,16 @@ class Reply:
 
     async def read(self) -> bytes:
         """The whole body; Broken when the worker breaks off in the middle."""
+        if self._complete:
+            # All of it arrived already (a small answer comes with its head): what chunks()
+            # would yield, without an async generator per answer.
+            if not self._body:
+                return b""
+            body = b"".join(self._body)
+            self._body.clear()
+            self._buffered = 0
+            self._connection.resume()
+            return body
         return b"".join([chunk async for chunk in self.chunks()])
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -78,7 +78,18 @@ class Promise:
         """This promise with the ``cached_tokens`` of an OpenAI ``usage`` object (unchanged
         when the usage carries none)."""
         served = cached_tokens(usage)
-        return self if served is None else replace(self, served_tokens=served)
+        if served is None:
+            return self
+        # Every field but the served tokens, as replace() copies them (without its walk over
+        # the fields, once per answer).
+        return Promise(
+            self.worker,
+            self.model,
+            self.block_size,
+            self.prompt_tokens,
+            self.matched_blocks,
+            served,
+        )
 
 
 def cached_tokens(usage: Any) -> int | None:

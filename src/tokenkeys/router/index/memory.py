@@ -303,7 +303,10 @@ class MemoryPrefixIndex:
         """Each worker's consecutive run over ``keys``; stops when no worker continues."""
         entries = self._table
         groups = None
-        if isinstance(keys, Sequence) and not isinstance(keys, (str, bytes)):
+        # A list (what routing passes) without the ABC check's walk.
+        if type(keys) is list or (
+            isinstance(keys, Sequence) and not isinstance(keys, (str, bytes))
+        ):
             groups = entries.runs(keys)
         if groups is None:  # a key that is not an int in [0, 2**64): named here
             check_keys(keys)

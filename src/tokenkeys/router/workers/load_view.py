@@ -207,8 +207,14 @@ class LoadView:
 
 
 def _take(counts: Counter[int], keys: Sequence[int]) -> None:
-    """Remove one count of each of ``keys``, dropping keys that reach zero."""
-    counts.subtract(keys)
+    """Remove one count of each of ``keys``, dropping keys that reach zero.
+
+    One pass (``Counter.subtract`` then a sweep walked the keys twice in Python, on every
+    request's end): a key at zero or below is dropped the moment it gets there, as the sweep
+    after ``subtract`` dropped it."""
     for key in keys:
-        if key in counts and counts[key] <= 0:
-            del counts[key]
+        left = counts.get(key, 0) - 1
+        if left > 0:
+            counts[key] = left
+        else:
+            counts.pop(key, None)  # dict's pop, in C (Counter's ``del`` is a Python method)
