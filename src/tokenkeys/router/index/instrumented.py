@@ -93,14 +93,10 @@ class InstrumentedIndex:
             outcome = "internal"
             raise
         finally:
-            self._finished(self.backend, op, outcome, started, keys)
-
-    def _finished(self, backend: str, op: str, outcome: str, started: float, keys: int) -> None:
-        """Record one call of ``op`` that began at ``started`` and passed ``keys`` keys."""
-        self._seconds_of[backend, op].observe(time.perf_counter() - started)
-        self._requests_of[backend, op, outcome].inc()
-        if keys:
-            self._keys_of[backend, op].inc(keys)
+            self._seconds_of[self.backend, op].observe(time.perf_counter() - started)
+            self._requests_of[self.backend, op, outcome].inc()
+            if keys:
+                self._keys_of[self.backend, op].inc(keys)
 
     @staticmethod
     def _count(keys: Sequence[int]) -> int:
@@ -124,31 +120,9 @@ class InstrumentedIndex:
     async def lookup(
         self, keys: Sequence[int], workers: Collection[str] | None = None
     ) -> dict[str, PrefixMatch]:
-        """Forwarded to the wrapped index, measured.
-
-        What :meth:`_observe` records, written out: a lookup is on every routing decision's
-        path, and the generic wrapper's coroutine and lookups cost it more than the metrics."""
-        started = time.perf_counter()
-        backend = self.backend
-        try:
-            found = await self.inner.lookup(keys, workers)
-        except TokenkeysError as exc:
-            self._finished(backend, "lookup", type(exc).__name__, started, self._count(keys))
-            raise
-        except Exception:
-            self._finished(backend, "lookup", "internal", started, self._count(keys))
-            raise
-        self._seconds_of[backend, "lookup"].observe(time.perf_counter() - started)
-        self._requests_of[backend, "lookup", "ok"].inc()
-        count = self._count(keys)
-        if count:
-            self._keys_of[backend, "lookup"].inc(count)
-        longest = 0
-        for match in found.values():
-            blocks = match.blocks
-            if blocks > longest:
-                longest = blocks
-        self._matched_of[(backend,)].inc(longest)
+        """Forwarded to the wrapped index, measured."""
+        found = await self._observe("lookup", self._count(keys), self.inner.lookup(keys, workers))
+        self._matched_of[(self.backend,)].inc(max((m.blocks for m in found.values()), default=0))
         return found
 
     async def workers(self) -> frozenset[str]:
