@@ -78,3 +78,26 @@ def test_truncation_in_tokenizer_json_is_refused(tmp_path: Path) -> None:
 def test_the_transformers_backend_is_refused() -> None:
     decision = _load(default_tokenizer_path(), backend="transformers").splice
     assert not decision.usable and "transformers" in decision.reason
+
+
+def test_a_tokenizer_loaded_again_reuses_its_decisions_and_other_options_do_not(
+    tmp_path: Path,
+) -> None:
+    """The decisions are kept by fingerprint (files, options, behaviour): the same folder loaded
+    again reuses them; other options, or a copy whose tokenizer.json differs, decide afresh."""
+    first, again = _load(default_tokenizer_path()), _load(default_tokenizer_path())
+    assert first is not again
+    assert again.splice is first.splice and again.token_floor is first.token_floor
+    split = _load(default_tokenizer_path(), split_special_tokens=True)
+    assert split.fingerprint != first.fingerprint and split.splice is not first.splice
+    folder = tmp_path / "other"
+    folder.mkdir()
+    for file in default_tokenizer_path().iterdir():
+        if file.is_file():
+            (folder / file.name).write_bytes(file.read_bytes())
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["added_tokens"] = [dict(a, rstrip=True) for a in spec["added_tokens"]]
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    other = _load(folder)
+    assert other.fingerprint != first.fingerprint
+    assert other.token_floor is None and first.token_floor is not None  # decided again
