@@ -75,13 +75,3 @@ def test_a_counter_refuses_a_negative_increment() -> None:
     child = Children(Counter("c", "counter", ["a"], registry=CollectorRegistry()))[("x",)]
     with pytest.raises(ValueError, match="non-negative"):
         child.inc(-1)
-
-
-def test_a_mutex_value_is_added_to_under_its_own_lock() -> None:
-    """prometheus_client's MutexValue children take the direct path (the property test above
-    then proves it counts as ``labels()`` does); every value of a histogram's child too."""
-    registry = CollectorRegistry()
-    counter, _, histogram = _metrics(registry)
-    assert fast(counter.labels("x"))._lock is counter.labels("x")._value._lock
-    observe = fast(histogram.labels("x"))
-    assert observe._locks is not None and len(observe._locks) == len(_BUCKETS) + 2

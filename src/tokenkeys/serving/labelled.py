@@ -12,7 +12,6 @@ from bisect import bisect_left
 from typing import Any, Generic, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client.values import MutexValue
 
 Metric = TypeVar("Metric", Counter, Gauge, Histogram)
 
@@ -41,66 +40,38 @@ class Children(dict[tuple[str, ...], Any], Generic[Metric]):
         return child
 
 
-def _lock_of(value: Any) -> Any:
-    """The lock of prometheus_client's ``MutexValue`` (a float behind a lock: the values of a
-    process not in multiprocess mode), under which this module adds to its float itself, as
-    its ``inc()`` does, one call less per count (a forwarded request counts some twenty
-    times); None for any other value, whose own ``inc()`` is called."""
-    if type(value) is MutexValue and isinstance(getattr(value, "_value", None), float):
-        return getattr(value, "_lock", None)
-    return None
-
-
 class _Increment:
     """A counter's or gauge's child, incremented as its ``inc()`` does (no exemplar)."""
 
-    __slots__ = ("_value", "_counter", "_lock")
+    __slots__ = ("_value", "_counter")
 
     def __init__(self, value: Any, counter: bool) -> None:
         self._value = value
         self._counter = counter
-        self._lock = _lock_of(value)
 
     def inc(self, amount: float = 1) -> None:
         """Add ``amount`` (a counter refuses a negative one, as prometheus_client does)."""
         if self._counter and amount < 0:
             raise ValueError("Counters can only be incremented by non-negative amounts.")
-        lock = self._lock
-        if lock is None:
-            self._value.inc(amount)
-        else:
-            with lock:
-                self._value._value += amount
+        self._value.inc(amount)
 
 
 class _Observe:
     """A histogram's child, observed as its ``observe()`` does (no exemplar): the sum, then
     the first bucket whose upper bound is at least the amount (none for NaN)."""
 
-    __slots__ = ("_sum", "_buckets", "_bounds", "_locks")
+    __slots__ = ("_sum", "_buckets", "_bounds")
 
     def __init__(self, total: Any, buckets: list[Any], bounds: list[float]) -> None:
         self._sum = total
         self._buckets = buckets
         self._bounds = bounds
-        # The sum's lock, then each bucket's, when every value is a MutexValue (_lock_of).
-        locks = [_lock_of(value) for value in (total, *buckets)]
-        self._locks = None if None in locks else locks
 
     def observe(self, amount: float) -> None:
         """Count ``amount``."""
-        locks = self._locks
-        if locks is None:
-            self._sum.inc(amount)
-            if amount == amount:  # NaN is in no bucket (every comparison with it is false)
-                self._buckets[bisect_left(self._bounds, amount)].inc(1)
-            return
-        with locks[0]:
-            self._sum._value += amount
-        if amount == amount:
-            at = bisect_left(self._bounds, amount)
-            with locks[at + 1]:
-                self._buckets[at]._value += 1
+        self._sum.inc(amount)
+        if amount == amount:  # NaN is in no bucket (every comparison with it is false)
+            self._buckets[bisect_left(self._bounds, amount)].inc(1)
 
 
 def fast(child: Any) -> Any:

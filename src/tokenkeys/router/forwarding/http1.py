@@ -76,15 +76,19 @@ class Reply:
                 return value
         return b""
 
+    def _take(self) -> bytes:
+        """What arrived of the body so far, handed over (the connection reads on)."""
+        chunk = b"".join(self._body) if len(self._body) > 1 else self._body[0]
+        self._body.clear()
+        self._buffered = 0
+        self._connection.resume()
+        return chunk
+
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as they arrive (chunked encoding removed); Broken on a break."""
         while True:
             if self._body:
-                chunk = b"".join(self._body) if len(self._body) > 1 else self._body[0]
-                self._body.clear()
-                self._buffered = 0
-                self._connection.resume()
-                yield chunk
+                yield self._take()
             elif self._complete:
                 return
             elif self._error is not None:
@@ -95,15 +99,9 @@ class Reply:
     async def read(self) -> bytes:
         """The whole body; Broken when the worker breaks off in the middle."""
         if self._complete:
-            # All of it arrived already (a small answer comes with its head): what chunks()
-            # would yield, without an async generator per answer.
-            if not self._body:
-                return b""
-            body = b"".join(self._body)
-            self._body.clear()
-            self._buffered = 0
-            self._connection.resume()
-            return body
+            # All of it arrived already (a small answer comes with its head): without an async
+            # generator per answer.
+            return self._take() if self._body else b""
         return b"".join([chunk async for chunk in self.chunks()])
 
     def close(self) -> None:
