@@ -91,13 +91,16 @@ async def start_http_server(
     tls: ServerTls | None = None,
     reuse_port: bool = False,
     connections: ConnectionLimits | None = None,
+    direct_paths: frozenset[str] = frozenset(),
 ) -> HttpServer:
     """Serve ``app`` on ``host:port`` (0 picks a free port) until :meth:`HttpServer.stop`.
 
     ``tls`` serves HTTPS (requiring client certificates when it names a client CA);
     ``reuse_port`` binds with SO_REUSEPORT so that processes share the port;
     ``connections`` bounds headers, their timeout, idle time and connection counts (default:
-    :class:`~tokenkeys.transport.limits.ConnectionLimits`' defaults).
+    :class:`~tokenkeys.transport.limits.ConnectionLimits`' defaults); POSTs to
+    ``direct_paths`` skip uvicorn's per-request cycle
+    (:mod:`tokenkeys.transport.direct_cycle`).
     """
     connections = connections or ConnectionLimits()
     raise_descriptor_limit(connections.descriptors_needed)
@@ -107,7 +110,7 @@ async def start_http_server(
     config = uvicorn.Config(
         app,
         lifespan="off",
-        http=bounded_protocol(connections),
+        http=bounded_protocol(connections, direct_paths),
         timeout_keep_alive=connections.http_idle_timeout,  # type: ignore[arg-type]
         log_level=log_level,
         log_config=None,  # uvicorn's loggers propagate to the process' one format
@@ -152,8 +155,10 @@ async def serve_app(app: Any, bind: Bind, port: int) -> HttpServer:
     port sharing and connection limits: the HTTP face of ``serve`` and ``route`` alike.
 
     With the app's ``access_log`` setting, the access log wraps it here, outermost, around
-    everything the builder added (the router's headers name the worker it logs).
+    everything the builder added (the router's headers name the worker it logs). An app's
+    ``direct_paths`` (the router's forwarded routes) are served without uvicorn's cycle.
     """
+    direct_paths = getattr(app, "direct_paths", frozenset())
     state = getattr(app.state, "tokenkeys", None)
     if state is not None and state.config.access_log:
         app = AccessLog(app)
@@ -164,4 +169,5 @@ async def serve_app(app: Any, bind: Bind, port: int) -> HttpServer:
         tls=bind.tls,
         reuse_port=bind.reuse_port,
         connections=bind.connections,
+        direct_paths=direct_paths,
     )

@@ -21,6 +21,11 @@ its socket writes). :class:`_HeadWithBody` holds the head until the end of the e
 step, so a body written in the same step leaves in the same send; a stream's head still leaves
 at once (within that step), its events as they come.
 
+And one path around uvicorn's per-request cycle: a POST to one of the app's ``direct_paths``
+(the router's forwarded routes) is answered through
+:class:`~tokenkeys.transport.direct_cycle.DirectCycle`, the same ASGI cycle without its
+per-request event and header checks (that module's doc); every other request through uvicorn's.
+
 And one ASGI extension: every request's ``scope["extensions"]`` holds :data:`DISCONNECT`, a
 future done once the client's connection is lost, so an app that waits on something else (the
 router waiting for a worker) notices a client that left without a task of its own reading
@@ -44,6 +49,7 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import get_remote_addr
 
+from tokenkeys.transport.direct_cycle import DirectCycle
 from tokenkeys.transport.limits import ConnectionLimits
 from tokenkeys.transport.throttled_log import ThrottledLog
 
@@ -150,6 +156,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits]
     counts: ClassVar[ConnectionCounts]
     notices: ClassVar[ThrottledLog]
+    #: The paths whose POSTs a :class:`DirectCycle` answers (request targets, as bytes).
+    direct_paths: ClassVar[frozenset[bytes]] = frozenset()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -203,13 +211,58 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_tail = b""
         self._cancel_header_timer()
+        if self.url in self.direct_paths and self._direct():
+            return
         before = self.cycle
         super().on_headers_complete()
         if self.cycle is not None and self.cycle is not before:  # a request to answer
             self.cycle.transport = _HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
-            if self._lost is None:
-                self._lost = self.loop.create_future()
-            self.cycle.scope.setdefault("extensions", {})[DISCONNECT] = self._lost
+            self.cycle.scope.setdefault("extensions", {})[DISCONNECT] = self._lost_future()
+
+    def _lost_future(self) -> asyncio.Future[None]:
+        if self._lost is None:
+            self._lost = self.loop.create_future()
+        return self._lost
+
+    def _direct(self) -> bool:
+        """Answer this request through a :class:`DirectCycle` when it may be (a POST to a
+        direct path, exactly, no upgrade, no concurrency limit); False leaves it to uvicorn.
+
+        The scope is completed as uvicorn's ``on_headers_complete`` completes it; a target
+        equal to a direct path has no query, no escapes and no fragment to parse.
+        """
+        parser = self.parser
+        if (
+            parser.get_method() != b"POST"
+            or parser.should_upgrade()
+            or self.limit_concurrency is not None
+        ):
+            return False
+        version = parser.get_http_version()
+        scope = self.scope
+        scope["method"] = "POST"
+        if version != "1.1":
+            scope["http_version"] = version
+        scope["path"] = self.root_path + self.url.decode("ascii")
+        scope["raw_path"] = self.root_path.encode("ascii") + self.url
+        scope["query_string"] = b""
+        scope["extensions"] = {DISCONNECT: self._lost_future()}  # type: ignore[typeddict-unknown-key]
+        cycle = DirectCycle(
+            scope,  # type: ignore[arg-type]
+            self.transport,
+            self.flow,
+            self.loop,
+            keep_alive=version != "1.0" and parser.should_keep_alive(),
+            expect_100_continue=self.expect_100_continue,
+            on_response=self.on_response_complete,
+        )
+        existing, self.cycle = self.cycle, cycle  # type: ignore[assignment]
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, self.app)  # type: ignore[arg-type]
+        else:  # pipelined behind an answer still being written: uvicorn's queue
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, self.app))  # type: ignore[arg-type]
+        return True
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -253,8 +306,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def bounded_protocol(limits: ConnectionLimits) -> type[BoundedHttpProtocol]:
-    """A protocol class for one server: its own connection counts, the given limits.
+def bounded_protocol(
+    limits: ConnectionLimits, direct_paths: frozenset[str] = frozenset()
+) -> type[BoundedHttpProtocol]:
+    """A protocol class for one server: its own connection counts, the given limits, POSTs to
+    ``direct_paths`` answered through a :class:`DirectCycle`.
 
     Pass it as ``uvicorn.Config(http=...)``; uvicorn instantiates it per connection.
     """
@@ -265,5 +321,6 @@ def bounded_protocol(limits: ConnectionLimits) -> type[BoundedHttpProtocol]:
             "limits": limits,
             "counts": ConnectionCounts(limits),
             "notices": ThrottledLog(log),
+            "direct_paths": frozenset(p.encode("ascii") for p in direct_paths),
         },
     )

@@ -58,6 +58,9 @@ class ForwardingApp:
         #: The frontend app's state (settings, metrics, guards), which is this app's.
         self.state = app.state
         self._served = served
+        #: The paths served here: the server answers their POSTs without uvicorn's cycle
+        #: (``transport.direct_cycle``).
+        self.direct_paths = frozenset(served)
         self._guards = app.state.tokenkeys.guards
         self._metrics = app.state.tokenkeys.metrics
 
