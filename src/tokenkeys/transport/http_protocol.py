@@ -165,7 +165,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
         self._head_tail = b""
-        self._header_timer: asyncio.TimerHandle | None = None
+        # The connection's one timer (see _expect): what it waits for, and until when.
+        self._waiting_for = ""  # "head", "idle" or nothing
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._lost: asyncio.Future[None] | None = None  # DISCONNECT, once a request asked
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -182,22 +186,25 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return
         self._client = client
         super().connection_made(transport)
-        self._arm_header_timer()
+        self._expect("head", self.limits.http_header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._client is None:
             return  # refused in connection_made: uvicorn never tracked it
         self.counts.release(self._client)
         self._client = None
-        self._cancel_header_timer()
+        self._waiting_for = ""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._lost is not None and not self._lost.done():
             self._lost.set_result(None)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
-            if self._header_timer is None:
-                self._arm_header_timer()
+            if self._waiting_for != "head":
+                self._expect("head", self.limits.http_header_timeout)
             allowed = self.limits.http_max_header_bytes - self._head_bytes
             if len(data) > allowed and not _head_ends_within(self._head_tail, data, allowed):
                 self._refuse_head()
@@ -210,7 +217,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_bytes = 0
         self._head_tail = b""
-        self._cancel_header_timer()
+        self._stop_waiting("head")
         if self.url in self.direct_paths and self._direct():
             return
         before = self.cycle
@@ -280,18 +287,61 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         # else: an answer is being written on this connection; a 431 would interleave with it.
         self.transport.close()
 
-    def _arm_header_timer(self) -> None:
-        self._header_timer = self.loop.call_later(
-            self.limits.http_header_timeout, self._header_timed_out
-        )
+    def on_response_complete(self) -> None:
+        """uvicorn's, with its keep-alive timer as the idle deadline of :meth:`_expect`."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif self._waiting_for != "head":
+            # (a next head already on its way keeps its own, longer, deadline)
+            self._expect("idle", self.timeout_keep_alive)
 
-    def _cancel_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn calls it as data arrives and as the connection ends.
+        self._stop_waiting("idle")
+        super()._unset_keepalive_if_required()
+
+    def _expect(self, what: str, seconds: float) -> None:
+        """Close the connection unless ``what`` ("head": the end of a request head, "idle":
+        the next request) comes within ``seconds``.
+
+        One timer per connection, moved lazily: each request sets a deadline, and the timer,
+        when it fires early, re-arms itself for the deadline now due. A ``call_later`` and its
+        cancel per wait (two waits a request) were a few thousand instructions a request, and
+        left cancelled handles in the event loop's heap.
+        """
+        deadline = self.loop.time() + seconds
+        self._waiting_for, self._deadline = what, deadline
+        if self._timer is None or self._timer_at > deadline:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = self.loop.call_at(deadline, self._timer_fired)
+
+    def _stop_waiting(self, what: str) -> None:
+        if self._waiting_for == what:
+            self._waiting_for = ""
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        if not self._waiting_for:
+            return
+        if self._deadline > self.loop.time():  # moved on since the timer was set
+            self._timer_at = self._deadline
+            self._timer = self.loop.call_at(self._deadline, self._timer_fired)
+            return
+        what, self._waiting_for = self._waiting_for, ""
+        if what == "head":
+            self._header_timed_out()
+        else:
+            self.timeout_keep_alive_handler()
 
     def _header_timed_out(self) -> None:
-        self._header_timer = None
         if self.transport.is_closing() or not self._in_head:
             return
         if self.cycle is not None and not self.cycle.response_complete:
