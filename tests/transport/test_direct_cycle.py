@@ -42,7 +42,9 @@ class _App:
     /wait: an answer held until the client leaves."""
 
     def __init__(self) -> None:
-        self.direct_paths = frozenset({"/direct", "/stream", "/fail", "/fail-late", "/bad", "/wait"})
+        self.direct_paths = frozenset(
+            {"/direct", "/stream", "/fail", "/fail-late", "/bad", "/wait"}
+        )
         self.release = threading.Event()
         self.left = threading.Event()
 
@@ -66,10 +68,14 @@ class _App:
             headers = [(b"x-split", b"a\r\nset-cookie: b")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             return
-        if path == "/wait":
-            await scope["extensions"][DISCONNECT]
-            while (await receive())["type"] != "http.disconnect":
-                pass
+        if path == "/wait":  # two receive() calls waiting at once, and the connection's future
+            assert (await receive())["type"] == "http.request"
+
+            async def until_gone() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+
+            await asyncio.gather(until_gone(), until_gone(), scope["extensions"][DISCONNECT])
             self.left.set()
             return
         try:
@@ -179,6 +185,7 @@ def test_a_direct_path_is_served_by_the_direct_cycle_and_others_by_uvicorns(serv
             sock.sendall(_post(path, b'{"a": 1}'))
             status, headers, body = reader.answer()
             assert status == 200 and json.loads(body)["direct"] is direct, path
+            assert "date" in headers  # the server's default header, on both cycles
             assert json.loads(body)["bytes"] == 8
 
 
@@ -199,10 +206,10 @@ def test_a_chunked_body_arriving_in_pieces_is_read_whole(server: Any) -> None:
     with sock:
         sock.sendall(
             b"POST /direct HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
-            b"transfer-encoding: chunked\r\n\r\n3\r\n{\"a\r\n"
+            b'transfer-encoding: chunked\r\n\r\n3\r\n{"a\r\n'
         )
         time.sleep(0.05)
-        sock.sendall(b"4\r\n\": 1\r\n")
+        sock.sendall(b'4\r\n": 1\r\n')
         time.sleep(0.05)
         sock.sendall(b"1\r\n}\r\n0\r\n\r\n")
         status, _, body = reader.answer()

@@ -18,6 +18,7 @@ request. The app, its ASGI messages, and what the client sees are the same:
   the first ``receive()``, reading paused above uvicorn's high-water mark and resumed here;
 - a head with a ``content-length`` is held for its body and leaves with it in one write; any
   other head (a stream) leaves at the end of the event loop's step, as ``_HeadWithBody`` does;
+- the server's default headers first (``date``), as uvicorn writes them;
 - answer framing as uvicorn's: ``content-length`` counted (longer or shorter is an error),
   ``transfer-encoding: chunked`` encoded, a head with neither gets chunked, ``connection:
   close`` honoured, the connection closed after the answer when it is not kept alive;
@@ -80,7 +81,8 @@ class DirectCycle:
         "_loop",
         "_on_response",
         "_continue",
-        "_waiter",
+        "_waiters",
+        "_default_headers",
         "_head",
         "_remaining",
         "_chunked",
@@ -97,6 +99,7 @@ class DirectCycle:
         keep_alive: bool,
         expect_100_continue: bool,
         on_response: Callable[[], None],
+        default_headers: list[tuple[bytes, bytes]],
     ) -> None:
         self.scope = scope
         self.body = bytearray()
@@ -111,7 +114,8 @@ class DirectCycle:
         self._loop = loop
         self._on_response: Callable[[], None] | None = on_response
         self._continue = expect_100_continue
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []  # receive() calls waiting
+        self._default_headers = default_headers  # the server's (its date)
         self._head: bytes | None = None  # a head held for its body
         self._remaining = 0  # bytes of body its content-length still announces
         self._chunked: bool | None = None
@@ -121,9 +125,9 @@ class DirectCycle:
 
     def set(self) -> None:
         """Something arrived (body, its end) or the client left: wake ``receive()``."""
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def run_asgi(self, app: Any) -> None:
         """Run ``app`` on this request, as uvicorn's cycle does (errors answered 500 or closed)."""
@@ -166,11 +170,12 @@ class DirectCycle:
                 return {"type": "http.request", "body": body, "more_body": self.more_body}
             if self._flow.read_paused:
                 self._flow.resume_reading()
-            self._waiter = self._loop.create_future()
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
             try:
-                await self._waiter
+                await waiter
             finally:
-                self._waiter = None
+                self._waiters.remove(waiter)
         return {"type": "http.disconnect"}
 
     async def send(self, message: dict) -> None:
@@ -229,7 +234,7 @@ class DirectCycle:
         parts = [STATUS_LINE[status]]
         lines = 2  # the status line and the empty line
         close = False
-        for name, value in headers:
+        for name, value in (*self._default_headers, *headers):
             name = name.lower()
             if name == b"content-length" and self._chunked is None:
                 self._remaining = int(value.decode())

@@ -262,6 +262,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             keep_alive=version != "1.0" and parser.should_keep_alive(),
             expect_100_continue=self.expect_100_continue,
             on_response=self.on_response_complete,
+            default_headers=self.server_state.default_headers,
         )
         existing, self.cycle = self.cycle, cycle  # type: ignore[assignment]
         if existing is None or existing.response_complete:
