@@ -153,6 +153,52 @@ async def test_render_is_forwarded_and_tokenize_answered_by_the_router(door):
     assert "x-tokenkeys-worker" not in tokens.headers
 
 
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One answer off a raw connection: status, headers (the last of each name), body."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in head[1:] if line)
+    if headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
+            body += (await reader.readexactly(size + 2))[:-2]
+        await reader.readexactly(2)
+    else:
+        body = await reader.readexactly(int(headers["content-length"]))
+    return int(head[0].split()[1]), headers, body
+
+
+async def test_pipelined_requests_chunked_or_not_are_forwarded_in_order(door):
+    # A forwarded POST goes through the router's own request cycle
+    # (transport/direct_cycle.py), any other request through uvicorn's: pipelined on one
+    # connection, they are answered in order, a chunked body forwarded whole.
+    cluster, _ = door
+    host, port = cluster.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = json.dumps({"prompt": SYSTEM, "max_tokens": 2, "temperature": 0}).encode()
+    head = "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+    chunked = b"".join(
+        b"%x\r\n%b\r\n" % (len(body[i : i + 50]), body[i : i + 50]) for i in range(0, len(body), 50)
+    )
+    writer.write(
+        (head + f"content-length: {len(body)}\r\n\r\n").encode()
+        + body
+        + b"GET /v1/models HTTP/1.1\r\nhost: t\r\n\r\n"
+        + (head + "transfer-encoding: chunked\r\n\r\n").encode()
+        + chunked
+        + b"0\r\n\r\n"
+    )
+    try:
+        first, models, third = [await _answer(reader) for _ in range(3)]
+    finally:
+        writer.close()
+    for status, headers, answer in (first, third):
+        assert status == 200 and headers["x-tokenkeys-retries"] == "0", answer
+        assert json.loads(answer)["usage"]["prompt_tokens"] > 0
+    assert json.loads(first[2])["choices"] == json.loads(third[2])["choices"]
+    assert models[0] == 200 and "x-tokenkeys-worker" not in models[1]
+    assert json.loads(models[2])["data"]
+
+
 async def test_a_worker_refusing_connections_gets_the_next_best(settings):
     cluster = await start_cluster(2, settings=settings, worker_http=True)
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
