@@ -137,6 +137,26 @@ def test_an_idle_keep_alive_connection_is_closed(serve: Any) -> None:
     sock.close()
 
 
+def test_the_next_heads_deadline_runs_from_its_first_byte_and_replaces_the_idle_one(
+    serve: Any,
+) -> None:
+    # One timer per connection carries both deadlines (BoundedHttpProtocol._expect): a head
+    # that starts while the connection is idle is bounded by the header timeout from its first
+    # byte, not by the idle timeout it interrupted; one that never ends is still closed.
+    server = serve(http_idle_timeout=0.3, http_header_timeout=1.5)
+    sock = _connect(server.port)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+    for _ in range(3):  # each answer then a head in two parts, across the idle deadline
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.6)
+        sock.sendall(b"Host: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+    sock.sendall(b"GET /health HTTP/1.1\r\n")  # never finished: the header timeout closes it
+    assert wait_all_closed([sock], timeout=10) == 0
+    sock.close()
+
+
 def _refused(sock: socket.socket) -> bool:
     """Whether the server answered 503 and closed before any request was sent."""
     answer = _read_all(sock)

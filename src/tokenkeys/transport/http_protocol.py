@@ -299,7 +299,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
         elif self._waiting_for != "head":
-            # (a next head already on its way keeps its own, longer, deadline)
+            # A next head already arriving keeps its header deadline, which bounds it (uvicorn
+            # would also run its keep-alive timer from here, closing the head mid-way).
             self._expect("idle", self.timeout_keep_alive)
 
     def _unset_keepalive_if_required(self) -> None:
