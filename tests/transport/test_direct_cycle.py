@@ -82,7 +82,7 @@ class _App:
             raw = await read_body(_Request(scope, receive), LIMIT)  # type: ignore[arg-type]
             status, body = 200, {"direct": direct, "bytes": len(raw), "path": path}
         except Exception as exc:  # noqa: BLE001 - the test reads what was refused
-            status, body = 413, {"error": type(exc).__name__}
+            status, body = 413, {"error": type(exc).__name__, "direct": direct}
         data = json.dumps(body).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -189,6 +189,15 @@ def test_a_direct_path_is_served_by_the_direct_cycle_and_others_by_uvicorns(serv
             assert json.loads(body)["bytes"] == 8
 
 
+@pytest.mark.parametrize("method", ["GET", "PUT", "PATCH"])
+def test_other_methods_on_a_direct_path_go_to_uvicorns_cycle(server: Any, method: str) -> None:
+    sock, reader = _connect(server)
+    with sock:
+        sock.sendall(_post("/direct").replace(b"POST", method.encode(), 1))
+        status, _, body = reader.answer()
+        assert json.loads(body)["direct"] is False
+
+
 def test_pipelined_requests_are_answered_in_order_across_both_cycles(server: Any) -> None:
     sock, reader = _connect(server)
     with sock:
@@ -224,7 +233,7 @@ def test_bodies_over_the_limit_are_refused_and_the_connection_serves_the_next(
         big = b"x" * (LIMIT + 1)
         sock.sendall(_post("/direct", big))  # declared over the limit: refused unread
         status, _, body = reader.answer()
-        assert status == 413 and json.loads(body) == {"error": "LimitExceeded"}
+        assert status == 413 and json.loads(body) == {"error": "LimitExceeded", "direct": True}
         chunked = b"%x\r\n%b\r\n0\r\n\r\n" % (len(big), big)
         sock.sendall(
             b"POST /direct HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
