@@ -33,10 +33,11 @@ setup(
             "tokenkeys.router.index._table",
             sources=[
                 f"src/tokenkeys/router/index/_native/{name}.c"
-                for name in ("table", "slots", "keys", "bulk")
+                for name in ("table", "slots", "keys", "bulk", "counts")
             ],
             depends=[
-                f"src/tokenkeys/router/index/_native/{name}.h" for name in ("slots", "keys", "bulk")
+                f"src/tokenkeys/router/index/_native/{name}.h"
+                for name in ("slots", "keys", "bulk", "counts")
             ],
             optional=True,
         ),
