@@ -119,8 +119,11 @@ class PrecisePolicy:
                 if member is None:
                     continue
                 view = member.view
-                if view.prefilling_keys and not prompt_keys:
-                    prompt_keys = frozenset(keys)
+                queued = 0  # nothing in flight or in prefill there: both walks are 0
+                if view.prefilling_keys:
+                    if not prompt_keys:
+                        prompt_keys = frozenset(keys)
+                    queued = view.queued_prefill(prompt_keys)
                 match = matches.get(address)
                 rows.append(
                     (
@@ -128,9 +131,9 @@ class PrecisePolicy:
                         worker_load,
                         None if match is None else match.segments,
                         view.active_blocks,
-                        view.inflight_prefix(keys),
+                        view.inflight_prefix(keys) if view.inflight_keys else 0,
                         growth.get(address),
-                        view.queued_prefill(prompt_keys),
+                        queued,
                         view.capacity,
                     )
                 )
