@@ -4,7 +4,7 @@ and on the Python path."""
 from __future__ import annotations
 
 import pytest
-from evidence import unavailable
+from evidence import select_core
 
 from tokenkeys.router.policy import ranking
 
@@ -13,11 +13,4 @@ from tokenkeys.router.policy import ranking
 def rank_core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """``C``: the compiled ranking (skipped where not built, failed under CI); ``python``: the
     Python path a platform without a compiler runs, in the same process."""
-    if request.param == "python":
-        monkeypatch.setattr(ranking, "CORE", None)
-    elif ranking.CORE is None:
-        unavailable(
-            "the compiled ranking tokenkeys.router.policy._rank is not built here "
-            f"({ranking.describe()}): `python3 setup.py build_ext --inplace` builds it"
-        )
-    return request.param
+    return select_core(ranking, request.param, monkeypatch, "ranking tokenkeys.router.policy._rank")

@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from tokenkeys.errors import InvalidArgument
-from tokenkeys.keys.native import ENV
+from tokenkeys.keys.native import ENV, load_core
 from tokenkeys.router.index.model import check_keys
 
 # Keys runs() reads from the table first; each further chunk doubles (it stops at a miss).
@@ -112,19 +112,9 @@ class PyKeyTable(OrderedDict):
         return present, evicted
 
 
-def _load() -> ModuleType | None:
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    try:
-        from tokenkeys.router.index import _table
-    except ImportError:
-        return None
-    return _table
-
-
 #: The extension module, or ``None`` (not built, or switched off). Tests replace it to run the
 #: pure-Python table in the same process.
-CORE: ModuleType | None = _load()
+CORE: ModuleType | None = load_core("tokenkeys.router.index._table")
 
 
 def new_table() -> Any:

@@ -18,13 +18,12 @@ extension, or with ``TOKENKEYS_NATIVE=0``, the Python path runs always.
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 
-from tokenkeys.keys.native import ENV
+from tokenkeys.keys.native import ENV, load_core
 from tokenkeys.router.index.model import PrefixMatch, Segment
 from tokenkeys.router.policy.cost import Candidate, CostWeights, choose, cost_workers
 from tokenkeys.router.policy.scorer import WorkerScore, score_workers
@@ -36,18 +35,9 @@ from tokenkeys.router.policy.scorer import WorkerScore, score_workers
 Row = tuple[str, float, "tuple[Segment, ...] | None", float, int, float, float, int]
 
 
-def _load() -> ModuleType | None:
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    try:
-        return importlib.import_module("tokenkeys.router.policy._rank")
-    except ImportError:
-        return None
-
-
 #: The extension module, or ``None`` (not built, or switched off). Tests replace it to run the
 #: Python path in the same process.
-CORE: ModuleType | None = _load()
+CORE: ModuleType | None = load_core("tokenkeys.router.policy._rank")
 
 
 def rank(
