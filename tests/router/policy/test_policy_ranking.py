@@ -189,3 +189,19 @@ def test_a_sampled_choice_runs_the_python_path_with_its_random_source():
     assert len(picks) > 1  # drawn, not the cheapest every time
     again = [rank(rows, 4, {}, weights, affinity=7, rng=random.Random(s)) for s in (1, 1)]
     assert fingerprint(again[0]) == fingerprint(again[1])
+
+
+def test_a_score_type_without_an_instance_dict_is_left_to_the_python_path():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True, slots=True)
+    class Slotted:
+        worker: str
+        score: float
+        matched_blocks: int
+        load: float
+        cost: float | None = None
+
+    args = ([ROW], 4, {"gpu": 1.0}, (1.0, 0.125, 1.0, 0.25), 7, 0.0)
+    assert _core().rank(*args, Slotted) is None
+    assert _core().rank(*args, WorkerScore) is not None

@@ -227,7 +227,8 @@ static PyObject *rank(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int hashed = args[4] != Py_None;
     if (!PyList_CheckExact(candidates) || PyList_GET_SIZE(candidates) == 0 ||
         !exact_int(args[1], &total) || total < 0 || !weights_ok(tiers) ||
-        !cost_weights(args[3], w) || !number(args[5], &slack) || !PyType_Check(type))
+        !cost_weights(args[3], w) || !number(args[5], &slack) || !PyType_Check(type) ||
+        ((PyTypeObject *)type)->tp_dictoffset == 0) /* worker_score fills an instance dict */
         Py_RETURN_NONE;
     if (hashed) {
         if (tk_xxh64 == NULL || !PyLong_CheckExact(args[4])) Py_RETURN_NONE;
