@@ -28,6 +28,8 @@ FORBIDDEN = [
     # The process room runs servers; it does not know which.
     *[("process", room) for room in ("server", "router", "frontend", "cli")],
     ("client", "server"),
+    # The cores the faces serve (derendering an answer, preprocessing a request) know no face.
+    *[(core, room) for core in ("derender", "preprocess") for room in ("frontend", "server")],
 ]
 
 #: The router's rooms, lowest first: each imports only the rooms before it (data flows one way:

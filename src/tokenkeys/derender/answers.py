@@ -23,13 +23,13 @@ from typing import Any
 from tokenkeys.derender.incremental import Window, advance, seed
 from tokenkeys.derender.logprobs import Speller, chat_logprobs, completion_logprobs
 from tokenkeys.derender.pieces import Pieces
-from tokenkeys.errors import InvalidArgument, Unsupported
-from tokenkeys.frontend.schemas_derender import (
+from tokenkeys.derender.token_out import (
     GenerateChoice,
     GenerateChunk,
     GenerateResponse,
     StreamState,
 )
+from tokenkeys.errors import InvalidArgument, Unsupported
 
 #: vLLM's ``VLLM_MAX_N_SEQUENCES`` default.
 MAX_SEQUENCES = 16384

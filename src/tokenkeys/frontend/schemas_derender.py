@@ -3,106 +3,20 @@
 A non-streaming body (``stream`` absent or false) carries a whole token-out answer
 (``generate_response``, or one per prompt in ``generate_responses``); a streaming one
 (``stream: true``) one chunk of ``/inference/v1/generate``'s stream and the client-carried
-``stream_state``. Only ``output_mode: "tokens"`` answers are derendered (text answers were
-detokenized by the engine already). Violations are 400s naming the field, as vLLM's.
+``stream_state`` (their models: :mod:`tokenkeys.derender.token_out`). Violations are 400s
+naming the field, as vLLM's.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+from pydantic import BaseModel, NonNegativeInt, model_validator
 
-Json = dict[str, Any]
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+from tokenkeys.derender.token_out import Body, GenerateChunk, GenerateResponse, Json, StreamState
 
 
-class GenerateLogProb(_Body):
-    """One (token id, logprob) candidate."""
-
-    token_id: int
-    logprob: float
-    rank: int | None = None
-
-
-class GenerateLogProbsContent(GenerateLogProb):
-    """The sampled token at one position and its top candidates."""
-
-    top_logprobs: list[GenerateLogProb] = Field(default_factory=list)
-
-
-class GenerateLogProbs(_Body):
-    """Output logprobs of one choice, one entry per generated token."""
-
-    content: list[GenerateLogProbsContent] | None = None
-
-
-class GenerateChoice(_Body):
-    """One choice of a token-out answer."""
-
-    index: int
-    finish_reason: str | None = "stop"
-    stop_reason: int | str | None = None
-    token_ids: list[NonNegativeInt] | None = None
-    logprobs: GenerateLogProbs | None = None
-
-
-class GenerateStreamChoice(GenerateChoice):
-    """One choice of a token-out stream chunk (no finish reason until the last)."""
-
-    finish_reason: str | None = None
-
-
-class _GenerateBase(_Body):
-    request_id: str | None = None
-    output_mode: Literal["tokens"] = "tokens"
-    usage: Json | None = None
-    prompt_token_ids: list[NonNegativeInt] | None = None
-    metrics: Json | None = None
-
-
-class GenerateResponse(_GenerateBase):
-    """``/inference/v1/generate``'s whole answer (``GenerateTokensResponse``)."""
-
-    choices: list[GenerateChoice]
-    prompt_logprobs: list[Any] | None = None
-    kv_transfer_params: Json | None = None
-    ec_transfer_params: Json | None = None
-
-
-class GenerateChunk(_GenerateBase):
-    """One chunk of its stream (``GenerateTokensStreamResponse``)."""
-
-    choices: list[GenerateStreamChoice]
-
-
-class StreamState(_Body):
-    """vLLM's ``DerenderStreamState``, carried by the client between stream calls."""
-
-    prev_tokens: list[str] = Field(default_factory=list, max_length=1024)
-    prefix_offset: NonNegativeInt = 0
-    read_offset: NonNegativeInt = 0
-    role_sent: bool = False
-    logprob_context_token_ids: list[int] = Field(default_factory=list, max_length=4)
-    logprob_text_offset: NonNegativeInt = 0
-    output_token_ids: list[int] = Field(default_factory=list)
-    output_chunk_lens: list[int] = Field(default_factory=list)
-    tools_streamed: bool = False
-    last_tool_call_ids: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _chunks_cover_the_output(self) -> StreamState:
-        if sum(self.output_chunk_lens) != len(self.output_token_ids) or any(
-            n <= 0 for n in self.output_chunk_lens
-        ):
-            raise ValueError("output_chunk_lens must be positive and sum to len(output_token_ids)")
-        return self
-
-
-class DerenderChat(_Body):
+class DerenderChat(Body):
     """``POST /v1/chat/completions/derender`` with a whole answer."""
 
     stream: Literal[False] = False
@@ -113,7 +27,7 @@ class DerenderChat(_Body):
     chat_request: Json | None = None
 
 
-class DerenderCompletion(_Body):
+class DerenderCompletion(Body):
     """``POST /v1/completions/derender`` with whole answers, one per prompt."""
 
     stream: Literal[False] = False
@@ -135,7 +49,7 @@ class DerenderCompletion(_Body):
         return self
 
 
-class _StreamBody(_Body):
+class _StreamBody(Body):
     stream: Literal[True]
     model: str | None = None
     generate_chunk: GenerateChunk
