@@ -5,10 +5,12 @@ consecutive runs per ready worker -> :func:`~tokenkeys.router.policy.scorer.scor
 (longest cached prefix, tier-weighted, normalized) -> :func:`~tokenkeys.router.policy.cost.
 cost_workers` (blocks to prefill against the load there, blocks beyond its KV capacity and
 recent cache growth, weighted by :class:`~tokenkeys.router.policy.cost.CostWeights`) -> the
-cheapest worker. The index missing (Redis down) or the keys not computable right now leave
-load and growth to decide. The last two steps read only this router's memory; with router
-replicas sharing their load they run inside :meth:`~tokenkeys.router.policy.placement.
-Placements.place`, which keeps what they placed for the peers (``router.policy.placement``).
+cheapest worker; the last three steps are one call, :func:`~tokenkeys.router.policy.ranking.
+rank` (in C where built, bit-identical to the Python path). The index missing (Redis down) or
+the keys not computable right now leave load and growth to decide. The last two steps read
+only this router's memory; with router replicas sharing their load they run inside
+:meth:`~tokenkeys.router.policy.placement.Placements.place`, which keeps what they placed for
+the peers (``router.policy.placement``).
 """
 
 from __future__ import annotations
