@@ -10,6 +10,7 @@ missing part fails the test with that reason, the build log's tail included.
 from __future__ import annotations
 
 import os
+from types import ModuleType
 from typing import NoReturn
 
 import pytest
@@ -31,3 +32,20 @@ def unavailable(reason: str) -> NoReturn:
     if under_ci():
         pytest.fail(f"a required part is unavailable under CI=true: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def select_core(switch: ModuleType, param: str, monkeypatch: pytest.MonkeyPatch, what: str) -> str:
+    """Run the calling test on a compiled core or on the pure-Python path it replaces.
+
+    ``switch`` is the module holding the core (``CORE``, ``describe()``); ``param`` "python"
+    sets ``CORE`` to None for the test, "C" needs it built (:func:`unavailable` otherwise;
+    ``what`` names the extension for that message).
+    """
+    if param == "python":
+        monkeypatch.setattr(switch, "CORE", None)
+    elif switch.CORE is None:
+        unavailable(
+            f"the compiled {what} is not built here ({switch.describe()}): "
+            "`python3 setup.py build_ext --inplace` builds it"
+        )
+    return param

@@ -22,20 +22,23 @@ from types import ModuleType
 ENV = "TOKENKEYS_NATIVE"
 
 
-def _load() -> ModuleType | None:
+def load_core(name: str) -> ModuleType | None:
+    """The compiled module ``name`` (its full name), or ``None`` where it is not built or
+    ``TOKENKEYS_NATIVE=0`` switches the compiled cores off (every core of the package reads
+    the one switch)."""
     if os.environ.get(ENV, "1") == "0":
         return None
     try:
         # By its full name: ``from tokenkeys.keys import _chains`` reads as an import of the
         # package (keys/__init__), which imports the profiles, which import this module.
-        return importlib.import_module("tokenkeys.keys._chains")
+        return importlib.import_module(name)
     except ImportError:
         return None
 
 
 #: The extension module, or ``None`` (not built, or switched off). Tests replace it to run the
 #: pure-Python paths in the same process.
-CORE: ModuleType | None = _load()
+CORE: ModuleType | None = load_core("tokenkeys.keys._chains")
 
 
 def chains(*, xxhash: bool = False) -> ModuleType | None:

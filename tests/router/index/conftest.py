@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from evidence import unavailable
+from evidence import select_core
 
 from tokenkeys.router.index import table
 
@@ -12,11 +12,4 @@ from tokenkeys.router.index import table
 def table_core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """``C``: the compiled ``KeyTable`` (skipped where not built, failed under CI); ``python``:
     the ``PyKeyTable`` a platform without a compiler runs, in the same process."""
-    if request.param == "python":
-        monkeypatch.setattr(table, "CORE", None)
-    elif table.CORE is None:
-        unavailable(
-            "the compiled key table tokenkeys.router.index._table is not built here "
-            f"({table.describe()}): `python3 setup.py build_ext --inplace` builds it"
-        )
-    return request.param
+    return select_core(table, request.param, monkeypatch, "key table tokenkeys.router.index._table")

@@ -18,6 +18,9 @@ from routing_support import collect, index_run, start_cluster, wait_until
 from tokenkeys.router.policy.cost import CostWeights
 from tokenkeys.router.routed_engine import RouteNote, current_note
 
+# Every decision here through the compiled ranking and through the Python path (conftest).
+pytestmark = pytest.mark.usefixtures("rank_core")
+
 HEADER = "Northwind municipal help desk. Be precise and brief; never invent a figure."
 
 

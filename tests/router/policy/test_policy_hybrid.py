@@ -21,6 +21,9 @@ from tokenkeys.router.policy.router import RouteRequest
 from tokenkeys.router.workers.pool_setup import PoolSettings
 from tokenkeys.serving.models import ModelRegistry, ServedModel, attach_cache_keys
 
+# Every decision here through the compiled ranking and through the Python path (conftest).
+pytestmark = pytest.mark.usefixtures("rank_core")
+
 BS = 16
 ONE = GenerationParams(max_tokens=1)
 SPEC = make_spec(

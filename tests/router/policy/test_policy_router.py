@@ -13,6 +13,9 @@ from tokenkeys.router.policy.precise import PrecisePolicy
 from tokenkeys.router.policy.router import POLICIES, make_policy
 from tokenkeys.router.routed_engine import RouteNote, current_note
 
+# Every decision here through the compiled ranking and through the Python path (conftest).
+pytestmark = pytest.mark.usefixtures("rank_core")
+
 
 def test_each_policy_name_makes_its_own_object_and_an_unknown_one_is_refused():
     index = MemoryPrefixIndex()

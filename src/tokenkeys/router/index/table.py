@@ -9,7 +9,9 @@ collector, its bulk methods probing keys in prefetched batches (``_native/``: th
 in ``slots.c``, the bulk methods in ``bulk.c``, the type in ``table.c``). Without
 it, or with ``TOKENKEYS_NATIVE=0`` (the switch the compiled key core reads too), the index runs
 on :class:`PyKeyTable`, an ``OrderedDict``: the same methods, the same answers (the tests run
-the index's suites and a property test through both).
+the index's suites and a property test through both). The module's :func:`held_prefix` and
+:func:`count_absent` walk a prompt's keys against a router's counts of keys in flight
+(``router.workers.load_view``), in C beside the table where it is built.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from __future__ import annotations
 import os
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Container, Mapping, Sequence
 from itertools import groupby, islice
 from types import ModuleType
 from typing import Any
 
 from tokenkeys.errors import InvalidArgument
-from tokenkeys.keys.native import ENV
+from tokenkeys.keys.native import ENV, load_core
 from tokenkeys.router.index.model import check_keys
 
 # Keys runs() reads from the table first; each further chunk doubles (it stops at a miss).
@@ -110,25 +112,39 @@ class PyKeyTable(OrderedDict):
         return present, evicted
 
 
-def _load() -> ModuleType | None:
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    try:
-        from tokenkeys.router.index import _table
-    except ImportError:
-        return None
-    return _table
-
-
 #: The extension module, or ``None`` (not built, or switched off). Tests replace it to run the
 #: pure-Python table in the same process.
-CORE: ModuleType | None = _load()
+CORE: ModuleType | None = load_core("tokenkeys.router.index._table")
 
 
 def new_table() -> Any:
     """An empty key table: the C ``KeyTable`` where built, else a :class:`PyKeyTable`."""
     core = CORE
     return PyKeyTable() if core is None else core.KeyTable()
+
+
+def held_prefix(keys: Sequence[int], counts: Container[int]) -> int:
+    """How many leading ``keys`` are in ``counts`` (a router's keys in flight at a worker):
+    one membership test per key up to the first one missing, in C where the table is built
+    (the same tests in the same order, so the same answer or exception)."""
+    core = CORE
+    if core is not None:
+        return core.held_prefix(keys, counts)
+    n = 0
+    for key in keys:
+        if key not in counts:
+            break
+        n += 1
+    return n
+
+
+def count_absent(counts: Mapping[int, int], keys: Container[int]) -> int:
+    """How many keys of the dict ``counts`` are not in ``keys``, in C where the table is
+    built (as :func:`held_prefix`)."""
+    core = CORE
+    if core is not None and isinstance(counts, dict):
+        return core.count_absent(counts, keys)
+    return sum(1 for key in counts if key not in keys)
 
 
 def describe() -> str:

@@ -5,10 +5,12 @@ consecutive runs per ready worker -> :func:`~tokenkeys.router.policy.scorer.scor
 (longest cached prefix, tier-weighted, normalized) -> :func:`~tokenkeys.router.policy.cost.
 cost_workers` (blocks to prefill against the load there, blocks beyond its KV capacity and
 recent cache growth, weighted by :class:`~tokenkeys.router.policy.cost.CostWeights`) -> the
-cheapest worker. The index missing (Redis down) or the keys not computable right now leave
-load and growth to decide. The last two steps read only this router's memory; with router
-replicas sharing their load they run inside :meth:`~tokenkeys.router.policy.placement.
-Placements.place`, which keeps what they placed for the peers (``router.policy.placement``).
+cheapest worker; the last three steps are one call, :func:`~tokenkeys.router.policy.ranking.
+rank` (in C where built, bit-identical to the Python path). The index missing (Redis down) or
+the keys not computable right now leave load and growth to decide. The last two steps read
+only this router's memory; with router replicas sharing their load they run inside
+:meth:`~tokenkeys.router.policy.placement.Placements.place`, which keeps what they placed for
+the peers (``router.policy.placement``).
 """
 
 from __future__ import annotations
@@ -20,18 +22,11 @@ from collections.abc import Mapping
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.router.index.hybrid import resumable_matches
 from tokenkeys.router.index.model import PrefixIndex
-from tokenkeys.router.policy.cost import (
-    Candidate,
-    CostWeights,
-    GrowthLedger,
-    WorkerCost,
-    choose,
-    cost_workers,
-    replica_slack,
-)
+from tokenkeys.router.policy.cost import CostWeights, GrowthLedger, replica_slack
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.placement import LocalPlacements, Placement, Placements
-from tokenkeys.router.policy.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore, score_workers
+from tokenkeys.router.policy.ranking import rank
+from tokenkeys.router.policy.scorer import DEFAULT_TIER_WEIGHTS, WorkerScore
 from tokenkeys.router.workers.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -112,68 +107,71 @@ class PrecisePolicy:
         matches = {ids[w]: m for w, m in found.items() if w in ids and ids[w] not in untrusted}
         # Without keys the prompt's size still weighs in the load and growth it brings.
         total = len(keys) if keys else len(request.token_ids) // pool.block_size
-        scores = score_workers(matches, total, load, weights=self.weights)
         growth = self.growth.ledger(pool.name)
 
-        def decide() -> tuple[Placement, list[WorkerCost]]:
-            """The cost of every worker on this router's memory now, cheapest first."""
+        def decide() -> tuple[Placement, tuple[list[WorkerScore], float]]:
+            """Every worker ranked on this router's memory now (cheapest first, each score with
+            its cost), and the first one's blocks to prefill."""
             # Peers are heard between two calls: a worker may have left the pool meanwhile.
-            live = [s for s in scores if s.worker in pool.members]
-            if not live:
+            members = pool.members
+            rows = []
+            prompt_keys: frozenset[int] = frozenset()  # built once, when prefill is queued
+            for address, worker_load in load.items():
+                member = members.get(address)
+                if member is None:
+                    continue
+                view = member.view
+                queued = 0  # nothing in flight or in prefill there: both walks are 0
+                if view.prefilling_keys:
+                    if not prompt_keys:
+                        prompt_keys = frozenset(keys)
+                    queued = view.queued_prefill(prompt_keys)
+                match = matches.get(address)
+                rows.append(
+                    (
+                        address,
+                        worker_load,
+                        None if match is None else match.segments,
+                        view.active_blocks,
+                        view.inflight_prefix(keys) if view.inflight_keys else 0,
+                        growth.get(address),
+                        queued,
+                        view.capacity,
+                    )
+                )
+            if not rows:
                 raise Unavailable(
                     f"every ready worker of {pool.name!r} left while routing; see "
                     "GET /router/workers",
                     field="model",
                 )
-            loads = {}
-            prompt_keys: frozenset[int] = frozenset()  # built once, when prefill is queued
-            for s in live:
-                address = s.worker
-                view = pool.members[address].view
-                if view.prefilling_keys and not prompt_keys:
-                    prompt_keys = frozenset(keys)
-                loads[address] = Candidate(
-                    active_blocks=view.active_blocks,
-                    inflight_prefix=view.inflight_prefix(keys),
-                    growth=growth.get(address),
-                    queued_prefill=view.queued_prefill(prompt_keys),
-                    capacity=view.capacity,
-                )
-            costs = cost_workers(live, total, loads, self.cost)
             # Alone, a router sees every decision it makes and takes the cheapest; beside
             # peers, within the slack the prefix and then the rendezvous hash decide, which
             # every replica knows alike (router.policy.cost).
             slack = replica_slack(total, self.cost) if self.placements.replicated else 0
-            costs = choose(
-                costs,
-                self.cost.temperature,
+            ranked = rank(
+                rows,
+                total,
+                self.weights,
+                self.cost,
                 affinity=keys[0] if keys else None,
                 slack=slack,
                 rng=self.rng,
             )
-            best = costs[0]
-            fresh = pool.members[best.worker].view.fresh(keys, best.score.matched_blocks)
-            return Placement(pool.name, best.worker, tuple(keys), fresh, best.prefill_blocks), costs
+            best, prefill = ranked[0][0], ranked[1]
+            fresh = members[best.worker].view.fresh(keys, best.matched_blocks)
+            return Placement(pool.name, best.worker, tuple(keys), fresh, prefill), ranked
 
         if record:
-            costs = await self.placements.place(decide)
-            best = costs[0]
+            ranking, prefill = await self.placements.place(decide)
             # At once, before any await: the next decision prices this one's growth.
-            self.growth.record(pool.name, best.worker, best.prefill_blocks)
+            self.growth.record(pool.name, ranking[0].worker, prefill)
         else:
-            costs = decide()[1]
-            best = costs[0]
+            ranking, prefill = decide()[1]
         if reason is None:
-            reason = "prefix" if best.prefill_blocks < total else "load"
-            if best.worker in untrusted:
+            reason = "prefix" if prefill < total else "load"
+            if ranking[0].worker in untrusted:
                 reason = "keys_unverified"  # routed by load: say why in the decision metrics
-        # Each score with its cost, as dataclasses.replace(c.score, cost=c.cost) makes it
-        # (without replace's walk over the fields on every call).
-        ranking = [
-            WorkerScore(s.worker, s.score, s.matched_blocks, s.load, c.cost)
-            for c in costs
-            for s in (c.score,)
-        ]
         return RouteDecision.first_of(
             ranking, model=pool.name, policy=self.name, total_blocks=total, reason=reason, keys=keys
         )

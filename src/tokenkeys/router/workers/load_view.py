@@ -33,6 +33,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
+from tokenkeys.router.index.table import count_absent, held_prefix
+
 # Weight of the newest request in the running mean of request durations.
 _NEWEST = 0.2
 
@@ -111,7 +113,8 @@ class LoadView:
     def queued_prefill(self, prompt_keys: Set[int]) -> int:
         """Blocks this router's requests there still have to prefill, other than the blocks
         of the prompt (``prompt_keys``: those it would compute itself anywhere else)."""
-        return sum(1 for key in self.prefilling_keys if key not in prompt_keys)
+        # Every block in prefill there, once per candidate and decision: the walk runs in C.
+        return count_absent(self.prefilling_keys, prompt_keys)
 
     def polled(
         self,
@@ -149,13 +152,8 @@ class LoadView:
 
     def inflight_prefix(self, keys: Sequence[int]) -> int:
         """How many leading ``keys`` this router's in-flight requests there reference."""
-        held = self.inflight_keys
-        n = 0
-        for key in keys:
-            if key not in held:
-                break
-            n += 1
-        return n
+        # Up to every block of the prompt, once per candidate and decision: the walk runs in C.
+        return held_prefix(keys, self.inflight_keys)
 
     def fresh(self, keys: Sequence[int], cached: int = 0) -> tuple[int, ...]:
         """The blocks of a prompt (``keys``, its first ``cached`` cached there as far as the

@@ -2,13 +2,15 @@
  * recency order, as a Python type.
  *
  * The slot array is slots.c's; the bulk methods (runs, touch, touch_found, add_keys) are
- * bulk.c's, reading keys as keys.c converts them. The holder sets are Python objects the table
+ * bulk.c's, reading keys as keys.c converts them; the module's walks over a router's counts of
+ * keys in flight are counts.c's. The holder sets are Python objects the table
  * holds a reference to; they never refer back to the table, so no cycle runs through it and
  * the type is not tracked by the cycle collector (a full collection never walks its millions
  * of slots). The pure-Python table (index/table.py, PyKeyTable) has the same methods and the
  * same results; the tests run the index through both.
  */
 #include "bulk.h"
+#include "counts.h"
 #include "keys.h"
 #include "slots.h"
 
@@ -199,6 +201,10 @@ static PyObject *table_nbytes(PyObject *self, PyObject *obj) {
 static PyMethodDef module_methods[] = {
     {"slot_size", slot_size, METH_NOARGS, "Bytes per slot."},
     {"nbytes", table_nbytes, METH_O, "Bytes a table's slot array and header take."},
+    {"held_prefix", (PyCFunction)(void (*)(void))held_prefix, METH_FASTCALL,
+     "How many leading keys of a sequence are in a container."},
+    {"count_absent", (PyCFunction)(void (*)(void))count_absent, METH_FASTCALL,
+     "How many keys of a dict are not in a container."},
     {NULL, NULL, 0, NULL},
 };
 
