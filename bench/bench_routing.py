@@ -439,6 +439,8 @@ def _replica_note(res: dict[str, dict], rows: list[str], systems: int) -> str:
             f"one worker; a peer's entry applied {_ms(r['fold'], 50)} / {_ms(r['fold'], 99)} "
             "p50 / p99 after it was appended"
         )
+        if "moved" in r:
+            figures += f"; {_reconciled(r)}"
         if r.get("took"):  # routers in processes of their own (routing_processes)
             figures += f"; {_took(r)}"
         if "turns" in r and "turns" in one:
@@ -486,6 +488,20 @@ async def _share_cost(url: str, decisions: int = 2000) -> str:
     finally:
         await a.close()
         await b.close()
+
+
+def _reconciled(r: dict) -> str:
+    """A sharing row's later copies of new prompts (``router.replicas.reconcile``): moved
+    before their first output (sent to moved, p50 / max), found past it (first output to the
+    entry, p50 / max), or unmovable."""
+    lead, behind = r["lead"], r["behind"]
+    moved = f"{r['moved']} later copies moved"
+    if lead:
+        moved += f" ({_ms(lead, 50)} / {_ms(lead, 100)} after sent, p50 / max)"
+    late = f"{r['late']} found past their first output"
+    if behind:
+        late += f" ({_ms(behind, 50)} / {_ms(behind, 100)} after it)"
+    return f"{moved}, {late}, {r['unmovable']} unmovable"
 
 
 def _took(r: dict) -> str:
@@ -561,6 +577,12 @@ if __name__ == "__main__":
         repeat = int(sys.argv[sys.argv.index("--replicas") + 1])
         seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
         ports = int(sys.argv[sys.argv.index("--ports") + 1]) if "--ports" in sys.argv else 0
+        if "--replica-slack" in sys.argv:  # the sharing rows' slack (CostWeights.replica_slack)
+            slack = float(sys.argv[sys.argv.index("--replica-slack") + 1])
+            POLICIES = tuple(
+                (n, p, dataclasses.replace(c, replica_slack=slack), r, s)
+                for n, p, c, r, s in POLICIES
+            )
         print(asyncio.run(_replica_rows(repeat, "--processes" in sys.argv, seed, ports)))
     else:
         print(run("--quick" in sys.argv))

@@ -83,6 +83,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "through --redis-url (default: each replica counts only its own)",
     )
     index.add_argument(
+        "--no-replica-reconcile",
+        dest="replica_reconcile",
+        action="store_false",
+        help="with --share-load: leave a request where it was sent when a peer placed the "
+        "same new prompt on another worker at the same instant (default: the later copy moves "
+        "to the earlier's worker before its first output)",
+    )
+    index.add_argument(
         "--index-capacity",
         type=int,
         default=DEFAULT_CAPACITY,
@@ -196,6 +204,7 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> Router
         redis_namespace=args.redis_namespace,
         index_capacity=args.index_capacity,
         share_load=args.share_load,
+        reconcile=args.replica_reconcile,
         transport=args.events,
         poll_interval=args.poll_interval,
         timeout=args.timeout,

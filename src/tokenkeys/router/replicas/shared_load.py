@@ -55,6 +55,7 @@ from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.policy.placement import Placement
 from tokenkeys.router.replicas.contention import Contention, OwnPlacement
 from tokenkeys.router.replicas.peer_flights import PeerFlights
+from tokenkeys.router.replicas.reconcile import Reconciler
 from tokenkeys.router.replicas.shared_stream import (
     ALIVE,
     ANSWERED,
@@ -90,6 +91,13 @@ class SharedLoad(Protocol):
         """This router sent a request (its :class:`Flight`) to ``address`` of ``model``."""
         ...
 
+    def moves(self, flight: Flight) -> asyncio.Future[str] | None:
+        """For a request just :meth:`sent`, that its sender can move before its first output:
+        a future resolved with the worker to move it to, when it turns out to be the later
+        copy of a new prompt a peer placed elsewhere (``router.replicas.reconcile``); None
+        when it never moves."""
+        ...
+
     def answered(self, flight: Flight) -> None:
         """The request's first output arrived (its prefill is done)."""
         ...
@@ -118,6 +126,10 @@ class LocalLoad:
 
     def sent(self, model: str, address: str, flight: Flight) -> None:
         """Nothing to tell."""
+
+    def moves(self, flight: Flight) -> asyncio.Future[str] | None:
+        """Never: one router sees all its own decisions."""
+        return None
 
     def answered(self, flight: Flight) -> None:
         """Nothing to tell."""
@@ -159,6 +171,7 @@ class RedisSharedLoad:
         heartbeat: float = 1.0,
         peer_timeout: float = 5.0,
         timeout: float = 1.0,
+        reconcile: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
@@ -186,6 +199,9 @@ class RedisSharedLoad:
         self._ledgers: Ledgers | None = None
         #: Decisions made here and by peers without each other (``router.replicas.contention``).
         self.contention = Contention(clock=clock)
+        #: This replica's later copies of new prompts, found in the stream's order.
+        self.reconciler = Reconciler(self.replica, self.member, clock=clock)
+        self._reconcile = reconcile
         #: Changes not appended because Redis could not be reached (for /metrics, tests).
         self.dropped = 0
         #: Changes appended, and the ``XADD`` calls (batches) that carried them.
@@ -237,18 +253,28 @@ class RedisSharedLoad:
         own = self.contention.decided(model, address, flight.keys, flight.fresh)
         change = [PLACED, serial, model, address, list(flight.keys), list(flight.fresh), growth]
         self._post([*change, self._cursor.id], own)
+        if self._reconcile:
+            self.reconciler.sent(serial, model, flight)
+
+    def moves(self, flight: Flight) -> asyncio.Future[str] | None:
+        """Resolved with the worker a peer placed this request's new prompt on first
+        (``router.replicas.reconcile``), while no output of it has arrived."""
+        serial = self._serials.get(id(flight))
+        return None if serial is None else self.reconciler.movable(serial)
 
     def answered(self, flight: Flight) -> None:
         """Tell the end of the flight's prefill."""
         serial = self._serials.get(id(flight))
         if serial is not None:
             self._post([ANSWERED, serial])
+            self.reconciler.answered(serial)
 
     def finished(self, flight: Flight) -> None:
         """Tell the flight's end."""
         serial = self._serials.pop(id(flight), None)
         if serial is not None:
             self._post([FINISHED, serial])
+            self.reconciler.finished(serial)
 
     def _unclaimed(self) -> None:
         """Tell the growth of decisions whose request never went out in time, alone."""
@@ -319,6 +345,7 @@ class RedisSharedLoad:
             finally:
                 self.following = False
                 self._peers.end_all()
+                self.reconciler.reset()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             delay = min(delay * 2, 2.0)
@@ -326,9 +353,12 @@ class RedisSharedLoad:
     def _take(self, raw: Any) -> None:
         now_ms = time.time() * 1000
         for at, replica, data in self._cursor.after(raw):
+            message = msgpack.unpackb(data)
             if replica.decode() != self.replica:
                 self.fold_lag.append(max(now_ms - at[0], 0.0) / 1000)
-                self.apply(msgpack.unpackb(data), at)
+                self.apply(message, at)
+            if self._reconcile:  # every replica's entries, this one's too, in the stream's order
+                self.reconciler.entry(message[0], message[1], at)
 
     def apply(self, message: list[Any], at: tuple[int, int] = (0, 0)) -> None:
         """Apply one appended batch (``[replica, changes]``, stream entry ``at``); this
