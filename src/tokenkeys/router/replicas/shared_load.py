@@ -151,6 +151,12 @@ _CLAIM_SECONDS = 2.0
 _LAGS = 100_000
 
 
+def _resolve(wake: asyncio.Future[None] | None) -> None:
+    """Wake the publisher waiting on ``wake`` (if it waits)."""
+    if wake is not None and not wake.done():
+        wake.set_result(None)
+
+
 class RedisSharedLoad:
     """:class:`SharedLoad` over a Redis stream (see the module doc).
 
@@ -184,7 +190,9 @@ class RedisSharedLoad:
         self._block_ms = max(int(1000 * min(heartbeat, timeout / 2)), 1)
         self._outbox: list[list[Any]] = []
         self._outbox_own: list[OwnPlacement] = []
-        self._wake = asyncio.Event()
+        # Resolved to wake the publisher (a change posted, or stopping); None while it is
+        # not waiting.
+        self._wake: asyncio.Future[None] | None = None
         self._stopping = asyncio.Event()
         self._serials: dict[int, int] = {}  # id(own flight) -> serial
         self._next = 0
@@ -218,7 +226,7 @@ class RedisSharedLoad:
         self._outbox.append(item)
         if own is not None:
             self._outbox_own.append(own)
-        self._wake.set()
+        _resolve(self._wake)
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """Decide on this replica's memory, at once; the decision's growth is told with its
@@ -297,10 +305,20 @@ class RedisSharedLoad:
         self._tasks = [asyncio.create_task(self._publish()), asyncio.create_task(self._follow())]
 
     async def _publish(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.heartbeat)
-            self._wake.clear()
+            if not self._outbox:
+                # Until a change is posted or a heartbeat is due. A plain future wakes this
+                # task in the loop's next turn; an Event under wait_for took two more turns,
+                # in which a burst's requests went out to the workers ahead of the batch
+                # telling the peers of them (and of the copies to reconcile).
+                self._wake = wake = loop.create_future()
+                timer = loop.call_later(self.heartbeat, _resolve, wake)
+                try:
+                    await wake
+                finally:
+                    timer.cancel()
+                    self._wake = None
             self._unclaimed()
             batch, self._outbox = self._outbox, []
             owns, self._outbox_own = self._outbox_own, []
@@ -353,8 +371,11 @@ class RedisSharedLoad:
     def _take(self, raw: Any) -> None:
         now_ms = time.time() * 1000
         for at, replica, data in self._cursor.after(raw):
+            mine = replica.decode() == self.replica
+            if mine and not self._reconcile:
+                continue
             message = msgpack.unpackb(data)
-            if replica.decode() != self.replica:
+            if not mine:
                 self.fold_lag.append(max(now_ms - at[0], 0.0) / 1000)
                 self.apply(message, at)
             if self._reconcile:  # every replica's entries, this one's too, in the stream's order
@@ -382,7 +403,7 @@ class RedisSharedLoad:
         # The tasks stop between two calls (a read blocks for at most ``_block_ms``): a task
         # cancelled inside redis-py's blocking read may never finish.
         self._stopping.set()
-        self._wake.set()
+        _resolve(self._wake)
         tasks, self._tasks = self._tasks, []
         if tasks:
             timeout = 2 * self._timeout + self._block_ms / 1000
