@@ -177,9 +177,13 @@ async def _run_policy(
 
 
 async def _shared_ready(services: list[RoutingService]) -> None:
-    """Wait until every replica follows the shared channel (when there is one)."""
+    """Wait until every replica follows the shared channel and has appended to it (its first
+    sign of life: the connection its batches use is open) when there is one."""
     for _ in range(200):
-        if all(getattr(s.shared, "following", True) for s in services):
+        if all(
+            getattr(s.shared, "following", True) and getattr(s.shared, "batches", 1)
+            for s in services
+        ):
             return
         await asyncio.sleep(0.02)
 

@@ -19,7 +19,6 @@ variable), which the HTTP layer turns into ``x-tokenkeys-*`` response headers.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -31,6 +30,7 @@ from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
+from tokenkeys.router.replicas.reconcile import Moved, unless_moved
 from tokenkeys.router.replicas.shared_load import LocalLoad, SharedLoad
 from tokenkeys.router.workers.registry import WorkerRegistry
 
@@ -139,13 +139,12 @@ class RoutedEngine:
                     ids, params, context, request_id=request_id, lora_name=lora_name
                 )
                 async with contextlib.aclosing(outputs) as stream:
-                    if move is None:
-                        output = await anext(stream, _EMPTY)
-                    else:
-                        output = await _first(stream, move)
-                    if output is None:  # a later copy of a new prompt: to the peer's worker
-                        to = move.result()  # type: ignore[union-attr]
+                    first = anext(stream, _EMPTY)
+                    try:
+                        output = await (first if move is None else unless_moved(first, move))
+                    except Moved as moved:  # a later copy of a new prompt: to the peer's worker
                         metrics.requests.labels(address, "moved").inc()
+                        to = moved.worker
                         targets = [to, address, *(a for a in targets if a != to)]
                         movable = False
                         continue
@@ -187,22 +186,3 @@ class RoutedEngine:
 
 #: The stream ended (before any output, or after the last).
 _EMPTY: Any = object()
-
-
-async def _first(
-    stream: AsyncIterator[GenerateOutput], move: asyncio.Future[str]
-) -> GenerateOutput | None:
-    """The stream's first output, or None when ``move`` resolves before it arrives: the
-    attempt is then cancelled (its worker aborts the request, as for a client that went away).
-    An output arriving in the same instant as the move wins: the client may already see it."""
-    step = asyncio.ensure_future(anext(stream, _EMPTY))
-    try:
-        await asyncio.wait((step, move), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not step.done():
-            step.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await step
-    if step.cancelled():
-        return None
-    return step.result()

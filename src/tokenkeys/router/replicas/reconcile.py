@@ -32,14 +32,17 @@ output. One router never reconciles (``LocalLoad``: it sees all its own decision
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tokenkeys.router.replicas.shared_stream import FINISHED, PLACED, entry_id
 from tokenkeys.router.workers.load_view import Flight
+
+T = TypeVar("T")
 
 #: How many reconciliation timings are kept (:attr:`Reconciler.lead`, :attr:`Reconciler.behind`).
 _TIMINGS = 100_000
@@ -195,3 +198,29 @@ class Reconciler:
         """Forget every claim (the stream is lost: its order is no longer known here)."""
         self._claims.clear()
         self._claimed.clear()
+
+
+class Moved(Exception):
+    """The request is a later copy: send it to ``worker`` instead (:func:`unless_moved`)."""
+
+    def __init__(self, worker: str) -> None:
+        super().__init__(worker)
+        self.worker = worker
+
+
+async def unless_moved(call: Awaitable[T], move: asyncio.Future[str]) -> T:
+    """``call``'s result (its first output, or its answer's head), or :class:`Moved` when
+    ``move`` resolves first: ``call`` is then cancelled, which aborts the request at its
+    worker as a client going away does. A result arriving in the same instant wins (the
+    client may see it)."""
+    step = asyncio.ensure_future(call)
+    try:
+        await asyncio.wait((step, move), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not step.done():
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await step
+    if step.cancelled():
+        raise Moved(move.result())
+    return step.result()

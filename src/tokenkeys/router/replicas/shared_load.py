@@ -306,8 +306,13 @@ class RedisSharedLoad:
 
     async def _publish(self) -> None:
         loop = asyncio.get_running_loop()
+        # The first sign of life goes out at once: it opens the connection the batches use,
+        # which the first burst would otherwise wait for (a connect and handshake of several
+        # round trips, each a turn of a loop busy deciding: 175 ms in bench_routing's first
+        # round, when its first outputs came after 115 ms).
+        announce = True
         while not self._stopping.is_set():
-            if not self._outbox:
+            if not self._outbox and not announce:
                 # Until a change is posted or a heartbeat is due. A plain future wakes this
                 # task in the loop's next turn; an Event under wait_for took two more turns,
                 # in which a burst's requests went out to the workers ahead of the batch
@@ -319,6 +324,7 @@ class RedisSharedLoad:
                 finally:
                     timer.cancel()
                     self._wake = None
+            announce = False
             self._unclaimed()
             batch, self._outbox = self._outbox, []
             owns, self._outbox_own = self._outbox_own, []
