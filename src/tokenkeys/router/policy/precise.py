@@ -144,6 +144,14 @@ class PrecisePolicy:
             # peers, within the slack the prefix and then the rendezvous hash decide, which
             # every replica knows alike (router.policy.cost).
             slack = replica_slack(total, self.cost) if self.placements.replicated else 0
+            if (
+                slack
+                and self.placements.reconciles
+                and all(c.prefill_blocks >= total for c in costs)
+            ):
+                # New everywhere: balanced by cost as one router's; where two replicas part
+                # on it, the later copy is moved after the decision (router.replicas.reconcile).
+                slack = 0
             costs = choose(
                 costs,
                 self.cost.temperature,

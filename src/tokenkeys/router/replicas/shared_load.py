@@ -82,6 +82,8 @@ class SharedLoad(Protocol):
 
     #: True: peers decide beside this replica (``router.policy.placement``).
     replicated: bool
+    #: True: this replica moves its later copies of new prompts (``router.replicas.reconcile``).
+    reconciles: bool
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """Run a decision (``router.policy.placement``); what it placed is told later."""
@@ -119,6 +121,7 @@ class LocalLoad:
     """Shares nothing: every router counts only its own requests."""
 
     replicated = False
+    reconciles = False
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """The decision as made."""
@@ -209,7 +212,7 @@ class RedisSharedLoad:
         self.contention = Contention(clock=clock)
         #: This replica's later copies of new prompts, found in the stream's order.
         self.reconciler = Reconciler(self.replica, self.member, clock=clock)
-        self._reconcile = reconcile
+        self._reconcile = self.reconciles = reconcile
         #: Changes not appended because Redis could not be reached (for /metrics, tests).
         self.dropped = 0
         #: Changes appended, and the ``XADD`` calls (batches) that carried them.
