@@ -290,7 +290,7 @@ class FrontDoor:
             try:
                 opening = self.relay.open(url + scope["path"], opened.raw, scope["headers"], sent)
                 if move is not None:
-                    opening = unless_moved(opening, move)
+                    opening = unless_moved(opening, move, Reply.close)
                 response = await unless_gone(request, opening)
                 if response.status == 503 and order:
                     response.close()

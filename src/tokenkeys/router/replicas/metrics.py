@@ -12,7 +12,8 @@
 - ``reconciled_total{outcome}``: this replica's later copies of a new prompt a peer placed on
   another worker at the same instant (``router.replicas.reconcile``): ``moved`` to the peer's
   worker before their first output, ``late`` (found past it: left where they were),
-  ``unmovable`` (sent by a path that cannot move them: the HTTP front door).
+  ``unmovable`` (the peer's worker is not in this replica's pool, or the request's sender
+  cannot move it).
 
 Read when scraped (a custom collector), so nothing on the decision path counts for it.
 """

@@ -20,8 +20,10 @@ split is repaired after the decision, off its path, before the request's first o
   worker (``router.routed_engine``). The client sees one answer, the other worker's.
 - Because the order is the stream's and every replica applies the same rule to it, exactly the
   later copies move, never the first, and no two replicas disagree on which is which. A later
-  copy past its first output stays where it is (counted: ``late``); one whose sender cannot
-  move it (a request forwarded over HTTP by the front door) stays too (``unmovable``).
+  copy past its first output stays where it is (counted: ``late``); so does one whose sender
+  cannot move it or whose peer's worker is not in this replica's pool (``unmovable``). The
+  front door (``router.forwarding.door``) moves a request until its answer's head arrives:
+  whole answers move, streamed ones mostly not (their head comes at once).
 
 The decision stays immediate and local: nothing here runs on its path. What a move costs is a
 prefill begun and dropped at the first worker (its blocks may stay in that worker's cache, as a
@@ -208,11 +210,14 @@ class Moved(Exception):
         self.worker = worker
 
 
-async def unless_moved(call: Awaitable[T], move: asyncio.Future[str]) -> T:
+async def unless_moved(
+    call: Awaitable[T], move: asyncio.Future[str], discard: Callable[[T], None] | None = None
+) -> T:
     """``call``'s result (its first output, or its answer's head), or :class:`Moved` when
     ``move`` resolves first: ``call`` is then cancelled, which aborts the request at its
-    worker as a client going away does. A result arriving in the same instant wins (the
-    client may see it)."""
+    worker as a client going away does. Both ready in one instant (a loop that was busy
+    while both arrived): the move wins, since nothing of the result has reached the client
+    yet; ``discard`` releases that result (an answer's open connection)."""
     step = asyncio.ensure_future(call)
     try:
         await asyncio.wait((step, move), return_when=asyncio.FIRST_COMPLETED)
@@ -221,6 +226,8 @@ async def unless_moved(call: Awaitable[T], move: asyncio.Future[str]) -> T:
             step.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await step
-    if step.cancelled():
+    if move.done() and not move.cancelled():
+        if not step.cancelled() and step.exception() is None and discard is not None:
+            discard(step.result())
         raise Moved(move.result())
     return step.result()
