@@ -6,7 +6,8 @@ model's growth). Replicas behind one load balancer each see only their share of 
 two of them may send two new prefixes to one worker before any event or load poll shows it.
 :class:`SharedLoad` is how they tell each other:
 
-- :class:`LocalLoad` shares nothing (one router; today's behaviour).
+- :class:`LocalLoad` shares nothing (one router; today's behaviour; it and the
+  :class:`SharedLoad` protocol live in ``router.replicas.sharing``).
 - :class:`RedisSharedLoad` appends every request it sends (its worker, block keys, the blocks
   it prefills there, the growth its decision priced), every first output and end to one Redis
   stream of the namespace (``router.replicas.shared_stream``), and applies what the other
@@ -45,7 +46,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import msgpack
 
@@ -67,85 +68,13 @@ from tokenkeys.router.replicas.shared_stream import (
     Cursor,
     stream_key,
 )
+from tokenkeys.router.replicas.sharing import Ledgers, LocalLoad, SharedLoad, T
 from tokenkeys.router.workers.load_view import Flight
 from tokenkeys.router.workers.pool import Pool
 
 log = logging.getLogger(__name__)
 
-Ledgers = Callable[[str], GrowthLedger]
-T = TypeVar("T")
-
-
-class SharedLoad(Protocol):
-    """Tells other router replicas what this one sent; applies what they sent. It is also
-    the policy's :class:`~tokenkeys.router.policy.placement.Placements`."""
-
-    #: True: peers decide beside this replica (``router.policy.placement``).
-    replicated: bool
-    #: True: this replica moves its later copies of new prompts (``router.replicas.reconcile``).
-    reconciles: bool
-
-    async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """Run a decision (``router.policy.placement``); what it placed is told later."""
-        ...
-
-    def sent(self, model: str, address: str, flight: Flight) -> None:
-        """This router sent a request (its :class:`Flight`) to ``address`` of ``model``."""
-        ...
-
-    def moves(self, flight: Flight) -> asyncio.Future[str] | None:
-        """For a request just :meth:`sent`, that its sender can move before its first output:
-        a future resolved with the worker to move it to, when it turns out to be the later
-        copy of a new prompt a peer placed elsewhere (``router.replicas.reconcile``); None
-        when it never moves."""
-        ...
-
-    def answered(self, flight: Flight) -> None:
-        """The request's first output arrived (its prefill is done)."""
-        ...
-
-    def finished(self, flight: Flight) -> None:
-        """The request finished or failed."""
-        ...
-
-    async def start(self, pools: Mapping[str, Pool], ledgers: Ledgers) -> None:
-        """Begin sharing: peers' flights go to ``pools``' load views, growth to ``ledgers``."""
-        ...
-
-    async def close(self) -> None:
-        """Stop sharing (idempotent)."""
-        ...
-
-
-class LocalLoad:
-    """Shares nothing: every router counts only its own requests."""
-
-    replicated = False
-    reconciles = False
-
-    async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """The decision as made."""
-        return decide()[1]
-
-    def sent(self, model: str, address: str, flight: Flight) -> None:
-        """Nothing to tell."""
-
-    def moves(self, flight: Flight) -> asyncio.Future[str] | None:
-        """Never: one router sees all its own decisions."""
-        return None
-
-    def answered(self, flight: Flight) -> None:
-        """Nothing to tell."""
-
-    def finished(self, flight: Flight) -> None:
-        """Nothing to tell."""
-
-    async def start(self, pools: Mapping[str, Pool], ledgers: Ledgers) -> None:
-        """Nothing to follow."""
-
-    async def close(self) -> None:
-        """Nothing to close."""
-
+__all__ = ["LocalLoad", "RedisSharedLoad", "SharedLoad"]
 
 #: Seconds a decision's growth waits for its request (``sent``) before it is told alone (its
 #: worker left the pool before the request went out).
