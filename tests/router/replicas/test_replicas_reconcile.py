@@ -26,7 +26,7 @@ from routing_support import SYSTEM, engine_models, wait_until
 from tokenkeys.engine.protocol import GenerateOutput
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.policy.decision import RouteRequest
-from tokenkeys.router.replicas.reconcile import Reconciler
+from tokenkeys.router.replicas.reconcile import Moved, Reconciler, unless_moved
 from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.replicas.shared_stream import PLACED, entry_id, stream_key
 from tokenkeys.router.routed_engine import RouteNote, current_note
@@ -279,3 +279,21 @@ async def test_the_rule_applies_to_the_streams_order_alone():
     # The request ends where it was moved from: counted once, as moved.
     two.finished(1)
     assert (two.moved, two.late, one.moved) == (1, 0, 0)
+
+
+async def test_a_move_found_in_the_instant_of_the_answer_wins_and_releases_it():
+    loop = asyncio.get_running_loop()
+    move: asyncio.Future[str] = loop.create_future()
+    move.set_result("x")
+    answer: asyncio.Future[str] = loop.create_future()
+    answer.set_result("the answer's open head")
+    released: list[str] = []
+    with pytest.raises(Moved) as moved:
+        await unless_moved(answer, move, released.append)
+    assert moved.value.worker == "x" and released == ["the answer's open head"]
+    # No move: the answer as it came, nothing released.
+    pending: asyncio.Future[str] = loop.create_future()
+    again: asyncio.Future[str] = loop.create_future()
+    again.set_result("answer")
+    assert await unless_moved(again, pending, released.append) == "answer"
+    assert released == ["the answer's open head"]

@@ -34,7 +34,6 @@ output. One router never reconciles (``LocalLoad``: it sees all its own decision
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -221,13 +220,19 @@ async def unless_moved(
     step = asyncio.ensure_future(call)
     try:
         await asyncio.wait((step, move), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not step.done():
-            step.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await step
+    except BaseException:  # the caller is cancelled (its client went away)
+        await _drop(step, discard)
+        raise
     if move.done() and not move.cancelled():
-        if not step.cancelled() and step.exception() is None and discard is not None:
-            discard(step.result())
+        await _drop(step, discard)
         raise Moved(move.result())
     return step.result()
+
+
+async def _drop(step: asyncio.Future[T], discard: Callable[[T], None] | None) -> None:
+    """Cancel ``step`` (or release what it returned); whatever it raised is left unread."""
+    if not step.done():
+        step.cancel()
+        await asyncio.wait((step,))
+    if not step.cancelled() and step.exception() is None and discard is not None:
+        discard(step.result())
