@@ -450,7 +450,7 @@ def _replica_note(res: dict[str, dict], rows: list[str], systems: int) -> str:
         if "turns" in r and "turns" in one:
             figures += f"; {attribution(one, r, systems)}"
         figures += ")"
-        parts.append(f"{n.split(', ')[1]} **{r['hit'] / one['hit']:.2f}x**{figures}")
+        parts.append(f"{n.split(', ')[1]} **{r['hit'] / one['hit']:.3f}x**{figures}")
     return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."
 
 

@@ -124,9 +124,10 @@ def register(sub: argparse._SubParsersAction) -> None:
          "samples workers, cheaper ones more often"),
         ("--replica-slack", d.replica_slack, "with --share-load: among the workers at most "
          "this many prompts' worth dearer than the cheapest, the one caching most of the prompt "
-         "takes it, a prompt cached nowhere going to the rendezvous-hash worker of its first "
-         "block (router replicas then agree on it without talking); 0 always takes the "
-         "cheapest"),
+         "takes it; with --no-replica-reconcile a prompt cached nowhere goes to the "
+         "rendezvous-hash worker of its first block (router replicas then agree on it without "
+         "talking; reconciling replicas send it to the cheapest and undo a split after); 0 "
+         "always takes the cheapest"),
     ):  # fmt: skip
         cost.add_argument(
             option, type=float, default=default, metavar="X", help=f"{what} (default {default})"
