@@ -28,7 +28,7 @@ from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.policy.decision import RouteRequest
 from tokenkeys.router.replicas.reconcile import Moved, Reconciler, unless_moved
 from tokenkeys.router.replicas.shared_load import RedisSharedLoad
-from tokenkeys.router.replicas.shared_stream import PLACED, entry_id, stream_key
+from tokenkeys.router.replicas.shared_stream import FINISHED, PLACED, entry_id, stream_key
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RoutingConfig
 from tokenkeys.router.workers.load_view import Flight
@@ -279,6 +279,21 @@ async def test_the_rule_applies_to_the_streams_order_alone():
     # The request ends where it was moved from: counted once, as moved.
     two.finished(1)
     assert (two.moved, two.late, one.moved) == (1, 0, 0)
+
+
+async def test_a_claim_ends_with_its_request_or_after_the_window():
+    now = [0.0]
+    one = Reconciler("r1", lambda m, a: object(), window=10.0, clock=lambda: now[0])
+    keys = [7, 8]
+    one.entry("r2", [[PLACED, 1, "m", "x", keys, keys, 2.0, "0-0"]], (5, 0))
+    assert one.claimant("m", 7) == "x"
+    one.entry("r2", [[FINISHED, 1]], (6, 0))
+    assert one.claimant("m", 7) is None  # its request ended: the next placement claims
+    one.entry("r2", [[PLACED, 2, "m", "y", keys, keys, 2.0, "6-0"]], (7, 0))
+    assert one.claimant("m", 7) == "y"
+    now[0] = 10.5  # its end never told (a change Redis did not take): gone after the window
+    one.entry("r3", [[PLACED, 1, "m", "z", [9], [9], 1.0, "7-0"]], (8, 0))
+    assert one.claimant("m", 7) is None and one.claimant("m", 9) == "z"
 
 
 async def test_a_move_found_in_the_instant_of_the_answer_wins_and_releases_it():

@@ -95,6 +95,7 @@ class Reconciler:
         self.clock = clock
         self._claims: dict[tuple[str, int], _Claim] = {}
         self._claimed: dict[tuple[str, int], tuple[str, int]] = {}  # (replica, serial) -> key
+        self._order: deque[tuple[tuple[str, int], _Claim]] = deque()  # claims, oldest first
         self._own: dict[int, _Own] = {}
         #: Later copies moved before their first output; those found past it (left where they
         #: were, and those whose output arrived in the instant of the move); those whose
@@ -124,8 +125,8 @@ class Reconciler:
         return own.move
 
     def answered(self, serial: int) -> None:
-        """The request's first output arrived: it is no longer moved. A move found in the same
-        instant and not taken counts as late."""
+        """The request's first output reached its sender: it is no longer moved. (A sender
+        that took an output over a move found in the same instant: counted as late.)"""
         own = self._own.get(serial)
         if own is None or own.first is not None:
             return
@@ -164,12 +165,12 @@ class Reconciler:
             return  # not new where it went: nothing of it to claim
         key = (model, keys[0])
         now = self.clock()
+        self._expire(now)
         claim = self._claims.get(key)
-        if claim is None or now - claim.read > self.window:
-            if claim is not None:
-                self._claimed.pop((claim.replica, claim.serial), None)
-            self._claims[key] = _Claim(replica, serial, worker, at, now)
+        if claim is None:
+            claim = self._claims[key] = _Claim(replica, serial, worker, at, now)
             self._claimed[(replica, serial)] = key
+            self._order.append((key, claim))
             return
         if replica != self.replica or claim.replica == replica or claim.worker == worker:
             return  # a peer's later copy is the peer's to move; one replica's own never split
@@ -185,10 +186,20 @@ class Reconciler:
         elif own.move is None or self.member(model, claim.worker) is None:
             self.unmovable += 1
         elif not own.move.done():
-            # Counted when the request ends or answers: its sender may still see an output
-            # arrive in this instant and keep the request where it is.
+            # Counted as moved when the attempt ends (cancelled by its sender, which then
+            # sends it to the claim's worker).
             own.move.set_result(claim.worker)
             own.found = now
+
+    def _expire(self, now: float) -> None:
+        """Drop the claims read more than ``window`` seconds ago (their end may never come:
+        a change Redis did not take, a peer gone), oldest first."""
+        order = self._order
+        while order and now - order[0][1].read > self.window:
+            key, claim = order.popleft()
+            if self._claims.get(key) is claim:
+                del self._claims[key]
+                self._claimed.pop((claim.replica, claim.serial), None)
 
     def claimant(self, model: str, first_key: int) -> str | None:
         """The worker that holds the claim on a new prompt's first block now, or None."""
@@ -199,6 +210,7 @@ class Reconciler:
         """Forget every claim (the stream is lost: its order is no longer known here)."""
         self._claims.clear()
         self._claimed.clear()
+        self._order.clear()
 
 
 class Moved(Exception):
