@@ -47,7 +47,10 @@ of each other (``router.replicas.contention``) and where the cached tokens they 
 one router went, turn by turn (``routing_attribution``); ``--seed S`` draws run ``i``'s
 questions and load balancer picks from seed ``S + i`` (0: the full section's), ``--ports P``
 puts the engines on fixed ports from ``P`` (the same rendezvous orders, so two codes compared
-on one seed see the same first round); ``--processes``
+on one seed see the same first round); ``--no-reconcile`` runs the sharing rows without moving
+later copies of split prompts (``router.replicas.reconcile``; each row says how many it moved,
+how many it found past their first output and how long after sending),
+``--replica-slack X`` with that slack (``CostWeights.replica_slack``); ``--processes``
 runs each of those routers in a process of its own, as an operator does
 (``routing_processes``). ``routing_round0`` models the first round of those rows alone.
 """
