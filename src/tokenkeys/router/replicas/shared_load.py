@@ -21,7 +21,10 @@ decision path makes no network call, and Redis being slow or away never delays a
 The price: two replicas deciding within the same moment (before either's entry reached the
 other) decide without each other. That is counted, not hidden (``router.replicas.contention``:
 prefixes placed on two workers at once and computed twice, unrelated new prefixes piled on one
-worker), and exported on /metrics (``router.replicas.metrics``).
+worker), and exported on /metrics (``router.replicas.metrics``). A split is then undone after
+the decision: reading the stream in its one order (its own entries included), a replica moves
+its later copy of a new prompt to the worker a peer's earlier entry placed it on, before the
+copy's first output (``router.replicas.reconcile``).
 
 This follows Dynamo's router replica sync (ai-dynamo/dynamo ``lib/llm/src/kv_router/
 sequence.rs``, ``--router-replica-sync``: each replica broadcasts its active-sequence events to
