@@ -47,7 +47,10 @@ of each other (``router.replicas.contention``) and where the cached tokens they 
 one router went, turn by turn (``routing_attribution``); ``--seed S`` draws run ``i``'s
 questions and load balancer picks from seed ``S + i`` (0: the full section's), ``--ports P``
 puts the engines on fixed ports from ``P`` (the same rendezvous orders, so two codes compared
-on one seed see the same first round); ``--processes``
+on one seed see the same first round); ``--no-reconcile`` runs the sharing rows without moving
+later copies of split prompts (``router.replicas.reconcile``; each row says how many it moved,
+how many it found past their first output and how long after sending),
+``--replica-slack X`` with that slack (``CostWeights.replica_slack``); ``--processes``
 runs each of those routers in a process of its own, as an operator does
 (``routing_processes``). ``routing_round0`` models the first round of those rows alone.
 """
@@ -177,9 +180,13 @@ async def _run_policy(
 
 
 async def _shared_ready(services: list[RoutingService]) -> None:
-    """Wait until every replica follows the shared channel (when there is one)."""
+    """Wait until every replica follows the shared channel and has appended to it (its first
+    sign of life: the connection its batches use is open) when there is one."""
     for _ in range(200):
-        if all(getattr(s.shared, "following", True) for s in services):
+        if all(
+            getattr(s.shared, "following", True) and getattr(s.shared, "batches", 1)
+            for s in services
+        ):
             return
         await asyncio.sleep(0.02)
 
@@ -439,12 +446,14 @@ def _replica_note(res: dict[str, dict], rows: list[str], systems: int) -> str:
             f"one worker; a peer's entry applied {_ms(r['fold'], 50)} / {_ms(r['fold'], 99)} "
             "p50 / p99 after it was appended"
         )
+        if "moved" in r:
+            figures += f"; {_reconciled(r)}"
         if r.get("took"):  # routers in processes of their own (routing_processes)
             figures += f"; {_took(r)}"
         if "turns" in r and "turns" in one:
             figures += f"; {attribution(one, r, systems)}"
         figures += ")"
-        parts.append(f"{n.split(', ')[1]} **{r['hit'] / one['hit']:.2f}x**{figures}")
+        parts.append(f"{n.split(', ')[1]} **{r['hit'] / one['hit']:.3f}x**{figures}")
     return "Replicas sharing their load, against one router: " + "; ".join(parts) + "."
 
 
@@ -486,6 +495,20 @@ async def _share_cost(url: str, decisions: int = 2000) -> str:
     finally:
         await a.close()
         await b.close()
+
+
+def _reconciled(r: dict) -> str:
+    """A sharing row's later copies of new prompts (``router.replicas.reconcile``): moved
+    before their first output (sent to moved, p50 / max), found past it (first output to the
+    entry, p50 / max), or unmovable."""
+    lead, behind = r["lead"], r["behind"]
+    moved = f"{r['moved']} later copies moved"
+    if lead:
+        moved += f" ({_ms(lead, 50)} / {_ms(lead, 100)} after sent, p50 / max)"
+    late = f"{r['late']} found past their first output"
+    if behind:
+        late += f" ({_ms(behind, 50)} / {_ms(behind, 100)} after it)"
+    return f"{moved}, {late}, {r['unmovable']} unmovable"
 
 
 def _took(r: dict) -> str:
@@ -561,6 +584,12 @@ if __name__ == "__main__":
         repeat = int(sys.argv[sys.argv.index("--replicas") + 1])
         seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
         ports = int(sys.argv[sys.argv.index("--ports") + 1]) if "--ports" in sys.argv else 0
+        if "--replica-slack" in sys.argv:  # the sharing rows' slack (CostWeights.replica_slack)
+            slack = float(sys.argv[sys.argv.index("--replica-slack") + 1])
+            POLICIES = tuple(
+                (n, p, dataclasses.replace(c, replica_slack=slack), r, s)
+                for n, p, c, r, s in POLICIES
+            )
         print(asyncio.run(_replica_rows(repeat, "--processes" in sys.argv, seed, ports)))
     else:
         print(run("--quick" in sys.argv))

@@ -157,7 +157,14 @@ def sharing_figures(shared: list[object]) -> dict:
     (``router.replicas.contention``, ``RedisSharedLoad.fold_lag``); zeros for one router."""
     loads = [s for s in shared if isinstance(s, RedisSharedLoad)]
     out = {"concurrent": 0, "split": 0, "split_blocks": 0, "piled": 0, "fold": [], "batches": 0}
+    out.update({"moved": 0, "late": 0, "unmovable": 0, "lead": [], "behind": []})
     for s in loads:
+        m = s.reconciler
+        out["moved"] += m.moved
+        out["late"] += m.late
+        out["unmovable"] += m.unmovable
+        out["lead"] += list(m.lead)
+        out["behind"] += list(m.behind)
         c = s.contention
         out["concurrent"] += c.concurrent
         out["split"] += c.split
@@ -269,11 +276,16 @@ def finish(result: dict, served: Counter[str]) -> dict:
     return result
 
 
+#: Whether sharing replicas reconcile their later copies of a new prompt (``--no-reconcile``
+#: turns it off, to compare the two on the same seeds).
+RECONCILE = "--no-reconcile" not in sys.argv
+
+
 def router_config(
     engines: list, policy: str, cost: CostWeights, cache: str, share_url: str | None
 ) -> RoutingConfig:
     """The routers' configuration over ``engines``; with ``share_url`` they share their load
-    through it, in a namespace of their own."""
+    through it, in a namespace of their own (and reconcile, unless ``--no-reconcile``)."""
     return RoutingConfig(
         workers=tuple(e.address for e in engines),
         policy=policy,
@@ -283,4 +295,5 @@ def router_config(
         redis_url=share_url,
         redis_namespace=f"bench-{uuid.uuid4().hex[:8]}",
         share_load=share_url is not None,
+        reconcile=RECONCILE,
     )

@@ -83,6 +83,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "through --redis-url (default: each replica counts only its own)",
     )
     index.add_argument(
+        "--no-replica-reconcile",
+        dest="replica_reconcile",
+        action="store_false",
+        help="with --share-load: leave a request where it was sent when a peer placed the "
+        "same new prompt on another worker at the same instant (default: the later copy moves "
+        "to the earlier's worker before its first output)",
+    )
+    index.add_argument(
         "--index-capacity",
         type=int,
         default=DEFAULT_CAPACITY,
@@ -116,9 +124,10 @@ def register(sub: argparse._SubParsersAction) -> None:
          "samples workers, cheaper ones more often"),
         ("--replica-slack", d.replica_slack, "with --share-load: among the workers at most "
          "this many prompts' worth dearer than the cheapest, the one caching most of the prompt "
-         "takes it, a prompt cached nowhere going to the rendezvous-hash worker of its first "
-         "block (router replicas then agree on it without talking); 0 always takes the "
-         "cheapest"),
+         "takes it; with --no-replica-reconcile a prompt cached nowhere goes to the "
+         "rendezvous-hash worker of its first block (router replicas then agree on it without "
+         "talking; reconciling replicas send it to the cheapest and undo a split after); 0 "
+         "always takes the cheapest"),
     ):  # fmt: skip
         cost.add_argument(
             option, type=float, default=default, metavar="X", help=f"{what} (default {default})"
@@ -196,6 +205,7 @@ def config_from(args: argparse.Namespace, *, reuse_port: bool = False) -> Router
         redis_namespace=args.redis_namespace,
         index_capacity=args.index_capacity,
         share_load=args.share_load,
+        reconcile=args.replica_reconcile,
         transport=args.events,
         poll_interval=args.poll_interval,
         timeout=args.timeout,

@@ -27,7 +27,9 @@ class RouterMetrics:
       and blocks the chosen worker was expected to hold (their ratio is the expected hit rate);
     - ``route_seconds{policy}``: time to decide (keys, lookup, scoring);
     - ``requests_total{worker, outcome}``: forwarded requests (``ok``, ``failed``,
-      ``retried``: the worker failed before answering and another one was tried);
+      ``retried``: the worker failed before answering and another one was tried; ``moved``:
+      a replica's later copy of a new prompt, moved to a peer's worker before answering,
+      ``router.replicas.reconcile``);
     - ``cached_prompt_tokens_total`` / ``prompt_tokens_total{worker}``: usage the workers
       reported for forwarded requests;
     - ``workers{model, state}``: workers by state (``ready``, ``down``, ``refused``);

@@ -9,6 +9,10 @@ included, comes back from the worker as it reported it.
 
 A worker that fails before its first token (unreachable, stopped) is reported to the registry
 and the next ranked worker is tried; after the first token a failure is the client's to see.
+Beside router replicas, a request that turns out to be the later copy of a new prompt a peer
+placed on another worker at the same instant is moved there the same way, while no output of
+it has arrived: the attempt is cancelled (the worker aborts it, as for a client that went
+away) and the same request goes to the peer's worker (``router.replicas.reconcile``).
 Each decision is appended to the :class:`RouteNote` of the current request (a context
 variable), which the HTTP layer turns into ``x-tokenkeys-*`` response headers.
 """
@@ -26,6 +30,7 @@ from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
+from tokenkeys.router.replicas.reconcile import Moved, unless_moved
 from tokenkeys.router.replicas.shared_load import LocalLoad, SharedLoad
 from tokenkeys.router.workers.registry import WorkerRegistry
 
@@ -116,7 +121,10 @@ class RoutedEngine:
             note.decisions.append(decision)
         metrics = self.router.metrics
         failures: list[str] = []
-        for address in [decision.worker, *decision.fallbacks()]:
+        targets = [decision.worker, *decision.fallbacks()]
+        movable = True
+        while targets:
+            address = targets.pop(0)
             pool = self.registry.pools[self.model]
             member = pool.members.get(address)
             if member is None:
@@ -124,25 +132,36 @@ class RoutedEngine:
             started = False
             flight = member.view.begin(decision.keys, decision.cached_blocks(address))
             self.shared.sent(self.model, address, flight)
+            move = self.shared.moves(flight) if movable else None
             try:
                 engine = self.registry.engine(address, self.model)
                 outputs = engine.generate(
                     ids, params, context, request_id=request_id, lora_name=lora_name
                 )
                 async with contextlib.aclosing(outputs) as stream:
-                    async for output in stream:
-                        if not started:
-                            started = True
-                            member.view.first_output(flight)
-                            self.shared.answered(flight)
-                            if note is not None:
-                                note.served_by.append(address)
+                    first = anext(stream, _EMPTY)
+                    try:
+                        output = await (first if move is None else unless_moved(first, move))
+                    except Moved as moved:  # a later copy of a new prompt: to the peer's worker
+                        metrics.requests.labels(address, "moved").inc()
+                        to = moved.worker
+                        targets = [to, address, *(a for a in targets if a != to)]
+                        movable = False
+                        continue
+                    if output is not _EMPTY:
+                        started = True
+                        member.view.first_output(flight)
+                        self.shared.answered(flight)
+                        if note is not None:
+                            note.served_by.append(address)
+                    while output is not _EMPTY:
                         if output.finished and output.usage is not None:
                             metrics.prompt_tokens.labels(address).inc(output.usage.prompt_tokens)
                             metrics.cached_tokens.labels(address).inc(
                                 output.usage.cached_prompt_tokens
                             )
                         yield output
+                        output = await anext(stream, _EMPTY)
                 metrics.requests.labels(address, "ok").inc()
                 self.registry.refresh(address)
                 return
@@ -163,3 +182,7 @@ class RoutedEngine:
             f"no worker of {self.model!r} accepted the request: " + "; ".join(failures or ["none"]),
             field="model",
         )
+
+
+#: The stream ended (before any output, or after the last).
+_EMPTY: Any = object()

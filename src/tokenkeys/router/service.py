@@ -70,7 +70,9 @@ class RoutingConfig:
     - ``cost``: the precise policy's weights and temperature (``router.policy.cost.CostWeights``);
     - ``share_load``: share requests in flight and cache growth with the other replicas
       through the Redis at ``redis_url`` (``router.replicas.shared_load``); without it each
-      replica counts only its own.
+      replica counts only its own; ``reconcile``: with it, a replica moves its later copy of a
+      new prompt a peer placed elsewhere at the same instant to the peer's worker, before the
+      copy's first output (``router.replicas.reconcile``).
     """
 
     workers: tuple[str, ...]
@@ -88,6 +90,7 @@ class RoutingConfig:
     pools: PoolSettings = field(default_factory=PoolSettings)
     cost: CostWeights = field(default_factory=CostWeights)
     share_load: bool = False
+    reconcile: bool = True
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -159,7 +162,9 @@ class RoutingConfig:
         """What the replicas share of their requests in flight (nothing without share_load)."""
         if self.share_load:
             assert self.redis_url is not None
-            return RedisSharedLoad(self.redis_url, namespace=self.redis_namespace)
+            return RedisSharedLoad(
+                self.redis_url, namespace=self.redis_namespace, reconcile=self.reconcile
+            )
         return LocalLoad()
 
 

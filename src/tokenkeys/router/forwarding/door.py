@@ -8,7 +8,11 @@ included. A worker that refuses the connection, fails or answers 503 before the 
 its answer is reported to the registry and the next worker of the ranking gets the request
 (each try counted as ``retried`` in ``tokenkeys_router_requests_total`` and said in
 ``x-tokenkeys-retries``). A client that disconnects while it waits closes the worker's
-connection, which aborts the worker's request.
+connection, which aborts the worker's request. Beside router replicas, a request found to be
+the later copy of a new prompt a peer placed on another worker at the same instant is moved
+there the same way before its answer's head arrives (counted as ``moved``;
+``router.replicas.reconcile``): for a streamed answer that head comes at once, so mostly
+whole answers move.
 
 A worker without an HTTP frontend is served as before the front door, by the frontend's own
 route over OpenEngine ``Generate`` (:class:`~tokenkeys.router.routed_engine.RoutedEngine`), with
@@ -53,6 +57,7 @@ from tokenkeys.router.forwarding.relay import (
 from tokenkeys.router.forwarding.routes import ForwardedRoute, Prompt
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
+from tokenkeys.router.replicas.reconcile import Moved, unless_moved
 from tokenkeys.router.replicas.shared_load import LocalLoad, SharedLoad
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.workers.load_view import Flight
@@ -263,11 +268,16 @@ class FrontDoor:
         failures: list[str] = []
         order = [first.worker, *first.fallbacks()]
         scope = request.scope
-        for n, address in enumerate(order):
+        movable = True
+        while order:
+            address = order.pop(0)
             url, member = self.frontends.url(address), pool.members.get(address)
             if url is None or member is None:
                 continue
             trip = self._begin(pool, member, first, route.generates)
+            # A later copy of a new prompt a peer placed elsewhere goes there before its
+            # answer's head arrives (router.replicas.reconcile).
+            move = self.shared.moves(trip.flight) if trip.flight and movable else None
             promised: list[Promise] = []
 
             def sent(address: str = address, promised: list[Promise] = promised) -> None:
@@ -278,13 +288,19 @@ class FrontDoor:
                 promised.append(Promise(address, pool.name, pool.block_size, lengths, matched))
 
             try:
-                response = await unless_gone(
-                    request,
-                    self.relay.open(url + scope["path"], opened.raw, scope["headers"], sent),
-                )
-                if response.status == 503 and n < len(order) - 1:
+                opening = self.relay.open(url + scope["path"], opened.raw, scope["headers"], sent)
+                if move is not None:
+                    opening = unless_moved(opening, move, Reply.close)
+                response = await unless_gone(request, opening)
+                if response.status == 503 and order:
                     response.close()
                     raise WorkerUnreachable("answered 503 (unavailable)")
+            except Moved as moved:
+                self._end(trip)
+                metrics.requests_of[(address, "moved")].inc()
+                order = [moved.worker, address, *(a for a in order if a != moved.worker)]
+                movable = False
+                continue
             except ClientGone:
                 self._end(trip)
                 settle()

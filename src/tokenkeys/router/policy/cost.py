@@ -68,6 +68,10 @@ prefill, growth, blocks beyond its capacity) never takes it, so a burst of new p
 in turn still ends within two of even (tests/router/policy/test_policy_cost.py). One router
 sees all its own decisions and takes the cheapest (with the slack on new prompts its hit ratio
 in bench_routing's concurrent workload fell from 81.1 % to 80.5-80.7 %, docs/benchmarks.md).
+Replicas that reconcile (``router.replicas.reconcile``: a later copy of a new prompt moves to
+the earlier's worker before its first output) give a prompt new everywhere no slack either: it
+goes to the cheapest, balanced as one router's, and a split is undone after the decision
+(``router.policy.precise``).
 """
 
 from __future__ import annotations

@@ -37,6 +37,10 @@ class Placements(Protocol):
     #: Whether other router replicas decide beside this one (a prompt new everywhere then
     #: goes by rendezvous within the cost model's slack, ``router.policy.cost``).
     replicated: bool
+    #: Whether a later copy of a new prompt moves to its earlier copy's worker
+    #: (``router.replicas.reconcile``): a prompt new everywhere then goes to the cheapest
+    #: worker, as one router's does, without the slack; the split that may follow is undone.
+    reconciles: bool
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """Run ``decide`` (local, no awaits) once; its result.
@@ -51,6 +55,7 @@ class LocalPlacements:
     """One router: every decision stands as made."""
 
     replicated = False
+    reconciles = False
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """``decide``'s result, once."""

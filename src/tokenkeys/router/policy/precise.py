@@ -149,6 +149,15 @@ class PrecisePolicy:
             # peers, within the slack the prefix and then the rendezvous hash decide, which
             # every replica knows alike (router.policy.cost).
             slack = replica_slack(total, self.cost) if self.placements.replicated else 0
+            if (
+                slack
+                and self.placements.reconciles
+                and all(row[2] is None and not row[4] for row in rows)
+            ):
+                # New everywhere (no worker holds a block of it or has one in flight):
+                # balanced by cost as one router's; where two replicas part on it, the later
+                # copy is moved after the decision (router.replicas.reconcile).
+                slack = 0
             ranked = rank(
                 rows,
                 total,

@@ -8,7 +8,12 @@
 - ``concurrent_decisions_total{kind}``: pairs of decisions made here and by a peer without
   each other (``router.replicas.contention``): ``any``, ``split`` (a prefix placed on two
   workers and computed twice), ``piled`` (unrelated new prefixes on one worker);
-  ``split_blocks_total``: blocks computed twice by the ``split`` pairs.
+  ``split_blocks_total``: blocks computed twice by the ``split`` pairs;
+- ``reconciled_total{outcome}``: this replica's later copies of a new prompt a peer placed on
+  another worker at the same instant (``router.replicas.reconcile``): ``moved`` to the peer's
+  worker before their first output, ``late`` (found past it: left where they were),
+  ``unmovable`` (the peer's worker is not in this replica's pool, or the request's sender
+  cannot move it).
 
 Read when scraped (a custom collector), so nothing on the decision path counts for it.
 """
@@ -59,6 +64,15 @@ class ReplicaCollector:
         for kind, value in (("any", c.concurrent), ("split", c.split), ("piled", c.piled)):
             pairs.add_metric((kind,), value)
         yield pairs
+        m = s.reconciler
+        moves = CounterMetricFamily(
+            _PREFIX + "reconciled",
+            "Later copies of a new prompt a peer placed elsewhere at the same instant, by outcome.",
+            labels=("outcome",),
+        )
+        for outcome, value in (("moved", m.moved), ("late", m.late), ("unmovable", m.unmovable)):
+            moves.add_metric((outcome,), value)
+        yield moves
 
 
 def register(shared: object, registry: CollectorRegistry) -> None:

@@ -6,7 +6,8 @@ model's growth). Replicas behind one load balancer each see only their share of 
 two of them may send two new prefixes to one worker before any event or load poll shows it.
 :class:`SharedLoad` is how they tell each other:
 
-- :class:`LocalLoad` shares nothing (one router; today's behaviour).
+- :class:`LocalLoad` shares nothing (one router; today's behaviour; it and the
+  :class:`SharedLoad` protocol live in ``router.replicas.sharing``).
 - :class:`RedisSharedLoad` appends every request it sends (its worker, block keys, the blocks
   it prefills there, the growth its decision priced), every first output and end to one Redis
   stream of the namespace (``router.replicas.shared_stream``), and applies what the other
@@ -20,7 +21,10 @@ decision path makes no network call, and Redis being slow or away never delays a
 The price: two replicas deciding within the same moment (before either's entry reached the
 other) decide without each other. That is counted, not hidden (``router.replicas.contention``:
 prefixes placed on two workers at once and computed twice, unrelated new prefixes piled on one
-worker), and exported on /metrics (``router.replicas.metrics``).
+worker), and exported on /metrics (``router.replicas.metrics``). A split is then undone after
+the decision: reading the stream in its one order (its own entries included), a replica moves
+its later copy of a new prompt to the worker a peer's earlier entry placed it on, before the
+copy's first output (``router.replicas.reconcile``).
 
 This follows Dynamo's router replica sync (ai-dynamo/dynamo ``lib/llm/src/kv_router/
 sequence.rs``, ``--router-replica-sync``: each replica broadcasts its active-sequence events to
@@ -45,7 +49,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import msgpack
 
@@ -55,6 +59,7 @@ from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.policy.placement import Placement
 from tokenkeys.router.replicas.contention import Contention, OwnPlacement
 from tokenkeys.router.replicas.peer_flights import PeerFlights
+from tokenkeys.router.replicas.reconcile import Reconciler
 from tokenkeys.router.replicas.shared_stream import (
     ALIVE,
     ANSWERED,
@@ -66,77 +71,25 @@ from tokenkeys.router.replicas.shared_stream import (
     Cursor,
     stream_key,
 )
+from tokenkeys.router.replicas.sharing import Ledgers, LocalLoad, SharedLoad, T
 from tokenkeys.router.workers.load_view import Flight
 from tokenkeys.router.workers.pool import Pool
 
 log = logging.getLogger(__name__)
 
-Ledgers = Callable[[str], GrowthLedger]
-T = TypeVar("T")
-
-
-class SharedLoad(Protocol):
-    """Tells other router replicas what this one sent; applies what they sent. It is also
-    the policy's :class:`~tokenkeys.router.policy.placement.Placements`."""
-
-    #: True: peers decide beside this replica (``router.policy.placement``).
-    replicated: bool
-
-    async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """Run a decision (``router.policy.placement``); what it placed is told later."""
-        ...
-
-    def sent(self, model: str, address: str, flight: Flight) -> None:
-        """This router sent a request (its :class:`Flight`) to ``address`` of ``model``."""
-        ...
-
-    def answered(self, flight: Flight) -> None:
-        """The request's first output arrived (its prefill is done)."""
-        ...
-
-    def finished(self, flight: Flight) -> None:
-        """The request finished or failed."""
-        ...
-
-    async def start(self, pools: Mapping[str, Pool], ledgers: Ledgers) -> None:
-        """Begin sharing: peers' flights go to ``pools``' load views, growth to ``ledgers``."""
-        ...
-
-    async def close(self) -> None:
-        """Stop sharing (idempotent)."""
-        ...
-
-
-class LocalLoad:
-    """Shares nothing: every router counts only its own requests."""
-
-    replicated = False
-
-    async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """The decision as made."""
-        return decide()[1]
-
-    def sent(self, model: str, address: str, flight: Flight) -> None:
-        """Nothing to tell."""
-
-    def answered(self, flight: Flight) -> None:
-        """Nothing to tell."""
-
-    def finished(self, flight: Flight) -> None:
-        """Nothing to tell."""
-
-    async def start(self, pools: Mapping[str, Pool], ledgers: Ledgers) -> None:
-        """Nothing to follow."""
-
-    async def close(self) -> None:
-        """Nothing to close."""
-
+__all__ = ["LocalLoad", "RedisSharedLoad", "SharedLoad"]
 
 #: Seconds a decision's growth waits for its request (``sent``) before it is told alone (its
 #: worker left the pool before the request went out).
 _CLAIM_SECONDS = 2.0
 #: How many fold-in lags (:attr:`RedisSharedLoad.fold_lag`) are kept.
 _LAGS = 100_000
+
+
+def _resolve(wake: asyncio.Future[None] | None) -> None:
+    """Wake the publisher waiting on ``wake`` (if it waits)."""
+    if wake is not None and not wake.done():
+        wake.set_result(None)
 
 
 class RedisSharedLoad:
@@ -159,6 +112,7 @@ class RedisSharedLoad:
         heartbeat: float = 1.0,
         peer_timeout: float = 5.0,
         timeout: float = 1.0,
+        reconcile: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
@@ -171,7 +125,9 @@ class RedisSharedLoad:
         self._block_ms = max(int(1000 * min(heartbeat, timeout / 2)), 1)
         self._outbox: list[list[Any]] = []
         self._outbox_own: list[OwnPlacement] = []
-        self._wake = asyncio.Event()
+        # Resolved to wake the publisher (a change posted, or stopping); None while it is
+        # not waiting.
+        self._wake: asyncio.Future[None] | None = None
         self._stopping = asyncio.Event()
         self._serials: dict[int, int] = {}  # id(own flight) -> serial
         self._next = 0
@@ -186,6 +142,9 @@ class RedisSharedLoad:
         self._ledgers: Ledgers | None = None
         #: Decisions made here and by peers without each other (``router.replicas.contention``).
         self.contention = Contention(clock=clock)
+        #: This replica's later copies of new prompts, found in the stream's order.
+        self.reconciler = Reconciler(self.replica, self.member, clock=clock)
+        self._reconcile = self.reconciles = reconcile
         #: Changes not appended because Redis could not be reached (for /metrics, tests).
         self.dropped = 0
         #: Changes appended, and the ``XADD`` calls (batches) that carried them.
@@ -202,7 +161,7 @@ class RedisSharedLoad:
         self._outbox.append(item)
         if own is not None:
             self._outbox_own.append(own)
-        self._wake.set()
+        _resolve(self._wake)
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """Decide on this replica's memory, at once; the decision's growth is told with its
@@ -237,18 +196,28 @@ class RedisSharedLoad:
         own = self.contention.decided(model, address, flight.keys, flight.fresh)
         change = [PLACED, serial, model, address, list(flight.keys), list(flight.fresh), growth]
         self._post([*change, self._cursor.id], own)
+        if self._reconcile:
+            self.reconciler.sent(serial, model, flight)
+
+    def moves(self, flight: Flight) -> asyncio.Future[str] | None:
+        """Resolved with the worker a peer placed this request's new prompt on first
+        (``router.replicas.reconcile``), while no output of it has arrived."""
+        serial = self._serials.get(id(flight))
+        return None if serial is None else self.reconciler.movable(serial)
 
     def answered(self, flight: Flight) -> None:
         """Tell the end of the flight's prefill."""
         serial = self._serials.get(id(flight))
         if serial is not None:
             self._post([ANSWERED, serial])
+            self.reconciler.answered(serial)
 
     def finished(self, flight: Flight) -> None:
         """Tell the flight's end."""
         serial = self._serials.pop(id(flight), None)
         if serial is not None:
             self._post([FINISHED, serial])
+            self.reconciler.finished(serial)
 
     def _unclaimed(self) -> None:
         """Tell the growth of decisions whose request never went out in time, alone."""
@@ -271,10 +240,26 @@ class RedisSharedLoad:
         self._tasks = [asyncio.create_task(self._publish()), asyncio.create_task(self._follow())]
 
     async def _publish(self) -> None:
+        loop = asyncio.get_running_loop()
+        # The first sign of life goes out at once: it opens the connection the batches use,
+        # which the first burst would otherwise wait for (a connect and handshake of several
+        # round trips, each a turn of a loop busy deciding: 175 ms in bench_routing's first
+        # round, when its first outputs came after 115 ms).
+        announce = True
         while not self._stopping.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.heartbeat)
-            self._wake.clear()
+            if not self._outbox and not announce:
+                # Until a change is posted or a heartbeat is due. A plain future wakes this
+                # task in the loop's next turn; an Event under wait_for took two more turns,
+                # in which a burst's requests went out to the workers ahead of the batch
+                # telling the peers of them (and of the copies to reconcile).
+                self._wake = wake = loop.create_future()
+                timer = loop.call_later(self.heartbeat, _resolve, wake)
+                try:
+                    await wake
+                finally:
+                    timer.cancel()
+                    self._wake = None
+            announce = False
             self._unclaimed()
             batch, self._outbox = self._outbox, []
             owns, self._outbox_own = self._outbox_own, []
@@ -319,6 +304,7 @@ class RedisSharedLoad:
             finally:
                 self.following = False
                 self._peers.end_all()
+                self.reconciler.reset()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             delay = min(delay * 2, 2.0)
@@ -326,9 +312,15 @@ class RedisSharedLoad:
     def _take(self, raw: Any) -> None:
         now_ms = time.time() * 1000
         for at, replica, data in self._cursor.after(raw):
-            if replica.decode() != self.replica:
+            mine = replica.decode() == self.replica
+            if mine and not self._reconcile:
+                continue
+            message = msgpack.unpackb(data)
+            if not mine:
                 self.fold_lag.append(max(now_ms - at[0], 0.0) / 1000)
-                self.apply(msgpack.unpackb(data), at)
+                self.apply(message, at)
+            if self._reconcile:  # every replica's entries, this one's too, in the stream's order
+                self.reconciler.entry(message[0], message[1], at)
 
     def apply(self, message: list[Any], at: tuple[int, int] = (0, 0)) -> None:
         """Apply one appended batch (``[replica, changes]``, stream entry ``at``); this
@@ -352,7 +344,7 @@ class RedisSharedLoad:
         # The tasks stop between two calls (a read blocks for at most ``_block_ms``): a task
         # cancelled inside redis-py's blocking read may never finish.
         self._stopping.set()
-        self._wake.set()
+        _resolve(self._wake)
         tasks, self._tasks = self._tasks, []
         if tasks:
             timeout = 2 * self._timeout + self._block_ms / 1000

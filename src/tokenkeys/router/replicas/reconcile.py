@@ -1,0 +1,250 @@
+"""One new prompt placed on two workers at the same instant, brought back to one after the fact.
+
+Replicas decide at once on their own memory (``router.replicas.shared_load``), so two of them
+deciding one new prompt in the same instant (two conversations opening with one system prompt)
+may put it on two workers, and both compute it: a *split* (``router.replicas.contention``).
+No rule a replica applies alone at the instant avoids it without unbalancing the workers
+(docs/benchmarks.md, the bench_routing notes). But the decision is not the end of the request:
+its prefill takes tens of milliseconds, and the peers' entries arrive within a few. So the
+split is repaired after the decision, off its path, before the request's first output:
+
+- Every replica reads the same stream in the same order, its own entries included. The first
+  placement of a prompt new where it went (it prefills from its first block) *claims* that
+  first block for its worker, until its request ends (its ``FINISHED`` change) or ``window``
+  seconds pass.
+- A later placement of the same first block on another worker, decided without the claim (its
+  ``seen`` position is before the claim's entry), is the *later copy*. The replica that made
+  it moves its request to the claim's worker if no output of it has arrived yet: the attempt
+  is aborted (as a client disconnecting aborts it at the worker) and the same request is sent
+  to the claim's worker, as a request that fails before its first output is sent to the next
+  worker (``router.routed_engine``). The client sees one answer, the other worker's.
+- Because the order is the stream's and every replica applies the same rule to it, exactly the
+  later copies move, never the first, and no two replicas disagree on which is which. A later
+  copy past its first output stays where it is (counted: ``late``); so does one whose sender
+  cannot move it or whose peer's worker is not in this replica's pool (``unmovable``). The
+  front door (``router.forwarding.door``) moves a request until its answer's head arrives:
+  whole answers move, streamed ones mostly not (their head comes at once).
+
+The decision stays immediate and local: nothing here runs on its path. What a move costs is a
+prefill begun and dropped at the first worker (its blocks may stay in that worker's cache, as a
+disconnected client's do) and the time until the entries arrive, added to that request's first
+output. One router never reconciles (``LocalLoad``: it sees all its own decisions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tokenkeys.router.replicas.shared_stream import FINISHED, PLACED, entry_id
+from tokenkeys.router.workers.load_view import Flight
+
+T = TypeVar("T")
+
+#: How many reconciliation timings are kept (:attr:`Reconciler.lead`, :attr:`Reconciler.behind`).
+_TIMINGS = 100_000
+
+
+@dataclass
+class _Claim:
+    """The first placement of a new prompt's first block in the stream's order."""
+
+    replica: str
+    serial: int
+    worker: str
+    at: tuple[int, int]
+    read: float
+
+
+@dataclass
+class _Own:
+    """One of this replica's requests, as long as it may be moved."""
+
+    model: str
+    flight: Flight
+    sent: float
+    #: When its first output arrived, and when a move was found for it (None: not yet).
+    first: float | None = None
+    found: float | None = None
+    #: Resolved with the worker to move to (None: its sender cannot move it).
+    move: asyncio.Future[str] | None = None
+
+
+class Reconciler:
+    """Finds this replica's later copies of a new prompt in the stream (module doc).
+
+    ``replica``: this replica's id in the stream; ``member(model, address)``: the pool member
+    there or None (a request moves only to a worker this replica routes to).
+    """
+
+    def __init__(
+        self,
+        replica: str,
+        member: Callable[[str, str], Any],
+        *,
+        window: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.replica = replica
+        self.member = member
+        self.window = window
+        self.clock = clock
+        self._claims: dict[tuple[str, int], _Claim] = {}
+        self._claimed: dict[tuple[str, int], tuple[str, int]] = {}  # (replica, serial) -> key
+        self._order: deque[tuple[tuple[str, int], _Claim]] = deque()  # claims, oldest first
+        self._own: dict[int, _Own] = {}
+        #: Later copies moved before their first output; those found past it (left where they
+        #: were, and those whose output arrived in the instant of the move); those whose
+        #: sender cannot move them.
+        self.moved = 0
+        self.late = 0
+        self.unmovable = 0
+        #: Seconds from a moved request's sending to its move (the entries' arrival).
+        self.lead: deque[float] = deque(maxlen=_TIMINGS)
+        #: Seconds from a late copy's first output to the entry that found it.
+        self.behind: deque[float] = deque(maxlen=_TIMINGS)
+
+    # --------------------------------------------------------------- this replica's requests
+
+    def sent(self, serial: int, model: str, flight: Flight) -> None:
+        """This replica sent a request (told as ``serial``)."""
+        self._own[serial] = _Own(model, flight, self.clock())
+
+    def movable(self, serial: int) -> asyncio.Future[str] | None:
+        """A future resolved with the worker the request should move to, if it is a later copy
+        found before its first output (None: the request is not known here)."""
+        own = self._own.get(serial)
+        if own is None:
+            return None
+        if own.move is None:
+            own.move = asyncio.get_running_loop().create_future()
+        return own.move
+
+    def answered(self, serial: int) -> None:
+        """The request's first output reached its sender: it is no longer moved. (A sender
+        that took an output over a move found in the same instant: counted as late.)"""
+        own = self._own.get(serial)
+        if own is None or own.first is not None:
+            return
+        own.first = self.clock()
+        if own.found is not None:
+            self.late += 1
+            self.behind.append(0.0)
+
+    def finished(self, serial: int) -> None:
+        """The request ended, or was moved (its new attempt is told as a new request)."""
+        own = self._own.pop(serial, None)
+        if own is None or own.move is None:
+            return
+        if own.found is not None and own.first is None:
+            self.moved += 1
+            self.lead.append(own.found - own.sent)
+        elif not own.move.done():
+            own.move.cancel()
+
+    # ------------------------------------------------------------------- the stream's order
+
+    def entry(self, replica: str, changes: Sequence[list[Any]], at: tuple[int, int]) -> None:
+        """One stream entry (any replica's, this one's included), in the stream's order."""
+        for change in changes:
+            kind = change[0]
+            if kind == PLACED:
+                self._placed(replica, change, at)
+            elif kind == FINISHED:
+                key = self._claimed.pop((replica, change[1]), None)
+                if key is not None:
+                    self._claims.pop(key, None)
+
+    def _placed(self, replica: str, change: list[Any], at: tuple[int, int]) -> None:
+        serial, model, worker, keys, fresh = change[1:6]
+        if not keys or not fresh or fresh[0] != keys[0]:
+            return  # not new where it went: nothing of it to claim
+        key = (model, keys[0])
+        now = self.clock()
+        self._expire(now)
+        claim = self._claims.get(key)
+        if claim is None:
+            claim = self._claims[key] = _Claim(replica, serial, worker, at, now)
+            self._claimed[(replica, serial)] = key
+            self._order.append((key, claim))
+            return
+        if replica != self.replica or claim.replica == replica or claim.worker == worker:
+            return  # a peer's later copy is the peer's to move; one replica's own never split
+        seen = change[7] if len(change) > 7 else None
+        if seen and entry_id(seen) >= claim.at:
+            return  # decided knowing the claim: the cost model chose another worker
+        own = self._own.get(serial)
+        if own is None:
+            return  # already ended
+        if own.first is not None:
+            self.late += 1
+            self.behind.append(now - own.first)
+        elif own.move is None or self.member(model, claim.worker) is None:
+            self.unmovable += 1
+        elif not own.move.done():
+            # Counted as moved when the attempt ends (cancelled by its sender, which then
+            # sends it to the claim's worker).
+            own.move.set_result(claim.worker)
+            own.found = now
+
+    def _expire(self, now: float) -> None:
+        """Drop the claims read more than ``window`` seconds ago (their end may never come:
+        a change Redis did not take, a peer gone), oldest first."""
+        order = self._order
+        while order and now - order[0][1].read > self.window:
+            key, claim = order.popleft()
+            if self._claims.get(key) is claim:
+                del self._claims[key]
+                self._claimed.pop((claim.replica, claim.serial), None)
+
+    def claimant(self, model: str, first_key: int) -> str | None:
+        """The worker that holds the claim on a new prompt's first block now, or None."""
+        claim = self._claims.get((model, first_key))
+        return None if claim is None else claim.worker
+
+    def reset(self) -> None:
+        """Forget every claim (the stream is lost: its order is no longer known here)."""
+        self._claims.clear()
+        self._claimed.clear()
+        self._order.clear()
+
+
+class Moved(Exception):
+    """The request is a later copy: send it to ``worker`` instead (:func:`unless_moved`)."""
+
+    def __init__(self, worker: str) -> None:
+        super().__init__(worker)
+        self.worker = worker
+
+
+async def unless_moved(
+    call: Awaitable[T], move: asyncio.Future[str], discard: Callable[[T], None] | None = None
+) -> T:
+    """``call``'s result (its first output, or its answer's head), or :class:`Moved` when
+    ``move`` resolves first: ``call`` is then cancelled, which aborts the request at its
+    worker as a client going away does. Both ready in one instant (a loop that was busy
+    while both arrived): the move wins, since nothing of the result has reached the client
+    yet; ``discard`` releases that result (an answer's open connection)."""
+    step = asyncio.ensure_future(call)
+    try:
+        await asyncio.wait((step, move), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller is cancelled (its client went away)
+        await _drop(step, discard)
+        raise
+    if move.done() and not move.cancelled():
+        await _drop(step, discard)
+        raise Moved(move.result())
+    return step.result()
+
+
+async def _drop(step: asyncio.Future[T], discard: Callable[[T], None] | None) -> None:
+    """Cancel ``step`` (or release what it returned); whatever it raised is left unread."""
+    if not step.done():
+        step.cancel()
+        await asyncio.wait((step,))
+    if not step.cancelled() and step.exception() is None and discard is not None:
+        discard(step.result())
