@@ -97,7 +97,8 @@ from timing import pct
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.policy.cost import CostWeights, GrowthLedger
 from tokenkeys.router.policy.placement import Placement
-from tokenkeys.router.replicas.shared_load import LocalLoad, RedisSharedLoad
+from tokenkeys.router.replicas.shared_load import RedisSharedLoad
+from tokenkeys.router.replicas.sharing import LocalLoad
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.service import RoutingService
 from tokenkeys.router.workers.load_view import Flight

@@ -39,7 +39,7 @@ from tokenkeys.router.forwarding.routes import FORWARDED, Prompt
 from tokenkeys.router.headers import RouteHeaders
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
-from tokenkeys.router.replicas.shared_load import SharedLoad
+from tokenkeys.router.replicas.sharing import SharedLoad
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.workers.pool import Pool
 from tokenkeys.router.workers.registry import WorkerRegistry

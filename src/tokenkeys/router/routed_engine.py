@@ -31,7 +31,7 @@ from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
 from tokenkeys.router.replicas.reconcile import Moved, unless_moved
-from tokenkeys.router.replicas.shared_load import LocalLoad, SharedLoad
+from tokenkeys.router.replicas.sharing import LocalLoad, SharedLoad
 from tokenkeys.router.workers.registry import WorkerRegistry
 
 
@@ -144,8 +144,7 @@ class RoutedEngine:
                         output = await (first if move is None else unless_moved(first, move))
                     except Moved as moved:  # a later copy of a new prompt: to the peer's worker
                         metrics.requests.labels(address, "moved").inc()
-                        to = moved.worker
-                        targets = [to, address, *(a for a in targets if a != to)]
+                        targets = moved.then(address, targets)
                         movable = False
                         continue
                     if output is not _EMPTY:

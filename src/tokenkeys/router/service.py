@@ -33,11 +33,8 @@ from tokenkeys.router.policy.decision import Policy
 from tokenkeys.router.policy.precise import GrowthLedgers
 from tokenkeys.router.policy.router import POLICIES, Router, make_policy
 from tokenkeys.router.replicas import metrics as replica_metrics
-from tokenkeys.router.replicas.shared_load import (
-    LocalLoad,
-    RedisSharedLoad,
-    SharedLoad,
-)
+from tokenkeys.router.replicas.shared_load import RedisSharedLoad
+from tokenkeys.router.replicas.sharing import LocalLoad, SharedLoad
 from tokenkeys.router.routed_engine import RoutedEngine
 from tokenkeys.router.workers.health import DOWN_AFTER
 from tokenkeys.router.workers.pool import TRANSPORTS

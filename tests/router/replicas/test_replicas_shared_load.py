@@ -25,7 +25,8 @@ from tokenkeys.errors import ConfigError
 from tokenkeys.router.policy.cost import GrowthLedger
 from tokenkeys.router.policy.placement import LocalPlacements, Placement
 from tokenkeys.router.replicas.contention import Contention
-from tokenkeys.router.replicas.shared_load import LocalLoad, RedisSharedLoad
+from tokenkeys.router.replicas.shared_load import RedisSharedLoad
+from tokenkeys.router.replicas.sharing import LocalLoad
 from tokenkeys.router.service import RoutingConfig, RoutingService
 from tokenkeys.router.workers.load_view import Flight, LoadView
 

@@ -58,7 +58,7 @@ from tokenkeys.router.forwarding.routes import ForwardedRoute, Prompt
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
 from tokenkeys.router.replicas.reconcile import Moved, unless_moved
-from tokenkeys.router.replicas.shared_load import LocalLoad, SharedLoad
+from tokenkeys.router.replicas.sharing import LocalLoad, SharedLoad
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.workers.load_view import Flight
 from tokenkeys.router.workers.pool import Member, Pool
@@ -298,7 +298,7 @@ class FrontDoor:
             except Moved as moved:
                 self._end(trip)
                 metrics.requests_of[(address, "moved")].inc()
-                order = [moved.worker, address, *(a for a in order if a != moved.worker)]
+                order = moved.then(address, order)
                 movable = False
                 continue
             except ClientGone:

@@ -220,6 +220,11 @@ class Moved(Exception):
         super().__init__(worker)
         self.worker = worker
 
+    def then(self, left: str, rest: list[str]) -> list[str]:
+        """The workers to try from here: the peer's, then the one just ``left`` (should the
+        peer's fail before answering), then the ``rest`` of the ranking without the peer's."""
+        return [self.worker, left, *(a for a in rest if a != self.worker)]
+
 
 async def unless_moved(
     call: Awaitable[T], move: asyncio.Future[str], discard: Callable[[T], None] | None = None

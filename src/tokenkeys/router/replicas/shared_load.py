@@ -71,13 +71,11 @@ from tokenkeys.router.replicas.shared_stream import (
     Cursor,
     stream_key,
 )
-from tokenkeys.router.replicas.sharing import Ledgers, LocalLoad, SharedLoad, T
+from tokenkeys.router.replicas.sharing import Ledgers, T
 from tokenkeys.router.workers.load_view import Flight
 from tokenkeys.router.workers.pool import Pool
 
 log = logging.getLogger(__name__)
-
-__all__ = ["LocalLoad", "RedisSharedLoad", "SharedLoad"]
 
 #: Seconds a decision's growth waits for its request (``sent``) before it is told alone (its
 #: worker left the pool before the request went out).
@@ -144,7 +142,8 @@ class RedisSharedLoad:
         self.contention = Contention(clock=clock)
         #: This replica's later copies of new prompts, found in the stream's order.
         self.reconciler = Reconciler(self.replica, self.member, clock=clock)
-        self._reconcile = self.reconciles = reconcile
+        #: Whether this replica moves its later copies (the policy reads it too).
+        self.reconciles = reconcile
         #: Changes not appended because Redis could not be reached (for /metrics, tests).
         self.dropped = 0
         #: Changes appended, and the ``XADD`` calls (batches) that carried them.
@@ -196,7 +195,7 @@ class RedisSharedLoad:
         own = self.contention.decided(model, address, flight.keys, flight.fresh)
         change = [PLACED, serial, model, address, list(flight.keys), list(flight.fresh), growth]
         self._post([*change, self._cursor.id], own)
-        if self._reconcile:
+        if self.reconciles:
             self.reconciler.sent(serial, model, flight)
 
     def moves(self, flight: Flight) -> asyncio.Future[str] | None:
@@ -313,13 +312,13 @@ class RedisSharedLoad:
         now_ms = time.time() * 1000
         for at, replica, data in self._cursor.after(raw):
             mine = replica.decode() == self.replica
-            if mine and not self._reconcile:
+            if mine and not self.reconciles:
                 continue
             message = msgpack.unpackb(data)
             if not mine:
                 self.fold_lag.append(max(now_ms - at[0], 0.0) / 1000)
                 self.apply(message, at)
-            if self._reconcile:  # every replica's entries, this one's too, in the stream's order
+            if self.reconciles:  # every replica's entries, this one's too, in the stream's order
                 self.reconciler.entry(message[0], message[1], at)
 
     def apply(self, message: list[Any], at: tuple[int, int] = (0, 0)) -> None:
