@@ -123,7 +123,9 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
             if rid not in self._aborted:
                 raise
             # Abort ends the request as vLLM ends an aborted one: finish reason "abort", after
-            # (streamed) the chunk of vLLM's last output, which carries no new token.
+            # (streamed) one last chunk. vLLM's carries the tokens made since the client's last
+            # read, none when Abort lands between two steps; the face's carries none (a step
+            # still in flight from the engine is cancelled with the request).
             if inputs.stream:
                 yield generate.chunk(GenerateOutput(rid, ()), prompt_tokens)
             yield generate.complete([] if inputs.stream else tokens, "abort", prompt_tokens, 0)
