@@ -248,7 +248,9 @@ def test_abort_ends_a_stream_as_vllm_ends_it(stubs):
 def without_tokens(ending: list[dict]) -> list[dict]:
     """An aborted stream's ending without the fields that count its last step's tokens."""
     drop = {"token_ids", "output_ids", "completion_tokens"}
-    return [{kind: {k: v for k, v in m[kind].items() if k not in drop}} for m in ending for kind in m]
+    return [
+        {kind: {k: v for k, v in m[kind].items() if k not in drop}} for m in ending for kind in m
+    ]
 
 
 def test_the_tokenizer_bundle_holds_the_same_tokenizer_files(stubs):
