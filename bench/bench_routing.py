@@ -499,11 +499,12 @@ async def _share_cost(url: str, decisions: int = 2000) -> str:
 
 
 def _reconciled(r: dict) -> str:
-    """A sharing row's later copies of new prompts (``router.replicas.reconcile``): moved
-    before their first output (sent to moved, p50 / max), found past it (first output to the
-    entry, p50 / max), or unmovable."""
+    """A sharing row's requests the stream's order sent elsewhere (``router.replicas.
+    reconcile``: later copies of new prompts, and new prompts balanced): moved before their
+    first output (sent to moved, p50 / max), found past it (first output to the entry, p50 /
+    max), or unmovable."""
     lead, behind = r["lead"], r["behind"]
-    moved = f"{r['moved']} later copies moved"
+    moved = f"{r['moved']} moved ({r.get('balanced', 0)} new prompts balanced, the rest copies)"
     if lead:
         moved += f" ({_ms(lead, 50)} / {_ms(lead, 100)} after sent, p50 / max)"
     late = f"{r['late']} found past their first output"

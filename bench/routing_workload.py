@@ -157,12 +157,13 @@ def sharing_figures(shared: list[object]) -> dict:
     (``router.replicas.contention``, ``RedisSharedLoad.fold_lag``); zeros for one router."""
     loads = [s for s in shared if isinstance(s, RedisSharedLoad)]
     out = {"concurrent": 0, "split": 0, "split_blocks": 0, "piled": 0, "fold": [], "batches": 0}
-    out.update({"moved": 0, "late": 0, "unmovable": 0, "lead": [], "behind": []})
+    out.update({"moved": 0, "late": 0, "unmovable": 0, "balanced": 0, "lead": [], "behind": []})
     for s in loads:
         m = s.reconciler
         out["moved"] += m.moved
         out["late"] += m.late
         out["unmovable"] += m.unmovable
+        out["balanced"] += m.balanced
         out["lead"] += list(m.lead)
         out["behind"] += list(m.behind)
         c = s.contention

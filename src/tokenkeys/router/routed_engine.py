@@ -131,7 +131,9 @@ class RoutedEngine:
                 continue
             started = False
             flight = member.view.begin(decision.keys, decision.cached_blocks(address))
-            self.shared.sent(self.model, address, flight)
+            # Balanced by the stream's order only where it may go to any worker of the pool.
+            anywhere = movable and len(decision.ranking) == len(pool.members)
+            self.shared.sent(self.model, address, flight, movable=anywhere)
             move = self.shared.moves(flight) if movable else None
             try:
                 engine = self.registry.engine(address, self.model)

@@ -312,3 +312,134 @@ async def test_a_move_found_in_the_instant_of_the_answer_wins_and_releases_it():
     again.set_result("answer")
     assert await unless_moved(again, pending, released.append) == "answer"
     assert released == ["the answer's open head"]
+
+
+# ------------------------------------------------------------- the stream's order balances
+
+
+def _balancing(replica: str, workers: tuple[str, ...] = ("w0", "w1")) -> Reconciler:
+    return Reconciler(
+        replica, lambda m, a: object() if a in workers else None, workers=lambda m: workers
+    )
+
+
+def _placed(serial: int, worker: str, keys: list[int], seen: str = "0-0", movable: int = 1) -> list:
+    return [PLACED, serial, "m", worker, keys, keys, 1.0, seen, movable]
+
+
+def _burst(one: Reconciler, two: Reconciler, second: list[list]) -> None:
+    """r1's entry (two new prompts on w0), then r2's, both decided before either was read."""
+    first = [_placed(1, "w0", [10, 11, 12, 13], "4-0"), _placed(2, "w0", [20, 21, 22, 23], "4-0")]
+    for reconciler in (one, two):
+        reconciler.entry("r1", first, (5, 0))
+        reconciler.entry("r2", second, (6, 0))
+
+
+async def test_a_burst_decided_apart_is_balanced_by_the_streams_order():
+    """r2 put a new prompt on w0 without knowing r1's two there: every replica claims it for
+    w1, and r2, its sender, moves it there; r1 moves nothing."""
+    one, two = _balancing("r1"), _balancing("r2")
+    for r in (one, two):
+        r.sent(1, "m", _flight((10, 11, 12, 13)))
+    one.sent(2, "m", _flight((20, 21, 22, 23)))
+    r1_first, r1_second, r2_first = one.movable(1), one.movable(2), two.movable(1)
+    _burst(one, two, [_placed(1, "w0", [30, 31, 32, 33], "4-0")])
+    assert one.claimant("m", 30) == two.claimant("m", 30) == "w1"
+    assert r2_first is not None and r2_first.result() == "w1"
+    assert r1_first is not None and r1_second is not None
+    assert not r1_first.done() and not r1_second.done()
+    assert (two.balanced, one.balanced) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["decided knowing the peer's", "its sender cannot move it", "under half a prompt apart"],
+)
+async def test_a_new_prompt_stays_where_its_sender_put_it(why: str):
+    one, two = _balancing("r1"), _balancing("r2")
+    two.sent(1, "m", _flight((30, 31, 32, 33)))
+    move = two.movable(1)
+    seen, movable, keys = "4-0", 1, [30, 31, 32, 33]
+    if why == "decided knowing the peer's":
+        seen = "5-0"  # r1's entry was read when r2 decided: its own cost model chose w0
+    elif why == "its sender cannot move it":
+        movable = 0  # a streamed answer through the front door
+    else:
+        # w1 already holds 3 blocks against w0's 8: moving 20 blocks of r2's would not even it.
+        keys = list(range(30, 50))
+        for r in (one, two):
+            r.entry("r3", [_placed(1, "w1", [90, 91, 92], "0-0")], (4, 0))
+    _burst(one, two, [_placed(1, "w0", keys, seen, movable)])
+    assert one.claimant("m", keys[0]) == two.claimant("m", keys[0]) == "w0"
+    assert move is not None and not move.done() and two.balanced == 0
+
+
+async def test_one_senders_conversations_of_a_new_prompt_move_together():
+    """r2 opened one new prompt twice on w0, where r1 put two: both go to w1."""
+    one, two = _balancing("r1"), _balancing("r2")
+    keys = [30, 31, 32, 33]
+    for serial in (1, 2):
+        two.sent(serial, "m", _flight(tuple(keys)))
+    moves = [two.movable(s) for s in (1, 2)]
+    _burst(one, two, [_placed(1, "w0", keys, "4-0"), _placed(2, "w0", keys, "4-0")])
+    assert one.claimant("m", 30) == two.claimant("m", 30) == "w1"
+    assert [m.result() for m in moves if m is not None] == ["w1", "w1"]
+
+
+async def test_an_entrys_copies_of_earlier_prompts_count_before_its_new_ones():
+    """r1 opened A on w0 and B on w1; r2, blind to both, opened C on w0 and a copy of A on
+    w1. The copy counts on A's w0 before C is claimed, so C goes to w1 (eight blocks on each
+    worker); counted after it, C would stay on w0 and the copy join it (twelve against four)."""
+    one, two = _balancing("r1"), _balancing("r2")
+    a, b, c = [10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]
+    for serial in (1, 2):
+        two.sent(serial, "m", _flight(tuple(c if serial == 1 else a)))
+    new, copy = two.movable(1), two.movable(2)
+    for r in (one, two):
+        r.entry("r1", [_placed(1, "w0", a), _placed(2, "w1", b)], (5, 0))
+        r.entry("r2", [_placed(1, "w0", c, "4-0"), _placed(2, "w1", a, "4-0")], (6, 0))
+    assert one.claimant("m", 30) == two.claimant("m", 30) == "w1"
+    assert new is not None and copy is not None
+    assert (new.result(), copy.result()) == ("w1", "w0")
+
+
+async def test_a_balanced_claim_follows_its_request_to_its_worker():
+    """The first attempt's end keeps the claim; the moved attempt holds it; its end ends it."""
+    one, two = _balancing("r1"), _balancing("r2")
+    _burst(one, two, [_placed(1, "w0", [30, 31, 32, 33], "4-0")])
+    for r in (one, two):
+        r.entry("r2", [[FINISHED, 1]], (7, 0))  # cancelled to be moved
+        assert r.claimant("m", 30) == "w1"
+        r.entry("r2", [_placed(2, "w1", [30, 31, 32, 33], "6-0", 0)], (7, 1))
+        assert r.claimant("m", 30) == "w1"
+        # A later copy decided before any of it follows it there, not to where it was first.
+        r.entry("r3", [_placed(1, "w0", [30, 31, 32, 33], "4-0")], (8, 0))
+        assert r.claimant("m", 30) == "w1"
+        r.entry("r3", [[FINISHED, 1]], (8, 1))
+        assert r.claimant("m", 30) == "w1"
+        r.entry("r2", [[FINISHED, 2]], (9, 0))
+        assert r.claimant("m", 30) is None
+
+
+@pytest.mark.parametrize("why", ["its replica fell silent", "its end was lost"])
+async def test_a_placement_no_longer_held(why: str):
+    """r1 placed two prompts on w0 and never told their end: once r1 is silent for longer than
+    ``silence``, or the placements are older than ``hold`` (r1 alive), a new prompt of r2 on
+    w0 stays where r2 put it (nothing held there any more)."""
+    two = Reconciler(
+        "r2", lambda m, a: object(), workers=lambda m: ("w0", "w1"), silence=5.0, hold=60.0
+    )
+    first = [_placed(1, "w0", [10, 11, 12, 13]), _placed(2, "w0", [20, 21, 22, 23])]
+    two.entry("r1", first, (1_000, 0))
+    later = 7_000 if why == "its replica fell silent" else 62_000
+    if why == "its end was lost":
+        for ms in range(2_000, later, 2_000):  # r1's signs of life
+            two.entry("r1", [[9, 0]], (ms, 0))
+    two.entry("r2", [[9, 0]], (later, 0))
+    two.entry("r2", [_placed(1, "w0", [30, 31, 32, 33], "0-0")], (later + 1, 0))
+    assert two.claimant("m", 30) == "w0" and two.balanced == 0
+    # Within both bounds the same placement is balanced away from w0.
+    fresh = Reconciler("r2", lambda m, a: object(), workers=lambda m: ("w0", "w1"))
+    fresh.entry("r1", first, (1_000, 0))
+    fresh.entry("r2", [_placed(1, "w0", [30, 31, 32, 33], "0-0")], (1_001, 0))
+    assert fresh.claimant("m", 30) == "w1"

@@ -350,7 +350,14 @@ def test_the_shared_figures_are_on_the_routers_metrics():
     config = RoutingConfig(workers=("127.0.0.1:1",), share_load=True, redis_url="redis://h:1/0")
     service = RoutingService(config)
     names = {m.name for m in service.metrics_registry.collect()}
-    for name in ("following", "peer_flights", "changes_dropped", "concurrent_decisions"):
+    for name in (
+        "following",
+        "peer_flights",
+        "changes_dropped",
+        "concurrent_decisions",
+        "reconciled",
+        "balanced",
+    ):
         assert f"tokenkeys_router_replica_{name}" in names
     assert (
         service.metrics_registry.get_sample_value(

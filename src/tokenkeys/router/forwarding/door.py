@@ -8,11 +8,11 @@ included. A worker that refuses the connection, fails or answers 503 before the 
 its answer is reported to the registry and the next worker of the ranking gets the request
 (each try counted as ``retried`` in ``tokenkeys_router_requests_total`` and said in
 ``x-tokenkeys-retries``). A client that disconnects while it waits closes the worker's
-connection, which aborts the worker's request. Beside router replicas, a request found to be
-the later copy of a new prompt a peer placed on another worker at the same instant is moved
-there the same way before its answer's head arrives (counted as ``moved``;
-``router.replicas.reconcile``): for a streamed answer that head comes at once, so mostly
-whole answers move.
+connection, which aborts the worker's request. Beside router replicas, a request the stream's
+order sends elsewhere (the later copy of a new prompt a peer placed on another worker at the
+same instant, or a new prompt balanced away from a worker a burst piled on) is moved there the
+same way before its answer's head arrives (counted as ``moved``; ``router.replicas.
+reconcile``): for a streamed answer that head comes at once, so mostly whole answers move.
 
 A worker without an HTTP frontend is served as before the front door, by the frontend's own
 route over OpenEngine ``Generate`` (:class:`~tokenkeys.router.routed_engine.RoutedEngine`), with
@@ -42,18 +42,8 @@ from tokenkeys.router.forwarding.client_side import ClientGone, replay, unless_g
 from tokenkeys.router.forwarding.frontends import WorkerFrontends
 from tokenkeys.router.forwarding.http1 import Reply
 from tokenkeys.router.forwarding.image_ids import ImageModelIds
-from tokenkeys.router.forwarding.promise import (
-    Promise,
-    PromiseMetrics,
-    answer_usage,
-    matched_at,
-)
-from tokenkeys.router.forwarding.relay import (
-    Relay,
-    WorkerUnreachable,
-    answer_headers,
-    read_all,
-)
+from tokenkeys.router.forwarding.promise import Promise, PromiseMetrics, answer_usage, matched_at
+from tokenkeys.router.forwarding.relay import Relay, WorkerUnreachable, answer_headers, read_all
 from tokenkeys.router.forwarding.routes import ForwardedRoute, Prompt
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
@@ -268,13 +258,15 @@ class FrontDoor:
         failures: list[str] = []
         order = [first.worker, *first.fallbacks()]
         scope = request.scope
+        # Balanced by the stream's order: a request any worker may take, not a streamed one.
+        anywhere = len(first.ranking) == len(pool.members) and not opened.body.get("stream")
         movable = True
         while order:
             address = order.pop(0)
             url, member = self.frontends.url(address), pool.members.get(address)
             if url is None or member is None:
                 continue
-            trip = self._begin(pool, member, first, route.generates)
+            trip = self._begin(pool, member, first, route.generates, movable and anywhere)
             # A later copy of a new prompt a peer placed elsewhere goes there before its
             # answer's head arrives (router.replicas.reconcile).
             move = self.shared.moves(trip.flight) if trip.flight and movable else None
@@ -332,11 +324,11 @@ class FrontDoor:
             field="model",
         )
 
-    def _begin(self, pool: Pool, member: Member, decision: RouteDecision, load: bool) -> _Trip:
+    def _begin(self, pool: Pool, member: Member, d: RouteDecision, load: bool, move: bool) -> _Trip:
         if not load:
             return _Trip(member, None)
-        flight = member.view.begin(decision.keys, decision.cached_blocks(member.address))
-        self.shared.sent(pool.name, member.address, flight)
+        flight = member.view.begin(d.keys, d.cached_blocks(member.address))
+        self.shared.sent(pool.name, member.address, flight, movable=move)
         return _Trip(member, flight)
 
     def _end(self, trip: _Trip) -> None:

@@ -9,11 +9,13 @@
   each other (``router.replicas.contention``): ``any``, ``split`` (a prefix placed on two
   workers and computed twice), ``piled`` (unrelated new prefixes on one worker);
   ``split_blocks_total``: blocks computed twice by the ``split`` pairs;
-- ``reconciled_total{outcome}``: this replica's later copies of a new prompt a peer placed on
-  another worker at the same instant (``router.replicas.reconcile``): ``moved`` to the peer's
-  worker before their first output, ``late`` (found past it: left where they were),
-  ``unmovable`` (the peer's worker is not in this replica's pool, or the request's sender
-  cannot move it).
+- ``reconciled_total{outcome}``: this replica's requests the stream's order sent to another
+  worker (``router.replicas.reconcile``: later copies of a new prompt a peer placed elsewhere
+  at the same instant, and new prompts balanced): ``moved`` there before their first output,
+  ``late`` (found past it: left where they were), ``unmovable`` (that worker is not in this
+  replica's pool, or the request's sender cannot move it);
+- ``balanced_total``: this replica's new prompts the stream's order claimed for a less held
+  worker than the one it chose (each also counted in ``reconciled_total``).
 
 Read when scraped (a custom collector), so nothing on the decision path counts for it.
 """
@@ -50,6 +52,11 @@ class ReplicaCollector:
             ("batches_appended", "XADD calls that carried them.", s.batches),
             ("changes_dropped", "Changes not told: Redis unreachable.", s.dropped),
             (
+                "balanced",
+                "New prompts the stream's order claimed for a less held worker.",
+                s.reconciler.balanced,
+            ),
+            (
                 "split_blocks",
                 "Blocks computed twice by split concurrent decisions.",
                 c.split_blocks,
@@ -67,7 +74,8 @@ class ReplicaCollector:
         m = s.reconciler
         moves = CounterMetricFamily(
             _PREFIX + "reconciled",
-            "Later copies of a new prompt a peer placed elsewhere at the same instant, by outcome.",
+            "Requests the stream's order sent to another worker (later copies, balanced new "
+            "prompts), by outcome.",
             labels=("outcome",),
         )
         for outcome, value in (("moved", m.moved), ("late", m.late), ("unmovable", m.unmovable)):

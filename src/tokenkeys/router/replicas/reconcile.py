@@ -1,4 +1,5 @@
-"""One new prompt placed on two workers at the same instant, brought back to one after the fact.
+"""New prompts replicas placed at the same instant, reconciled after the fact: one prompt on two
+workers brought back to one, a burst piled on one worker balanced.
 
 Replicas decide at once on their own memory (``router.replicas.shared_load``), so two of them
 deciding one new prompt in the same instant (two conversations opening with one system prompt)
@@ -24,6 +25,20 @@ split is repaired after the decision, off its path, before the request's first o
   cannot move it or whose peer's worker is not in this replica's pool (``unmovable``). The
   front door (``router.forwarding.door``) moves a request until its answer's head arrives:
   whole answers move, streamed ones mostly not (their head comes at once).
+- The stream's order also *balances* what replicas opened at the same instant. Each replica
+  balances its own new prompts, not against its peers' of the same instant: in a burst several
+  may pick one worker, which then holds all their conversations (and evicts their histories)
+  for the rest of their turns. So every replica counts the blocks in flight on each worker as
+  the stream tells them (each placement until its end, a later copy where it goes), and a new
+  prompt whose sender decided without a peer's placement the stream puts before it, on a worker
+  holding at least half of it more than the least held worker, is claimed for that worker
+  instead: its sender moves it there, its copies follow. One sender's placements of one new
+  prompt in one entry (its conversations opening with it) are weighed and moved together, after
+  the entry's copies of earlier claims are counted where they go (a burst comes in one entry,
+  and its sender did not know where those go). Balanced are only placements that may go to any
+  worker of the pool and whose sender can move them (``movable``: not a streamed answer through
+  the front door, which starts at once). One router has this balance by construction: it sees
+  all its own decisions.
 
 The decision stays immediate and local: nothing here runs on its path. What a move costs is a
 prefill begun and dropped at the first worker (its blocks may stay in that worker's cache, as a
@@ -40,6 +55,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tokenkeys.router.replicas.held import HeldBlocks
 from tokenkeys.router.replicas.shared_stream import FINISHED, PLACED, entry_id
 from tokenkeys.router.workers.load_view import Flight
 
@@ -55,9 +71,14 @@ class _Claim:
 
     replica: str
     serial: int
+    #: Where the prompt goes: its sender's worker, or the least held one when balanced.
     worker: str
     at: tuple[int, int]
     read: float
+    #: Where its sender placed it first (copies that followed it there follow the claim).
+    placed: str = ""
+    #: Balanced, and its sender's attempt at ``worker`` not yet in the stream.
+    pending: bool = False
 
 
 @dataclass
@@ -78,7 +99,10 @@ class Reconciler:
     """Finds this replica's later copies of a new prompt in the stream (module doc).
 
     ``replica``: this replica's id in the stream; ``member(model, address)``: the pool member
-    there or None (a request moves only to a worker this replica routes to).
+    there or None (a request moves only to a worker this replica routes to); ``workers(model)``
+    the addresses of ``model``'s pool, among which new prompts are balanced (None: never
+    balanced); ``silence`` and ``hold`` as :class:`~tokenkeys.router.replicas.held.HeldBlocks`
+    takes them.
     """
 
     def __init__(
@@ -86,13 +110,18 @@ class Reconciler:
         replica: str,
         member: Callable[[str, str], Any],
         *,
+        workers: Callable[[str], Sequence[str]] | None = None,
         window: float = 10.0,
+        silence: float = 5.0,
+        hold: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.replica = replica
         self.member = member
+        self.workers = workers
         self.window = window
         self.clock = clock
+        self.held = HeldBlocks(silence=silence, hold=hold)
         self._claims: dict[tuple[str, int], _Claim] = {}
         self._claimed: dict[tuple[str, int], tuple[str, int]] = {}  # (replica, serial) -> key
         self._order: deque[tuple[tuple[str, int], _Claim]] = deque()  # claims, oldest first
@@ -103,6 +132,9 @@ class Reconciler:
         self.moved = 0
         self.late = 0
         self.unmovable = 0
+        #: This replica's new prompts the stream's order claimed for another worker than the
+        #: one it chose (each also counted as moved, late or unmovable).
+        self.balanced = 0
         #: Seconds from a moved request's sending to its move (the entries' arrival).
         self.lead: deque[float] = deque(maxlen=_TIMINGS)
         #: Seconds from a late copy's first output to the entry that found it.
@@ -150,45 +182,115 @@ class Reconciler:
 
     def entry(self, replica: str, changes: Sequence[list[Any]], at: tuple[int, int]) -> None:
         """One stream entry (any replica's, this one's included), in the stream's order."""
+        self.held.heard(replica, at)
+        # Three passes. First the placements of prompts claimed before this entry: a sender's
+        # burst comes in one entry, and where its copies of earlier claims go (which it did
+        # not know when it decided) counts before its new prompts are balanced. Then the
+        # others, one first block's placements on one worker together (one sender's
+        # conversations opening one new prompt, weighed and moved together). Then the ends.
+        claims = self._claims
+        groups: dict[tuple[str, str, int], list[list[Any]]] = {}
+        ends = []
         for change in changes:
             kind = change[0]
-            if kind == PLACED:
-                self._placed(replica, change, at)
-            elif kind == FINISHED:
-                key = self._claimed.pop((replica, change[1]), None)
-                if key is not None:
-                    self._claims.pop(key, None)
+            if kind == FINISHED:
+                ends.append(change[1])
+            elif kind != PLACED:
+                continue
+            elif change[4] and (change[2], change[4][0]) in claims:
+                self._placed(replica, change, at, 0)
+            else:
+                first = change[4][0] if change[4] else None
+                groups.setdefault((change[2], change[3], first), []).append(change)
+        for group in groups.values():
+            blocks = sum(len(c[4]) for c in group)
+            for change in group:
+                self._placed(replica, change, at, blocks)
+        for serial in ends:
+            self._finished(replica, serial)
 
-    def _placed(self, replica: str, change: list[Any], at: tuple[int, int]) -> None:
+    def _finished(self, replica: str, serial: int) -> None:
+        self.held.release(replica, serial)
+        key = self._claimed.pop((replica, serial), None)
+        claim = None if key is None else self._claims.get(key)
+        if claim is None or (claim.replica, claim.serial) != (replica, serial):
+            return
+        if not claim.pending:
+            del self._claims[key]  # type: ignore[arg-type]
+        # A balanced claim's first attempt ended to be moved: the claim waits for its attempt
+        # at the claim's worker (or the window).
+
+    def _placed(self, replica: str, change: list[Any], at: tuple[int, int], group: int) -> None:
         serial, model, worker, keys, fresh = change[1:6]
-        if not keys or not fresh or fresh[0] != keys[0]:
-            return  # not new where it went: nothing of it to claim
-        key = (model, keys[0])
+        seen = change[7] if len(change) > 7 else None
         now = self.clock()
         self._expire(now)
-        claim = self._claims.get(key)
+        counted = worker  # where the stream counts it
+        claim = self._claims.get((model, keys[0])) if keys else None
+        new = bool(keys) and bool(fresh) and fresh[0] == keys[0]
         if claim is None:
-            claim = self._claims[key] = _Claim(replica, serial, worker, at, now)
-            self._claimed[(replica, serial)] = key
-            self._order.append((key, claim))
-            return
-        if replica != self.replica or claim.replica == replica or claim.worker == worker:
-            return  # a peer's later copy is the peer's to move; one replica's own never split
+            if new:
+                counted = self._claim(replica, change, group, at)
+        elif claim.worker == worker:
+            if claim.pending and replica == claim.replica:
+                # The balanced claim's attempt at its worker: the claim is that request's now.
+                claim.serial, claim.pending = serial, False
+                self._claimed[(replica, serial)] = (model, keys[0])
+        elif (new or worker == claim.placed) and self._follows(claim, replica, worker, seen):
+            # The copy goes to the claim's worker: held there from now on every replica (its
+            # sender moves it, or its end releases it).
+            counted = claim.worker
+            if replica == self.replica:  # a peer's copy is the peer's to move
+                self._move(serial, model, claim.worker, now)
+        self.held.hold(replica, serial, model, counted, len(keys), at)
+
+    def _claim(self, replica: str, change: list[Any], group: int, at: tuple[int, int]) -> str:
+        """Claim a new prompt's first block for its worker, or for the least held one when its
+        sender decided without a peer's placement before it (module doc); the claim's worker.
+        ``group``: the blocks of the entry's placements of the prompt on that worker."""
+        serial, model, worker, keys = change[1:5]
         seen = change[7] if len(change) > 7 else None
-        if seen and entry_id(seen) >= claim.at:
-            return  # decided knowing the claim: the cost model chose another worker
+        movable = bool(change[8]) if len(change) > 8 else False
+        now = self.clock()
+        target = worker
+        if movable and self.workers is not None and self.held.missed(replica, seen):
+            target = self.held.least(model, worker, self.workers(model), keys[0], group)
+        key = (model, keys[0])
+        claim = self._claims[key] = _Claim(
+            replica, serial, target, at, now, worker, target != worker
+        )
+        self._claimed[(replica, serial)] = key
+        self._order.append((key, claim))
+        if target != worker and replica == self.replica:
+            self.balanced += 1
+            self._move(serial, model, target, now)
+        return target
+
+    @staticmethod
+    def _follows(claim: _Claim, replica: str, worker: str, seen: Any) -> bool:
+        """Whether a copy of the claim's prompt on ``worker`` (not the claim's) goes to the
+        claim's worker: it followed the claim where its sender placed it, or it was decided
+        without the claim. One decided knowing it stays: the cost model chose another worker."""
+        if worker == claim.placed:
+            return True
+        if claim.replica == replica:
+            return False  # one replica's own decisions never split its new prompt
+        return not (seen and entry_id(seen) >= claim.at)
+
+    def _move(self, serial: int, model: str, worker: str, now: float) -> None:
+        """Move this replica's request ``serial`` to ``worker`` if no output of it arrived."""
         own = self._own.get(serial)
         if own is None:
             return  # already ended
         if own.first is not None:
             self.late += 1
             self.behind.append(now - own.first)
-        elif own.move is None or self.member(model, claim.worker) is None:
+        elif own.move is None or self.member(model, worker) is None:
             self.unmovable += 1
         elif not own.move.done():
             # Counted as moved when the attempt ends (cancelled by its sender, which then
-            # sends it to the claim's worker).
-            own.move.set_result(claim.worker)
+            # sends it to ``worker``).
+            own.move.set_result(worker)
             own.found = now
 
     def _expire(self, now: float) -> None:
@@ -207,10 +309,11 @@ class Reconciler:
         return None if claim is None else claim.worker
 
     def reset(self) -> None:
-        """Forget every claim (the stream is lost: its order is no longer known here)."""
+        """Forget every claim and hold (the stream is lost: its order is no longer known)."""
         self._claims.clear()
         self._claimed.clear()
         self._order.clear()
+        self.held.reset()
 
 
 class Moved(Exception):

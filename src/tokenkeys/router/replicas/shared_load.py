@@ -141,7 +141,9 @@ class RedisSharedLoad:
         #: Decisions made here and by peers without each other (``router.replicas.contention``).
         self.contention = Contention(clock=clock)
         #: This replica's later copies of new prompts, found in the stream's order.
-        self.reconciler = Reconciler(self.replica, self.member, clock=clock)
+        self.reconciler = Reconciler(
+            self.replica, self.member, workers=self.workers, silence=peer_timeout, clock=clock
+        )
         #: Whether this replica moves its later copies (the policy reads it too).
         self.reconciles = reconcile
         #: Changes not appended because Redis could not be reached (for /metrics, tests).
@@ -177,12 +179,18 @@ class RedisSharedLoad:
         pool = self._pools.get(model)
         return None if pool is None else pool.members.get(address)
 
+    def workers(self, model: str) -> list[str]:
+        """The addresses of ``model``'s pool, in one order (none before :meth:`start`)."""
+        pool = self._pools.get(model)
+        return [] if pool is None else sorted(pool.members)
+
     def ledger(self, model: str) -> GrowthLedger | None:
         """The growth ledger of ``model``'s pool (None before :meth:`start`)."""
         return None if self._ledgers is None or model not in self._pools else self._ledgers(model)
 
-    def sent(self, model: str, address: str, flight: Flight) -> None:
-        """Tell the request, with its decision's growth (none: a retry on another worker)."""
+    def sent(self, model: str, address: str, flight: Flight, *, movable: bool = False) -> None:
+        """Tell the request, with its decision's growth (none: a retry on another worker) and
+        whether it asks :meth:`moves` (the stream's order may then balance it)."""
         key = (model, address, flight.keys)
         growth = 0.0
         decided = self._decided.get(key)
@@ -194,7 +202,7 @@ class RedisSharedLoad:
         serial = self._serials[id(flight)] = self._next
         own = self.contention.decided(model, address, flight.keys, flight.fresh)
         change = [PLACED, serial, model, address, list(flight.keys), list(flight.fresh), growth]
-        self._post([*change, self._cursor.id], own)
+        self._post([*change, self._cursor.id, int(movable and self.reconciles)], own)
         if self.reconciles:
             self.reconciler.sent(serial, model, flight)
 

@@ -15,8 +15,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 #: Kinds of change in an entry's batch: ``[PLACED, serial, model, address, keys, fresh,
-#: growth, seen]`` (a request sent; ``seen``: the last entry its replica had applied when it
-#: decided), ``[ANSWERED, serial]``, ``[FINISHED, serial]``, ``[GREW, 0, model, address,
+#: growth, seen, movable]`` (a request sent; ``seen``: the last entry its replica had applied
+#: when it decided; ``movable``: 1 when its sender can still move it, ``router.replicas.
+#: reconcile``), ``[ANSWERED, serial]``, ``[FINISHED, serial]``, ``[GREW, 0, model, address,
 #: growth]`` (a decision whose request never went out: its growth alone), ``[ALIVE, 0]``.
 PLACED, ANSWERED, FINISHED, GREW, ALIVE = range(5)
 

@@ -33,8 +33,9 @@ class SharedLoad(Protocol):
         """Run a decision (``router.policy.placement``); what it placed is told later."""
         ...
 
-    def sent(self, model: str, address: str, flight: Flight) -> None:
-        """This router sent a request (its :class:`Flight`) to ``address`` of ``model``."""
+    def sent(self, model: str, address: str, flight: Flight, *, movable: bool = False) -> None:
+        """This router sent a request (its :class:`Flight`) to ``address`` of ``model``;
+        ``movable``: its sender asks :meth:`moves` for it next."""
         ...
 
     def moves(self, flight: Flight) -> asyncio.Future[str] | None:
@@ -71,7 +72,7 @@ class LocalLoad:
         """The decision as made."""
         return decide()[1]
 
-    def sent(self, model: str, address: str, flight: Flight) -> None:
+    def sent(self, model: str, address: str, flight: Flight, *, movable: bool = False) -> None:
         """Nothing to tell."""
 
     def moves(self, flight: Flight) -> asyncio.Future[str] | None:
