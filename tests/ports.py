@@ -7,7 +7,9 @@ restarted in place while other test runs shared the machine). Below that range o
 explicit pick can collide, and two cannot: each xdist worker picks from a band of its own
 (its subprocesses inherit the worker's name), and a process never hands out the same port twice
 (a server picking its HTTP and gRPC ports, or a port freed and picked again while its first
-owner still starts, was "Address already in use" once in a whole run).
+owner still starts, was "Address already in use" once in a whole run). An engine restarted in
+place may also find its own ports still held by the sockets ZMQ is closing: its publisher's bind
+waits for them (``tokenkeys.events.zmq_endpoint.bind``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -173,6 +174,27 @@ async def test_publish_before_start_is_refused():
     await pub.close()
     with pytest.raises(FailedPrecondition):
         pub.publish(b"x")
+
+
+async def test_a_port_still_held_by_a_closing_socket_is_bound_once_released():
+    """An engine restarted in place opens its publisher again on its own ports, which ZMQ may
+    still be closing; the bind waits for them. A port held for good is refused after the wait,
+    naming it."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    endpoint = f"tcp://127.0.0.1:{port}"
+    asyncio.get_running_loop().call_later(0.2, held.close)  # released while the bind waits
+    pub = ZmqEventPublisher(endpoint, replay_endpoint=None)
+    await pub.start()
+    try:
+        assert pub.endpoint == endpoint
+        other = ZmqEventPublisher(endpoint, replay_endpoint=None)
+        with pytest.raises(Unavailable, match=f"{port}.*Address already in use"):
+            await other.start()
+    finally:
+        await pub.close()
 
 
 async def _raw_replay(endpoint: str, start: int) -> list[list[bytes]]:

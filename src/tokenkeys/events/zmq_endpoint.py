@@ -1,4 +1,5 @@
-"""ZMQ endpoint strings: validating them and turning a bound socket into a routable address.
+"""ZMQ endpoint strings: validating them, binding them, turning a bound socket into a routable
+address.
 
 A publisher may bind ``tcp://*:0`` or ``tcp://0.0.0.0:5557``, but what discovery advertises must
 be an address a router can connect to: the real port, and a real host instead of a wildcard.
@@ -6,10 +7,17 @@ be an address a router can connect to: the real port, and a real host instead of
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
+import time
+
+import zmq
 
 from tokenkeys.errors import ConfigError
+
+#: How long :func:`bind` waits for an address in use to be released.
+BIND_WAIT_S = 1.0
 
 _TCP = re.compile(r"tcp://(?P<host>\[[^\]]*\]|[^:/\[\]]*):(?P<port>\*|\d+)")
 _WILDCARD_HOSTS = {"*", "0.0.0.0", "[::]", "::", "[*]", ""}
@@ -65,3 +73,22 @@ def routable_endpoint(bound: str, advertise_host: str | None = None) -> str:
     elif host in _WILDCARD_HOSTS:
         host = primary_host()
     return f"tcp://{host}:{match['port']}"
+
+
+async def bind(sock: zmq.Socket, endpoint: str, wait: float = BIND_WAIT_S) -> None:
+    """Bind ``sock`` to ``endpoint``, waiting up to ``wait`` seconds while it is in use.
+
+    ZMQ closes a socket in its I/O thread after ``close()`` returns, so a publisher opened again
+    on its own port in one process (an engine restarted in place) may find the port still held
+    by the socket it has just closed ("Address already in use", seen in a test run). A port that
+    another socket keeps is still refused, after the wait.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.02)

@@ -44,7 +44,7 @@ import zmq
 import zmq.asyncio
 
 from tokenkeys.errors import ConfigError, FailedPrecondition, Unavailable
-from tokenkeys.events.zmq_endpoint import check_endpoint, is_wildcard, routable_endpoint
+from tokenkeys.events.zmq_endpoint import bind, check_endpoint, is_wildcard, routable_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class ZmqEventPublisher:
                 pub.connect(endpoint)
                 self.endpoint = endpoint
             else:
-                pub.bind(endpoint)
+                await bind(pub, endpoint)
                 self.endpoint = routable_endpoint(_last_endpoint(pub), self._advertise_host)
             self._pub = pub
             self._join_task = asyncio.get_running_loop().create_task(
@@ -176,7 +176,7 @@ class ZmqEventPublisher:
                 # vLLM sizes the replay HWM so a full buffer plus end marker fits.
                 router.setsockopt(zmq.SNDHWM, 2 * (self._buffer_steps + 1))
                 router.setsockopt(zmq.LINGER, 0)
-                router.bind(replay_endpoint)
+                await bind(router, replay_endpoint)
                 self.replay_endpoint = routable_endpoint(
                     _last_endpoint(router), self._advertise_host
                 )

@@ -42,7 +42,7 @@ import zmq
 import zmq.asyncio
 
 from tokenkeys.errors import FailedPrecondition, InvalidArgument, Unavailable
-from tokenkeys.events.zmq_endpoint import check_endpoint
+from tokenkeys.events.zmq_endpoint import bind, check_endpoint
 from tokenkeys.events.zmq_publisher import END_SEQ
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class ZmqEventSubscriber:
         monitor = self._catch_up_monitor(sock)
         try:
             if self._bind:
-                sock.bind(self.endpoint)
+                await bind(sock, self.endpoint)
             else:
                 sock.connect(self.endpoint)
         except zmq.ZMQError as exc:
