@@ -190,7 +190,7 @@ class RedisSharedLoad:
 
     def sent(self, model: str, address: str, flight: Flight, *, movable: bool = False) -> None:
         """Tell the request, with its decision's growth (none: a retry on another worker) and
-        whether it asks :meth:`moves` (the stream's order may then balance it)."""
+        whether it is ``movable`` (``SharedLoad.sent``)."""
         key = (model, address, flight.keys)
         growth = 0.0
         decided = self._decided.get(key)

@@ -16,9 +16,10 @@ from typing import Any
 
 #: Kinds of change in an entry's batch: ``[PLACED, serial, model, address, keys, fresh,
 #: growth, seen, movable]`` (a request sent; ``seen``: the last entry its replica had applied
-#: when it decided; ``movable``: 1 when its sender can still move it, ``router.replicas.
-#: reconcile``), ``[ANSWERED, serial]``, ``[FINISHED, serial]``, ``[GREW, 0, model, address,
-#: growth]`` (a decision whose request never went out: its growth alone), ``[ALIVE, 0]``.
+#: when it decided; ``movable``: 1 when its sender can move it to any worker of the pool, so
+#: the stream's order may balance it, ``router.replicas.reconcile``), ``[ANSWERED, serial]``,
+#: ``[FINISHED, serial]``, ``[GREW, 0, model, address, growth]`` (a decision whose request
+#: never went out: its growth alone), ``[ALIVE, 0]``.
 PLACED, ANSWERED, FINISHED, GREW, ALIVE = range(5)
 
 #: Entries the stream keeps (about; Redis trims whole nodes): seconds of a busy pool, which

@@ -35,7 +35,8 @@ class SharedLoad(Protocol):
 
     def sent(self, model: str, address: str, flight: Flight, *, movable: bool = False) -> None:
         """This router sent a request (its :class:`Flight`) to ``address`` of ``model``;
-        ``movable``: its sender asks :meth:`moves` for it next."""
+        ``movable``: its sender can move it to any worker of the pool before its first output,
+        so the stream's order may balance it (``router.replicas.reconcile``)."""
         ...
 
     def moves(self, flight: Flight) -> asyncio.Future[str] | None:
