@@ -163,7 +163,7 @@ def test_loads_and_health_of_an_idle_engine_answer_as_vllm(stubs):
     assert ours[0] == {"healthy": True, "message": "Health"}
 
 
-def test_generate_answers_as_vllm_chunk_by_chunk(stubs):
+def test_generate_answers_as_vllm_step_by_step(stubs):
     ids = prompt(1)
     answers = []
     for stub in stubs:
@@ -176,8 +176,9 @@ def test_generate_answers_as_vllm_chunk_by_chunk(stubs):
     # Not streamed: one complete, every field the same (the same seed gives the same tokens).
     assert ours[0] == theirs[0]
     assert theirs[0][0]["complete"]["completion_tokens"] == 8
-    # A fresh prompt streamed: chunk for chunk the same, nothing cached.
-    assert ours[2] == theirs[2]
+    # A fresh prompt streamed: the same tokens, the same fields, nothing cached.
+    assert streamed(ours[2]) == streamed(theirs[2])
+    assert not any(m["chunk"].get("cached_tokens") for m in theirs[2][:-1] + ours[2][:-1])
     # The cached prompt streamed: vLLM's output processor sets ``num_cached_tokens`` at the
     # prompt's first output and every later RequestOutput carries it, so each chunk reports the
     # cached count (smg-grpc-servicer ``_chunk_response``: ``output.num_cached_tokens``).
@@ -187,12 +188,28 @@ def test_generate_answers_as_vllm_chunk_by_chunk(stubs):
     # the count only in the final usage chunk (``completion/serving.py``: read at the first
     # output, sent in ``final_usage_info``; continuous usage stats leave it out), so the sidecar
     # learns it with the last token: the last chunk and the complete carry it, the chunks before
-    # it 0. Every other field of every message is the same.
+    # it 0. Every other field is the same.
     assert {m["chunk"].get("cached_tokens", 0) for m in ours[1][:-2]} == {0}
-    assert ours[1][-2:] == theirs[1][-2:]
-    for message in theirs[1][:-2]:
-        del message["chunk"]["cached_tokens"]
-    assert ours[1][:-2] == theirs[1][:-2]
+    assert ours[1][-2]["chunk"]["cached_tokens"] == cached
+    assert streamed(ours[1]) == streamed(theirs[1])
+
+
+def streamed(messages: list[dict]) -> tuple[list[int], dict, set[tuple]]:
+    """A streamed answer without how its tokens were cut into chunks: its tokens in order, its
+    complete without the last step's tokens, and the other fields of its chunks. The cut is
+    timing: vLLM's output collector merges the steps its client has not read yet into one
+    output (two tokens in one chunk, seen in a whole run), the face relays one per step. Each
+    chunk counts its own tokens, and the complete repeats the last chunk's (the streamed rule).
+    """
+    chunks, done = [m["chunk"] for m in messages[:-1]], dict(messages[-1]["complete"])
+    for chunk in chunks:
+        assert chunk.get("completion_tokens", 0) == len(chunk.get("token_ids", []))
+    assert done.pop("output_ids", []) == chunks[-1].get("token_ids", [])
+    assert done.pop("completion_tokens", 0) == len(chunks[-1].get("token_ids", []))
+    tokens = [t for c in chunks for t in c.get("token_ids", [])]
+    counted = ("token_ids", "completion_tokens", "cached_tokens")
+    rest = {tuple(sorted((k, v) for k, v in c.items() if k not in counted)) for c in chunks}
+    return tokens, done, rest
 
 
 def test_a_stop_token_is_matched_as_vllm_matches_it(stubs):
