@@ -28,7 +28,8 @@ from tokenkeys.router.policy.cost import (
     cost_workers,
     replica_slack,
 )
-from tokenkeys.router.policy.scorer import score_workers
+from tokenkeys.router.policy.precise import at_home
+from tokenkeys.router.policy.scorer import WorkerScore, score_workers
 from tokenkeys.router.workers.load_view import LoadView
 
 WORKERS = ("w0", "w1", "w2", "w3")
@@ -467,3 +468,38 @@ def test_one_router_spreads_a_burst_of_new_prompts_within_one_prompt_of_even(see
     counts = [served[w] for w in WORKERS]
     assert sum(counts) == 16
     assert max(counts) - min(counts) <= 2
+
+
+class _Moved:
+    """Placements that know one moved prompt: the one ending at block key ``last``, gone to
+    ``worker`` (``router.replicas.reconcile``)."""
+
+    def __init__(self, last: int, worker: str) -> None:
+        self.last, self.worker = last, worker
+
+    def home(self, model: str, keys, blocks: int) -> str | None:  # noqa: ANN001
+        return self.worker if 0 < blocks <= len(keys) and keys[blocks - 1] == self.last else None
+
+
+def test_a_moved_prompts_next_turn_stays_where_it_went_within_the_slack():
+    """Twins: w0 and w1 both hold the 4 blocks of a prompt moved from w0 to w1; the rendezvous
+    hash chose w0. The next turn goes to w1, unless w1 holds less of it or costs more than the
+    slack above the cheapest; a prompt that was not moved keeps the hash's choice."""
+
+    def ranked(w1_matched: int = 4, w1_cost: float = 10.5) -> tuple[list[WorkerScore], float]:
+        return [
+            WorkerScore("w0", 0.8, 4, 0.0, 10.0),
+            WorkerScore("w1", 0.8, w1_matched, 0.0, w1_cost),
+            WorkerScore("w2", 0.0, 0, 0.0, 11.0),
+        ], 2.0
+
+    keys = [7, 8, 9, 10, 11, 12]
+    moved = _Moved(10, "w1")
+    assert [s.worker for s in at_home(ranked(), moved, "m", keys, 1.0)[0]] == ["w1", "w0", "w2"]
+    assert at_home(ranked(), moved, "m", keys, 1.0)[1] == 2.0
+    for kept in (
+        at_home(ranked(w1_matched=3), moved, "m", keys, 1.0),  # holds less of it
+        at_home(ranked(w1_cost=11.5), moved, "m", keys, 1.0),  # beyond the slack
+        at_home(ranked(), _Moved(9, "w1"), "m", keys, 1.0),  # another prompt moved
+    ):
+        assert kept[0][0].worker == "w0"

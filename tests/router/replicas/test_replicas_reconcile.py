@@ -443,3 +443,18 @@ async def test_a_placement_no_longer_held(why: str):
     fresh.entry("r1", first, (1_000, 0))
     fresh.entry("r2", [_placed(1, "w0", [30, 31, 32, 33], "0-0")], (1_001, 0))
     assert fresh.claimant("m", 30) == "w1"
+
+
+async def test_a_moved_prompt_has_a_home_every_replica_knows():
+    """A later copy moved to the claim's worker, and a balanced claim, each leave their prompt
+    cached where their first attempt ran too: every replica names the worker they went to, for
+    a next turn whose matched blocks end where that prompt ended."""
+    one, two = _balancing("r1"), _balancing("r2")
+    copy = [10, 11, 12, 13, 14]  # r2's copy of r1's prompt [10, 11, 12, 13], its own last block
+    _burst(one, two, [_placed(1, "w1", copy, "4-0"), _placed(2, "w0", [30, 31, 32, 33], "4-0")])
+    for r in (one, two):
+        assert r.home("m", [*copy, 15, 16], 5) == "w0"  # the copy went to the claim's w0
+        assert r.home("m", [30, 31, 32, 33, 34], 4) == "w1"  # balanced away from w0
+        assert r.home("m", [*copy, 15, 16], 4) is None  # no moved prompt ends at block 4
+        assert r.home("m", [10, 11, 12, 13], 4) is None  # r1's claim itself never moved
+        assert r.home("m", copy, 0) is None

@@ -12,7 +12,7 @@ measured there (``router.replicas.contention``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -42,6 +42,12 @@ class Placements(Protocol):
     #: worker, as one router's does, without the slack; the split that may follow is undone.
     reconciles: bool
 
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
+        """The worker where a prompt whose first ``blocks`` blocks (of ``keys``) are cached on
+        several workers alike was moved to after its decision (``router.replicas.reconcile``):
+        the others hold it only from the attempt moved away. None: no such move known."""
+        ...
+
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """Run ``decide`` (local, no awaits) once; its result.
 
@@ -56,6 +62,10 @@ class LocalPlacements:
 
     replicated = False
     reconciles = False
+
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
+        """Never: one router moves nothing after its decision."""
+        return None
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """``decide``'s result, once."""

@@ -167,6 +167,8 @@ class PrecisePolicy:
                 slack=slack,
                 rng=self.rng,
             )
+            if slack and ranked[0][0].matched_blocks:
+                ranked = at_home(ranked, self.placements, pool.name, keys, slack)
             best, prefill = ranked[0][0], ranked[1]
             fresh = members[best.worker].view.fresh(keys, best.matched_blocks)
             return Placement(pool.name, best.worker, tuple(keys), fresh, prefill), ranked
@@ -188,3 +190,30 @@ class PrecisePolicy:
     def forget(self, pool: Pool, address: str) -> None:
         """Drop the growth the cost model remembers of ``address``."""
         self.growth.forget(pool.name, address)
+
+
+def at_home(
+    ranked: tuple[list[WorkerScore], float],
+    placements: Placements,
+    model: str,
+    keys: list[int],
+    slack: float,
+) -> tuple[list[WorkerScore], float]:
+    """``ranked`` with the worker a moved prompt went to first (``Placements.home``), when it
+    holds as much of this prompt as the first and costs at most ``slack`` more than the
+    cheapest. Within the slack the prefix and then the rendezvous hash decide; a prompt moved
+    after its decision is cached as far on the worker it left (its first attempt ran there),
+    and the hash alone would send its next turn back there, which the conversation's history
+    then grows on twice."""
+    ranking, prefill = ranked
+    first = ranking[0]
+    home = placements.home(model, keys, first.matched_blocks)
+    if home is None or home == first.worker:
+        return ranked
+    there = next((s for s in ranking if s.worker == home), None)
+    cheapest = min(s.cost for s in ranking if s.cost is not None)
+    if there is None or there.cost is None or there.matched_blocks != first.matched_blocks:
+        return ranked
+    if there.cost > cheapest + slack:
+        return ranked
+    return [there, *(s for s in ranking if s is not there)], prefill

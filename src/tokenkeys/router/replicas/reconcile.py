@@ -39,6 +39,12 @@ split is repaired after the decision, off its path, before the request's first o
   worker of the pool and whose sender can move them (``movable``: not a streamed answer through
   the front door, which starts at once). One router has this balance by construction: it sees
   all its own decisions.
+- A moved request leaves its prompt cached where its first attempt ran too (the engine keeps
+  the blocks it computed), so at its conversation's next turn two workers hold it alike, and
+  within the replica slack the rendezvous hash would pick between them, sending the
+  conversation back to the worker it left half the time. Every replica remembers where each
+  moved prompt went (:meth:`Reconciler.home`), and the policy keeps the next turn there
+  (``router.policy.precise.at_home``) when it holds as much and costs no more than the slack.
 
 The decision stays immediate and local: nothing here runs on its path. What a move costs is a
 prefill begun and dropped at the first worker (its blocks may stay in that worker's cache, as a
@@ -50,7 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -63,6 +69,8 @@ T = TypeVar("T")
 
 #: How many reconciliation timings are kept (:attr:`Reconciler.lead`, :attr:`Reconciler.behind`).
 _TIMINGS = 100_000
+#: How many moved prompts' workers are remembered (:meth:`Reconciler.home`), newest kept.
+_HOMES = 100_000
 
 
 @dataclass
@@ -126,6 +134,8 @@ class Reconciler:
         self._claimed: dict[tuple[str, int], tuple[str, int]] = {}  # (replica, serial) -> key
         self._order: deque[tuple[tuple[str, int], _Claim]] = deque()  # claims, oldest first
         self._own: dict[int, _Own] = {}
+        # (model, last block key of a moved prompt) -> the worker it went to, oldest first.
+        self._homes: OrderedDict[tuple[str, int], str] = OrderedDict()
         #: Later copies moved before their first output; those found past it (left where they
         #: were, and those whose output arrived in the instant of the move); those whose
         #: sender cannot move them.
@@ -240,6 +250,7 @@ class Reconciler:
             # The copy goes to the claim's worker: held there from now on every replica (its
             # sender moves it, or its end releases it).
             counted = claim.worker
+            self._homed(model, keys, claim.worker)
             if replica == self.replica:  # a peer's copy is the peer's to move
                 self._move(serial, model, claim.worker, now)
         self.held.hold(replica, serial, model, counted, len(keys), at)
@@ -261,10 +272,28 @@ class Reconciler:
         )
         self._claimed[(replica, serial)] = key
         self._order.append((key, claim))
-        if target != worker and replica == self.replica:
-            self.balanced += 1
-            self._move(serial, model, target, now)
+        if target != worker:
+            self._homed(model, keys, target)
+            if replica == self.replica:
+                self.balanced += 1
+                self._move(serial, model, target, now)
         return target
+
+    def _homed(self, model: str, keys: list[int], worker: str) -> None:
+        """A prompt goes to ``worker`` after its sender's first attempt elsewhere (which leaves
+        its blocks cached there too): its next turn, matching both alike, stays with it."""
+        homes = self._homes
+        homes[(model, keys[-1])] = worker
+        homes.move_to_end((model, keys[-1]))
+        if len(homes) > _HOMES:
+            homes.popitem(last=False)
+
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
+        """The worker a moved prompt whose blocks are the first ``blocks`` of ``keys`` went to
+        (None: no prompt ending there was moved)."""
+        if not 0 < blocks <= len(keys):
+            return None
+        return self._homes.get((model, keys[blocks - 1]))
 
     @staticmethod
     def _follows(claim: _Claim, replica: str, worker: str, seen: Any) -> bool:
@@ -314,6 +343,7 @@ class Reconciler:
         self._claimed.clear()
         self._order.clear()
         self.held.reset()
+        self._homes.clear()
 
 
 class Moved(Exception):

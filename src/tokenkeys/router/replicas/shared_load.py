@@ -48,7 +48,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -173,6 +173,10 @@ class RedisSharedLoad:
             (float(p.growth), self.clock())
         )
         return result
+
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
+        """Where the stream's order moved a prompt cached alike on several workers."""
+        return self.reconciler.home(model, keys, blocks) if self.reconciles else None
 
     def member(self, model: str, address: str) -> Any:
         """The pool member at ``address`` of ``model``, or None."""

@@ -8,7 +8,7 @@ front door call around each request; :class:`LocalLoad` shares nothing (one rout
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from tokenkeys.router.policy.cost import GrowthLedger
@@ -31,6 +31,10 @@ class SharedLoad(Protocol):
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """Run a decision (``router.policy.placement``); what it placed is told later."""
+        ...
+
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
+        """Where a prompt cached alike on several workers was moved to (``Placements.home``)."""
         ...
 
     def sent(self, model: str, address: str, flight: Flight, *, movable: bool = False) -> None:
@@ -72,6 +76,10 @@ class LocalLoad:
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
         """The decision as made."""
         return decide()[1]
+
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
+        """Never: one router moves nothing after its decision."""
+        return None
 
     def sent(self, model: str, address: str, flight: Flight, *, movable: bool = False) -> None:
         """Nothing to tell."""
