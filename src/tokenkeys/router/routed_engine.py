@@ -122,6 +122,7 @@ class RoutedEngine:
         metrics = self.router.metrics
         failures: list[str] = []
         targets = [decision.worker, *decision.fallbacks()]
+        anywhere = decision.ranks_all(self.registry.pools[self.model])
         movable = True
         while targets:
             address = targets.pop(0)
@@ -132,8 +133,7 @@ class RoutedEngine:
             started = False
             flight = member.view.begin(decision.keys, decision.cached_blocks(address))
             # Balanced by the stream's order only where it may go to any worker of the pool.
-            anywhere = movable and len(decision.ranking) == len(pool.members)
-            self.shared.sent(self.model, address, flight, movable=anywhere)
+            self.shared.sent(self.model, address, flight, movable=movable and anywhere)
             move = self.shared.moves(flight) if movable else None
             try:
                 engine = self.registry.engine(address, self.model)

@@ -259,7 +259,7 @@ class FrontDoor:
         order = [first.worker, *first.fallbacks()]
         scope = request.scope
         # Balanced by the stream's order: a request any worker may take, not a streamed one.
-        anywhere = len(first.ranking) == len(pool.members) and not opened.body.get("stream")
+        anywhere = first.ranks_all(pool) and not opened.body.get("stream")
         movable = True
         while order:
             address = order.pop(0)
@@ -324,11 +324,13 @@ class FrontDoor:
             field="model",
         )
 
-    def _begin(self, pool: Pool, member: Member, d: RouteDecision, load: bool, move: bool) -> _Trip:
+    def _begin(
+        self, pool: Pool, member: Member, decision: RouteDecision, load: bool, movable: bool
+    ) -> _Trip:
         if not load:
             return _Trip(member, None)
-        flight = member.view.begin(d.keys, d.cached_blocks(member.address))
-        self.shared.sent(pool.name, member.address, flight, movable=move)
+        flight = member.view.begin(decision.keys, decision.cached_blocks(member.address))
+        self.shared.sent(pool.name, member.address, flight, movable=movable)
         return _Trip(member, flight)
 
     def _end(self, trip: _Trip) -> None:

@@ -244,6 +244,12 @@ def replica_slack(total_blocks: int, weights: CostWeights) -> float:
     return weights.replica_slack * added
 
 
+def within_slack(cost: float, cheapest: float, slack: float) -> bool:
+    """Whether ``cost`` is at most ``slack`` above ``cheapest``, compared at the 9 decimals
+    costs are ordered by (:func:`choose`)."""
+    return round(cost, _DIGITS) <= round(cheapest + slack, _DIGITS)
+
+
 def choose(
     costs: Sequence[WorkerCost],
     temperature: float = 0.0,
@@ -270,8 +276,7 @@ def choose(
     if temperature <= 0:
         if slack <= 0 or affinity is None:
             return ordered
-        bound = round(ordered[0].cost + slack, _DIGITS)
-        near = [c for c in ordered if round(c.cost, _DIGITS) <= bound]
+        near = [c for c in ordered if within_slack(c.cost, ordered[0].cost, slack)]
         # What every replica knows alike decides within the slack: the prefix, then the hash.
         chosen = max(near, key=lambda c: (-round(c.prefill_blocks, _DIGITS), *_tie(affinity, c)))
         return [chosen, *(c for c in ordered if c is not chosen)]

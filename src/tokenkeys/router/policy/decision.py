@@ -82,6 +82,11 @@ class RouteDecision:
         """The other ranked workers, best first (where to retry if the chosen one fails)."""
         return [s.worker for s in self.ranking if s.worker != self.worker]
 
+    def ranks_all(self, pool: Pool) -> bool:
+        """Whether every worker of ``pool`` was ranked: the request may go to any of them (an
+        adapter's goes only where it is served)."""
+        return len(self.ranking) == len(pool.members)
+
     def cached_blocks(self, worker: str) -> int:
         """Leading blocks of the prompt the policy found cached at ``worker`` (0 if unranked)."""
         return next((s.matched_blocks for s in self.ranking if s.worker == worker), 0)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.router.index.hybrid import resumable_matches
 from tokenkeys.router.index.model import PrefixIndex
-from tokenkeys.router.policy.cost import CostWeights, GrowthLedger, replica_slack
+from tokenkeys.router.policy.cost import CostWeights, GrowthLedger, replica_slack, within_slack
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.placement import LocalPlacements, Placement, Placements
 from tokenkeys.router.policy.ranking import rank
@@ -211,9 +211,9 @@ def at_home(
     if home is None or home == first.worker:
         return ranked
     there = next((s for s in ranking if s.worker == home), None)
-    cheapest = min(s.cost for s in ranking if s.cost is not None)
     if there is None or there.cost is None or there.matched_blocks != first.matched_blocks:
         return ranked
-    if there.cost > cheapest + slack:
+    cheapest = min(s.cost for s in ranking if s.cost is not None)
+    if not within_slack(there.cost, cheapest, slack):
         return ranked
     return [there, *(s for s in ranking if s is not there)], prefill

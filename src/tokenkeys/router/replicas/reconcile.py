@@ -208,7 +208,7 @@ class Reconciler:
             elif kind != PLACED:
                 continue
             elif change[4] and (change[2], change[4][0]) in claims:
-                self._placed(replica, change, at, 0)
+                self._placed(replica, change, at, len(change[4]))
             else:
                 first = change[4][0] if change[4] else None
                 groups.setdefault((change[2], change[3], first), []).append(change)
@@ -222,11 +222,13 @@ class Reconciler:
     def _finished(self, replica: str, serial: int) -> None:
         self.held.release(replica, serial)
         key = self._claimed.pop((replica, serial), None)
-        claim = None if key is None else self._claims.get(key)
+        if key is None:
+            return
+        claim = self._claims.get(key)
         if claim is None or (claim.replica, claim.serial) != (replica, serial):
             return
         if not claim.pending:
-            del self._claims[key]  # type: ignore[arg-type]
+            del self._claims[key]
         # A balanced claim's first attempt ended to be moved: the claim waits for its attempt
         # at the claim's worker (or the window).
 
@@ -240,7 +242,7 @@ class Reconciler:
         new = bool(keys) and bool(fresh) and fresh[0] == keys[0]
         if claim is None:
             if new:
-                counted = self._claim(replica, change, group, at)
+                counted = self._claim(replica, change, group, at, now)
         elif claim.worker == worker:
             if claim.pending and replica == claim.replica:
                 # The balanced claim's attempt at its worker: the claim is that request's now.
@@ -255,14 +257,15 @@ class Reconciler:
                 self._move(serial, model, claim.worker, now)
         self.held.hold(replica, serial, model, counted, len(keys), at)
 
-    def _claim(self, replica: str, change: list[Any], group: int, at: tuple[int, int]) -> str:
+    def _claim(
+        self, replica: str, change: list[Any], group: int, at: tuple[int, int], now: float
+    ) -> str:
         """Claim a new prompt's first block for its worker, or for the least held one when its
         sender decided without a peer's placement before it (module doc); the claim's worker.
         ``group``: the blocks of the entry's placements of the prompt on that worker."""
         serial, model, worker, keys = change[1:5]
         seen = change[7] if len(change) > 7 else None
         movable = bool(change[8]) if len(change) > 8 else False
-        now = self.clock()
         target = worker
         if movable and self.workers is not None and self.held.missed(replica, seen):
             target = self.held.least(model, worker, self.workers(model), keys[0], group)
