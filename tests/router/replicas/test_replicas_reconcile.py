@@ -26,7 +26,7 @@ from routing_support import SYSTEM, engine_models, wait_until
 from tokenkeys.engine.protocol import GenerateOutput
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.policy.decision import RouteRequest
-from tokenkeys.router.replicas.reconcile import Moved, Reconciler, unless_moved
+from tokenkeys.router.replicas.reconcile import Moved, Reconciler, beyond, unless_moved
 from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.replicas.shared_stream import FINISHED, PLACED, entry_id, stream_key
 from tokenkeys.router.routed_engine import RouteNote, current_note
@@ -387,20 +387,58 @@ async def test_one_senders_conversations_of_a_new_prompt_move_together():
 
 
 async def test_an_entrys_copies_of_earlier_prompts_count_before_its_new_ones():
-    """r1 opened A on w0 and B on w1; r2, blind to both, opened C on w0 and a copy of A on
-    w1. The copy counts on A's w0 before C is claimed, so C goes to w1 (eight blocks on each
-    worker); counted after it, C would stay on w0 and the copy join it (twelve against four)."""
+    """r1 opened A on w0 and B on w1; r2, blind to both, opened C on w0 and a copy of A with
+    eight blocks of its own on w1. The copy counts on A's w0 before C is claimed, so C goes to
+    w1 (twelve blocks against eight); counted after it, C would stay on w0 and the copy join it
+    (sixteen against four)."""
     one, two = _balancing("r1"), _balancing("r2")
     a, b, c = [10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]
-    for serial in (1, 2):
-        two.sent(serial, "m", _flight(tuple(c if serial == 1 else a)))
-    new, copy = two.movable(1), two.movable(2)
+    copy = [*a, *range(14, 22)]
+    for serial, keys in ((1, c), (2, copy)):
+        two.sent(serial, "m", _flight(tuple(keys)))
+    new, moved = two.movable(1), two.movable(2)
     for r in (one, two):
         r.entry("r1", [_placed(1, "w0", a), _placed(2, "w1", b)], (5, 0))
-        r.entry("r2", [_placed(1, "w0", c, "4-0"), _placed(2, "w1", a, "4-0")], (6, 0))
+        r.entry("r2", [_placed(1, "w0", c, "4-0"), _placed(2, "w1", copy, "4-0")], (6, 0))
+        assert (r.held.of("m", "w0"), r.held.of("m", "w1")) == (12, 8)
     assert one.claimant("m", 30) == two.claimant("m", 30) == "w1"
-    assert new is not None and copy is not None
-    assert (new.result(), copy.result()) == ("w1", "w0")
+    assert new is not None and moved is not None
+    assert (new.result(), moved.result()) == ("w1", "w0")
+
+
+async def test_a_copy_counts_only_the_blocks_past_its_prompt():
+    """r1 opened A on w0 and B on w1; r2, blind to both, opened a copy of A (one block of its
+    own, all five to compute where r2 decided) and a new C, both on w0. The copy brings one
+    block to w0's cache, so w0 holds five against w1's four and C stays with its sender's
+    choice; counted whole (nine against four) it would be moved to w1. Which copies a burst
+    shows first is chance: counted whole, they would push the new prompts off the workers whose
+    copies came first onto those whose copies come later."""
+    one, two = _balancing("r1"), _balancing("r2")
+    a, b, c = [10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]
+    two.sent(1, "m", _flight(tuple(c)))
+    new = two.movable(1)
+    for r in (one, two):
+        r.entry("r1", [_placed(1, "w0", a), _placed(2, "w1", b)], (5, 0))
+        r.entry("r2", [_placed(1, "w0", c, "4-0"), _placed(2, "w0", [*a, 14], "4-0")], (6, 0))
+        assert (r.held.of("m", "w0"), r.held.of("m", "w1")) == (9, 4)
+        assert r.claimant("m", 30) == "w0"
+    assert new is not None and not new.done() and two.balanced == 0
+
+
+async def test_one_senders_conversations_of_a_prompt_weigh_its_blocks_once():
+    """r2 opened one new prompt of eight blocks twice on w0 (the second conversation one block
+    of its own) where r1 holds six: the pair brings nine blocks, six apart is at least half of
+    them, and both move to w1. Weighed whole (sixteen) they would stay."""
+    one, two = _balancing("r1"), _balancing("r2")
+    first, second = list(range(30, 38)), [*range(30, 37), 99]
+    for serial, keys in ((1, first), (2, second)):
+        two.sent(serial, "m", _flight(tuple(keys)))
+    moves = [two.movable(s) for s in (1, 2)]
+    for r in (one, two):
+        r.entry("r1", [_placed(1, "w0", list(range(10, 16)))], (5, 0))
+        r.entry("r2", [_placed(1, "w0", first, "4-0"), _placed(2, "w0", second, "4-0")], (6, 0))
+        assert r.claimant("m", 30) == "w1"
+    assert [m.result() for m in moves if m is not None] == ["w1", "w1"]
 
 
 async def test_a_balanced_claim_follows_its_request_to_its_worker():
@@ -458,3 +496,11 @@ async def test_a_moved_prompt_has_a_home_every_replica_knows():
         assert r.home("m", [*copy, 15, 16], 4) is None  # no moved prompt ends at block 4
         assert r.home("m", [10, 11, 12, 13], 4) is None  # r1's claim itself never moved
         assert r.home("m", copy, 0) is None
+
+
+@pytest.mark.parametrize(
+    ("keys", "other", "past"),
+    [([1, 2, 3], [1, 2, 9], 1), ([1, 2], [1, 2, 3], 0), ([1, 2, 3], [1], 2), ([5], [6], 1)],
+)
+def test_beyond_counts_the_keys_past_the_common_prefix(keys: list, other: list, past: int):
+    assert beyond(keys, other) == past

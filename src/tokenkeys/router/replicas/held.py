@@ -1,10 +1,12 @@
-"""The blocks in flight on each worker as the replicas' shared stream tells them.
+"""The blocks the requests in flight bring to each worker's cache, as the replicas' shared
+stream tells them.
 
 Every replica reads the same stream in the same order, so a count kept from the stream alone
 is the same on every replica at the same entry: what :mod:`router.replicas.reconcile` balances
 new prompts by, where a replica's own load view (its own requests at once, the peers' as they
-arrive) differs between replicas at the same instant. A placement counts from its ``PLACED``
-change until its ``FINISHED``; a replica silent for ``silence`` seconds of stream time is gone
+arrive) differs between replicas at the same instant. A placement counts the blocks it brings
+(:mod:`router.replicas.reconcile` says how many) from its ``PLACED`` change until its
+``FINISHED``; a replica silent for ``silence`` seconds of stream time is gone
 (every replica appends a sign of life each heartbeat) and its placements stop counting; any
 placement stops counting after ``hold`` seconds of stream time (its end was lost). Times are
 the stream's entry ids (milliseconds), not this replica's clock, so every replica forgets at
@@ -32,7 +34,7 @@ class _Placement:
 
 
 class HeldBlocks:
-    """Blocks in flight per worker, from the stream's order alone (module doc)."""
+    """The blocks in flight per worker, from the stream's order alone (module doc)."""
 
     def __init__(self, *, silence: float = 5.0, hold: float = 300.0) -> None:
         self.silence_ms = int(silence * 1000)

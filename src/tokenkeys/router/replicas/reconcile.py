@@ -28,17 +28,21 @@ split is repaired after the decision, off its path, before the request's first o
 - The stream's order also *balances* what replicas opened at the same instant. Each replica
   balances its own new prompts, not against its peers' of the same instant: in a burst several
   may pick one worker, which then holds all their conversations (and evicts their histories)
-  for the rest of their turns. So every replica counts the blocks in flight on each worker as
-  the stream tells them (each placement until its end, a later copy where it goes), and a new
+  for the rest of their turns. So every replica counts what the placements in flight bring to
+  each worker's cache as the stream tells them (each placement its blocks to compute until its
+  end; a later copy, where it goes, only its blocks past the prompt it copies), and a new
   prompt whose sender decided without a peer's placement the stream puts before it, on a worker
   holding at least half of it more than the least held worker, is claimed for that worker
-  instead: its sender moves it there, its copies follow. One sender's placements of one new
-  prompt in one entry (its conversations opening with it) are weighed and moved together, after
-  the entry's copies of earlier claims are counted where they go (a burst comes in one entry,
-  and its sender did not know where those go). Balanced are only placements that may go to any
-  worker of the pool and whose sender can move them (``movable``: not a streamed answer through
-  the front door, which starts at once). One router has this balance by construction: it sees
-  all its own decisions.
+  instead: its sender moves it there, its copies follow. The copies are counted by what they
+  add, not whole, because which copies a burst shows first is chance: counted whole, a worker
+  whose prompts' copies came first would pass new prompts to the others, whose copies then
+  join them there (one router's growth term counts new blocks alike). One sender's placements
+  of one new prompt in one entry (its conversations opening with it) are weighed and moved
+  together, after the entry's copies of earlier claims are counted where they go (a burst
+  comes in one entry, and its sender did not know where those go). Balanced are only
+  placements that may go to any worker of the pool and whose sender can move them
+  (``movable``: not a streamed answer through the front door, which starts at once). One
+  router has this balance by construction: it sees all its own decisions.
 - A moved request leaves its prompt cached where its first attempt ran too (the engine keeps
   the blocks it computed), so at its conversation's next turn two workers hold it alike, and
   within the replica slack the rendezvous hash would pick between them, sending the
@@ -87,6 +91,8 @@ class _Claim:
     placed: str = ""
     #: Balanced, and its sender's attempt at ``worker`` not yet in the stream.
     pending: bool = False
+    #: The prompt's block keys (a copy brings to ``worker`` only the blocks past them).
+    keys: Sequence[int] = ()
 
 
 @dataclass
@@ -213,7 +219,10 @@ class Reconciler:
                 first = change[4][0] if change[4] else None
                 groups.setdefault((change[2], change[3], first), []).append(change)
         for group in groups.values():
-            blocks = sum(len(c[4]) for c in group)
+            # What the group brings to its worker's cache: the first prompt's blocks to
+            # compute, and of every other only those past the first's.
+            head = group[0][4]
+            blocks = len(group[0][5]) + sum(min(len(c[5]), beyond(c[4], head)) for c in group[1:])
             for change in group:
                 self._placed(replica, change, at, blocks)
         for serial in ends:
@@ -238,6 +247,7 @@ class Reconciler:
         now = self.clock()
         self._expire(now)
         counted = worker  # where the stream counts it
+        grows = len(fresh)  # the blocks it brings to that worker's cache
         claim = self._claims.get((model, keys[0])) if keys else None
         new = bool(keys) and bool(fresh) and fresh[0] == keys[0]
         if claim is None:
@@ -248,21 +258,25 @@ class Reconciler:
                 # The balanced claim's attempt at its worker: the claim is that request's now.
                 claim.serial, claim.pending = serial, False
                 self._claimed[(replica, serial)] = (model, keys[0])
+            else:
+                grows = min(grows, beyond(keys, claim.keys))
         elif (new or worker == claim.placed) and self._follows(claim, replica, worker, seen):
             # The copy goes to the claim's worker: held there from now on every replica (its
             # sender moves it, or its end releases it).
             counted = claim.worker
+            grows = min(grows, beyond(keys, claim.keys))
             self._homed(model, keys, claim.worker)
             if replica == self.replica:  # a peer's copy is the peer's to move
                 self._move(serial, model, claim.worker, now)
-        self.held.hold(replica, serial, model, counted, len(keys), at)
+        self.held.hold(replica, serial, model, counted, grows, at)
 
     def _claim(
         self, replica: str, change: list[Any], group: int, at: tuple[int, int], now: float
     ) -> str:
         """Claim a new prompt's first block for its worker, or for the least held one when its
         sender decided without a peer's placement before it (module doc); the claim's worker.
-        ``group``: the blocks of the entry's placements of the prompt on that worker."""
+        ``group``: the blocks the entry's placements of the prompt on that worker bring to its
+        cache."""
         serial, model, worker, keys = change[1:5]
         seen = change[7] if len(change) > 7 else None
         movable = bool(change[8]) if len(change) > 8 else False
@@ -271,7 +285,7 @@ class Reconciler:
             target = self.held.least(model, worker, self.workers(model), keys[0], group)
         key = (model, keys[0])
         claim = self._claims[key] = _Claim(
-            replica, serial, target, at, now, worker, target != worker
+            replica, serial, target, at, now, worker, target != worker, keys
         )
         self._claimed[(replica, serial)] = key
         self._order.append((key, claim))
@@ -347,6 +361,20 @@ class Reconciler:
         self._order.clear()
         self.held.reset()
         self._homes.clear()
+
+
+def beyond(keys: Sequence[int], other: Sequence[int]) -> int:
+    """How many of ``keys`` follow their common prefix with ``other``. Block keys chain (each
+    hashes its parent's), so two prompts' keys agree exactly up to where they part: the
+    common prefix is found by bisection."""
+    low, high = 0, min(len(keys), len(other))
+    while low < high:  # keys[:low] is common; is keys[:mid] too?
+        mid = (low + high + 1) // 2
+        if keys[mid - 1] == other[mid - 1]:
+            low = mid
+        else:
+            high = mid - 1
+    return len(keys) - low
 
 
 class Moved(Exception):
