@@ -28,6 +28,7 @@ from tokenkeys.router.policy.cost import (
     cost_workers,
     replica_slack,
 )
+from tokenkeys.router.policy.placement import Home
 from tokenkeys.router.policy.precise import at_home
 from tokenkeys.router.policy.scorer import WorkerScore, score_workers
 from tokenkeys.router.workers.load_view import LoadView
@@ -472,34 +473,69 @@ def test_one_router_spreads_a_burst_of_new_prompts_within_one_prompt_of_even(see
 
 class _Moved:
     """Placements that know one moved prompt: the one ending at block key ``last``, gone to
-    ``worker`` (``router.replicas.reconcile``)."""
+    ``worker`` from ``left``, which held ``kept`` of its blocks before
+    (``router.replicas.reconcile``)."""
 
-    def __init__(self, last: int, worker: str) -> None:
-        self.last, self.worker = last, worker
+    def __init__(self, last: int, worker: str, left: str = "w0", kept: int = 0) -> None:
+        self.last, self.home_ = last, Home(worker, left, kept)
 
-    def home(self, model: str, keys, blocks: int) -> str | None:  # noqa: ANN001
-        return self.worker if 0 < blocks <= len(keys) and keys[blocks - 1] == self.last else None
+    def home(self, model: str, keys, blocks: int) -> Home | None:  # noqa: ANN001
+        return self.home_ if 0 < blocks <= len(keys) and keys[blocks - 1] == self.last else None
+
+
+def _ranked(
+    w0_matched: int = 4,
+    w1_matched: int = 4,
+    w0_cost: float = 10.0,
+    w1_cost: float = 10.5,
+    w2_cost: float = 11.0,
+) -> tuple[list[WorkerScore], float]:
+    """w0 first, then w1 and w2 (which holds nothing), as the cost model ranked them."""
+    return [
+        WorkerScore("w0", 0.8, w0_matched, 0.0, w0_cost),
+        WorkerScore("w1", 0.8, w1_matched, 0.0, w1_cost),
+        WorkerScore("w2", 0.0, 0, 0.0, w2_cost),
+    ], 2.0
 
 
 def test_a_moved_prompts_next_turn_stays_where_it_went_within_the_slack():
     """Twins: w0 and w1 both hold the 4 blocks of a prompt moved from w0 to w1; the rendezvous
     hash chose w0. The next turn goes to w1, unless w1 holds less of it or costs more than the
     slack above the cheapest; a prompt that was not moved keeps the hash's choice."""
-
-    def ranked(w1_matched: int = 4, w1_cost: float = 10.5) -> tuple[list[WorkerScore], float]:
-        return [
-            WorkerScore("w0", 0.8, 4, 0.0, 10.0),
-            WorkerScore("w1", 0.8, w1_matched, 0.0, w1_cost),
-            WorkerScore("w2", 0.0, 0, 0.0, 11.0),
-        ], 2.0
-
     keys = [7, 8, 9, 10, 11, 12]
-    moved = _Moved(10, "w1")
-    assert [s.worker for s in at_home(ranked(), moved, "m", keys, 1.0)[0]] == ["w1", "w0", "w2"]
-    assert at_home(ranked(), moved, "m", keys, 1.0)[1] == 2.0
+    moved = _Moved(10, "w1", left="w2")  # from a worker that lost it since: w0 is no twin
+    assert [s.worker for s in at_home(_ranked(), moved, "m", keys, 1.0, 1.0)[0]] == [
+        "w1",
+        "w0",
+        "w2",
+    ]
+    assert at_home(_ranked(), moved, "m", keys, 1.0, 1.0)[1] == 2.0
     for kept in (
-        at_home(ranked(w1_matched=3), moved, "m", keys, 1.0),  # holds less of it
-        at_home(ranked(w1_cost=11.5), moved, "m", keys, 1.0),  # beyond the slack
-        at_home(ranked(), _Moved(9, "w1"), "m", keys, 1.0),  # another prompt moved
+        at_home(_ranked(w1_matched=3), moved, "m", keys, 1.0, 1.0),  # holds less of it
+        at_home(_ranked(w1_cost=11.5), moved, "m", keys, 1.0, 1.0),  # beyond the slack
+        at_home(_ranked(), _Moved(9, "w1"), "m", keys, 1.0, 1.0),  # another prompt moved
     ):
         assert kept[0][0].worker == "w0"
+
+
+def test_the_worker_a_prompt_left_is_priced_without_what_its_attempt_left_there():
+    """A burst: w0, which the prompt left, reads far cheaper in this replica's view (its
+    peers' requests there not heard yet); one router, which never made the moved attempt,
+    would find there only what w0 held before it (1 block of 4), three blocks more to
+    prefill. So w1, where the prompt went, goes first while it costs at most the slack more
+    than w0 priced so (and than w2, which holds nothing). Where w0 held all of it before, or
+    w1 holds less, or w2 is cheaper by more than the slack, the cost model's order stands."""
+    keys = [7, 8, 9, 10, 11, 12]
+    moved = _Moved(10, "w1", left="w0", kept=1)
+
+    def first(home: _Moved, **costs: float) -> str:
+        return at_home(_ranked(**costs), home, "m", keys, 1.0, 1.0)[0][0].worker
+
+    burst = {"w1_cost": 13.5, "w2_cost": 15.0}  # w1 3.5 above w0, beyond a slack of 1
+    assert first(moved, **burst) == "w1"
+    assert first(moved, w1_cost=14.5, w2_cost=15.0) == "w0"  # 1.5 above w0 priced so
+    assert first(moved, w1_cost=13.5, w2_cost=12.0) == "w0"  # 1.5 above w2
+    # w0's attempt was cut short (it holds 3): the prompt's end is w1's match, found there.
+    assert first(moved, w0_matched=3, w1_cost=12.5, w2_cost=15.0) == "w1"
+    assert first(_Moved(10, "w1", left="w0", kept=4), **burst) == "w0"  # w0 held it all
+    assert first(moved, w1_matched=3, w1_cost=12.0, w2_cost=15.0) == "w0"  # w1 holds less

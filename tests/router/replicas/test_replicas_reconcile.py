@@ -26,6 +26,7 @@ from routing_support import SYSTEM, engine_models, wait_until
 from tokenkeys.engine.protocol import GenerateOutput
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.policy.decision import RouteRequest
+from tokenkeys.router.policy.placement import Home
 from tokenkeys.router.replicas.reconcile import Moved, Reconciler, beyond, unless_moved
 from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.replicas.shared_stream import FINISHED, PLACED, entry_id, stream_key
@@ -491,8 +492,9 @@ async def test_a_moved_prompt_has_a_home_every_replica_knows():
     copy = [10, 11, 12, 13, 14]  # r2's copy of r1's prompt [10, 11, 12, 13], its own last block
     _burst(one, two, [_placed(1, "w1", copy, "4-0"), _placed(2, "w0", [30, 31, 32, 33], "4-0")])
     for r in (one, two):
-        assert r.home("m", [*copy, 15, 16], 5) == "w0"  # the copy went to the claim's w0
-        assert r.home("m", [30, 31, 32, 33, 34], 4) == "w1"  # balanced away from w0
+        # The copy went to the claim's w0 from w1, where its sender computed all of it.
+        assert r.home("m", [*copy, 15, 16], 5) == Home("w0", "w1", 0)
+        assert r.home("m", [30, 31, 32, 33, 34], 4) == Home("w1", "w0", 0)  # balanced
         assert r.home("m", [*copy, 15, 16], 4) is None  # no moved prompt ends at block 4
         assert r.home("m", [10, 11, 12, 13], 4) is None  # r1's claim itself never moved
         assert r.home("m", copy, 0) is None

@@ -31,6 +31,17 @@ class Placement:
     growth: float
 
 
+@dataclass(frozen=True)
+class Home:
+    """Where a prompt moved after its decision went (``worker``), the worker its first attempt
+    left (``left``), and how many of its blocks ``left`` held before that attempt (``kept``):
+    the rest it holds only from the attempt moved away (``router.replicas.reconcile``)."""
+
+    worker: str
+    left: str
+    kept: int
+
+
 class Placements(Protocol):
     """Runs decisions and keeps their placements for the other router replicas."""
 
@@ -42,10 +53,10 @@ class Placements(Protocol):
     #: worker, as one router's does, without the slack; the split that may follow is undone.
     reconciles: bool
 
-    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
-        """The worker where a prompt whose first ``blocks`` blocks (of ``keys``) are cached on
-        several workers alike was moved to after its decision (``router.replicas.reconcile``):
-        the others hold it only from the attempt moved away. None: no such move known."""
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
+        """Where a prompt whose blocks are the first ``blocks`` of ``keys`` was moved to after
+        its decision, and what the worker it left held of it before. None: no such move
+        known."""
         ...
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
@@ -63,7 +74,7 @@ class LocalPlacements:
     replicated = False
     reconciles = False
 
-    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
         """Never: one router moves nothing after its decision."""
         return None
 

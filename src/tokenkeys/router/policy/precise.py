@@ -168,7 +168,7 @@ class PrecisePolicy:
                 rng=self.rng,
             )
             if slack and ranked[0][0].matched_blocks:
-                ranked = at_home(ranked, self.placements, pool.name, keys, slack)
+                ranked = at_home(ranked, self.placements, pool.name, keys, slack, self.cost.prefix)
             best, prefill = ranked[0][0], ranked[1]
             fresh = members[best.worker].view.fresh(keys, best.matched_blocks)
             return Placement(pool.name, best.worker, tuple(keys), fresh, prefill), ranked
@@ -198,22 +198,37 @@ def at_home(
     model: str,
     keys: list[int],
     slack: float,
+    prefix: float,
 ) -> tuple[list[WorkerScore], float]:
     """``ranked`` with the worker a moved prompt went to first (``Placements.home``), when it
-    holds as much of this prompt as the first and costs at most ``slack`` more than the
-    cheapest. Within the slack the prefix and then the rendezvous hash decide; a prompt moved
-    after its decision is cached as far on the worker it left (its first attempt ran there),
-    and the hash alone would send its next turn back there, which the conversation's history
-    then grows on twice."""
+    holds at least as much of this prompt as the first and costs at most ``slack`` more than
+    the cheapest, the worker the prompt left priced without the blocks the moved attempt left
+    there (``prefix`` each). Within the slack the prefix and then the rendezvous hash decide;
+    a prompt moved after its decision is cached as far on the worker it left (its first
+    attempt ran there), and the hash alone would send its next turn back there half the time,
+    a replica's view of the load in a burst more often, which the conversation's history then
+    grows on twice. One router never made that attempt: it would price the worker left by
+    what it held before."""
     ranking, prefill = ranked
     first = ranking[0]
-    home = placements.home(model, keys, first.matched_blocks)
-    if home is None or home == first.worker:
+    home = None
+    # The moved prompt ends where some worker's match ends: the worker left holds it up to
+    # its end at most, the one it went to as far or further (its answer's blocks).
+    for blocks in sorted({s.matched_blocks for s in ranking if s.matched_blocks}, reverse=True):
+        home = placements.home(model, keys, blocks)
+        if home is not None:
+            break
+    if home is None or home.worker == first.worker:
         return ranked
-    there = next((s for s in ranking if s.worker == home), None)
-    if there is None or there.cost is None or there.matched_blocks != first.matched_blocks:
+    there = next((s for s in ranking if s.worker == home.worker), None)
+    if there is None or there.cost is None or there.matched_blocks < first.matched_blocks:
         return ranked
-    cheapest = min(s.cost for s in ranking if s.cost is not None)
+    left, kept = home.left, home.kept
+    cheapest = min(
+        s.cost + (prefix * max(s.matched_blocks - kept, 0) if s.worker == left else 0.0)
+        for s in ranking
+        if s.cost is not None
+    )
     if not within_slack(there.cost, cheapest, slack):
         return ranked
     return [there, *(s for s in ranking if s is not there)], prefill

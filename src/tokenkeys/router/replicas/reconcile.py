@@ -65,6 +65,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tokenkeys.router.policy.placement import Home
 from tokenkeys.router.replicas.held import HeldBlocks
 from tokenkeys.router.replicas.shared_stream import FINISHED, PLACED, entry_id
 from tokenkeys.router.workers.load_view import Flight
@@ -140,8 +141,8 @@ class Reconciler:
         self._claimed: dict[tuple[str, int], tuple[str, int]] = {}  # (replica, serial) -> key
         self._order: deque[tuple[tuple[str, int], _Claim]] = deque()  # claims, oldest first
         self._own: dict[int, _Own] = {}
-        # (model, last block key of a moved prompt) -> the worker it went to, oldest first.
-        self._homes: OrderedDict[tuple[str, int], str] = OrderedDict()
+        # (model, last block key of a moved prompt) -> where it went, oldest first.
+        self._homes: OrderedDict[tuple[str, int], Home] = OrderedDict()
         #: Later copies moved before their first output; those found past it (left where they
         #: were, and those whose output arrived in the instant of the move); those whose
         #: sender cannot move them.
@@ -265,7 +266,7 @@ class Reconciler:
             # sender moves it, or its end releases it).
             counted = claim.worker
             grows = min(grows, beyond(keys, claim.keys))
-            self._homed(model, keys, claim.worker)
+            self._homed(model, keys, claim.worker, worker, len(keys) - len(fresh))
             if replica == self.replica:  # a peer's copy is the peer's to move
                 self._move(serial, model, claim.worker, now)
         self.held.hold(replica, serial, model, counted, grows, at)
@@ -277,7 +278,7 @@ class Reconciler:
         sender decided without a peer's placement before it (module doc); the claim's worker.
         ``group``: the blocks the entry's placements of the prompt on that worker bring to its
         cache."""
-        serial, model, worker, keys = change[1:5]
+        serial, model, worker, keys, fresh = change[1:6]
         seen = change[7] if len(change) > 7 else None
         movable = bool(change[8]) if len(change) > 8 else False
         target = worker
@@ -290,24 +291,25 @@ class Reconciler:
         self._claimed[(replica, serial)] = key
         self._order.append((key, claim))
         if target != worker:
-            self._homed(model, keys, target)
+            self._homed(model, keys, target, worker, len(keys) - len(fresh))
             if replica == self.replica:
                 self.balanced += 1
                 self._move(serial, model, target, now)
         return target
 
-    def _homed(self, model: str, keys: list[int], worker: str) -> None:
-        """A prompt goes to ``worker`` after its sender's first attempt elsewhere (which leaves
-        its blocks cached there too): its next turn, matching both alike, stays with it."""
+    def _homed(self, model: str, keys: list[int], worker: str, left: str, kept: int) -> None:
+        """A prompt goes to ``worker`` after its sender's first attempt at ``left``, which held
+        ``kept`` of its blocks and may keep the rest cached from the attempt: its next turn,
+        matching both alike, stays with it."""
         homes = self._homes
-        homes[(model, keys[-1])] = worker
+        homes[(model, keys[-1])] = Home(worker, left, kept)
         homes.move_to_end((model, keys[-1]))
         if len(homes) > _HOMES:
             homes.popitem(last=False)
 
-    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
-        """The worker a moved prompt whose blocks are the first ``blocks`` of ``keys`` went to
-        (None: no prompt ending there was moved)."""
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
+        """Where a moved prompt whose blocks are the first ``blocks`` of ``keys`` went (None:
+        no prompt ending there was moved)."""
         if not 0 < blocks <= len(keys):
             return None
         return self._homes.get((model, keys[blocks - 1]))

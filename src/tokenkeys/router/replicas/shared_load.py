@@ -56,7 +56,7 @@ import msgpack
 from tokenkeys.errors import Unavailable
 from tokenkeys.router.index.redis_store import RedisStore
 from tokenkeys.router.policy.cost import GrowthLedger
-from tokenkeys.router.policy.placement import Placement
+from tokenkeys.router.policy.placement import Home, Placement
 from tokenkeys.router.replicas.contention import Contention, OwnPlacement
 from tokenkeys.router.replicas.peer_flights import PeerFlights
 from tokenkeys.router.replicas.reconcile import Reconciler
@@ -174,7 +174,7 @@ class RedisSharedLoad:
         )
         return result
 
-    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
         """Where the stream's order moved a prompt cached alike on several workers."""
         return self.reconciler.home(model, keys, blocks) if self.reconciles else None
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from tokenkeys.router.policy.cost import GrowthLedger
-from tokenkeys.router.policy.placement import Placement
+from tokenkeys.router.policy.placement import Home, Placement
 from tokenkeys.router.workers.load_view import Flight
 from tokenkeys.router.workers.pool import Pool
 
@@ -33,7 +33,7 @@ class SharedLoad(Protocol):
         """Run a decision (``router.policy.placement``); what it placed is told later."""
         ...
 
-    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
         """Where a prompt cached alike on several workers was moved to (``Placements.home``)."""
         ...
 
@@ -77,7 +77,7 @@ class LocalLoad:
         """The decision as made."""
         return decide()[1]
 
-    def home(self, model: str, keys: Sequence[int], blocks: int) -> str | None:
+    def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
         """Never: one router moves nothing after its decision."""
         return None
 
