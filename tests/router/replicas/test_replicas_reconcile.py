@@ -487,7 +487,7 @@ async def test_a_placement_no_longer_held(why: str):
 async def test_a_moved_prompt_has_a_home_every_replica_knows():
     """A later copy moved to the claim's worker, and a balanced claim, each leave their prompt
     cached where their first attempt ran too: every replica names the worker they went to, for
-    a next turn whose matched blocks end where that prompt ended."""
+    a next turn whose matched blocks end where that prompt ended or after it."""
     one, two = _balancing("r1"), _balancing("r2")
     copy = [10, 11, 12, 13, 14]  # r2's copy of r1's prompt [10, 11, 12, 13], its own last block
     _burst(one, two, [_placed(1, "w1", copy, "4-0"), _placed(2, "w0", [30, 31, 32, 33], "4-0")])
@@ -495,7 +495,9 @@ async def test_a_moved_prompt_has_a_home_every_replica_knows():
         # The copy went to the claim's w0 from w1, where its sender computed all of it.
         assert r.home("m", [*copy, 15, 16], 5) == Home("w0", "w1", 0)
         assert r.home("m", [30, 31, 32, 33, 34], 4) == Home("w1", "w0", 0)  # balanced
-        assert r.home("m", [*copy, 15, 16], 4) is None  # no moved prompt ends at block 4
+        # A match past the prompt's end (its answer, made by both attempts) finds it too.
+        assert r.home("m", [*copy, 15, 16], 7) == Home("w0", "w1", 0)
+        assert r.home("m", [*copy, 15, 16], 4) is None  # no moved prompt ends by block 4
         assert r.home("m", [10, 11, 12, 13], 4) is None  # r1's claim itself never moved
         assert r.home("m", copy, 0) is None
 

@@ -54,9 +54,9 @@ class Placements(Protocol):
     reconciles: bool
 
     def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
-        """Where a prompt whose blocks are the first ``blocks`` of ``keys`` was moved to after
-        its decision, and what the worker it left held of it before. None: no such move
-        known."""
+        """Where the longest prompt moved after its decision whose blocks are a prefix of the
+        first ``blocks`` of ``keys`` went, and what the worker it left held of it before.
+        None: no such move known."""
         ...
 
     async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:

@@ -211,13 +211,11 @@ def at_home(
     what it held before."""
     ranking, prefill = ranked
     first = ranking[0]
-    home = None
-    # The moved prompt ends where some worker's match ends: the worker left holds it up to
-    # its end at most, the one it went to as far or further (its answer's blocks).
-    for blocks in sorted({s.matched_blocks for s in ranking if s.matched_blocks}, reverse=True):
-        home = placements.home(model, keys, blocks)
-        if home is not None:
-            break
+    # Only a worker holding at least as much as the first may go before it.
+    rivals = [s.matched_blocks for s in ranking[1:] if s.matched_blocks >= first.matched_blocks]
+    if not rivals:
+        return ranked
+    home = placements.home(model, keys, max(rivals))
     if home is None or home.worker == first.worker:
         return ranked
     there = next((s for s in ranking if s.worker == home.worker), None)

@@ -76,6 +76,9 @@ T = TypeVar("T")
 _TIMINGS = 100_000
 #: How many moved prompts' workers are remembered (:meth:`Reconciler.home`), newest kept.
 _HOMES = 100_000
+#: How far before a worker's match end :meth:`Reconciler.home` looks for a moved prompt's
+#: end: the answer its attempt may have made there (1,024 tokens in blocks of 16).
+ANSWER_BLOCKS = 64
 
 
 @dataclass
@@ -308,11 +311,17 @@ class Reconciler:
             homes.popitem(last=False)
 
     def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
-        """Where a moved prompt whose blocks are the first ``blocks`` of ``keys`` went (None:
-        no prompt ending there was moved)."""
-        if not 0 < blocks <= len(keys):
-            return None
-        return self._homes.get((model, keys[blocks - 1]))
+        """Where the longest moved prompt that ends among the first ``blocks`` of ``keys``,
+        at most :data:`ANSWER_BLOCKS` before the last of them, went (None: none was moved).
+        A worker's match of a next turn ends where the moved prompt ended or, where the
+        attempt answered, after its answer: a whole answer is moved until it arrives, so
+        both workers may have made it, the same one when the answer is deterministic."""
+        homes = self._homes
+        for end in range(min(blocks, len(keys)), max(blocks - ANSWER_BLOCKS, 0), -1):
+            home = homes.get((model, keys[end - 1]))
+            if home is not None:
+                return home
+        return None
 
     @staticmethod
     def _follows(claim: _Claim, replica: str, worker: str, seen: Any) -> bool:
