@@ -46,9 +46,12 @@ split is repaired after the decision, off its path, before the request's first o
 - A moved request leaves its prompt cached where its first attempt ran too (the engine keeps
   the blocks it computed), so at its conversation's next turn two workers hold it alike, and
   within the replica slack the rendezvous hash would pick between them, sending the
-  conversation back to the worker it left half the time. Every replica remembers where each
-  moved prompt went (:meth:`Reconciler.home`), and the policy keeps the next turn there
-  (``router.policy.precise.at_home``) when it holds as much and costs no more than the slack.
+  conversation back to the worker it left half the time (more often in a burst, when a
+  replica has not yet heard its peers' requests on the worker left). Every replica remembers
+  where each moved prompt went and which worker it left (:meth:`Reconciler.home`), and the
+  policy keeps the next turn there (``router.policy.precise.at_home``) when it holds as much
+  and costs no more than the slack above the cheapest, the worker left priced without what
+  the moved attempt left there.
 
 The decision stays immediate and local: nothing here runs on its path. What a move costs is a
 prefill begun and dropped at the first worker (its blocks may stay in that worker's cache, as a
