@@ -30,7 +30,7 @@ from tokenkeys.errors import TokenkeysError, Unavailable
 from tokenkeys.keys import Adapter, KeyContext
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
-from tokenkeys.router.replicas.reconcile import Moved, unless_moved
+from tokenkeys.router.replicas.moves import Moved, unless_moved
 from tokenkeys.router.replicas.sharing import LocalLoad, SharedLoad
 from tokenkeys.router.workers.registry import WorkerRegistry
 

@@ -27,7 +27,8 @@ from tokenkeys.engine.protocol import GenerateOutput
 from tokenkeys.router.assembly import RouterProcess, RouterProcessConfig
 from tokenkeys.router.policy.decision import RouteRequest
 from tokenkeys.router.policy.placement import Home
-from tokenkeys.router.replicas.reconcile import Moved, Reconciler, beyond, unless_moved
+from tokenkeys.router.replicas.moves import Moved, unless_moved
+from tokenkeys.router.replicas.reconcile import Reconciler, beyond
 from tokenkeys.router.replicas.shared_load import RedisSharedLoad
 from tokenkeys.router.replicas.shared_stream import FINISHED, PLACED, entry_id, stream_key
 from tokenkeys.router.routed_engine import RouteNote, current_note
@@ -493,13 +494,13 @@ async def test_a_moved_prompt_has_a_home_every_replica_knows():
     _burst(one, two, [_placed(1, "w1", copy, "4-0"), _placed(2, "w0", [30, 31, 32, 33], "4-0")])
     for r in (one, two):
         # The copy went to the claim's w0 from w1, where its sender computed all of it.
-        assert r.home("m", [*copy, 15, 16], 5) == Home("w0", "w1", 0)
-        assert r.home("m", [30, 31, 32, 33, 34], 4) == Home("w1", "w0", 0)  # balanced
+        assert r.homes.find("m", [*copy, 15, 16], 5) == Home("w0", "w1", 0)
+        assert r.homes.find("m", [30, 31, 32, 33, 34], 4) == Home("w1", "w0", 0)  # balanced
         # A match past the prompt's end (its answer, made by both attempts) finds it too.
-        assert r.home("m", [*copy, 15, 16], 7) == Home("w0", "w1", 0)
-        assert r.home("m", [*copy, 15, 16], 4) is None  # no moved prompt ends by block 4
-        assert r.home("m", [10, 11, 12, 13], 4) is None  # r1's claim itself never moved
-        assert r.home("m", copy, 0) is None
+        assert r.homes.find("m", [*copy, 15, 16], 7) == Home("w0", "w1", 0)
+        assert r.homes.find("m", [*copy, 15, 16], 4) is None  # no moved prompt ends by block 4
+        assert r.homes.find("m", [10, 11, 12, 13], 4) is None  # r1's claim itself never moved
+        assert r.homes.find("m", copy, 0) is None
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,7 @@ from tokenkeys.router.forwarding.relay import Relay, WorkerUnreachable, answer_h
 from tokenkeys.router.forwarding.routes import ForwardedRoute, Prompt
 from tokenkeys.router.policy.decision import RouteDecision, RouteRequest
 from tokenkeys.router.policy.router import Router
-from tokenkeys.router.replicas.reconcile import Moved, unless_moved
+from tokenkeys.router.replicas.moves import Moved, unless_moved
 from tokenkeys.router.replicas.sharing import LocalLoad, SharedLoad
 from tokenkeys.router.routed_engine import RouteNote, current_note
 from tokenkeys.router.workers.load_view import Flight

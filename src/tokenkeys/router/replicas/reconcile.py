@@ -48,7 +48,7 @@ split is repaired after the decision, off its path, before the request's first o
   within the replica slack the rendezvous hash would pick between them, sending the
   conversation back to the worker it left half the time (more often in a burst, when a
   replica has not yet heard its peers' requests on the worker left). Every replica remembers
-  where each moved prompt went and which worker it left (:meth:`Reconciler.home`), and the
+  where each moved prompt went and which worker it left (:mod:`router.replicas.homes`), and the
   policy keeps the next turn there (``router.policy.precise.at_home``) when it holds as much
   and costs no more than the slack above the cheapest, the worker left priced without what
   the moved attempt left there.
@@ -63,25 +63,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from tokenkeys.router.policy.placement import Home
 from tokenkeys.router.replicas.held import HeldBlocks
+from tokenkeys.router.replicas.homes import Homes
 from tokenkeys.router.replicas.shared_stream import FINISHED, PLACED, entry_id
 from tokenkeys.router.workers.load_view import Flight
 
-T = TypeVar("T")
-
 #: How many reconciliation timings are kept (:attr:`Reconciler.lead`, :attr:`Reconciler.behind`).
 _TIMINGS = 100_000
-#: How many moved prompts' workers are remembered (:meth:`Reconciler.home`), newest kept.
-_HOMES = 100_000
-#: How far before a worker's match end :meth:`Reconciler.home` looks for a moved prompt's
-#: end: the answer its attempt may have made there (1,024 tokens in blocks of 16).
-ANSWER_BLOCKS = 64
 
 
 @dataclass
@@ -147,8 +140,8 @@ class Reconciler:
         self._claimed: dict[tuple[str, int], tuple[str, int]] = {}  # (replica, serial) -> key
         self._order: deque[tuple[tuple[str, int], _Claim]] = deque()  # claims, oldest first
         self._own: dict[int, _Own] = {}
-        # (model, last block key of a moved prompt) -> where it went, oldest first.
-        self._homes: OrderedDict[tuple[str, int], Home] = OrderedDict()
+        #: Where the prompts moved here went, for their next turns (``Placements.home``).
+        self.homes = Homes()
         #: Later copies moved before their first output; those found past it (left where they
         #: were, and those whose output arrived in the instant of the move); those whose
         #: sender cannot move them.
@@ -272,7 +265,7 @@ class Reconciler:
             # sender moves it, or its end releases it).
             counted = claim.worker
             grows = min(grows, beyond(keys, claim.keys))
-            self._homed(model, keys, claim.worker, worker, len(keys) - len(fresh))
+            self.homes.moved(model, keys, claim.worker, worker, len(keys) - len(fresh))
             if replica == self.replica:  # a peer's copy is the peer's to move
                 self._move(serial, model, claim.worker, now)
         self.held.hold(replica, serial, model, counted, grows, at)
@@ -297,34 +290,11 @@ class Reconciler:
         self._claimed[(replica, serial)] = key
         self._order.append((key, claim))
         if target != worker:
-            self._homed(model, keys, target, worker, len(keys) - len(fresh))
+            self.homes.moved(model, keys, target, worker, len(keys) - len(fresh))
             if replica == self.replica:
                 self.balanced += 1
                 self._move(serial, model, target, now)
         return target
-
-    def _homed(self, model: str, keys: list[int], worker: str, left: str, kept: int) -> None:
-        """A prompt goes to ``worker`` after its sender's first attempt at ``left``, which held
-        ``kept`` of its blocks and may keep the rest cached from the attempt: its next turn,
-        matching both alike, stays with it."""
-        homes = self._homes
-        homes[(model, keys[-1])] = Home(worker, left, kept)
-        homes.move_to_end((model, keys[-1]))
-        if len(homes) > _HOMES:
-            homes.popitem(last=False)
-
-    def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
-        """Where the longest moved prompt that ends among the first ``blocks`` of ``keys``,
-        at most :data:`ANSWER_BLOCKS` before the last of them, went (None: none was moved).
-        A worker's match of a next turn ends where the moved prompt ended or, where the
-        attempt answered, after its answer: a whole answer is moved until it arrives, so
-        both workers may have made it, the same one when the answer is deterministic."""
-        homes = self._homes
-        for end in range(min(blocks, len(keys)), max(blocks - ANSWER_BLOCKS, 0), -1):
-            home = homes.get((model, keys[end - 1]))
-            if home is not None:
-                return home
-        return None
 
     @staticmethod
     def _follows(claim: _Claim, replica: str, worker: str, seen: Any) -> bool:
@@ -374,7 +344,7 @@ class Reconciler:
         self._claimed.clear()
         self._order.clear()
         self.held.reset()
-        self._homes.clear()
+        self.homes.clear()
 
 
 def beyond(keys: Sequence[int], other: Sequence[int]) -> int:
@@ -389,45 +359,3 @@ def beyond(keys: Sequence[int], other: Sequence[int]) -> int:
         else:
             high = mid - 1
     return len(keys) - low
-
-
-class Moved(Exception):
-    """The request is a later copy: send it to ``worker`` instead (:func:`unless_moved`)."""
-
-    def __init__(self, worker: str) -> None:
-        super().__init__(worker)
-        self.worker = worker
-
-    def then(self, left: str, rest: list[str]) -> list[str]:
-        """The workers to try from here: the peer's, then the one just ``left`` (should the
-        peer's fail before answering), then the ``rest`` of the ranking without the peer's."""
-        return [self.worker, left, *(a for a in rest if a != self.worker)]
-
-
-async def unless_moved(
-    call: Awaitable[T], move: asyncio.Future[str], discard: Callable[[T], None] | None = None
-) -> T:
-    """``call``'s result (its first output, or its answer's head), or :class:`Moved` when
-    ``move`` resolves first: ``call`` is then cancelled, which aborts the request at its
-    worker as a client going away does. Both ready in one instant (a loop that was busy
-    while both arrived): the move wins, since nothing of the result has reached the client
-    yet; ``discard`` releases that result (an answer's open connection)."""
-    step = asyncio.ensure_future(call)
-    try:
-        await asyncio.wait((step, move), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # the caller is cancelled (its client went away)
-        await _drop(step, discard)
-        raise
-    if move.done() and not move.cancelled():
-        await _drop(step, discard)
-        raise Moved(move.result())
-    return step.result()
-
-
-async def _drop(step: asyncio.Future[T], discard: Callable[[T], None] | None) -> None:
-    """Cancel ``step`` (or release what it returned); whatever it raised is left unread."""
-    if not step.done():
-        step.cancel()
-        await asyncio.wait((step,))
-    if not step.cancelled() and step.exception() is None and discard is not None:
-        discard(step.result())

@@ -176,7 +176,7 @@ class RedisSharedLoad:
 
     def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
         """Where the stream's order moved a prompt cached alike on several workers."""
-        return self.reconciler.home(model, keys, blocks) if self.reconciles else None
+        return self.reconciler.homes.find(model, keys, blocks) if self.reconciles else None
 
     def member(self, model: str, address: str) -> Any:
         """The pool member at ``address`` of ``model``, or None."""
