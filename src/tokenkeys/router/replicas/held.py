@@ -34,7 +34,8 @@ class _Placement:
 
 
 class HeldBlocks:
-    """The blocks in flight per worker, from the stream's order alone (module doc)."""
+    """What the requests in flight bring to each worker's cache, in blocks, from the stream's
+    order alone (module doc)."""
 
     def __init__(self, *, silence: float = 5.0, hold: float = 300.0) -> None:
         self.silence_ms = int(silence * 1000)
