@@ -28,12 +28,14 @@ class Homes:
         self.capacity = capacity
         self._homes: OrderedDict[tuple[str, int], Home] = OrderedDict()
 
-    def moved(self, model: str, keys: Sequence[int], worker: str, left: str, kept: int) -> None:
+    def moved(
+        self, model: str, keys: Sequence[int], fresh: Sequence[int], worker: str, left: str
+    ) -> None:
         """A prompt of ``keys`` goes to ``worker`` after its sender's first attempt at
-        ``left``, which held ``kept`` of its blocks and may keep the rest cached from the
-        attempt."""
+        ``left``, which computed its ``fresh`` blocks (it held the others) and may keep them
+        cached."""
         homes = self._homes
-        homes[(model, keys[-1])] = Home(worker, left, kept)
+        homes[(model, keys[-1])] = Home(worker, left, len(keys) - len(fresh))
         homes.move_to_end((model, keys[-1]))
         if len(homes) > self.capacity:
             homes.popitem(last=False)

@@ -214,7 +214,7 @@ class Reconciler:
             elif kind != PLACED:
                 continue
             elif change[4] and (change[2], change[4][0]) in claims:
-                self._placed(replica, change, at, len(change[4]))
+                self._placed(replica, change, at, len(change[5]))
             else:
                 first = change[4][0] if change[4] else None
                 groups.setdefault((change[2], change[3], first), []).append(change)
@@ -222,7 +222,7 @@ class Reconciler:
             # What the group brings to its worker's cache: the first prompt's blocks to
             # compute, and of every other only those past the first's.
             head = group[0][4]
-            blocks = len(group[0][5]) + sum(min(len(c[5]), beyond(c[4], head)) for c in group[1:])
+            blocks = len(group[0][5]) + sum(adds(c[4], c[5], head) for c in group[1:])
             for change in group:
                 self._placed(replica, change, at, blocks)
         for serial in ends:
@@ -259,13 +259,13 @@ class Reconciler:
                 claim.serial, claim.pending = serial, False
                 self._claimed[(replica, serial)] = (model, keys[0])
             else:
-                grows = min(grows, beyond(keys, claim.keys))
+                grows = adds(keys, fresh, claim.keys)
         elif (new or worker == claim.placed) and self._follows(claim, replica, worker, seen):
             # The copy goes to the claim's worker: held there from now on every replica (its
             # sender moves it, or its end releases it).
             counted = claim.worker
-            grows = min(grows, beyond(keys, claim.keys))
-            self.homes.moved(model, keys, claim.worker, worker, len(keys) - len(fresh))
+            grows = adds(keys, fresh, claim.keys)
+            self.homes.moved(model, keys, fresh, claim.worker, worker)
             if replica == self.replica:  # a peer's copy is the peer's to move
                 self._move(serial, model, claim.worker, now)
         self.held.hold(replica, serial, model, counted, grows, at)
@@ -290,7 +290,7 @@ class Reconciler:
         self._claimed[(replica, serial)] = key
         self._order.append((key, claim))
         if target != worker:
-            self.homes.moved(model, keys, target, worker, len(keys) - len(fresh))
+            self.homes.moved(model, keys, fresh, target, worker)
             if replica == self.replica:
                 self.balanced += 1
                 self._move(serial, model, target, now)
@@ -345,6 +345,12 @@ class Reconciler:
         self._order.clear()
         self.held.reset()
         self.homes.clear()
+
+
+def adds(keys: Sequence[int], fresh: Sequence[int], prompt: Sequence[int]) -> int:
+    """The blocks a placement of ``keys`` (``fresh`` of them to compute where its sender put
+    it) brings to a worker that holds or computes ``prompt``: those past their common prefix."""
+    return min(len(fresh), beyond(keys, prompt))
 
 
 def beyond(keys: Sequence[int], other: Sequence[int]) -> int:

@@ -56,7 +56,7 @@ import msgpack
 from tokenkeys.errors import Unavailable
 from tokenkeys.router.index.redis_store import RedisStore
 from tokenkeys.router.policy.cost import GrowthLedger
-from tokenkeys.router.policy.placement import Home, Placement
+from tokenkeys.router.policy.placement import Home, Placement, T
 from tokenkeys.router.replicas.contention import Contention, OwnPlacement
 from tokenkeys.router.replicas.peer_flights import PeerFlights
 from tokenkeys.router.replicas.reconcile import Reconciler
@@ -71,7 +71,7 @@ from tokenkeys.router.replicas.shared_stream import (
     Cursor,
     stream_key,
 )
-from tokenkeys.router.replicas.sharing import Ledgers, T
+from tokenkeys.router.replicas.sharing import Ledgers
 from tokenkeys.router.workers.load_view import Flight
 from tokenkeys.router.workers.pool import Pool
 

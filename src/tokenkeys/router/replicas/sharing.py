@@ -8,34 +8,21 @@ front door call around each request; :class:`LocalLoad` shares nothing (one rout
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from tokenkeys.router.policy.cost import GrowthLedger
-from tokenkeys.router.policy.placement import Home, Placement
+from tokenkeys.router.policy.placement import LocalPlacements, Placements
 from tokenkeys.router.workers.load_view import Flight
 from tokenkeys.router.workers.pool import Pool
 
 Ledgers = Callable[[str], GrowthLedger]
-T = TypeVar("T")
 
 
-class SharedLoad(Protocol):
+class SharedLoad(Placements, Protocol):
     """Tells other router replicas what this one sent; applies what they sent. It is also
-    the policy's :class:`~tokenkeys.router.policy.placement.Placements`."""
-
-    #: True: peers decide beside this replica (``router.policy.placement``).
-    replicated: bool
-    #: True: this replica moves its later copies of new prompts (``router.replicas.reconcile``).
-    reconciles: bool
-
-    async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """Run a decision (``router.policy.placement``); what it placed is told later."""
-        ...
-
-    def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
-        """Where a prompt cached alike on several workers was moved to (``Placements.home``)."""
-        ...
+    the policy's :class:`~tokenkeys.router.policy.placement.Placements` (what it placed is
+    told after the decision)."""
 
     def sent(self, model: str, address: str, flight: Flight, *, movable: bool = False) -> None:
         """This router sent a request (its :class:`Flight`) to ``address`` of ``model``;
@@ -67,19 +54,9 @@ class SharedLoad(Protocol):
         ...
 
 
-class LocalLoad:
-    """Shares nothing: every router counts only its own requests."""
-
-    replicated = False
-    reconciles = False
-
-    async def place(self, decide: Callable[[], tuple[Placement, T]]) -> T:
-        """The decision as made."""
-        return decide()[1]
-
-    def home(self, model: str, keys: Sequence[int], blocks: int) -> Home | None:
-        """Never: one router moves nothing after its decision."""
-        return None
+class LocalLoad(LocalPlacements):
+    """Shares nothing: every router counts only its own requests (its decisions stand as
+    made, as :class:`~tokenkeys.router.policy.placement.LocalPlacements`)."""
 
     def sent(self, model: str, address: str, flight: Flight, *, movable: bool = False) -> None:
         """Nothing to tell."""
